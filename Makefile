@@ -1,0 +1,93 @@
+# dpar - make demo | test | check | bench | cuda | install | clean
+#
+#   make demo    build and run the demo
+#   make test    compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
+#   make check   the test programs under AddressSanitizer+UBSan, then ThreadSanitizer
+#   make bench   benchmarks, one machine-readable line per figure
+#   make install copy the headers to $(PREFIX)/include
+#
+# Optional dependencies are detected; each gets one line saying whether it was found.
+
+CC      ?= cc
+CXX     ?= c++
+BUILD   ?= build
+PREFIX  ?= /usr/local
+OPT     ?= -O2 -g
+WARN    := -Wall -Wextra -Wpedantic -Werror
+CFLAGS  := -std=c99 $(OPT) $(WARN) -I. -Itests
+LDLIBS  := -pthread -lm
+
+NVCC    := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+MPICC   := $(shell command -v mpicc 2>/dev/null)
+MPIRUN  := $(shell command -v mpirun 2>/dev/null)
+OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo yes)
+OPENMP  := $(shell printf 'int main(void){return 0;}\n' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
+
+ifeq ($(MAKECMDGOALS),clean)
+else
+$(info dpar: OpenBLAS $(if $(OPENBLAS),found (-lopenblas),not found: the built-in GEMM is used))
+$(info dpar: MPI $(if $(and $(MPICC),$(MPIRUN)),found ($(MPICC), $(MPIRUN)),not found: MPI tests and examples are skipped))
+$(info dpar: nvcc $(if $(NVCC),found ($(NVCC)),not found: CUDA checks are skipped))
+endif
+
+TESTS   := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
+HEADERS := dpar.h tests/dpar_test.h tests/json.h
+
+.PHONY: all demo test check bench cuda install clean
+all: $(TESTS) $(BUILD)/pool_demo
+
+$(BUILD):
+	@mkdir -p $(BUILD) $(BUILD)/asan $(BUILD)/tsan
+
+$(BUILD)/test_%: tests/test_%.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# the pool tests once more with the portable parking lot instead of futexes
+$(BUILD)/nofutex_test_pool: tests/test_pool.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -DDPAR_NO_FUTEX $< -o $@ $(LDLIBS)
+
+$(BUILD)/asan/test_%: tests/test_%.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c99 -O1 -g $(WARN) -I. -Itests -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
+
+$(BUILD)/tsan/test_%: tests/test_%.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c99 -O1 -g $(WARN) -I. -Itests -fsanitize=thread $< -o $@ $(LDLIBS)
+
+$(BUILD)/pool_demo: examples/pool_demo.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
+$(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
+
+demo: $(BUILD)/pool_demo
+	./$(BUILD)/pool_demo
+
+test: $(TESTS) $(BUILD)/nofutex_test_pool
+	@NVCC="$(NVCC)" MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" OPENBLAS="$(OPENBLAS)" BUILD="$(BUILD)" \
+	    tests/run.sh --matrix $(TESTS) $(BUILD)/nofutex_test_pool
+
+check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
+	@echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+	@ASAN_OPTIONS=detect_leaks=1 BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS))
+	@echo "== ThreadSanitizer"
+	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
+
+bench: $(BUILD)/bench_pool
+ifeq ($(OPENMP),yes)
+	./$(BUILD)/bench_pool
+else
+	@echo "bench: $(CC) has no -fopenmp; the pool benchmark needs OpenMP as its reference"
+endif
+
+cuda: | $(BUILD)
+ifneq ($(NVCC),)
+	$(NVCC) -std=c++14 -I. tests/test_cuda.cu -o $(BUILD)/test_cuda && ./$(BUILD)/test_cuda
+else
+	@echo "cuda: nvcc not found"
+endif
+
+install:
+	install -d $(DESTDIR)$(PREFIX)/include
+	install -m 644 dpar.h dpar_cuda.h $(DESTDIR)$(PREFIX)/include
+
+clean:
+	rm -rf $(BUILD)
