@@ -58,6 +58,10 @@ $(BUILD)/pool_demo: examples/pool_demo.c dpar.h | $(BUILD)
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
+# -O3 so that the reference pass out = x + y is vectorised too
+$(BUILD)/bench_comm: bench/bench_comm.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O3 -I. $< -o $@ $(LDLIBS)
+
 demo: $(BUILD)/pool_demo
 	./$(BUILD)/pool_demo
 
@@ -67,16 +71,17 @@ test: $(TESTS) $(BUILD)/nofutex_test_pool
 
 check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 	@echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
-	@ASAN_OPTIONS=detect_leaks=1 BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS))
+	@ASAN_OPTIONS=detect_leaks=1 DPAR_TEST_BIG=100003 BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS))
 	@echo "== ThreadSanitizer"
-	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
+	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool
+bench: $(BUILD)/bench_pool $(BUILD)/bench_comm
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 else
 	@echo "bench: $(CC) has no -fopenmp; the pool benchmark needs OpenMP as its reference"
 endif
+	./$(BUILD)/bench_comm
 
 cuda: | $(BUILD)
 ifneq ($(NVCC),)

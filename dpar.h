@@ -33,19 +33,24 @@
      DPAR_ASSERT(c)        assertion hook for programmer errors (default: assert from <assert.h>)
      DPAR_NO_FUTEX         use a mutex/condition-variable parking lot instead of Linux futexes
      DPAR_SPIN_US          default microseconds a wait spins before it sleeps (default 200)
-     DPAR_MAX_THREADS      largest pool accepted by dpar_pool_create (default 1024)
+     DPAR_MAX_THREADS      largest pool or thread group (default 1024)
+     DPAR_TIMEOUT_MS_DEFAULT  blocking comm calls give up after this (default 30000)
 
    ENVIRONMENT (code arguments always win over the environment)
      DPAR_NUM_THREADS=N    threads of a pool whose description says 0
      DPAR_TRACE=file.json  write a Chrome trace-event file (open it in Perfetto or chrome://tracing)
+     DPAR_TIMEOUT_MS=N     timeout of blocking comm calls whose description says 0 (-1: none)
      DPAR_LOG=error|warn|info|debug|off   log level (default warn)
 
    SECTIONS (grep for the tag)            THREAD SAFETY, in short
      >>config    portability, options      status, log, error: any thread; the error text is per thread
      >>status    status codes, errors      trace: any thread; start/stop from one thread at a time
      >>log       log levels and callback   pool: see below; every call says who may make it
-     >>trace     Chrome trace-event sink
-     >>pool      worker pool: parallel-for, SPMD run, barrier, task graph
+     >>trace     Chrome trace-event sink   comm: a comm belongs to its rank's thread; abort and the
+     >>pool      worker pool: parallel-for, SPMD run, barrier, task graph      queries: any thread
+     >>comm      communicator: point-to-point, collectives, async, split, mesh, counters
+     >>ring      the collective algorithms, written once for every transport
+     >>threads   the threads transport: zero-copy channels between thread ranks
      >>impl      the implementation, in the same order
 
    THE POOL
@@ -68,6 +73,21 @@
        the task records, so a long-running program calls it once per step or batch of tasks.
      - dpar_pool_destroy lets running tasks finish, cancels tasks that have not started (and says so
        with DPAR_ECANCELED), and joins the workers. Calling it from a worker returns DPAR_EBUSY.
+
+   THE COMMUNICATOR
+     N ranks that are threads meet at a dpar_group; each rank's thread makes its dpar_comm and calls
+     the collectives (comm first, then MPI/NCCL's names and order). The ring algorithms read straight
+     out of the neighbour's buffer (zero-copy) and stream in segments. Every call carries a
+     fingerprint (sequence, op, dtype, count, root, file:line): ranks that disagree get
+     DPAR_EMISMATCH naming both sides; a rank that never arrives gives DPAR_ETIMEDOUT after 30 s
+     naming it; dpar_comm_abort wakes everyone with DPAR_EABORTED. Results are bitwise identical on
+     every rank and run; the deterministic mode makes them independent of N too. docs/comm.md.
+
+         dpar_comm_desc d = {0};  d.size = 4;
+         dpar_group *g;  dpar_group_create(&d, &g);
+         // on thread r (e.g. inside dpar_pool_run):
+         dpar_comm *c;  dpar_comm_create(g, r, &c);
+         dpar_allreduce(c, grad, grad, n, DPAR_F32, DPAR_AVG);
 
    TRACE
      dpar_trace_start("t.json") (or DPAR_TRACE=t.json) records pool calls, tasks and, later, the
@@ -324,6 +344,228 @@ DPAR_API dpar_task_state dpar_task_state_of(dpar_pool *pool, dpar_task task);
    failed (in submission order), or DPAR_OK. DPAR_EBUSY from the pool's own threads.
    Thread safety: any thread outside the pool; tasks submitted meanwhile by others are waited for too. */
 DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
+
+
+/* ============================================================================================== */
+/* >>comm: communicator, point-to-point, collectives, async requests, split and mesh              */
+/* ============================================================================================== */
+/* A dpar_comm is one rank of a group of N ranks. Ranks that are threads of one process meet at a
+   dpar_group; other transports (MPI, NCCL) make comms of their own, and every call below works the
+   same on all of them. Collectives take the comm first, then MPI/NCCL's names and order.
+
+   Contract: every rank of a comm calls the same collectives in the same order with the same count,
+   dtype, op and root. dpar checks it (unless no_check): a disagreement returns DPAR_EMISMATCH on
+   every rank, with a message naming both sides and their source lines. Every blocking call gives
+   up after the comm's timeout (30 s by default) with DPAR_ETIMEDOUT and names the ranks that never
+   arrived. After either error, or dpar_comm_abort, every call on the group returns that error: the
+   group is poisoned, destroy it and start again (as with NCCL's ncclCommAbort).
+
+   Counts are elements. For reduce_scatter and allgather `count` is the TOTAL count; rank r owns block
+   r of the partition dpar_block_range(count, N, r, ...), so any count works (0, less than N, not
+   divisible by N). Results are bitwise identical on every rank and from run to run: the order in
+   which the inputs of each element are combined depends only on N. With `deterministic`, allreduce
+   combines them in one fixed binary tree that also dpar_tree_reduce follows, so a gradient summed
+   over L leaves gives the same bits for N = 1, 2, 4, 8 ranks (see docs/comm.md). */
+
+typedef enum dpar_dtype {
+    DPAR_F32 = 0,
+    DPAR_F64 = 1,
+    DPAR_I32 = 2,
+    DPAR_I64 = 3,
+    DPAR_BF16 = 4, /* stored as uint16_t; reduced in float, rounded to nearest even */
+    DPAR_F16 = 5,  /* IEEE half, stored as uint16_t; reduced in float */
+    DPAR_U8 = 6,   /* bytes; reductions wrap */
+    DPAR_DTYPE_COUNT = 7
+} dpar_dtype;
+
+typedef enum dpar_op {
+    DPAR_SUM = 0,
+    DPAR_AVG = 1, /* the sum divided by N (integer division for integer types) */
+    DPAR_MIN = 2,
+    DPAR_MAX = 3,
+    DPAR_PROD = 4,
+    DPAR_OP_COUNT = 5
+} dpar_op;
+
+/* The calls the counters and the contract checker know. */
+typedef enum dpar_coll {
+    DPAR_COLL_SEND = 0,
+    DPAR_COLL_RECV,
+    DPAR_COLL_BARRIER,
+    DPAR_COLL_BROADCAST,
+    DPAR_COLL_REDUCE,
+    DPAR_COLL_REDUCE_SCATTER,
+    DPAR_COLL_ALLGATHER,
+    DPAR_COLL_ALLREDUCE,
+    DPAR_COLL_ALLTOALL,
+    DPAR_COLL_SPLIT,
+    DPAR_COLL_COUNT
+} dpar_coll;
+
+/* dpar_dtype_size: bytes per element, 0 for a bad dtype. dpar_dtype_name, dpar_op_name,
+   dpar_coll_name: "f32", "sum", "allreduce" ("?" when out of range). Thread safety: any thread. */
+DPAR_API size_t dpar_dtype_size(dpar_dtype dtype);
+DPAR_API const char *dpar_dtype_name(dpar_dtype dtype);
+DPAR_API const char *dpar_op_name(dpar_op op);
+DPAR_API const char *dpar_coll_name(dpar_coll coll);
+
+/* dpar_block_range: block `index` of `count` elements cut into `parts` near-equal contiguous blocks
+   (the first count % parts blocks are one longer): the partition of reduce_scatter, allgather and
+   the ring. Thread safety: any thread. */
+DPAR_API void dpar_block_range(size_t count, int parts, int index, size_t *offset, size_t *length);
+
+/* bf16 and f16 conversions (round to nearest even), as the reductions use them. */
+DPAR_API float dpar_bf16_to_f32(uint16_t h);
+DPAR_API uint16_t dpar_f32_to_bf16(float f);
+DPAR_API float dpar_f16_to_f32(uint16_t h);
+DPAR_API uint16_t dpar_f32_to_f16(float f);
+
+typedef struct dpar_group dpar_group;
+typedef struct dpar_comm dpar_comm;
+typedef struct dpar_request dpar_request;
+
+typedef struct dpar_comm_desc {
+    int size;             /* ranks in the group (threads transport; required, 1..DPAR_MAX_THREADS) */
+    int timeout_ms;       /* blocking calls give up after this; 0: DPAR_TIMEOUT_MS, else 30000; -1: never */
+    int no_check;         /* 1: skip the contract checker's fingerprints */
+    int deterministic;    /* 1: allreduce in the fixed tree order (N must be a power of two) */
+    size_t segment_bytes; /* pipeline segment of the ring algorithms (0: 128 KiB) */
+    int spin_us;          /* waits spin this long before sleeping; 0: DPAR_SPIN_US, -1: no spin */
+    const char *name;     /* trace and error prefix (copied; default "comm") */
+    dpar_allocator allocator;
+} dpar_comm_desc;
+
+/* dpar_group_create: the meeting point of `desc->size` thread ranks. Each rank's thread then calls
+   dpar_comm_create. The group lives until it is destroyed and its last comm is destroyed.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out);
+/* dpar_group_destroy: drop the creator's reference. Thread safety: any thread, once. */
+DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
+
+/* dpar_comm_create: join `group` as `rank` (each rank once, from the thread that will use it).
+   Returns at once; the first collective meets the others. Thread safety: any thread. */
+DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **out);
+/* dpar_comm_destroy: leave the group (waits for this rank's async requests). Not collective.
+   Thread safety: the comm's thread, with nothing of this comm in flight. */
+DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm);
+/* dpar_comm_rank / dpar_comm_size: -1 / 0 for NULL. Thread safety: any thread. */
+DPAR_API int dpar_comm_rank(const dpar_comm *comm);
+DPAR_API int dpar_comm_size(const dpar_comm *comm);
+/* dpar_comm_query: the options really used. Thread safety: any thread. */
+DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used);
+/* dpar_comm_abort: poison the group: every rank's blocking call returns DPAR_EABORTED now and every
+   later call too. Thread safety: any thread, also one that is not a rank. */
+DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm);
+
+/* Point-to-point. Messages between two ranks arrive in order; the receiver's count and tag must
+   equal the sender's (checked: DPAR_EMISMATCH). dpar_send returns when the receiver has the data
+   (a synchronous send: a send to oneself is DPAR_EDEADLK, use dpar_sendrecv).
+   Thread safety: the comm's thread. */
+DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count, dpar_dtype dtype, int peer,
+                                  int tag, const char *file, int line);
+DPAR_API dpar_status dpar_recv_at(dpar_comm *comm, void *buf, size_t count, dpar_dtype dtype, int peer, int tag,
+                                  const char *file, int line);
+DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size_t sendcount, int dst,
+                                      void *recvbuf, size_t recvcount, int src, dpar_dtype dtype, int tag,
+                                      const char *file, int line);
+
+/* Collectives. `send == recv` is in place; other overlaps are DPAR_EINVAL. broadcast: root's send
+   goes to every recv. reduce: the result lands in root's recv (others' recv may be NULL).
+   alltoall: `count` elements from each rank to each rank (send and recv hold N * count).
+   Thread safety: the comm's thread (for a comm with pending async requests, blocking calls first
+   wait for them, so the order of calls is kept). */
+DPAR_API dpar_status dpar_barrier_at(dpar_comm *comm, const char *file, int line);
+DPAR_API dpar_status dpar_broadcast_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                       dpar_dtype dtype, int root, const char *file, int line);
+DPAR_API dpar_status dpar_reduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                    dpar_op op, int root, const char *file, int line);
+DPAR_API dpar_status dpar_reduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                            dpar_dtype dtype, dpar_op op, const char *file, int line);
+DPAR_API dpar_status dpar_allgather_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                       dpar_dtype dtype, const char *file, int line);
+DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                       dpar_dtype dtype, dpar_op op, const char *file, int line);
+DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                      dpar_dtype dtype, const char *file, int line);
+
+/* Asynchronous allreduce, reduce-scatter and all-gather: *req is set at once; the buffers belong to
+   dpar until dpar_request_wait returns, or dpar_request_test says done. Requests of one comm run in
+   the order they were made, on a progress thread of the rank. Thread safety: the comm's thread. */
+DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                        dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
+                                        int line);
+DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                             dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
+                                             int line);
+DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                        dpar_dtype dtype, dpar_request **req, const char *file, int line);
+/* dpar_request_wait: wait, release the request and return its status. dpar_request_test: *done = 1
+   and the same as wait once finished (the request is released), else *done = 0 and DPAR_OK.
+   Thread safety: the thread that made the request. */
+DPAR_API dpar_status dpar_request_wait(dpar_request *req);
+DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
+
+/* The calls with the caller's file and line, for the contract checker's messages. */
+#define dpar_send(comm, buf, count, dtype, peer, tag) dpar_send_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
+#define dpar_recv(comm, buf, count, dtype, peer, tag) dpar_recv_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
+#define dpar_sendrecv(comm, sendbuf, sendcount, dst, recvbuf, recvcount, src, dtype, tag) \
+    dpar_sendrecv_at(comm, sendbuf, sendcount, dst, recvbuf, recvcount, src, dtype, tag, __FILE__, __LINE__)
+#define dpar_barrier(comm) dpar_barrier_at(comm, __FILE__, __LINE__)
+#define dpar_broadcast(comm, send, recv, count, dtype, root) \
+    dpar_broadcast_at(comm, send, recv, count, dtype, root, __FILE__, __LINE__)
+#define dpar_reduce(comm, send, recv, count, dtype, op, root) \
+    dpar_reduce_at(comm, send, recv, count, dtype, op, root, __FILE__, __LINE__)
+#define dpar_reduce_scatter(comm, send, recv, count, dtype, op) \
+    dpar_reduce_scatter_at(comm, send, recv, count, dtype, op, __FILE__, __LINE__)
+#define dpar_allgather(comm, send, recv, count, dtype) dpar_allgather_at(comm, send, recv, count, dtype, __FILE__, __LINE__)
+#define dpar_allreduce(comm, send, recv, count, dtype, op) \
+    dpar_allreduce_at(comm, send, recv, count, dtype, op, __FILE__, __LINE__)
+#define dpar_alltoall(comm, send, recv, count, dtype) dpar_alltoall_at(comm, send, recv, count, dtype, __FILE__, __LINE__)
+#define dpar_iallreduce(comm, send, recv, count, dtype, op, req) \
+    dpar_iallreduce_at(comm, send, recv, count, dtype, op, req, __FILE__, __LINE__)
+#define dpar_ireduce_scatter(comm, send, recv, count, dtype, op, req) \
+    dpar_ireduce_scatter_at(comm, send, recv, count, dtype, op, req, __FILE__, __LINE__)
+#define dpar_iallgather(comm, send, recv, count, dtype, req) \
+    dpar_iallgather_at(comm, send, recv, count, dtype, req, __FILE__, __LINE__)
+
+/* dpar_tree_reduce: out = the leaves combined in the fixed binary tree of the deterministic mode
+   (tree(lo, hi) = tree(lo, mid) op tree(mid, hi), mid = lo + (hi - lo) / 2). A rank that owns leaves
+   [r*L/N, (r+1)*L/N) calls it on them, then a deterministic allreduce with DPAR_SUM finishes the
+   same tree. `out` may be one of the leaves. Thread safety: any thread. */
+DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int num_leaves, size_t count,
+                                      dpar_dtype dtype, dpar_op op);
+
+/* dpar_comm_split: like MPI_Comm_split: ranks with the same color form a new comm, ordered by key
+   then old rank; a negative color gives *out = NULL. Collective. Thread safety: the comm's thread. */
+DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out);
+
+/* A dp x tp x pp mesh of a world comm of N = dp * tp * pp ranks, Megatron's order: tensor-parallel
+   ranks are neighbours, then data-parallel, pipeline outermost:
+       world = (pp_rank * dp + dp_rank) * tp + tp_rank.
+   Collective over `world`. Thread safety: the comm's thread. */
+typedef struct dpar_mesh {
+    int dp, tp, pp;
+    int dp_rank, tp_rank, pp_rank;
+    dpar_comm *dp_comm, *tp_comm, *pp_comm;
+} dpar_mesh;
+DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out);
+DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
+
+/* Counters: what each kind of call moved and how long it took, per rank. busbw follows nccl-tests:
+   algbw = bytes / time with bytes = count * element size (the total count for reduce_scatter and
+   allgather, count * N for alltoall), busbw = algbw * 2(N-1)/N for allreduce, (N-1)/N for
+   reduce_scatter, allgather and alltoall, 1 otherwise. Thread safety: any thread (relaxed reads). */
+typedef struct dpar_comm_counters {
+    uint64_t calls, bytes_sent, bytes_received, time_ns;
+} dpar_comm_counters;
+typedef struct dpar_comm_stats {
+    dpar_comm_counters by_coll[DPAR_COLL_COUNT];
+    dpar_coll last_coll;
+    dpar_comm_counters last; /* the last call alone */
+    double last_busbw_gbps;
+} dpar_comm_stats;
+DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out);
+DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm);
 
 #ifdef __cplusplus
 }
@@ -662,7 +904,7 @@ typedef struct dpar__spin {
 /* dpar__wait_while: block while *word == val. Returns DPAR_OK once it differs, DPAR_ETIMEDOUT when
    deadline_ns (absolute, 0: none) passes first. */
 static dpar_status dpar__wait_while(uint32_t *word, uint32_t val, uint32_t *sleepers, dpar__spin spin,
-                                    uint64_t deadline_ns)
+                                    uint64_t deadline_ns, int *parked)
 {
     uint64_t t_end;
     unsigned i;
@@ -685,6 +927,7 @@ static dpar_status dpar__wait_while(uint32_t *word, uint32_t val, uint32_t *slee
             }
         }
     }
+    if (parked) *parked = 1;
     DPAR__ADD(sleepers, 1, DPAR__SEQ_CST);
     while (DPAR__LOAD(word, DPAR__SEQ_CST) == val) {
         uint64_t timeout = 0;
@@ -1031,48 +1274,60 @@ static void dpar__fork_part(dpar_pool *p, int index)
    CPU (sched_getcpu: a few ns); a worker that finds another thread of the pool on its CPU moves
    itself to a CPU none of them uses, by narrowing and then restoring its affinity mask. Only for
    pools no bigger than the machine, never for pinned pools, at most once a millisecond. */
-static void dpar__cpu_note(dpar__thread *t)
+static void dpar__cpu_note(int *cpu)
 {
 #if DPAR__LINUX
     int c = sched_getcpu();
-    if (c != DPAR__LOAD(&t->cpu, DPAR__RELAXED)) DPAR__STORE(&t->cpu, c, DPAR__RELAXED);
+    if (c != DPAR__LOAD(cpu, DPAR__RELAXED)) DPAR__STORE(cpu, c, DPAR__RELAXED);
 #else
-    (void)t;
+    (void)cpu;
 #endif
 }
 
-static void dpar__unshare(dpar_pool *p, dpar__thread *t)
+/* dpar__unshare_cpus: n threads note their CPU in ints `stride` bytes apart from `cpus`; thread
+   `self` notes its own and, when another of them is on the same CPU, moves to a CPU none uses. */
+static void dpar__unshare_cpus(char *cpus, size_t stride, int n, int self, uint64_t *moved_ns)
 {
 #if DPAR__LINUX
     enum { WORDS = 1024 / (8 * sizeof(unsigned long)), BITS = 8 * sizeof(unsigned long) };
     unsigned long allowed[WORDS], mask[WORDS];
-    int me, j, clash = 0, any = 0;
+    int *mine = (int *)(void *)(cpus + (size_t)self * stride), me, j, clash = 0, any = 0;
     uint64_t now;
-    dpar__cpu_note(t);
-    if (!p->unshare) return;
-    me = t->cpu;
-    for (j = 0; j < p->nthreads; j++)
-        if (j != t->index && DPAR__LOAD(&p->threads[j].cpu, DPAR__RELAXED) == me) clash = 1;
+    dpar__cpu_note(mine);
+    me = DPAR__LOAD(mine, DPAR__RELAXED);
+    for (j = 0; j < n; j++)
+        if (j != self && DPAR__LOAD((int *)(void *)(cpus + (size_t)j * stride), DPAR__RELAXED) == me) clash = 1;
     if (!clash || me < 0 || me >= 1024) return;
     now = dpar_time_ns();
-    if (now - t->moved_ns < 1000000u) return;
-    t->moved_ns = now;
+    if (now - *moved_ns < 1000000u) return;
+    *moved_ns = now;
     memset(allowed, 0, sizeof allowed);
     if (syscall(SYS_sched_getaffinity, 0, sizeof allowed, allowed) <= 0) return;
     memcpy(mask, allowed, sizeof mask);
-    for (j = 0; j < p->nthreads; j++) {
-        int c = j == t->index ? me : DPAR__LOAD(&p->threads[j].cpu, DPAR__RELAXED);
+    for (j = 0; j < n; j++) {
+        int c = j == self ? me : DPAR__LOAD((int *)(void *)(cpus + (size_t)j * stride), DPAR__RELAXED);
         if (c >= 0 && c < 1024) mask[c / BITS] &= ~(1ul << (c % BITS));
     }
     for (j = 0; j < WORDS; j++) any |= mask[j] != 0;
     if (!any) return; /* every allowed CPU is taken: stay */
     if (syscall(SYS_sched_setaffinity, 0, sizeof mask, mask) == 0) /* the kernel moves us now */
         syscall(SYS_sched_setaffinity, 0, sizeof allowed, allowed);
-    dpar__cpu_note(t);
+    dpar__cpu_note(mine);
 #else
-    (void)p;
-    (void)t;
+    (void)cpus;
+    (void)stride;
+    (void)n;
+    (void)self;
+    (void)moved_ns;
 #endif
+}
+
+static void dpar__unshare(dpar_pool *p, dpar__thread *t)
+{
+    if (p->unshare)
+        dpar__unshare_cpus((char *)&p->threads[0].cpu, sizeof(dpar__thread), p->nthreads, t->index, &t->moved_ns);
+    else
+        dpar__cpu_note(&t->cpu);
 }
 
 /* A worker takes part in a fork it has not seen yet. Returns 1 if it did. */
@@ -1094,7 +1349,7 @@ static void dpar__fork(dpar_pool *p)
     dpar_pool *saved_pool = dpar__tls_pool;
     int saved_index = dpar__tls_index;
     uint32_t left;
-    dpar__cpu_note(&p->threads[0]);
+    dpar__cpu_note(&p->threads[0].cpu);
     DPAR__STORE(&p->join_pending, (uint32_t)(p->nthreads - 1), DPAR__RELAXED);
     DPAR__STORE(&p->next_chunk, 0, DPAR__RELAXED);
     DPAR__ADD(&p->fork_gen, 1, DPAR__RELEASE);
@@ -1106,7 +1361,7 @@ static void dpar__fork(dpar_pool *p)
     dpar__tls_pool = saved_pool;
     dpar__tls_index = saved_index;
     while ((left = DPAR__LOAD(&p->join_pending, DPAR__ACQUIRE)) != 0)
-        dpar__wait_while(&p->join_pending, left, &p->join_sleepers, p->spin, 0);
+        dpar__wait_while(&p->join_pending, left, &p->join_sleepers, p->spin, 0, NULL);
 }
 
 static dpar_status dpar__for(dpar_pool *pool, int64_t n, int64_t grain, int dynamic, dpar_for_fn fn,
@@ -1201,12 +1456,12 @@ DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool)
         DPAR__STORE(&pool->bar_count, 0, DPAR__RELAXED);
         dpar__bump(&pool->bar_gen, &pool->bar_sleepers, INT_MAX);
     } else {
-        dpar__wait_while(&pool->bar_gen, gen, &pool->bar_sleepers, pool->spin, 0);
+        dpar__wait_while(&pool->bar_gen, gen, &pool->bar_sleepers, pool->spin, 0, NULL);
     }
     if (self->index > 0)
         dpar__unshare(pool, self);
     else
-        dpar__cpu_note(self);
+        dpar__cpu_note(&self->cpu);
     return DPAR_OK;
 }
 
@@ -1533,7 +1788,7 @@ static void dpar__task_wait_for(dpar_pool *p, uint32_t target)
         pthread_mutex_unlock(&p->task_lock);
         if (self && dpar__fork_poll(p, self)) continue;
         if (!in_task && dpar__task_run_one(p)) continue;
-        dpar__wait_while(&p->done_seq, seq, &p->done_sleepers, p->spin, 0);
+        dpar__wait_while(&p->done_seq, seq, &p->done_sleepers, p->spin, 0, NULL);
     }
 }
 
@@ -1661,7 +1916,7 @@ static void *dpar__worker_main(void *arg)
         if (dpar__fork_poll(p, t)) continue;
         if (dpar__task_run_one(p)) continue;
         if (DPAR__LOAD(&p->shutdown, DPAR__ACQUIRE)) break;
-        dpar__wait_while(&p->wake_seq, wake, &p->wake_sleepers, p->spin, 0);
+        dpar__wait_while(&p->wake_seq, wake, &p->wake_sleepers, p->spin, 0, NULL);
     }
     return NULL;
 }
@@ -1811,6 +2066,1810 @@ DPAR_API dpar_status dpar_pool_query(const dpar_pool *pool, dpar_pool_desc *used
 DPAR_API int dpar_pool_num_threads(const dpar_pool *pool) { return pool ? pool->nthreads : 0; }
 
 DPAR_API int dpar_pool_thread_index(const dpar_pool *pool) { return dpar__in_pool(pool) ? dpar__tls_index : -1; }
+
+/* >>comm --------------------------------------------------------------------------------------- */
+/* The layering: the collective algorithms (>>ring) are written once over four primitives of a
+   transport (post, fetch, release, drain), so the ring reads in one place for every transport:
+
+     post(peer, buf, bytes)   offer my bytes to peer; buf stays untouched until the peer releases it
+     fetch(peer, bytes, &p)   wait for peer's next offer; p is readable until release
+     release(peer)            done with peer's offer
+     drain(peer, k)           wait until at most k of my offers to peer are unreleased
+
+   The threads transport (>>threads) makes these zero-copy: an offer is a pointer into the sender's
+   own buffer, and the receiver reduces straight out of it once a counter says it is there. MPI makes
+   them Isend / Recv into a staging buffer / nothing / Wait. Every message carries the fingerprint of
+   the call that sent it, so a rank that disagrees is caught at its neighbour's first fetch. */
+
+#ifndef DPAR_TIMEOUT_MS_DEFAULT
+#define DPAR_TIMEOUT_MS_DEFAULT 30000
+#endif
+#define DPAR__QDEPTH 4          /* offers in flight per channel */
+#define DPAR__LANE_P2P 0        /* user send/recv */
+#define DPAR__LANE_COLL 1       /* collectives */
+#define DPAR__LANES 2
+#define DPAR__SEGMENT_DEFAULT (128u * 1024u)
+
+static const char *const dpar__dtype_names[] = {"f32", "f64", "i32", "i64", "bf16", "f16", "u8"};
+static const size_t dpar__dtype_sizes[] = {4, 8, 4, 8, 2, 2, 1};
+static const char *const dpar__op_names[] = {"sum", "avg", "min", "max", "prod"};
+static const char *const dpar__coll_names[] = {"send", "recv", "barrier", "broadcast", "reduce", "reduce_scatter",
+                                               "allgather", "allreduce", "alltoall", "split"};
+
+DPAR_API size_t dpar_dtype_size(dpar_dtype t) { return (unsigned)t < DPAR_DTYPE_COUNT ? dpar__dtype_sizes[t] : 0; }
+DPAR_API const char *dpar_dtype_name(dpar_dtype t) { return (unsigned)t < DPAR_DTYPE_COUNT ? dpar__dtype_names[t] : "?"; }
+DPAR_API const char *dpar_op_name(dpar_op op) { return (unsigned)op < DPAR_OP_COUNT ? dpar__op_names[op] : "?"; }
+DPAR_API const char *dpar_coll_name(dpar_coll k) { return (unsigned)k < DPAR_COLL_COUNT ? dpar__coll_names[k] : "?"; }
+
+DPAR_API void dpar_block_range(size_t count, int parts, int index, size_t *offset, size_t *length)
+{
+    size_t q, r, i;
+    if (parts < 1 || index < 0 || index >= parts) {
+        if (offset) *offset = 0;
+        if (length) *length = 0;
+        return;
+    }
+    q = count / (size_t)parts;
+    r = count % (size_t)parts;
+    i = (size_t)index;
+    if (offset) *offset = i * q + (i < r ? i : r);
+    if (length) *length = q + (i < r ? 1 : 0);
+}
+
+/* ---- bf16 / f16 ---- */
+DPAR_API float dpar_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+DPAR_API uint16_t dpar_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+DPAR_API float dpar_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    float f;
+    if (e == 0) {
+        if (m == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            e = 113;
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                e--;
+            }
+            u = sign | (e << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else {
+        u = sign | ((e + 112) << 23) | (m << 13);
+    }
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+DPAR_API uint16_t dpar_f32_to_f16(float f)
+{
+    uint32_t u, sign, m, half, rem;
+    int32_t e;
+    memcpy(&u, &f, sizeof u);
+    sign = (u >> 16) & 0x8000u;
+    m = u & 0x7fffffu;
+    if (((u >> 23) & 0xffu) == 0xffu) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u : 0u));
+    e = (int32_t)((u >> 23) & 0xffu) - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) { /* subnormal or zero */
+        uint32_t shift;
+        if (e < -10) return (uint16_t)sign;
+        m |= 0x800000u;
+        shift = (uint32_t)(14 - e);
+        half = m >> shift;
+        rem = m & ((1u << shift) - 1u);
+        if (rem > (1u << (shift - 1)) || (rem == (1u << (shift - 1)) && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    half = sign | ((uint32_t)e << 10) | (m >> 13);
+    rem = m & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) half++; /* a carry rounds up into the exponent */
+    return (uint16_t)half;
+}
+
+/* ---- the reduction kernel: out[i] = a[i] op b[i] (then / div when div > 1); out may alias a or b ---- */
+#define DPAR__RED_LOOP(T, EXPR)                                                          \
+    do {                                                                                 \
+        T *o_ = (T *)out;                                                                \
+        const T *a_ = (const T *)a, *b_ = (const T *)b;                                  \
+        size_t i_;                                                                       \
+        for (i_ = 0; i_ < n; i_++) {                                                     \
+            T x = a_[i_], y = b_[i_];                                                    \
+            o_[i_] = (EXPR);                                                             \
+        }                                                                                \
+    } while (0)
+#define DPAR__RED_FLOAT(T)                                                               \
+    switch (op) {                                                                        \
+    case DPAR_SUM: DPAR__RED_LOOP(T, x + y); break;                                      \
+    case DPAR_AVG:                                                                       \
+        if (div > 1) DPAR__RED_LOOP(T, (x + y) / (T)div);                                \
+        else DPAR__RED_LOOP(T, x + y);                                                   \
+        break;                                                                           \
+    case DPAR_MIN: DPAR__RED_LOOP(T, y < x ? y : x); break;                              \
+    case DPAR_MAX: DPAR__RED_LOOP(T, y > x ? y : x); break;                              \
+    default: DPAR__RED_LOOP(T, x * y); break;                                            \
+    }
+/* integers wrap: the sum and product are computed on the unsigned type of the same width */
+#define DPAR__RED_INT(T, U)                                                              \
+    switch (op) {                                                                        \
+    case DPAR_SUM: DPAR__RED_LOOP(T, (T)((U)x + (U)y)); break;                           \
+    case DPAR_AVG:                                                                       \
+        if (div > 1) DPAR__RED_LOOP(T, (T)((T)((U)x + (U)y) / (T)div));                  \
+        else DPAR__RED_LOOP(T, (T)((U)x + (U)y));                                        \
+        break;                                                                           \
+    case DPAR_MIN: DPAR__RED_LOOP(T, y < x ? y : x); break;                              \
+    case DPAR_MAX: DPAR__RED_LOOP(T, y > x ? y : x); break;                              \
+    default: DPAR__RED_LOOP(T, (T)((U)x * (U)y)); break;                                 \
+    }
+
+static float dpar__apply_f32(float x, float y, dpar_op op, int div)
+{
+    switch (op) {
+    case DPAR_SUM: return x + y;
+    case DPAR_AVG: return div > 1 ? (x + y) / (float)div : x + y;
+    case DPAR_MIN: return y < x ? y : x;
+    case DPAR_MAX: return y > x ? y : x;
+    default: return x * y;
+    }
+}
+
+/* The hot case, f32/f64 sum and product, in explicit 16-byte vectors (GCC/Clang vector extensions):
+   gcc -O2 does not vectorize the plain loop, and this must be fast whatever the user's flags.
+   Loads come before stores in each step, so out == a or out == b is fine. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DPAR__SIMD 1
+typedef float dpar__v4f __attribute__((vector_size(16)));
+typedef double dpar__v2d __attribute__((vector_size(16)));
+#define DPAR__VLOOP(T, V, PER, OPER)                                                     \
+    do {                                                                                 \
+        T *o_ = (T *)out;                                                                \
+        const T *a_ = (const T *)a, *b_ = (const T *)b;                                  \
+        size_t i_ = 0;                                                                   \
+        for (; i_ + 2 * (PER) <= n; i_ += 2 * (PER)) {                                   \
+            V x0, x1, y0, y1;                                                            \
+            memcpy(&x0, a_ + i_, sizeof x0);                                             \
+            memcpy(&x1, a_ + i_ + (PER), sizeof x1);                                     \
+            memcpy(&y0, b_ + i_, sizeof y0);                                             \
+            memcpy(&y1, b_ + i_ + (PER), sizeof y1);                                     \
+            x0 = x0 OPER y0;                                                             \
+            x1 = x1 OPER y1;                                                             \
+            memcpy(o_ + i_, &x0, sizeof x0);                                             \
+            memcpy(o_ + i_ + (PER), &x1, sizeof x1);                                     \
+        }                                                                                \
+        for (; i_ < n; i_++) o_[i_] = a_[i_] OPER b_[i_];                                \
+    } while (0)
+#else
+#define DPAR__SIMD 0
+#endif
+
+static void dpar__reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op, int div)
+{
+    size_t i;
+#if DPAR__SIMD
+    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, +); return; }
+    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, +); return; }
+    if (op == DPAR_PROD && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, *); return; }
+    if (op == DPAR_PROD && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, *); return; }
+#endif
+    switch (t) {
+    case DPAR_F32: DPAR__RED_FLOAT(float); break;
+    case DPAR_F64: DPAR__RED_FLOAT(double); break;
+    case DPAR_I32: DPAR__RED_INT(int32_t, uint32_t); break;
+    case DPAR_I64: DPAR__RED_INT(int64_t, uint64_t); break;
+    case DPAR_U8: DPAR__RED_INT(uint8_t, uint32_t); break;
+    case DPAR_BF16: {
+        uint16_t *o = (uint16_t *)out;
+        const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
+        for (i = 0; i < n; i++) o[i] = dpar_f32_to_bf16(dpar__apply_f32(dpar_bf16_to_f32(x[i]), dpar_bf16_to_f32(y[i]), op, div));
+        break;
+    }
+    default: {
+        uint16_t *o = (uint16_t *)out;
+        const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
+        for (i = 0; i < n; i++) o[i] = dpar_f32_to_f16(dpar__apply_f32(dpar_f16_to_f32(x[i]), dpar_f16_to_f32(y[i]), op, div));
+        break;
+    }
+    }
+}
+
+/* out = in / div (AVG on one rank, or after a tree); integer division for integers */
+static void dpar__divide(void *out, const void *in, size_t n, dpar_dtype t, int div)
+{
+    size_t i;
+    if (div <= 1) {
+        if (out != in) memmove(out, in, n * dpar__dtype_sizes[t]);
+        return;
+    }
+    switch (t) {
+    case DPAR_F32: for (i = 0; i < n; i++) ((float *)out)[i] = ((const float *)in)[i] / (float)div; break;
+    case DPAR_F64: for (i = 0; i < n; i++) ((double *)out)[i] = ((const double *)in)[i] / (double)div; break;
+    case DPAR_I32: for (i = 0; i < n; i++) ((int32_t *)out)[i] = ((const int32_t *)in)[i] / div; break;
+    case DPAR_I64: for (i = 0; i < n; i++) ((int64_t *)out)[i] = ((const int64_t *)in)[i] / div; break;
+    case DPAR_U8: for (i = 0; i < n; i++) ((uint8_t *)out)[i] = (uint8_t)(((const uint8_t *)in)[i] / div); break;
+    case DPAR_BF16:
+        for (i = 0; i < n; i++)
+            ((uint16_t *)out)[i] = dpar_f32_to_bf16(dpar_bf16_to_f32(((const uint16_t *)in)[i]) / (float)div);
+        break;
+    default:
+        for (i = 0; i < n; i++)
+            ((uint16_t *)out)[i] = dpar_f32_to_f16(dpar_f16_to_f32(((const uint16_t *)in)[i]) / (float)div);
+        break;
+    }
+}
+
+/* ---- the fixed tree of the deterministic mode ---- */
+#define DPAR__TREE_BLOCK 64 /* elements combined at a time: the temporaries stay small and in L1 */
+
+/* out[0..n) = tree(leaves[lo..hi)) at element offset e; tmp has room for depth * n elements */
+static void dpar__tree(char *out, const void *const *leaves, int lo, int hi, size_t e, size_t n, dpar_dtype t,
+                       dpar_op op, char *tmp)
+{
+    size_t es = dpar__dtype_sizes[t];
+    int mid;
+    if (hi - lo == 1) {
+        memcpy(out, (const char *)leaves[lo] + e * es, n * es);
+        return;
+    }
+    mid = lo + (hi - lo) / 2;
+    dpar__tree(out, leaves, lo, mid, e, n, t, op, tmp + n * es);
+    dpar__tree(tmp, leaves, mid, hi, e, n, t, op, tmp + n * es);
+    dpar__reduce(out, out, tmp, n, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
+}
+
+DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int num_leaves, size_t count,
+                                      dpar_dtype dtype, dpar_op op)
+{
+    char tmp[32 * DPAR__TREE_BLOCK * 8], block[DPAR__TREE_BLOCK * 8];
+    size_t es = dpar_dtype_size(dtype), e;
+    int k, depth = 0;
+    if (!es) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: dtype %d is not a dpar_dtype", (int)dtype);
+    if ((unsigned)op >= DPAR_OP_COUNT) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: op %d is not a dpar_op", (int)op);
+    if (num_leaves < 1 || !leaves) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: needs at least one leaf");
+    if (count && !out) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: out is NULL");
+    for (k = 0; k < num_leaves; k++)
+        if (count && !leaves[k]) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: leaves[%d] is NULL", k);
+    for (k = num_leaves - 1; k > 0; k >>= 1) depth++;
+    for (e = 0; e < count; e += DPAR__TREE_BLOCK) {
+        size_t n = count - e < DPAR__TREE_BLOCK ? count - e : DPAR__TREE_BLOCK;
+        /* into a block first: `out` may be a leaf; each block reads only its own elements */
+        dpar__tree(block, leaves, 0, num_leaves, e, n, dtype, op, tmp);
+        if (op == DPAR_AVG)
+            dpar__divide((char *)out + e * es, block, n, dtype, num_leaves);
+        else
+            memcpy((char *)out + e * es, block, n * es);
+    }
+    return DPAR_OK;
+}
+
+/* ---- fingerprints, comm state ---- */
+typedef struct dpar__fp {
+    uint64_t seq;     /* collective number on this comm (0 for point-to-point) */
+    uint64_t count;
+    int coll, dtype, op, root, tag, rank;
+    const char *file;
+    int line;
+} dpar__fp;
+
+typedef struct dpar__ctx dpar__ctx;
+
+/* A transport: the four primitives, plus the hooks that are not about moving bytes. */
+typedef struct dpar__transport {
+    const char *name;
+    dpar_status (*post)(dpar__ctx *x, int peer, const void *buf, size_t bytes);
+    dpar_status (*fetch)(dpar__ctx *x, int peer, size_t bytes, const void **data);
+    dpar_status (*release)(dpar__ctx *x, int peer);
+    dpar_status (*drain)(dpar__ctx *x, int peer, int max_outstanding);
+    void (*enter)(dpar__ctx *x);                    /* a call starts: note it for timeout messages */
+    dpar_status (*poisoned)(dpar_comm *c);          /* the group's error, or DPAR_OK */
+    dpar_status (*poison)(dpar_comm *c, dpar_status why, const char *msg);
+    dpar_status (*split)(dpar__ctx *x, int color, int key, dpar_comm **out);
+    void (*destroy)(dpar_comm *c);
+} dpar__transport;
+
+/* One call in progress: who, what, until when, what it moved. */
+struct dpar__ctx {
+    dpar_comm *c;
+    int lane;
+    dpar__fp fp;
+    uint64_t deadline; /* absolute ns, 0: none */
+    uint64_t sent, received;
+};
+
+/* an asynchronous request, from the comm's free list */
+struct dpar_request {
+    dpar_comm *comm;
+    int coll;
+    const void *send;
+    void *recv;
+    size_t count;
+    dpar_dtype dtype;
+    dpar_op op;
+    uint64_t seq;
+    const char *file;
+    int line;
+    uint32_t done; /* futex word: 1 when finished */
+    uint32_t done_sleepers;
+    dpar_status status;
+    char error[DPAR__ERROR_TEXT];
+    dpar_request *next;
+};
+
+struct dpar_comm {
+    const dpar__transport *tp;
+    dpar_group *group; /* threads transport */
+    void *tp_data;     /* other transports */
+    int rank, size;
+    dpar_allocator allocator;
+    uint64_t timeout_ns; /* 0: none */
+    int check, det;
+    size_t segment_bytes;
+    dpar__spin spin;
+    char name[32];
+    uint64_t seq;      /* collectives issued by this rank */
+    void *scratch;     /* grown on demand, kept: no allocation per call once warm */
+    size_t scratch_bytes;
+    dpar_comm_stats stats;        /* counters, updated with relaxed atomics */
+    int last_coll;
+    uint64_t last_busbw_bits;     /* the double, as bits, so it can be an atomic */
+    /* async */
+    pthread_mutex_t qlock;
+    dpar_request *qhead, *qtail, *free_reqs;
+    uint32_t qseq, qsleepers; /* bumped when requests are queued or the thread must stop */
+    uint32_t pending;         /* requests issued and not finished */
+    uint32_t pending_sleepers;
+    int stop, thread_started;
+    pthread_t thread;
+};
+
+static dpar_status dpar__scratch(dpar_comm *c, size_t bytes, char **out)
+{
+    if (bytes > c->scratch_bytes) {
+        void *p = dpar__alloc(&c->allocator, bytes);
+        if (!p) return dpar__err(DPAR_ENOMEM, "%s rank %d: cannot allocate %zu bytes of scratch", c->name, c->rank, bytes);
+        dpar__free(&c->allocator, c->scratch);
+        c->scratch = p;
+        c->scratch_bytes = bytes;
+    }
+    *out = (char *)c->scratch;
+    return DPAR_OK;
+}
+
+/* "allreduce(count=1000, dtype=f32, op=sum) #12 at train.c:88" */
+static void dpar__fp_describe(const dpar__fp *f, char *buf, size_t n)
+{
+    const char *name = dpar_coll_name((dpar_coll)f->coll);
+    int k = 0;
+    switch (f->coll) {
+    case DPAR_COLL_SEND:
+    case DPAR_COLL_RECV:
+        k = snprintf(buf, n, "%s(count=%llu, dtype=%s, tag=%d)", name, (unsigned long long)f->count,
+                     dpar_dtype_name((dpar_dtype)f->dtype), f->tag);
+        break;
+    case DPAR_COLL_BARRIER:
+    case DPAR_COLL_SPLIT: k = snprintf(buf, n, "%s()", name); break;
+    case DPAR_COLL_BROADCAST:
+        k = snprintf(buf, n, "%s(count=%llu, dtype=%s, root=%d)", name, (unsigned long long)f->count,
+                     dpar_dtype_name((dpar_dtype)f->dtype), f->root);
+        break;
+    case DPAR_COLL_REDUCE:
+        k = snprintf(buf, n, "%s(count=%llu, dtype=%s, op=%s, root=%d)", name, (unsigned long long)f->count,
+                     dpar_dtype_name((dpar_dtype)f->dtype), dpar_op_name((dpar_op)f->op), f->root);
+        break;
+    case DPAR_COLL_ALLGATHER:
+    case DPAR_COLL_ALLTOALL:
+        k = snprintf(buf, n, "%s(count=%llu, dtype=%s)", name, (unsigned long long)f->count,
+                     dpar_dtype_name((dpar_dtype)f->dtype));
+        break;
+    default:
+        k = snprintf(buf, n, "%s(count=%llu, dtype=%s, op=%s)", name, (unsigned long long)f->count,
+                     dpar_dtype_name((dpar_dtype)f->dtype), dpar_op_name((dpar_op)f->op));
+        break;
+    }
+    if (k < 0 || (size_t)k >= n) return;
+    if (f->seq)
+        snprintf(buf + k, n - (size_t)k, " #%llu at %s:%d", (unsigned long long)f->seq, f->file ? f->file : "?", f->line);
+    else
+        snprintf(buf + k, n - (size_t)k, " at %s:%d", f->file ? f->file : "?", f->line);
+}
+
+/* Does the fingerprint `theirs` (from a message) fit the call `x` makes? Writes the mismatch story. */
+static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t their_bytes, size_t my_bytes,
+                          char *msg, size_t n)
+{
+    const dpar__fp *mine = &x->fp;
+    char a[200], b[200];
+    int same;
+    if (x->lane == DPAR__LANE_P2P)
+        same = theirs->count == mine->count && theirs->dtype == mine->dtype && theirs->tag == mine->tag;
+    else if (!x->c->check)
+        same = 1;
+    else
+        same = theirs->seq == mine->seq && theirs->coll == mine->coll && theirs->count == mine->count &&
+               theirs->dtype == mine->dtype && theirs->op == mine->op && theirs->root == mine->root;
+    if (same && their_bytes == my_bytes) return 1;
+    dpar__fp_describe(theirs, a, sizeof a);
+    dpar__fp_describe(mine, b, sizeof b);
+    if (same) /* only possible with no_check, or a bug: never read past the buffer */
+        snprintf(msg, n, "rank %d offered %zu bytes where rank %d expected %zu (%s vs %s)", theirs->rank, their_bytes,
+                 mine->rank, my_bytes, a, b);
+    else
+        snprintf(msg, n, "rank %d called %s while rank %d called %s", mine->rank, b, theirs->rank, a);
+    return 0;
+}
+
+/* ---- primitives, dispatched to the transport ---- */
+/* DPAR_TEST_STEP_HOOK(): the test suite injects random delays between the steps here */
+#ifndef DPAR_TEST_STEP_HOOK
+#define DPAR_TEST_STEP_HOOK() ((void)0)
+#endif
+static dpar_status dpar__post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+{
+    DPAR_TEST_STEP_HOOK();
+    x->sent += bytes;
+    return x->c->tp->post(x, peer, buf, bytes);
+}
+static dpar_status dpar__fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
+{
+    DPAR_TEST_STEP_HOOK();
+    x->received += bytes;
+    return x->c->tp->fetch(x, peer, bytes, data);
+}
+static dpar_status dpar__release(dpar__ctx *x, int peer) { return x->c->tp->release(x, peer); }
+static dpar_status dpar__drain(dpar__ctx *x, int peer, int max) { return x->c->tp->drain(x, peer, max); }
+
+#define DPAR__TRY(expr)                          \
+    do {                                         \
+        dpar_status st_ = (expr);                \
+        if (st_ != DPAR_OK) return st_;          \
+    } while (0)
+
+static int dpar__mod(long a, int n) { return (int)(((a % n) + n) % n); }
+
+/* fetch + copy + release */
+static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t bytes)
+{
+    const void *p;
+    DPAR__TRY(dpar__fetch(x, peer, bytes, &p));
+    if (bytes && p != dst) memcpy(dst, p, bytes);
+    return dpar__release(x, peer);
+}
+
+/* >>ring --------------------------------------------------------------------------------------- */
+/* The algorithms, for every transport. Rank r of N; chunks are the blocks of dpar_block_range.
+   Ring reduce-scatter, step s = 0..N-2: send chunk r-s-1, receive chunk r-s-2 and reduce it into
+   mine; after N-1 steps rank r holds chunk r complete. Ring all-gather, step s: send chunk r-s,
+   receive chunk r-s-1. Each step streams in segments of segment_bytes, so the neighbours work on
+   consecutive segments at once. Every rank moves (N-1)/N of the buffer in each phase. */
+
+typedef struct dpar__chunks {
+    size_t count, seg; /* elements, segment length in elements */
+    int n;
+    size_t segs;       /* segments per chunk (of the longest chunk; at least 1) */
+} dpar__chunks;
+
+static dpar__chunks dpar__chunks_make(dpar__ctx *x, size_t count, size_t es)
+{
+    dpar__chunks k;
+    size_t longest;
+    k.count = count;
+    k.n = x->c->size;
+    k.seg = x->c->segment_bytes / es;
+    if (k.seg < 1) k.seg = 1;
+    dpar_block_range(count, k.n, 0, NULL, &longest);
+    k.segs = longest ? (longest + k.seg - 1) / k.seg : 1;
+    return k;
+}
+
+/* segment g of chunk c: [*off, *off + *len) in elements of the whole buffer; *local: offset in the chunk */
+static void dpar__seg(const dpar__chunks *k, int c, size_t g, size_t *off, size_t *len, size_t *local)
+{
+    size_t o, l, lo = g * k->seg;
+    dpar_block_range(k->count, k->n, c, &o, &l);
+    *local = lo;
+    *off = o + (lo < l ? lo : l);
+    *len = lo < l ? (l - lo < k->seg ? l - lo : k->seg) : 0;
+}
+
+/* reduce-scatter. dst(rc, g) is where the partial of chunk rc (segment g) goes: for allreduce `recv`
+   itself (whole buffer), for reduce_scatter a double buffer and finally `recv` (rank's block). */
+static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                             dpar_op op, int whole)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, next = (r + 1) % N, prev = (r + N - 1) % N, s;
+    size_t es = dpar__dtype_sizes[t], g;
+    dpar__chunks k = dpar__chunks_make(x, count, es);
+    size_t longest;
+    char *part[2] = {NULL, NULL};
+    dpar_block_range(count, N, 0, NULL, &longest);
+    if (!whole && N > 2) {
+        char *scr = NULL;
+        DPAR__TRY(dpar__scratch(c, 2 * longest * es, &scr));
+        part[0] = scr;
+        part[1] = scr + longest * es;
+    }
+    for (s = 0; s < N - 1; s++) {
+        int sc = dpar__mod(r - s - 1, N), rc = dpar__mod(r - s - 2, N), last = s == N - 2;
+        for (g = 0; g < k.segs; g++) {
+            size_t so, sl, slo, ro, rl, rlo;
+            const char *src;
+            const void *p;
+            char *dst;
+            dpar__seg(&k, sc, g, &so, &sl, &slo);
+            dpar__seg(&k, rc, g, &ro, &rl, &rlo);
+            if (s == 0) src = send + so * es;                    /* my own input, zero-copy */
+            else if (whole) src = recv + so * es;                 /* the partial I made last step */
+            else src = part[(s - 1) % 2] + slo * es;
+            DPAR__TRY(dpar__post(x, next, src, sl * es));
+            DPAR__TRY(dpar__fetch(x, prev, rl * es, &p));
+            if (whole) dst = recv + ro * es;
+            else if (last) dst = recv + rlo * es;
+            else {
+                /* part[s%2] was posted at step s-1; its segment g must be released first */
+                if (s >= 2) DPAR__TRY(dpar__drain(x, next, (int)k.segs));
+                dst = part[s % 2] + rlo * es;
+            }
+            dpar__reduce(dst, send + ro * es, p, rl, t, op, last && op == DPAR_AVG ? N : 0);
+            DPAR__TRY(dpar__release(x, prev));
+        }
+    }
+    return dpar__drain(x, next, 0);
+}
+
+/* all-gather: rank r's block is at `mine` (zero-copy source); every block ends in recv */
+static dpar_status dpar__ring_allgather(dpar__ctx *x, const char *mine, char *recv, size_t count, size_t es)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, next = (r + 1) % N, prev = (r + N - 1) % N, s;
+    dpar__chunks k = dpar__chunks_make(x, count, es);
+    size_t g;
+    for (s = 0; s < N - 1; s++) {
+        int sc = dpar__mod(r - s, N), rc = dpar__mod(r - s - 1, N);
+        for (g = 0; g < k.segs; g++) {
+            size_t so, sl, slo, ro, rl, rlo;
+            dpar__seg(&k, sc, g, &so, &sl, &slo);
+            dpar__seg(&k, rc, g, &ro, &rl, &rlo);
+            DPAR__TRY(dpar__post(x, next, s == 0 ? mine + slo * es : recv + so * es, sl * es));
+            DPAR__TRY(dpar__recv_into(x, prev, recv + ro * es, rl * es));
+        }
+    }
+    return dpar__drain(x, next, 0);
+}
+
+static dpar_status dpar__allreduce_ring(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t, dpar_op op)
+{
+    size_t es = dpar__dtype_sizes[t], off;
+    dpar_block_range(count, x->c->size, x->c->rank, &off, NULL);
+    DPAR__TRY(dpar__ring_reduce_scatter(x, send, recv, count, t, op, 1));
+    return dpar__ring_allgather(x, recv + off * es, recv, count, es);
+}
+
+/* Deterministic allreduce: recursive halving then doubling with partner r ^ 2^k, the lower rank's
+   value always on the left, so element e of the result is the fixed tree
+   ((x0 op x1) op (x2 op x3)) op ... over the ranks, whatever N. */
+static dpar_status dpar__allreduce_tree(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t, dpar_op op)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, levels = 0, k;
+    size_t es = dpar__dtype_sizes[t], seg = c->segment_bytes / es, lo = 0, hi = count;
+    size_t los[32], his[32];
+    if (seg < 1) seg = 1;
+    while ((1 << levels) < N) levels++;
+    for (k = 0; k < levels; k++) {
+        int partner = r ^ (1 << k), lower = r < partner;
+        size_t mid = lo + (hi - lo) / 2, klo = lower ? lo : mid, khi = lower ? mid : hi;
+        size_t glo = lower ? mid : lo, ghi = lower ? hi : mid, g, ng, nk;
+        const char *src = k == 0 ? send : recv;
+        los[k] = lo;
+        his[k] = hi;
+        ng = ghi - glo;
+        nk = khi - klo;
+        /* both halves stream in segments; the partner's half mirrors mine */
+        for (g = 0; g * seg < (ng > nk ? ng : nk) || g == 0; g++) {
+            size_t go = g * seg, gl = go < ng ? (ng - go < seg ? ng - go : seg) : 0;
+            size_t ko = g * seg, kl = ko < nk ? (nk - ko < seg ? nk - ko : seg) : 0;
+            const void *p;
+            DPAR__TRY(dpar__post(x, partner, src + (glo + go) * es, gl * es));
+            DPAR__TRY(dpar__fetch(x, partner, kl * es, &p));
+            if (lower)
+                dpar__reduce(recv + (klo + ko) * es, src + (klo + ko) * es, p, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
+            else
+                dpar__reduce(recv + (klo + ko) * es, p, src + (klo + ko) * es, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
+            DPAR__TRY(dpar__release(x, partner));
+        }
+        lo = klo;
+        hi = khi;
+    }
+    for (k = 0; k < levels; k++) DPAR__TRY(dpar__drain(x, r ^ (1 << k), 0)); /* recv is rewritten below */
+    if (op == DPAR_AVG) dpar__divide(recv + lo * es, recv + lo * es, hi - lo, t, N);
+    for (k = levels - 1; k >= 0; k--) {
+        int partner = r ^ (1 << k);
+        size_t plo = lo == los[k] ? hi : los[k], phi = lo == los[k] ? his[k] : lo, g;
+        size_t nm = hi - lo, np = phi - plo;
+        for (g = 0; g * seg < (nm > np ? nm : np) || g == 0; g++) {
+            size_t mo = g * seg, ml = mo < nm ? (nm - mo < seg ? nm - mo : seg) : 0;
+            size_t po = g * seg, pl = po < np ? (np - po < seg ? np - po : seg) : 0;
+            DPAR__TRY(dpar__post(x, partner, recv + (lo + mo) * es, ml * es));
+            DPAR__TRY(dpar__recv_into(x, partner, recv + (plo + po) * es, pl * es));
+        }
+        lo = los[k];
+        hi = his[k];
+    }
+    for (k = 0; k < levels; k++) DPAR__TRY(dpar__drain(x, r ^ (1 << k), 0));
+    return DPAR_OK;
+}
+
+/* broadcast: a pipelined chain root, root+1, ..., root-1 */
+static dpar_status dpar__broadcast_chain(dpar__ctx *x, const char *send, char *recv, size_t count, size_t es, int root)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, pos = dpar__mod(r - root, N), next = (r + 1) % N, prev = (r + N - 1) % N;
+    size_t seg = c->segment_bytes / es, o;
+    if (seg < 1) seg = 1;
+    if (pos == 0 && send != recv && count) memcpy(recv, send, count * es);
+    for (o = 0; o < count; o += seg) { /* count >= 1 here */
+        size_t l = count - o < seg ? count - o : seg;
+        if (pos > 0) DPAR__TRY(dpar__recv_into(x, prev, recv + o * es, l * es));
+        if (pos < N - 1) DPAR__TRY(dpar__post(x, next, (pos == 0 ? send : recv) + o * es, l * es));
+    }
+    return pos < N - 1 ? dpar__drain(x, next, 0) : DPAR_OK;
+}
+
+/* reduce: a pipelined chain root+1, root+2, ..., root; the partials travel in scratch slots */
+static dpar_status dpar__reduce_chain(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                      dpar_op op, int root)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, pos = dpar__mod(r - root - 1, N), next = (r + 1) % N, prev = (r + N - 1) % N;
+    size_t es = dpar__dtype_sizes[t], seg = c->segment_bytes / es, o, slot = 0;
+    char *scr = NULL;
+    if (seg < 1) seg = 1;
+    if (pos > 0 && pos < N - 1) DPAR__TRY(dpar__scratch(c, DPAR__QDEPTH * seg * es, &scr));
+    for (o = 0; o < count; o += seg, slot++) { /* count >= 1 here */
+        size_t l = count - o < seg ? count - o : seg;
+        const void *p;
+        if (pos == 0) {
+            DPAR__TRY(dpar__post(x, next, send + o * es, l * es));
+        } else {
+            char *dst = pos == N - 1 ? recv + o * es : scr + (slot % DPAR__QDEPTH) * seg * es;
+            if (pos < N - 1) DPAR__TRY(dpar__drain(x, next, DPAR__QDEPTH - 1)); /* the slot is free */
+            DPAR__TRY(dpar__fetch(x, prev, l * es, &p));
+            dpar__reduce(dst, send + o * es, p, l, t, op, pos == N - 1 && op == DPAR_AVG ? N : 0);
+            DPAR__TRY(dpar__release(x, prev));
+            if (pos < N - 1) DPAR__TRY(dpar__post(x, next, dst, l * es));
+        }
+    }
+    return pos < N - 1 ? dpar__drain(x, next, 0) : DPAR_OK;
+}
+
+/* alltoall: N-1 rounds of pairwise exchange, round i: send to r+i, receive from r-i */
+static dpar_status dpar__alltoall_pairwise(dpar__ctx *x, const char *send, char *recv, size_t count, size_t es)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, i;
+    size_t block = count * es;
+    if (send == recv && block) { /* in place: the blocks I send are overwritten as others arrive */
+        char *scr = NULL;
+        DPAR__TRY(dpar__scratch(c, (size_t)N * block, &scr));
+        memcpy(scr, send, (size_t)N * block);
+        send = scr;
+    }
+    if (block) memcpy(recv + (size_t)r * block, send + (size_t)r * block, block);
+    for (i = 1; i < N; i++) {
+        int dst = (r + i) % N, src = (r + N - i) % N;
+        DPAR__TRY(dpar__post(x, dst, send + (size_t)dst * block, block));
+        DPAR__TRY(dpar__recv_into(x, src, recv + (size_t)src * block, block));
+    }
+    for (i = 1; i < N; i++) DPAR__TRY(dpar__drain(x, (r + i) % N, 0));
+    return DPAR_OK;
+}
+
+/* dissemination: ceil(log2 N) rounds of empty messages to r + 2^k. When it ends, every rank has
+   started it: a causal path leads from each rank's first post to every rank's last fetch. */
+static dpar_status dpar__dissemination(dpar__ctx *x)
+{
+    int N = x->c->size, r = x->c->rank, d;
+    const void *p;
+    for (d = 1; d < N; d <<= 1) {
+        DPAR__TRY(dpar__post(x, (r + d) % N, NULL, 0));
+        DPAR__TRY(dpar__fetch(x, (r + N - d) % N, 0, &p));
+        DPAR__TRY(dpar__release(x, (r + N - d) % N));
+    }
+    return DPAR_OK;
+}
+
+/* The contract checker's agreement. Fingerprints are compared where messages meet: between ring
+   neighbours in every algorithm (pairwise in alltoall). If any two ranks disagree, two neighbours
+   on the ring disagree (a cycle cannot change value only once), and the ring algorithms make every
+   rank's last step depend on all neighbour checks but one, so every rank fails. A chain (broadcast,
+   reduce) ends without such a dependency, so it ends with a dissemination that no rank finishes
+   before every rank has finished its checks: the mismatch reaches every rank, not only some. */
+static dpar_status dpar__agree(dpar__ctx *x) { return x->c->check ? dpar__dissemination(x) : DPAR_OK; }
+
+/* one ring hop: my fingerprint meets my neighbour's (for calls that move nothing) */
+static dpar_status dpar__ring_check(dpar__ctx *x)
+{
+    int N = x->c->size, r = x->c->rank;
+    const void *p;
+    DPAR__TRY(dpar__post(x, (r + 1) % N, NULL, 0));
+    DPAR__TRY(dpar__fetch(x, (r + N - 1) % N, 0, &p));
+    return dpar__release(x, (r + N - 1) % N);
+}
+
+/* barrier, and calls with count 0: a ring check, then a dissemination */
+static dpar_status dpar__barrier(dpar__ctx *x)
+{
+    if (x->c->check) DPAR__TRY(dpar__ring_check(x));
+    return dpar__dissemination(x);
+}
+
+/* ---- running a call: validation, fingerprint, timeout, counters, trace ---- */
+typedef struct dpar__call {
+    dpar_coll coll;
+    const void *send;
+    void *recv;
+    size_t count;
+    dpar_dtype dtype;
+    dpar_op op;
+    int root;
+    uint64_t seq;
+    const char *file;
+    int line;
+} dpar__call;
+
+static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
+{
+    dpar__ctx x;
+    dpar_status st = DPAR_OK;
+    size_t es = dpar__dtype_sizes[k->dtype];
+    const char *send = (const char *)k->send;
+    char *recv = (char *)k->recv;
+    uint64_t t0 = dpar_time_ns(), dt, bytes;
+    double factor = 1.0, busbw;
+    int N = c->size;
+    memset(&x, 0, sizeof x);
+    x.c = c;
+    x.lane = DPAR__LANE_COLL;
+    x.fp.seq = k->seq;
+    x.fp.coll = (int)k->coll;
+    x.fp.count = k->count;
+    x.fp.dtype = (int)k->dtype;
+    x.fp.op = (int)k->op;
+    x.fp.root = k->root;
+    x.fp.rank = c->rank;
+    x.fp.file = k->file;
+    x.fp.line = k->line;
+    x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
+    if ((st = c->tp->poisoned(c)) != DPAR_OK) return st;
+    c->tp->enter(&x);
+    if (N == 1) { /* nothing to meet: copies only */
+        size_t bytes1 = k->count * es;
+        switch (k->coll) {
+        case DPAR_COLL_BROADCAST:
+        case DPAR_COLL_ALLGATHER:
+        case DPAR_COLL_ALLTOALL:
+            if (send != recv && bytes1) memcpy(recv, send, bytes1);
+            break;
+        case DPAR_COLL_REDUCE:
+        case DPAR_COLL_REDUCE_SCATTER:
+        case DPAR_COLL_ALLREDUCE:
+            if (bytes1) dpar__divide(recv, send, k->count, k->dtype, 1);
+            break;
+        default: break;
+        }
+    } else if (k->count == 0 && k->coll != DPAR_COLL_BARRIER) {
+        st = x.c->check ? dpar__barrier(&x) : DPAR_OK; /* nothing to move; the fingerprints still meet */
+    } else {
+        switch (k->coll) {
+        case DPAR_COLL_BARRIER: st = dpar__barrier(&x); break;
+        case DPAR_COLL_BROADCAST:
+            st = dpar__broadcast_chain(&x, send, recv, k->count, es, k->root);
+            if (st == DPAR_OK) st = dpar__agree(&x);
+            break;
+        case DPAR_COLL_REDUCE:
+            st = dpar__reduce_chain(&x, send, recv, k->count, k->dtype, k->op, k->root);
+            if (st == DPAR_OK) st = dpar__agree(&x);
+            break;
+        case DPAR_COLL_REDUCE_SCATTER:
+            st = dpar__ring_reduce_scatter(&x, send, recv, k->count, k->dtype, k->op, 0);
+            break;
+        case DPAR_COLL_ALLGATHER: {
+            size_t off;
+            dpar_block_range(k->count, N, c->rank, &off, NULL);
+            if (send != recv + off * es) {
+                size_t len;
+                dpar_block_range(k->count, N, c->rank, NULL, &len);
+                memcpy(recv + off * es, send, len * es);
+            }
+            st = dpar__ring_allgather(&x, send, recv, k->count, es);
+            break;
+        }
+        case DPAR_COLL_ALLREDUCE:
+            st = c->det ? dpar__allreduce_tree(&x, send, recv, k->count, k->dtype, k->op)
+                        : dpar__allreduce_ring(&x, send, recv, k->count, k->dtype, k->op);
+            break;
+        case DPAR_COLL_ALLTOALL: st = dpar__alltoall_pairwise(&x, send, recv, k->count, es); break;
+        default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)k->coll); break;
+        }
+    }
+    dt = dpar_time_ns() - t0;
+    bytes = (uint64_t)k->count * es * (k->coll == DPAR_COLL_ALLTOALL ? (uint64_t)N : 1u);
+    if (k->coll == DPAR_COLL_ALLREDUCE) factor = 2.0 * (N - 1) / N;
+    else if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER || k->coll == DPAR_COLL_ALLTOALL)
+        factor = (double)(N - 1) / N;
+    busbw = dt ? (double)bytes / (double)dt * factor : 0.0;
+    {
+        dpar_comm_counters *s = &c->stats.by_coll[k->coll];
+        uint64_t bits;
+        DPAR__ADD(&s->calls, 1, DPAR__RELAXED);
+        DPAR__ADD(&s->bytes_sent, x.sent, DPAR__RELAXED);
+        DPAR__ADD(&s->bytes_received, x.received, DPAR__RELAXED);
+        DPAR__ADD(&s->time_ns, dt, DPAR__RELAXED);
+        DPAR__STORE(&c->stats.last.calls, 1, DPAR__RELAXED);
+        DPAR__STORE(&c->stats.last.bytes_sent, x.sent, DPAR__RELAXED);
+        DPAR__STORE(&c->stats.last.bytes_received, x.received, DPAR__RELAXED);
+        DPAR__STORE(&c->stats.last.time_ns, dt, DPAR__RELAXED);
+        memcpy(&bits, &busbw, sizeof bits);
+        DPAR__STORE(&c->last_coll, (int)k->coll, DPAR__RELAXED);
+        DPAR__STORE(&c->last_busbw_bits, bits, DPAR__RELAXED);
+    }
+    if (dpar_trace_enabled())
+        dpar__trace_span(dpar_coll_name(k->coll), "comm", t0,
+                         "\"seq\":%llu,\"count\":%llu,\"dtype\":\"%s\",\"bytes\":%llu,\"sent\":%llu,\"received\":%llu,"
+                         "\"busbw_GBps\":%.3f,\"status\":%d",
+                         (unsigned long long)k->seq, (unsigned long long)k->count, dpar_dtype_name(k->dtype),
+                         (unsigned long long)bytes, (unsigned long long)x.sent, (unsigned long long)x.received, busbw,
+                         (int)st);
+    return st;
+}
+
+/* Argument errors of a collective also poison the group: the other ranks would wait forever. */
+static dpar_status dpar__bad_call(dpar_comm *c, dpar_status st)
+{
+    char msg[DPAR__ERROR_TEXT];
+    snprintf(msg, sizeof msg, "%s", dpar__tls_error);
+    c->tp->poison(c, st, msg);
+    return dpar__err(st, "%s", msg);
+}
+
+static int dpar__overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    const char *x = (const char *)a, *y = (const char *)b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
+static dpar_status dpar__comm_wait_async(dpar_comm *c);
+
+static dpar_status dpar__validate(dpar_comm *c, const dpar__call *k, const char *api)
+{
+    size_t es, n = k->count, mine = 0, off = 0, total;
+    int N;
+    if (!c) return dpar__err(DPAR_EINVAL, "%s: comm is NULL", api);
+    N = c->size;
+    es = dpar_dtype_size(k->dtype);
+    if (!es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, k->file, k->line, (int)k->dtype);
+    if ((unsigned)k->op >= DPAR_OP_COUNT)
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: op %d is not a dpar_op", api, k->file, k->line, (int)k->op);
+    if (n > SIZE_MAX / es / (k->coll == DPAR_COLL_ALLTOALL ? (size_t)N : 1u))
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, k->file, k->line, n);
+    if (k->coll == DPAR_COLL_ALLREDUCE && c->det && (N & (N - 1)))
+        return dpar__err(DPAR_EUNSUPPORTED, "%s at %s:%d: the deterministic mode needs a power-of-two number of ranks, "
+                                            "not %d", api, k->file, k->line, N);
+    if ((k->coll == DPAR_COLL_BROADCAST || k->coll == DPAR_COLL_REDUCE) && (k->root < 0 || k->root >= N))
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: root %d is not a rank of 0..%d", api, k->file, k->line, k->root, N - 1);
+    total = n * es;
+    if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER) {
+        dpar_block_range(n, N, c->rank, &off, &mine);
+        mine *= es;
+        off *= es;
+    }
+    if (k->coll == DPAR_COLL_ALLTOALL) total *= (size_t)N;
+    if (total == 0) return DPAR_OK;
+    switch (k->coll) {
+    case DPAR_COLL_BROADCAST:
+        if (!k->recv || (c->rank == k->root && !k->send))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
+        if (c->rank == k->root && k->send != k->recv && dpar__overlap(k->send, total, k->recv, total))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, k->file, k->line);
+        break;
+    case DPAR_COLL_REDUCE:
+        if (!k->send || (c->rank == k->root && !k->recv))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
+        if (c->rank == k->root && k->send != k->recv && dpar__overlap(k->send, total, k->recv, total))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, k->file, k->line);
+        break;
+    case DPAR_COLL_REDUCE_SCATTER: /* in place: recv is my block of send */
+        if (!k->send || (mine && !k->recv))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
+        if ((const char *)k->recv != (const char *)k->send + off && dpar__overlap(k->send, total, k->recv, mine))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: recv overlaps send without being this rank's block of it (offset "
+                                          "%zu)", api, k->file, k->line, off / es);
+        break;
+    case DPAR_COLL_ALLGATHER: /* in place: send is my block of recv */
+        if (!k->recv || (mine && !k->send))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
+        if ((const char *)k->send != (const char *)k->recv + off && dpar__overlap(k->send, mine, k->recv, total))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send overlaps recv without being this rank's block of it (offset "
+                                          "%zu)", api, k->file, k->line, off / es);
+        break;
+    default:
+        if (!k->send || !k->recv) return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
+        if (k->send != k->recv && dpar__overlap(k->send, total, k->recv, total))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, k->file, k->line);
+        break;
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__collective(dpar_comm *comm, dpar__call *k, const char *api)
+{
+    dpar_status st = dpar__validate(comm, k, api);
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    DPAR__TRY(dpar__comm_wait_async(comm)); /* calls keep their order */
+    k->seq = ++comm->seq;
+    return dpar__execute(comm, k);
+}
+
+static dpar__call dpar__call_make(dpar_coll coll, const void *send, void *recv, size_t count, dpar_dtype t, dpar_op op,
+                                  int root, const char *file, int line)
+{
+    dpar__call k;
+    memset(&k, 0, sizeof k);
+    k.coll = coll;
+    k.send = send;
+    k.recv = recv;
+    k.count = count;
+    k.dtype = t;
+    k.op = op;
+    k.root = root;
+    k.file = file;
+    k.line = line;
+    return k;
+}
+
+DPAR_API dpar_status dpar_barrier_at(dpar_comm *comm, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_BARRIER, NULL, NULL, 0, DPAR_U8, DPAR_SUM, 0, file, line);
+    return dpar__collective(comm, &k, "dpar_barrier");
+}
+DPAR_API dpar_status dpar_broadcast_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                       int root, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_BROADCAST, send, recv, count, dtype, DPAR_SUM, root, file, line);
+    return dpar__collective(comm, &k, "dpar_broadcast");
+}
+DPAR_API dpar_status dpar_reduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                    dpar_op op, int root, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_REDUCE, send, recv, count, dtype, op, root, file, line);
+    return dpar__collective(comm, &k, "dpar_reduce");
+}
+DPAR_API dpar_status dpar_reduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                            dpar_dtype dtype, dpar_op op, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
+    return dpar__collective(comm, &k, "dpar_reduce_scatter");
+}
+DPAR_API dpar_status dpar_allgather_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                       const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
+    return dpar__collective(comm, &k, "dpar_allgather");
+}
+DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                       dpar_op op, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, file, line);
+    return dpar__collective(comm, &k, "dpar_allreduce");
+}
+DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                      const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_ALLTOALL, send, recv, count, dtype, DPAR_SUM, 0, file, line);
+    return dpar__collective(comm, &k, "dpar_alltoall");
+}
+
+/* ---- point-to-point ---- */
+static dpar_status dpar__p2p_check(dpar_comm *c, const void *buf, size_t count, dpar_dtype t, int peer,
+                                   const char *api, const char *file, int line)
+{
+    size_t es;
+    if (!c) return dpar__err(DPAR_EINVAL, "%s: comm is NULL", api);
+    es = dpar_dtype_size(t);
+    if (!es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, file, line, (int)t);
+    if (peer < 0 || peer >= c->size)
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: peer %d is not a rank of 0..%d", api, file, line, peer, c->size - 1);
+    if (count > SIZE_MAX / es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, file, line, count);
+    if (count && !buf) return dpar__err(DPAR_EINVAL, "%s at %s:%d: buf is NULL", api, file, line);
+    return DPAR_OK;
+}
+
+static void dpar__p2p_ctx(dpar__ctx *x, dpar_comm *c, dpar_coll coll, size_t count, dpar_dtype t, int tag,
+                          const char *file, int line)
+{
+    memset(x, 0, sizeof *x);
+    x->c = c;
+    x->lane = DPAR__LANE_P2P;
+    x->fp.coll = (int)coll;
+    x->fp.count = count;
+    x->fp.dtype = (int)t;
+    x->fp.tag = tag;
+    x->fp.rank = c->rank;
+    x->fp.file = file;
+    x->fp.line = line;
+    x->deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+}
+
+static void dpar__p2p_done(dpar_comm *c, dpar_coll coll, const dpar__ctx *x, uint64_t t0)
+{
+    dpar_comm_counters *s = &c->stats.by_coll[coll];
+    uint64_t dt = dpar_time_ns() - t0;
+    DPAR__ADD(&s->calls, 1, DPAR__RELAXED);
+    DPAR__ADD(&s->bytes_sent, x->sent, DPAR__RELAXED);
+    DPAR__ADD(&s->bytes_received, x->received, DPAR__RELAXED);
+    DPAR__ADD(&s->time_ns, dt, DPAR__RELAXED);
+    if (dpar_trace_enabled())
+        dpar__trace_span(dpar_coll_name(coll), "comm", t0, "\"bytes\":%llu,\"tag\":%d",
+                         (unsigned long long)(x->sent + x->received), x->fp.tag);
+}
+
+DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count, dpar_dtype dtype, int peer, int tag,
+                                  const char *file, int line)
+{
+    dpar__ctx x;
+    uint64_t t0 = dpar_time_ns();
+    dpar_status st = dpar__p2p_check(comm, buf, count, dtype, peer, "dpar_send", file, line);
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    if (peer == comm->rank)
+        return dpar__err(DPAR_EDEADLK, "dpar_send at %s:%d: rank %d sends to itself; a synchronous send to oneself never "
+                                       "completes (use dpar_sendrecv)", file, line, peer);
+    DPAR__TRY(comm->tp->poisoned(comm));
+    dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, count, dtype, tag, file, line);
+    comm->tp->enter(&x);
+    st = dpar__post(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
+    if (st == DPAR_OK) st = dpar__drain(&x, peer, 0);
+    dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0);
+    return st;
+}
+
+DPAR_API dpar_status dpar_recv_at(dpar_comm *comm, void *buf, size_t count, dpar_dtype dtype, int peer, int tag,
+                                  const char *file, int line)
+{
+    dpar__ctx x;
+    uint64_t t0 = dpar_time_ns();
+    dpar_status st = dpar__p2p_check(comm, buf, count, dtype, peer, "dpar_recv", file, line);
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    DPAR__TRY(comm->tp->poisoned(comm));
+    dpar__p2p_ctx(&x, comm, DPAR_COLL_RECV, count, dtype, tag, file, line);
+    comm->tp->enter(&x);
+    st = dpar__recv_into(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
+    dpar__p2p_done(comm, DPAR_COLL_RECV, &x, t0);
+    return st;
+}
+
+DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size_t sendcount, int dst, void *recvbuf,
+                                      size_t recvcount, int src, dpar_dtype dtype, int tag, const char *file, int line)
+{
+    dpar__ctx x;
+    uint64_t t0 = dpar_time_ns();
+    size_t es;
+    dpar_status st = dpar__p2p_check(comm, sendbuf, sendcount, dtype, dst, "dpar_sendrecv", file, line);
+    if (st == DPAR_OK) st = dpar__p2p_check(comm, recvbuf, recvcount, dtype, src, "dpar_sendrecv", file, line);
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    if (dst == comm->rank && src == comm->rank && sendcount && recvcount &&
+        dpar__overlap(sendbuf, sendcount * dpar__dtype_sizes[dtype], recvbuf, recvcount * dpar__dtype_sizes[dtype]))
+        return dpar__bad_call(comm, dpar__err(DPAR_EINVAL, "dpar_sendrecv at %s:%d: send and recv buffers overlap", file, line));
+    DPAR__TRY(comm->tp->poisoned(comm));
+    es = dpar__dtype_sizes[dtype];
+    dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, sendcount, dtype, tag, file, line);
+    comm->tp->enter(&x);
+    st = dpar__post(&x, dst, sendbuf, sendcount * es);
+    if (st == DPAR_OK) {
+        x.fp.coll = DPAR_COLL_RECV; /* what the message from src must match */
+        x.fp.count = recvcount;
+        st = dpar__recv_into(&x, src, recvbuf, recvcount * es);
+    }
+    if (st == DPAR_OK) st = dpar__drain(&x, dst, 0);
+    dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0);
+    return st;
+}
+
+/* ---- async: one progress thread per rank runs its requests in order ---- */
+static void dpar__request_finish(dpar_request *q, dpar_status st)
+{
+    size_t n = strlen(dpar__tls_error);
+    q->status = st;
+    if (st != DPAR_OK) {
+        if (n >= sizeof q->error) n = sizeof q->error - 1;
+        memcpy(q->error, dpar__tls_error, n);
+        q->error[n] = 0;
+    }
+    DPAR__STORE(&q->done, 1, DPAR__SEQ_CST);
+    dpar__wake(&q->done, &q->done_sleepers, INT_MAX);
+}
+
+static void *dpar__progress_main(void *arg)
+{
+    dpar_comm *c = (dpar_comm *)arg;
+    char name[64];
+    snprintf(name, sizeof name, "%s rank %d progress", c->name, c->rank);
+    dpar_trace_set_thread_name(name);
+    for (;;) {
+        dpar_request *q;
+        uint32_t seq = DPAR__LOAD(&c->qseq, DPAR__ACQUIRE);
+        pthread_mutex_lock(&c->qlock);
+        q = c->qhead;
+        if (q) {
+            c->qhead = q->next;
+            if (!c->qhead) c->qtail = NULL;
+        }
+        pthread_mutex_unlock(&c->qlock);
+        if (q) {
+            dpar__call k = dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file,
+                                           q->line);
+            dpar_status st;
+            k.seq = q->seq;
+            dpar_clear_error();
+            st = dpar__execute(c, &k);
+            dpar__request_finish(q, st);
+            if (DPAR__SUB(&c->pending, 1, DPAR__SEQ_CST) == 1) dpar__wake(&c->pending, &c->pending_sleepers, INT_MAX);
+            continue;
+        }
+        if (DPAR__LOAD(&c->stop, DPAR__ACQUIRE)) break;
+        dpar__wait_while(&c->qseq, seq, &c->qsleepers, c->spin, 0, NULL);
+    }
+    return NULL;
+}
+
+static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_request **req, const char *api)
+{
+    dpar_request *q;
+    dpar_status st;
+    if (req) *req = NULL;
+    if (!req) {
+        st = dpar__err(DPAR_EINVAL, "%s at %s:%d: req is NULL", api, k->file, k->line);
+        return comm ? dpar__bad_call(comm, st) : st;
+    }
+    st = dpar__validate(comm, k, api);
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    pthread_mutex_lock(&comm->qlock);
+    q = comm->free_reqs;
+    if (q) comm->free_reqs = q->next;
+    pthread_mutex_unlock(&comm->qlock);
+    if (!q && !(q = (dpar_request *)dpar__alloc(&comm->allocator, sizeof *q)))
+        return dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
+    memset(q, 0, sizeof *q);
+    q->comm = comm;
+    q->coll = (int)k->coll;
+    q->send = k->send;
+    q->recv = k->recv;
+    q->count = k->count;
+    q->dtype = k->dtype;
+    q->op = k->op;
+    q->file = k->file;
+    q->line = k->line;
+    q->seq = ++comm->seq;
+    if (!comm->thread_started) {
+        int e = pthread_create(&comm->thread, NULL, dpar__progress_main, comm);
+        if (e != 0) {
+            pthread_mutex_lock(&comm->qlock);
+            q->next = comm->free_reqs;
+            comm->free_reqs = q;
+            pthread_mutex_unlock(&comm->qlock);
+            return dpar__err(DPAR_ESYSTEM, "%s: cannot start the progress thread: %s", api, strerror(e));
+        }
+        comm->thread_started = 1;
+    }
+    DPAR__ADD(&comm->pending, 1, DPAR__SEQ_CST);
+    pthread_mutex_lock(&comm->qlock);
+    if (comm->qtail) comm->qtail->next = q; else comm->qhead = q;
+    comm->qtail = q;
+    pthread_mutex_unlock(&comm->qlock);
+    dpar__bump(&comm->qseq, &comm->qsleepers, 1);
+    *req = q;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__comm_wait_async(dpar_comm *c)
+{
+    uint32_t left;
+    while ((left = DPAR__LOAD(&c->pending, DPAR__ACQUIRE)) != 0)
+        dpar__wait_while(&c->pending, left, &c->pending_sleepers, c->spin, 0, NULL);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                        dpar_op op, dpar_request **req, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, file, line);
+    return dpar__icollective(comm, &k, req, "dpar_iallreduce");
+}
+DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
+                                             dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
+    return dpar__icollective(comm, &k, req, "dpar_ireduce_scatter");
+}
+DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                        dpar_request **req, const char *file, int line)
+{
+    dpar__call k = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
+    return dpar__icollective(comm, &k, req, "dpar_iallgather");
+}
+
+static dpar_status dpar__request_release(dpar_request *q)
+{
+    dpar_comm *c = q->comm;
+    dpar_status st = q->status;
+    if (st != DPAR_OK) dpar__err(st, "%s", q->error);
+    pthread_mutex_lock(&c->qlock);
+    q->next = c->free_reqs;
+    c->free_reqs = q;
+    pthread_mutex_unlock(&c->qlock);
+    return st;
+}
+
+DPAR_API dpar_status dpar_request_wait(dpar_request *req)
+{
+    if (!req) return dpar__err(DPAR_EINVAL, "dpar_request_wait: req is NULL");
+    while (!DPAR__LOAD(&req->done, DPAR__ACQUIRE))
+        dpar__wait_while(&req->done, 0, &req->done_sleepers, req->comm->spin, 0, NULL);
+    return dpar__request_release(req);
+}
+
+DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done)
+{
+    if (!req || !done) return dpar__err(DPAR_EINVAL, "dpar_request_test: req or done is NULL");
+    *done = DPAR__LOAD(&req->done, DPAR__ACQUIRE) != 0;
+    return *done ? dpar__request_release(req) : DPAR_OK;
+}
+
+/* ---- comm life, queries, stats ---- */
+static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int rank, int size)
+{
+    uint64_t to = 0;
+    c->rank = rank;
+    c->size = size;
+    c->allocator = d->allocator;
+    if (d->timeout_ms > 0) {
+        to = (uint64_t)d->timeout_ms * 1000000u;
+    } else if (d->timeout_ms == 0) {
+        const char *env = getenv("DPAR_TIMEOUT_MS");
+        long ms = DPAR_TIMEOUT_MS_DEFAULT;
+        if (env && *env) {
+            char *end;
+            long v = strtol(env, &end, 10);
+            if (*end || v < -1)
+                DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
+                          DPAR_TIMEOUT_MS_DEFAULT);
+            else
+                ms = v;
+        }
+        to = ms > 0 ? (uint64_t)ms * 1000000u : 0;
+    }
+    c->timeout_ns = to;
+    c->check = !d->no_check;
+    c->det = d->deterministic != 0;
+    c->segment_bytes = d->segment_bytes ? d->segment_bytes : DPAR__SEGMENT_DEFAULT;
+    c->spin = dpar__spin_make(d->spin_us == 0 ? DPAR_SPIN_US : (d->spin_us < 0 ? 0 : d->spin_us), size);
+    snprintf(c->name, sizeof c->name, "%s", d->name && *d->name ? d->name : "comm");
+    pthread_mutex_init(&c->qlock, NULL);
+    return DPAR_OK;
+}
+
+static void dpar__comm_free(dpar_comm *c)
+{
+    dpar_allocator a = c->allocator;
+    while (c->free_reqs) {
+        dpar_request *q = c->free_reqs;
+        c->free_reqs = q->next;
+        dpar__free(&a, q);
+    }
+    dpar__free(&a, c->scratch);
+    pthread_mutex_destroy(&c->qlock);
+    dpar__free(&a, c);
+}
+
+DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm)
+{
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_destroy: comm is NULL");
+    dpar__comm_wait_async(comm);
+    if (comm->thread_started) {
+        DPAR__STORE(&comm->stop, 1, DPAR__RELEASE);
+        dpar__bump(&comm->qseq, &comm->qsleepers, INT_MAX);
+        pthread_join(comm->thread, NULL);
+    }
+    comm->tp->destroy(comm);
+    dpar__comm_free(comm);
+    return DPAR_OK;
+}
+
+DPAR_API int dpar_comm_rank(const dpar_comm *comm) { return comm ? comm->rank : -1; }
+DPAR_API int dpar_comm_size(const dpar_comm *comm) { return comm ? comm->size : 0; }
+
+DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used)
+{
+    if (!comm || !used) return dpar__err(DPAR_EINVAL, "dpar_comm_query: comm or used is NULL");
+    memset(used, 0, sizeof *used);
+    used->size = comm->size;
+    used->timeout_ms = comm->timeout_ns ? (int)(comm->timeout_ns / 1000000u) : -1;
+    used->no_check = !comm->check;
+    used->deterministic = comm->det;
+    used->segment_bytes = comm->segment_bytes;
+    used->spin_us = comm->spin.spin_ns ? (int)(comm->spin.spin_ns / 1000u) : -1;
+    used->name = comm->name;
+    used->allocator = comm->allocator;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm)
+{
+    char msg[200];
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_abort: comm is NULL");
+    snprintf(msg, sizeof msg, "%s was aborted by dpar_comm_abort (called on rank %d)", comm->name, comm->rank);
+    return comm->tp->poison(comm, DPAR_EABORTED, msg);
+}
+
+DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out)
+{
+    int i;
+    if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_stats_get: comm or out is NULL");
+    for (i = 0; i < DPAR_COLL_COUNT; i++) {
+        const dpar_comm_counters *s = &comm->stats.by_coll[i];
+        out->by_coll[i].calls = DPAR__LOAD(&s->calls, DPAR__RELAXED);
+        out->by_coll[i].bytes_sent = DPAR__LOAD(&s->bytes_sent, DPAR__RELAXED);
+        out->by_coll[i].bytes_received = DPAR__LOAD(&s->bytes_received, DPAR__RELAXED);
+        out->by_coll[i].time_ns = DPAR__LOAD(&s->time_ns, DPAR__RELAXED);
+    }
+    out->last_coll = (dpar_coll)DPAR__LOAD(&comm->last_coll, DPAR__RELAXED);
+    out->last.calls = DPAR__LOAD(&comm->stats.last.calls, DPAR__RELAXED);
+    out->last.bytes_sent = DPAR__LOAD(&comm->stats.last.bytes_sent, DPAR__RELAXED);
+    out->last.bytes_received = DPAR__LOAD(&comm->stats.last.bytes_received, DPAR__RELAXED);
+    out->last.time_ns = DPAR__LOAD(&comm->stats.last.time_ns, DPAR__RELAXED);
+    {
+        uint64_t bits = DPAR__LOAD(&comm->last_busbw_bits, DPAR__RELAXED);
+        memcpy(&out->last_busbw_gbps, &bits, sizeof bits);
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm)
+{
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_stats_reset: comm is NULL");
+    dpar__comm_wait_async(comm);
+    memset(&comm->stats, 0, sizeof comm->stats);
+    DPAR__STORE(&comm->last_busbw_bits, 0, DPAR__RELAXED);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out)
+{
+    dpar__ctx x;
+    dpar_status st;
+    if (out) *out = NULL;
+    if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_split: comm or out is NULL");
+    DPAR__TRY(dpar__comm_wait_async(comm));
+    DPAR__TRY(comm->tp->poisoned(comm));
+    memset(&x, 0, sizeof x);
+    x.c = comm;
+    x.lane = DPAR__LANE_COLL;
+    x.fp.seq = ++comm->seq;
+    x.fp.coll = DPAR_COLL_SPLIT;
+    x.fp.rank = comm->rank;
+    x.fp.file = "dpar_comm_split";
+    x.deadline = comm->timeout_ns ? dpar_time_ns() + comm->timeout_ns : 0;
+    comm->tp->enter(&x);
+    st = comm->tp->split(&x, color, key, out);
+    return st;
+}
+
+DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out)
+{
+    int w;
+    dpar_status st;
+    if (!world || !out) return dpar__err(DPAR_EINVAL, "dpar_mesh_create: world or out is NULL");
+    memset(out, 0, sizeof *out);
+    if (dp < 1 || tp < 1 || pp < 1 || (long)dp * tp * pp != world->size)
+        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_create: dp %d x tp %d x pp %d is not the %d ranks of "
+                                                            "the world", dp, tp, pp, world->size));
+    w = world->rank;
+    out->dp = dp;
+    out->tp = tp;
+    out->pp = pp;
+    out->tp_rank = w % tp;
+    out->dp_rank = (w / tp) % dp;
+    out->pp_rank = w / (tp * dp);
+    st = dpar_comm_split(world, out->pp_rank * dp + out->dp_rank, out->tp_rank, &out->tp_comm);
+    if (st == DPAR_OK) st = dpar_comm_split(world, out->pp_rank * tp + out->tp_rank, out->dp_rank, &out->dp_comm);
+    if (st == DPAR_OK) st = dpar_comm_split(world, out->dp_rank * tp + out->tp_rank, out->pp_rank, &out->pp_comm);
+    if (st != DPAR_OK) dpar_mesh_destroy(out);
+    return st;
+}
+
+DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh)
+{
+    if (!mesh) return dpar__err(DPAR_EINVAL, "dpar_mesh_destroy: mesh is NULL");
+    if (mesh->tp_comm) dpar_comm_destroy(mesh->tp_comm);
+    if (mesh->dp_comm) dpar_comm_destroy(mesh->dp_comm);
+    if (mesh->pp_comm) dpar_comm_destroy(mesh->pp_comm);
+    mesh->tp_comm = mesh->dp_comm = mesh->pp_comm = NULL;
+    return DPAR_OK;
+}
+
+/* >>threads ------------------------------------------------------------------------------------ */
+/* The threads transport. A channel carries the offers of one rank to another on one lane: a queue
+   of DPAR__QDEPTH (pointer, bytes, fingerprint) entries and two counters, `posted` (written by the
+   sender) and `released` (written by the receiver), on separate cache lines. A rank waits for a
+   counter on its own doorbell: whoever changes something a rank may wait for bumps that rank's
+   doorbell, and wakes it only if it sleeps. Poisoning the group bumps every doorbell. */
+
+typedef struct dpar__chan {
+    uint32_t posted;
+    char pad0[DPAR__CACHE_LINE - sizeof(uint32_t)];
+    uint32_t released;
+    char pad1[DPAR__CACHE_LINE - sizeof(uint32_t)];
+    struct {
+        const void *ptr;
+        size_t bytes;
+        dpar__fp fp;
+    } q[DPAR__QDEPTH];
+} dpar__chan;
+
+typedef struct dpar__slot {
+    uint32_t bell, bell_sleepers;
+    char pad0[DPAR__CACHE_LINE - 2 * sizeof(uint32_t)];
+    /* what the rank is doing, for timeout messages (relaxed atomics) */
+    uint64_t at_seq;
+    int at_coll, at_line, joined, cpu;
+    const char *at_file;
+    uint64_t moved_ns;
+    char pad1[DPAR__CACHE_LINE];
+} dpar__slot;
+
+struct dpar_group {
+    dpar_comm_desc desc; /* as given, name copied */
+    char name[32];
+    int size, refs, unshare;
+    int poison; /* atomic: 0, or the status every call now returns */
+    char poison_msg[DPAR__ERROR_TEXT];
+    pthread_mutex_t lock;
+    dpar__slot *slots;
+    dpar__chan **chans; /* [(src * size + dst) * DPAR__LANES + lane], made on first use */
+    /* split: where the new groups are handed over */
+    dpar_group **handover;
+};
+
+static void dpar__group_unref(dpar_group *g)
+{
+    if (DPAR__SUB(&g->refs, 1, DPAR__ACQ_REL) == 1) {
+        dpar_allocator a = g->desc.allocator;
+        size_t i, n = (size_t)g->size * (size_t)g->size * DPAR__LANES;
+        for (i = 0; i < n; i++) dpar__free(&a, g->chans[i]);
+        dpar__free(&a, g->chans);
+        dpar__free(&a, g->slots);
+        dpar__free(&a, g->handover);
+        pthread_mutex_destroy(&g->lock);
+        dpar__free(&a, g);
+    }
+}
+
+static dpar__chan *dpar__chan_get(dpar_group *g, int src, int dst, int lane)
+{
+    dpar__chan **slot = &g->chans[((size_t)src * (size_t)g->size + (size_t)dst) * DPAR__LANES + (size_t)lane];
+    dpar__chan *ch = DPAR__LOAD(slot, DPAR__ACQUIRE), *fresh, *expected = NULL;
+    if (ch) return ch;
+    fresh = (dpar__chan *)dpar__calloc(&g->desc.allocator, 1, sizeof *fresh);
+    if (!fresh) return NULL;
+    if (__atomic_compare_exchange_n(slot, &expected, fresh, 0, DPAR__ACQ_REL, DPAR__ACQUIRE)) return fresh;
+    dpar__free(&g->desc.allocator, fresh);
+    return expected;
+}
+
+static void dpar__ring_bell(dpar_group *g, int rank)
+{
+    dpar__slot *s = &g->slots[rank];
+    dpar__bump(&s->bell, &s->bell_sleepers, INT_MAX);
+}
+
+static dpar_status dpar__t_poisoned(dpar_comm *c)
+{
+    dpar_group *g = c->group;
+    int st = DPAR__LOAD(&g->poison, DPAR__ACQUIRE);
+    if (!st) return DPAR_OK;
+    pthread_mutex_lock(&g->lock);
+    dpar__err((dpar_status)st, "%s", g->poison_msg);
+    pthread_mutex_unlock(&g->lock);
+    return (dpar_status)st;
+}
+
+static dpar_status dpar__t_poison(dpar_comm *c, dpar_status why, const char *msg)
+{
+    dpar_group *g = c->group;
+    int i;
+    pthread_mutex_lock(&g->lock);
+    if (!DPAR__LOAD(&g->poison, DPAR__RELAXED)) {
+        snprintf(g->poison_msg, sizeof g->poison_msg, "%s", msg);
+        DPAR__STORE(&g->poison, (int)why, DPAR__RELEASE);
+    }
+    pthread_mutex_unlock(&g->lock);
+    for (i = 0; i < g->size; i++) dpar__ring_bell(g, i);
+    return dpar__t_poisoned(c);
+}
+
+static void dpar__t_enter(dpar__ctx *x)
+{
+    dpar__slot *s = &x->c->group->slots[x->c->rank];
+    DPAR__STORE(&s->at_coll, x->fp.coll, DPAR__RELAXED);
+    DPAR__STORE(&s->at_file, x->fp.file, DPAR__RELAXED);
+    DPAR__STORE(&s->at_line, x->fp.line, DPAR__RELAXED);
+    if (x->lane == DPAR__LANE_COLL) DPAR__STORE(&s->at_seq, x->fp.seq, DPAR__RELEASE);
+    dpar__cpu_note(&s->cpu);
+}
+
+/* The timeout story: which ranks never arrived where this one waits. Poisons the group with it. */
+static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
+{
+    dpar_group *g = x->c->group;
+    char me[200], msg[DPAR__ERROR_TEXT];
+    int k, i;
+    dpar__fp_describe(&x->fp, me, sizeof me);
+    k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s, waiting for rank %d to %s", x->c->rank,
+                 (unsigned long long)(x->c->timeout_ns / 1000000u), me, peer, what);
+    for (i = 0; i < g->size && k > 0 && (size_t)k < sizeof msg; i++) {
+        dpar__slot *s = &g->slots[i];
+        uint64_t at = DPAR__LOAD(&s->at_seq, DPAR__ACQUIRE);
+        int coll = DPAR__LOAD(&s->at_coll, DPAR__RELAXED), line = DPAR__LOAD(&s->at_line, DPAR__RELAXED);
+        const char *file = DPAR__LOAD(&s->at_file, DPAR__RELAXED);
+        int behind = x->lane == DPAR__LANE_COLL ? at < x->fp.seq : i == peer;
+        if (!behind || i == x->c->rank) continue;
+        int joined = DPAR__LOAD(&s->joined, DPAR__RELAXED);
+        if (joined == 0)
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never joined (no dpar_comm_create)", i);
+        else if (joined == 2)
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d has left (dpar_comm_destroy)", i);
+        else if (x->lane == DPAR__LANE_COLL && at == 0)
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never arrived (it has made no collective call)", i);
+        else if (x->lane == DPAR__LANE_COLL)
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never arrived (its last call: %s #%llu at %s:%d)", i,
+                          dpar_coll_name((dpar_coll)coll), (unsigned long long)at, file ? file : "?", line);
+        else
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d is in %s at %s:%d", i,
+                          dpar_coll_name((dpar_coll)coll), file ? file : "?", line);
+    }
+    return dpar__t_poison(x->c, DPAR_ETIMEDOUT, msg);
+}
+
+/* Wait until the counter reaches target (mod 2^32), on this rank's doorbell. */
+static dpar_status dpar__t_wait(dpar__ctx *x, const uint32_t *ctr, uint32_t target, int peer, const char *what)
+{
+    dpar_comm *c = x->c;
+    dpar_group *g = c->group;
+    dpar__slot *me = &g->slots[c->rank];
+    int parked = 0;
+    for (;;) {
+        uint32_t bell = DPAR__LOAD(&me->bell, DPAR__ACQUIRE);
+        if ((int32_t)(DPAR__LOAD(ctr, DPAR__ACQUIRE) - target) >= 0) break;
+        if (DPAR__LOAD(&g->poison, DPAR__ACQUIRE)) return dpar__t_poisoned(c);
+        if (x->deadline && dpar_time_ns() >= x->deadline) return dpar__t_timeout(x, peer, what);
+        dpar__wait_while(&me->bell, bell, &me->bell_sleepers, c->spin, x->deadline, &parked);
+    }
+    if (parked && g->unshare) /* woken up: maybe onto a CPU another rank is on */
+        dpar__unshare_cpus((char *)&g->slots[0].cpu, sizeof(dpar__slot), g->size, c->rank, &me->moved_ns);
+    return DPAR_OK;
+}
+
+static dpar_status dpar__t_chan(dpar__ctx *x, int src, int dst, dpar__chan **out)
+{
+    *out = dpar__chan_get(x->c->group, src, dst, x->lane);
+    return *out ? DPAR_OK : dpar__err(DPAR_ENOMEM, "%s: out of memory for a channel", x->c->name);
+}
+
+static dpar_status dpar__t_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+{
+    dpar__chan *ch;
+    uint32_t n;
+    DPAR__TRY(dpar__t_chan(x, x->c->rank, peer, &ch));
+    n = DPAR__LOAD(&ch->posted, DPAR__RELAXED); /* only this rank writes it */
+    DPAR__TRY(dpar__t_wait(x, &ch->released, n + 1 - DPAR__QDEPTH, peer, "take an earlier message"));
+    ch->q[n % DPAR__QDEPTH].ptr = buf;
+    ch->q[n % DPAR__QDEPTH].bytes = bytes;
+    ch->q[n % DPAR__QDEPTH].fp = x->fp;
+    DPAR__STORE(&ch->posted, n + 1, DPAR__RELEASE);
+    dpar__ring_bell(x->c->group, peer);
+    return DPAR_OK;
+}
+
+static dpar_status dpar__t_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
+{
+    dpar__chan *ch;
+    uint32_t n;
+    char msg[DPAR__ERROR_TEXT];
+    DPAR__TRY(dpar__t_chan(x, peer, x->c->rank, &ch));
+    n = DPAR__LOAD(&ch->released, DPAR__RELAXED); /* only this rank writes it */
+    DPAR__TRY(dpar__t_wait(x, &ch->posted, n + 1, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
+    if (!dpar__fp_agree(x, &ch->q[n % DPAR__QDEPTH].fp, ch->q[n % DPAR__QDEPTH].bytes, bytes, msg, sizeof msg))
+        return dpar__t_poison(x->c, DPAR_EMISMATCH, msg);
+    *data = ch->q[n % DPAR__QDEPTH].ptr;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__t_release(dpar__ctx *x, int peer)
+{
+    dpar__chan *ch;
+    DPAR__TRY(dpar__t_chan(x, peer, x->c->rank, &ch));
+    DPAR__STORE(&ch->released, DPAR__LOAD(&ch->released, DPAR__RELAXED) + 1, DPAR__RELEASE);
+    dpar__ring_bell(x->c->group, peer);
+    return DPAR_OK;
+}
+
+static dpar_status dpar__t_drain(dpar__ctx *x, int peer, int max)
+{
+    dpar__chan *ch;
+    DPAR__TRY(dpar__t_chan(x, x->c->rank, peer, &ch));
+    return dpar__t_wait(x, &ch->released, DPAR__LOAD(&ch->posted, DPAR__RELAXED) - (uint32_t)max, peer,
+                        x->lane == DPAR__LANE_P2P ? "receive" : "take its data");
+}
+
+static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out);
+
+/* split: allgather (color, key), the first member of each color makes its group, allgather the
+   groups, everyone joins, and a barrier keeps the makers' references until all have joined. */
+static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **out)
+{
+    dpar_comm *c = x->c;
+    dpar_group *g = c->group, *mine = NULL;
+    int N = c->size, r = c->rank, i, members = 0, newrank = 0, leader = -1;
+    int64_t *ck;
+    char *scr = NULL;
+    dpar_status st;
+    DPAR__TRY(dpar__scratch(c, (size_t)N * 3 * sizeof(int64_t), &scr));
+    ck = (int64_t *)(void *)scr;
+    ck[2 * r] = color;
+    ck[2 * r + 1] = key;
+    x->fp.count = 2 * (uint64_t)N;
+    x->fp.dtype = DPAR_I64;
+    DPAR__TRY(dpar__ring_allgather(x, (const char *)(ck + 2 * r), (char *)ck, 2 * (size_t)N, sizeof(int64_t)));
+    if (color >= 0) {
+        for (i = 0; i < N; i++) {
+            if (ck[2 * i] != color) continue;
+            members++;
+            if (leader < 0) leader = i;
+            if (ck[2 * i + 1] < key || (ck[2 * i + 1] == key && i < r)) newrank++;
+        }
+    }
+    /* the leader (lowest old rank of the color) makes the group and hands it over in g->handover */
+    if (color >= 0 && leader == r) {
+        dpar_comm_desc d = g->desc;
+        d.size = members;
+        d.name = g->name;
+        st = dpar_group_create(&d, &mine);
+        if (st != DPAR_OK) return dpar__t_poison(c, st, dpar_last_error());
+        DPAR__STORE(&g->handover[r], mine, DPAR__RELEASE);
+    }
+    x->fp.count = 0;
+    DPAR__TRY(dpar__dissemination(x)); /* every leader has handed over */
+    if (color >= 0) {
+        mine = DPAR__LOAD(&g->handover[leader], DPAR__ACQUIRE);
+        st = dpar__t_join(mine, newrank, out);
+        if (st != DPAR_OK) return dpar__t_poison(c, st, dpar_last_error());
+    }
+    DPAR__TRY(dpar__dissemination(x)); /* everyone has joined: the makers may let go */
+    if (color >= 0 && leader == r) {
+        DPAR__STORE(&g->handover[r], (dpar_group *)NULL, DPAR__RELAXED);
+        dpar_group_destroy(mine);
+    }
+    return DPAR_OK;
+}
+
+static void dpar__t_destroy(dpar_comm *c)
+{
+    DPAR__STORE(&c->group->slots[c->rank].joined, 2, DPAR__RELEASE); /* left: it cannot join again */
+    dpar__group_unref(c->group);
+}
+
+static const dpar__transport dpar__threads_transport = {"threads",      dpar__t_post,   dpar__t_fetch,
+                                                        dpar__t_release, dpar__t_drain, dpar__t_enter,
+                                                        dpar__t_poisoned, dpar__t_poison, dpar__t_split,
+                                                        dpar__t_destroy};
+
+DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out)
+{
+    dpar_group *g;
+    dpar_status st;
+    size_t nchan;
+    int i;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_group_create: out is NULL");
+    *out = NULL;
+    if (!desc) return dpar__err(DPAR_EINVAL, "dpar_group_create: desc is NULL (size is required)");
+    if ((st = dpar__check_allocator("dpar_group_create", &desc->allocator)) != DPAR_OK) return st;
+    if (desc->size < 1) return dpar__err(DPAR_EINVAL, "dpar_group_create: size = %d (needs at least 1 rank)", desc->size);
+    if (desc->size > DPAR_MAX_THREADS)
+        return dpar__err(DPAR_ERANGE, "dpar_group_create: size = %d is above DPAR_MAX_THREADS (%d)", desc->size,
+                         DPAR_MAX_THREADS);
+    if (desc->timeout_ms < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: timeout_ms = %d", desc->timeout_ms);
+    if (desc->spin_us < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: spin_us = %d", desc->spin_us);
+    if (desc->deterministic && (desc->size & (desc->size - 1)))
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_group_create: the deterministic mode needs a power-of-two number of "
+                                            "ranks, not %d", desc->size);
+    dpar__trace_from_env();
+    g = (dpar_group *)dpar__calloc(&desc->allocator, 1, sizeof *g);
+    if (!g) return dpar__err(DPAR_ENOMEM, "dpar_group_create: out of memory");
+    g->desc = *desc;
+    snprintf(g->name, sizeof g->name, "%s", desc->name && *desc->name ? desc->name : "comm");
+    g->desc.name = g->name;
+    g->size = desc->size;
+    g->refs = 1;
+    g->unshare = desc->size > 1 && desc->size <= dpar__online_cpus();
+    pthread_mutex_init(&g->lock, NULL);
+    nchan = (size_t)g->size * (size_t)g->size * DPAR__LANES;
+    g->slots = (dpar__slot *)dpar__calloc(&desc->allocator, (size_t)g->size, sizeof(dpar__slot));
+    g->chans = (dpar__chan **)dpar__calloc(&desc->allocator, nchan, sizeof(dpar__chan *));
+    g->handover = (dpar_group **)dpar__calloc(&desc->allocator, (size_t)g->size, sizeof(dpar_group *));
+    if (!g->slots || !g->chans || !g->handover) {
+        dpar__group_unref(g);
+        return dpar__err(DPAR_ENOMEM, "dpar_group_create: out of memory");
+    }
+    for (i = 0; i < g->size; i++) g->slots[i].cpu = -1;
+    *out = g;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_group_destroy(dpar_group *group)
+{
+    if (!group) return dpar__err(DPAR_EINVAL, "dpar_group_destroy: group is NULL");
+    dpar__group_unref(group);
+    return DPAR_OK;
+}
+
+static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out)
+{
+    dpar_comm *c;
+    char name[64];
+    int expected = 0;
+    if (rank < 0 || rank >= g->size)
+        return dpar__err(DPAR_EINVAL, "dpar_comm_create: rank %d is not in 0..%d", rank, g->size - 1);
+    if (!__atomic_compare_exchange_n(&g->slots[rank].joined, &expected, 1, 0, DPAR__ACQ_REL, DPAR__RELAXED))
+        return dpar__err(DPAR_EBUSY, "dpar_comm_create: rank %d of %s has already joined", rank, g->name);
+    c = (dpar_comm *)dpar__calloc(&g->desc.allocator, 1, sizeof *c);
+    if (!c) {
+        DPAR__STORE(&g->slots[rank].joined, 0, DPAR__RELEASE);
+        return dpar__err(DPAR_ENOMEM, "dpar_comm_create: out of memory");
+    }
+    dpar__comm_init(c, &g->desc, rank, g->size);
+    c->tp = &dpar__threads_transport;
+    c->group = g;
+    DPAR__ADD(&g->refs, 1, DPAR__ACQ_REL);
+    dpar__cpu_note(&g->slots[rank].cpu);
+    snprintf(name, sizeof name, "%s rank %d", c->name, rank);
+    dpar_trace_set_thread_name(name);
+    *out = c;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **out)
+{
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_create: out is NULL");
+    *out = NULL;
+    if (!group) return dpar__err(DPAR_EINVAL, "dpar_comm_create: group is NULL");
+    return dpar__t_join(group, rank, out);
+}
 
 #endif /* DPAR_IMPLEMENTATION */
 

@@ -10,6 +10,12 @@
 #include <string.h>
 #include <time.h>
 
+#if defined(__GNUC__) || defined(__clang__)
+#define DT_UNUSED __attribute__((unused))
+#else
+#define DT_UNUSED
+#endif
+
 static int dt_passed, dt_failed, dt_skipped, dt_test_failed, dt_test_skipped, dt_argc;
 static char **dt_argv;
 static char dt_skip_reason[256];
@@ -93,25 +99,25 @@ static int dt_summary(void)
 
 /* A small xorshift generator, so tests are reproducible from a seed. */
 static unsigned long long dt_rng_state = 88172645463325252ull;
-static unsigned long long dt_rand(void)
+DT_UNUSED static unsigned long long dt_rand(void)
 {
     dt_rng_state ^= dt_rng_state << 13;
     dt_rng_state ^= dt_rng_state >> 7;
     dt_rng_state ^= dt_rng_state << 17;
     return dt_rng_state;
 }
-static int dt_rand_int(int n) { return (int)(dt_rand() % (unsigned long long)n); }
+DT_UNUSED static int dt_rand_int(int n) { return (int)(dt_rand() % (unsigned long long)n); }
 
 /* A counting allocator: every test that creates objects with it checks that allocations equal frees. */
 typedef struct dt_counting {
     long allocs, frees;
 } dt_counting;
-static void *dt_count_alloc(size_t size, void *user)
+DT_UNUSED static void *dt_count_alloc(size_t size, void *user)
 {
     __atomic_fetch_add(&((dt_counting *)user)->allocs, 1, __ATOMIC_RELAXED);
     return malloc(size);
 }
-static void dt_count_free(void *p, void *user)
+DT_UNUSED static void dt_count_free(void *p, void *user)
 {
     __atomic_fetch_add(&((dt_counting *)user)->frees, 1, __ATOMIC_RELAXED);
     free(p);

@@ -1,0 +1,1049 @@
+/* test_comm.c - the communicator over thread ranks: every collective against serial references,
+   determinism, counters, the contract checker, timeouts, abort, async requests, split and mesh.
+   Build and run: make test   (one test: ./build/test_comm mismatch)
+   DPAR_TEST_BIG sets the large count of the matrix (default 1000003; make check uses less). */
+static void test_step_hook(void);
+#define DPAR_TEST_STEP_HOOK() test_step_hook()
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+
+#include <math.h>
+#include <unistd.h>
+
+#include "dpar_test.h"
+#include "json.h"
+
+/* random delays between the steps of the algorithms, switched on by one test */
+static int hook_on;
+static DPAR__TLS unsigned long long hook_rng = 1;
+static void test_step_hook(void)
+{
+    if (!__atomic_load_n(&hook_on, __ATOMIC_RELAXED)) return;
+    hook_rng = hook_rng * 6364136223846793005ull + 1442695040888963407ull;
+    switch ((hook_rng >> 33) % 4) {
+    case 0: break;
+    case 1: sched_yield(); break;
+    default: usleep((unsigned)((hook_rng >> 40) % 30)); break;
+    }
+}
+
+/* ---- running N thread ranks ---- */
+typedef struct world world;
+typedef void (*rank_fn)(world *w, dpar_comm *c, int rank);
+struct world {
+    int n;
+    dpar_group *group;
+    rank_fn fn;
+    void *user;
+    int failures;     /* wrong elements or statuses seen by the ranks */
+    char first[256];  /* the first failure */
+    pthread_mutex_t lock;
+};
+
+static dpar_pool *pools[9];
+static dpar_pool *pool_of(int n)
+{
+    if (!pools[n]) {
+        dpar_pool_desc d;
+        memset(&d, 0, sizeof d);
+        d.num_threads = n;
+        dpar_pool_create(&d, &pools[n]);
+    }
+    return pools[n];
+}
+
+static void note(world *w, const char *fmt, ...) DPAR_PRINTF(2, 3);
+static void note(world *w, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&w->lock);
+    if (!w->failures++) {
+        va_start(ap, fmt);
+        vsnprintf(w->first, sizeof w->first, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&w->lock);
+}
+
+static dpar_status world_rank(void *user, int rank, int n)
+{
+    world *w = (world *)user;
+    dpar_comm *c = NULL;
+    dpar_status st = dpar_comm_create(w->group, rank, &c);
+    (void)n;
+    if (st != DPAR_OK) {
+        note(w, "rank %d: comm_create: %s", rank, dpar_last_error());
+        return st;
+    }
+    w->fn(w, c, rank);
+    dpar_comm_destroy(c);
+    return DPAR_OK;
+}
+
+/* run fn on n thread ranks of a fresh group; returns the failures the ranks noted */
+static int run_world_desc(int n, const dpar_comm_desc *desc, rank_fn fn, void *user, char *first, size_t nfirst)
+{
+    world w;
+    dpar_comm_desc d;
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.lock, NULL);
+    w.n = n;
+    w.fn = fn;
+    w.user = user;
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+    d.size = n;
+    if (dpar_group_create(&d, &w.group) != DPAR_OK) {
+        printf("    group_create: %s\n", dpar_last_error());
+        return 1;
+    }
+    dpar_pool_run(pool_of(n), world_rank, &w);
+    dpar_group_destroy(w.group);
+    pthread_mutex_destroy(&w.lock);
+    if (first) snprintf(first, nfirst, "%s", w.first);
+    if (w.failures) printf("    N=%d: %d failures, first: %s\n", n, w.failures, w.first);
+    return w.failures;
+}
+static int run_world(int n, rank_fn fn, void *user) { return run_world_desc(n, NULL, fn, user, NULL, 0); }
+
+static const int Ns[] = {1, 2, 3, 4, 5, 8};
+#define NN ((int)(sizeof Ns / sizeof Ns[0]))
+
+/* ---- element access by dtype, through double (exact for the values used) ---- */
+static double get(const void *p, dpar_dtype t, size_t i)
+{
+    switch (t) {
+    case DPAR_F32: return ((const float *)p)[i];
+    case DPAR_F64: return ((const double *)p)[i];
+    case DPAR_I32: return ((const int32_t *)p)[i];
+    case DPAR_I64: return (double)((const int64_t *)p)[i];
+    case DPAR_BF16: return dpar_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DPAR_F16: return dpar_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+static void put(void *p, dpar_dtype t, size_t i, double v)
+{
+    switch (t) {
+    case DPAR_F32: ((float *)p)[i] = (float)v; break;
+    case DPAR_F64: ((double *)p)[i] = v; break;
+    case DPAR_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case DPAR_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case DPAR_BF16: ((uint16_t *)p)[i] = dpar_f32_to_bf16((float)v); break;
+    case DPAR_F16: ((uint16_t *)p)[i] = dpar_f32_to_f16((float)v); break;
+    default: ((uint8_t *)p)[i] = (uint8_t)(int)v; break;
+    }
+}
+
+/* v rounded to the dtype */
+static double get_rounded(double v, dpar_dtype t)
+{
+    char b[8];
+    put(b, t, 0, v);
+    return get(b, t, 0);
+}
+
+/* Inputs are small integers, so every reduction order gives the same, exact result and the
+   reference can be computed in any order: integers in [-8, 8] (u8: [0, 15]); for prod, one of
+   {-2, -1, 1, 2} (u8: {1, 2, 3}). */
+static double input(int q, size_t i, dpar_dtype t, dpar_op op)
+{
+    if (op == DPAR_PROD) {
+        static const double s[4] = {-2, -1, 1, 2}, u[4] = {1, 2, 3, 1};
+        return t == DPAR_U8 ? u[(q * 3 + i) % 4] : s[(q * 3 + i) % 4];
+    }
+    if (t == DPAR_U8) return (double)((q * 7 + i * 13) % 16);
+    return (double)((int)((q * 7 + i * 13) % 17) - 8);
+}
+
+/* The reference of element i over N ranks, in the dtype's own arithmetic (wrapping for u8). */
+static double reference(int N, size_t i, dpar_dtype t, dpar_op op)
+{
+    double acc = input(0, i, t, op);
+    int q;
+    for (q = 1; q < N; q++) {
+        double v = input(q, i, t, op);
+        switch (op) {
+        case DPAR_SUM: case DPAR_AVG: acc += v; break;
+        case DPAR_MIN: acc = v < acc ? v : acc; break;
+        case DPAR_MAX: acc = v > acc ? v : acc; break;
+        default: acc *= v; break;
+        }
+    }
+    if (t == DPAR_U8) acc = (double)((long long)acc & 255);
+    if (op == DPAR_AVG) {
+        if (t == DPAR_I32 || t == DPAR_I64 || t == DPAR_U8) acc = (double)((long long)acc / N);
+        else if (t == DPAR_F32 || t == DPAR_BF16 || t == DPAR_F16) acc = (double)((float)acc / (float)N);
+        else acc = acc / N;
+    }
+    return get_rounded(acc, t);
+}
+
+/* ---- the matrix ---- */
+typedef struct {
+    size_t count;
+    dpar_dtype t;
+    dpar_op op;
+    char *send[8], *recv[8]; /* per rank, count * 8 bytes each */
+    int root;
+} matrix_case;
+
+static void fill(char *buf, int q, size_t begin, size_t end, dpar_dtype t, dpar_op op)
+{
+    size_t i;
+    for (i = begin; i < end; i++) put(buf, t, i, input(q, i, t, op));
+}
+
+static void check_range(world *w, const char *what, int rank, const char *buf, size_t begin, size_t end,
+                        const matrix_case *m, size_t base)
+{
+    size_t i;
+    for (i = begin; i < end; i++) {
+        double want = reference(w->n, base + i, m->t, m->op), got = get(buf, m->t, i);
+        if (got != want && !(got != got && want != want)) {
+            note(w, "%s N=%d count=%zu %s %s rank %d element %zu: got %g, want %g", what, w->n, m->count,
+                 dpar_dtype_name(m->t), dpar_op_name(m->op), rank, base + i, got, want);
+            return;
+        }
+    }
+}
+
+static void expect_ok(world *w, dpar_status st, const char *what, int rank)
+{
+    if (st != DPAR_OK) note(w, "%s on rank %d: %s: %s", what, rank, dpar_status_string(st), dpar_last_error());
+}
+
+static void matrix_rank(world *w, dpar_comm *c, int r)
+{
+    matrix_case *m = (matrix_case *)w->user;
+    size_t es = dpar_dtype_size(m->t), n = m->count, off, len;
+    char *s = m->send[r], *v = m->recv[r];
+    int N = w->n;
+    dpar_block_range(n, N, r, &off, &len);
+
+    /* allreduce, out of place and in place */
+    fill(s, r, 0, n, m->t, m->op);
+    memset(v, 0x5a, n * es);
+    expect_ok(w, dpar_allreduce(c, s, v, n, m->t, m->op), "allreduce", r);
+    check_range(w, "allreduce", r, v, 0, n, m, 0);
+    expect_ok(w, dpar_allreduce(c, s, s, n, m->t, m->op), "allreduce in place", r);
+    check_range(w, "allreduce in place", r, s, 0, n, m, 0);
+
+    /* reduce to a root */
+    fill(s, r, 0, n, m->t, m->op);
+    if (r == m->root) memset(v, 0x5a, n * es);
+    expect_ok(w, dpar_reduce(c, s, r == m->root ? v : NULL, n, m->t, m->op, m->root), "reduce", r);
+    if (r == m->root) check_range(w, "reduce", r, v, 0, n, m, 0);
+
+    /* reduce-scatter: this rank's block; then in place (recv = my block of send) */
+    memset(v, 0x5a, len * es + 1);
+    expect_ok(w, dpar_reduce_scatter(c, s, v, n, m->t, m->op), "reduce_scatter", r);
+    check_range(w, "reduce_scatter", r, v, 0, len, m, off);
+    expect_ok(w, dpar_reduce_scatter(c, s, s + off * es, n, m->t, m->op), "reduce_scatter in place", r);
+    check_range(w, "reduce_scatter in place", r, s + off * es, 0, len, m, off);
+}
+
+/* broadcast, allgather, alltoall: the values must arrive unchanged */
+static void movement_rank(world *w, dpar_comm *c, int r)
+{
+    matrix_case *m = (matrix_case *)w->user;
+    size_t es = dpar_dtype_size(m->t), n = m->count, off, len, i, per;
+    char *s = m->send[r], *v = m->recv[r];
+    int N = w->n, q, bad = 0;
+    dpar_block_range(n, N, r, &off, &len);
+    /* broadcast from root: recv = root's input */
+    if (r == m->root) fill(s, r, 0, n, m->t, DPAR_SUM);
+    memset(v, 0x5a, n * es);
+    expect_ok(w, dpar_broadcast(c, s, v, n, m->t, m->root), "broadcast", r);
+    for (i = 0; i < n && !bad; i++) bad = get(v, m->t, i) != input(m->root, i, m->t, DPAR_SUM);
+    if (bad) note(w, "broadcast N=%d count=%zu %s root %d: rank %d element %zu wrong", N, n, dpar_dtype_name(m->t), m->root, r, i - 1);
+    /* in place on every rank */
+    if (r == m->root) fill(v, r, 0, n, m->t, DPAR_SUM);
+    expect_ok(w, dpar_broadcast(c, v, v, n, m->t, m->root), "broadcast in place", r);
+    for (i = 0; i < n && !bad; i++) bad = get(v, m->t, i) != input(m->root, i, m->t, DPAR_SUM);
+    if (bad) note(w, "broadcast in place N=%d count=%zu: rank %d element %zu wrong", N, n, r, i - 1);
+    /* allgather: block q of recv = rank q's input over block q */
+    fill(s, r, off, off + len, m->t, DPAR_SUM);
+    memset(v, 0x5a, n * es);
+    expect_ok(w, dpar_allgather(c, s + off * es, v, n, m->t), "allgather", r);
+    for (q = 0; q < N && !bad; q++) {
+        size_t qo, ql;
+        dpar_block_range(n, N, q, &qo, &ql);
+        for (i = qo; i < qo + ql && !bad; i++) bad = get(v, m->t, i) != input(q, i, m->t, DPAR_SUM);
+    }
+    if (bad) note(w, "allgather N=%d count=%zu %s: rank %d wrong", N, n, dpar_dtype_name(m->t), r);
+    /* in place: my block already sits in recv */
+    memset(v, 0x5a, n * es);
+    fill(v, r, off, off + len, m->t, DPAR_SUM);
+    expect_ok(w, dpar_allgather(c, v + off * es, v, n, m->t), "allgather in place", r);
+    for (q = 0; q < N && !bad; q++) {
+        size_t qo, ql;
+        dpar_block_range(n, N, q, &qo, &ql);
+        for (i = qo; i < qo + ql && !bad; i++) bad = get(v, m->t, i) != input(q, i, m->t, DPAR_SUM);
+    }
+    if (bad) note(w, "allgather in place N=%d count=%zu: rank %d wrong", N, n, r);
+    /* alltoall with count/N (at least 1) per peer: block q of recv = rank q's block r */
+    per = n / (size_t)N ? n / (size_t)N : (n ? 1 : 0);
+    for (q = 0; q < N; q++) fill(s + (size_t)q * per * es, r * 100 + q, 0, per, m->t, DPAR_SUM);
+    expect_ok(w, dpar_alltoall(c, s, v, per, m->t), "alltoall", r);
+    for (q = 0; q < N && !bad; q++)
+        for (i = 0; i < per && !bad; i++) bad = get(v + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
+    if (bad) note(w, "alltoall N=%d per=%zu %s: rank %d wrong", N, per, dpar_dtype_name(m->t), r);
+    expect_ok(w, dpar_alltoall(c, s, s, per, m->t), "alltoall in place", r);
+    for (q = 0; q < N && !bad; q++)
+        for (i = 0; i < per && !bad; i++) bad = get(s + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
+    if (bad) note(w, "alltoall in place N=%d per=%zu: rank %d wrong", N, per, r);
+    expect_ok(w, dpar_barrier(c), "barrier", r);
+}
+
+static size_t big_count(void)
+{
+    const char *e = getenv("DPAR_TEST_BIG");
+    return e && *e ? (size_t)strtoull(e, NULL, 10) : 1000003;
+}
+
+static void test_collectives_matrix(void)
+{
+    int ni, t, op, q;
+    size_t big = big_count();
+    char *bufs[16];
+    for (q = 0; q < 16; q++) bufs[q] = (char *)malloc((big + 64) * 8);
+    for (ni = 0; ni < NN; ni++) {
+        int N = Ns[ni];
+        size_t counts[6];
+        int ci;
+        counts[0] = 0;
+        counts[1] = 1;
+        counts[2] = (size_t)(N > 1 ? N - 1 : 2);
+        counts[3] = (size_t)N;
+        counts[4] = (size_t)N + 1;
+        counts[5] = big;
+        for (ci = 0; ci < 6; ci++) {
+            matrix_case m;
+            int fails = 0;
+            memset(&m, 0, sizeof m);
+            m.count = counts[ci];
+            for (q = 0; q < N; q++) {
+                m.send[q] = bufs[2 * q];
+                m.recv[q] = bufs[2 * q + 1];
+            }
+            for (t = 0; t < DPAR_DTYPE_COUNT; t++) {
+                m.t = (dpar_dtype)t;
+                m.root = (int)(counts[ci] % (size_t)N);
+                for (op = 0; op < DPAR_OP_COUNT; op++) {
+                    /* the big count: every dtype with sum, every op with f32 */
+                    if (ci == 5 && op != DPAR_SUM && t != DPAR_F32) continue;
+                    m.op = (dpar_op)op;
+                    fails += run_world(N, matrix_rank, &m);
+                }
+                m.op = DPAR_SUM;
+                fails += run_world(N, movement_rank, &m);
+            }
+            CHECK_MSG(fails == 0, "N=%d count=%zu: %d failures", N, counts[ci], fails);
+        }
+    }
+    for (q = 0; q < 16; q++) free(bufs[q]);
+}
+
+/* ---- bf16 / f16: conversions and tolerance against an f32 reference ---- */
+static void test_half_conversions(void)
+{
+    CHECK(dpar_f32_to_f16(1.0f) == 0x3c00);
+    CHECK(dpar_f32_to_f16(-2.0f) == 0xc000);
+    CHECK(dpar_f32_to_f16(65504.0f) == 0x7bff);
+    CHECK(dpar_f32_to_f16(65520.0f) == 0x7c00);           /* rounds up to infinity */
+    CHECK(dpar_f32_to_f16(5.9604645e-8f) == 0x0001);      /* 2^-24, the smallest subnormal */
+    CHECK(dpar_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00); /* halfway: to even */
+    CHECK(dpar_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02); /* halfway: to even, up */
+    CHECK(dpar_f16_to_f32(0x0001) == 5.9604645e-8f);
+    CHECK(dpar_f16_to_f32(0x3555) == 0.333251953125f);
+    CHECK(dpar_f32_to_bf16(1.0f) == 0x3f80);
+    CHECK(dpar_f32_to_bf16(1.0f + 1.0f / 256) == 0x3f80); /* halfway: to even */
+    CHECK(dpar_f32_to_bf16(1.0f + 3.0f / 256) == 0x3f82);
+    CHECK(dpar_bf16_to_f32(0xc040) == -3.0f);
+    CHECK(dpar_f16_to_f32(dpar_f32_to_f16(NAN)) != dpar_f16_to_f32(dpar_f32_to_f16(NAN)));
+    CHECK(dpar_bf16_to_f32(dpar_f32_to_bf16(NAN)) != dpar_bf16_to_f32(dpar_f32_to_bf16(NAN)));
+    {
+        /* every f16 value survives f16 -> f32 -> f16 */
+        unsigned h;
+        int bad = 0;
+        for (h = 0; h < 65536; h++) {
+            float f = dpar_f16_to_f32((uint16_t)h);
+            if (f == f && dpar_f32_to_f16(f) != h) bad++;
+        }
+        CHECK(bad == 0);
+    }
+}
+
+typedef struct { size_t n; uint16_t *in[8], *out[8]; dpar_dtype t; } half_job;
+static void half_rank(world *w, dpar_comm *c, int r)
+{
+    half_job *h = (half_job *)w->user;
+    expect_ok(w, dpar_allreduce(c, h->in[r], h->out[r], h->n, h->t, DPAR_SUM), "half allreduce", r);
+}
+
+static void test_half_precision_tolerance(void)
+{
+    int ni, ti, q;
+    size_t i, n = 20011;
+    for (ti = 0; ti < 2; ti++)
+        for (ni = 1; ni < NN; ni++) {
+            int N = Ns[ni];
+            half_job h;
+            double worst = 0, bound = N * (ti == 0 ? 1.0 / 256 : 1.0 / 2048); /* N half-ulps of sum |x| */
+            h.n = n;
+            h.t = ti == 0 ? DPAR_BF16 : DPAR_F16;
+            for (q = 0; q < N; q++) {
+                h.in[q] = (uint16_t *)malloc(n * 2);
+                h.out[q] = (uint16_t *)malloc(n * 2);
+                for (i = 0; i < n; i++) {
+                    float v = (float)((double)(dt_rand() % 20001) / 1000.0 - 10.0);
+                    h.in[q][i] = h.t == DPAR_BF16 ? dpar_f32_to_bf16(v) : dpar_f32_to_f16(v);
+                }
+            }
+            CHECK(run_world(N, half_rank, &h) == 0);
+            for (i = 0; i < n; i++) {
+                double ref = 0, mag = 0, got = get(h.out[0], h.t, i);
+                for (q = 0; q < N; q++) {
+                    double x = get(h.in[q], h.t, i);
+                    ref += x;
+                    mag += fabs(x);
+                }
+                for (q = 1; q < N; q++) CHECK(h.out[q][i] == h.out[0][i]); /* same bits everywhere */
+                if (mag > 0 && fabs(got - ref) / mag > worst) worst = fabs(got - ref) / mag;
+            }
+            CHECK_MSG(worst <= bound, "%s N=%d: error %.2e of sum|x| above %.2e", dpar_dtype_name(h.t), N, worst, bound);
+            for (q = 0; q < N; q++) {
+                free(h.in[q]);
+                free(h.out[q]);
+            }
+        }
+}
+
+/* ---- counters: a ring allreduce moves 2(N-1)/N of the buffer per rank ---- */
+typedef struct { size_t n; uint64_t sent[8], received[8], calls[8]; double busbw[8]; } bytes_job;
+static void bytes_rank(world *w, dpar_comm *c, int r)
+{
+    bytes_job *b = (bytes_job *)w->user;
+    float *x = (float *)calloc(b->n, sizeof(float));
+    dpar_comm_stats s;
+    expect_ok(w, dpar_allreduce(c, x, x, b->n, DPAR_F32, DPAR_SUM), "allreduce", r);
+    dpar_comm_stats_get(c, &s);
+    b->sent[r] = s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent;
+    b->received[r] = s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received;
+    b->calls[r] = s.by_coll[DPAR_COLL_ALLREDUCE].calls;
+    b->busbw[r] = s.last_busbw_gbps;
+    if (s.last_coll != DPAR_COLL_ALLREDUCE || s.last.bytes_sent != b->sent[r]) note(w, "last call stats wrong on rank %d", r);
+    dpar_comm_stats_reset(c);
+    dpar_comm_stats_get(c, &s);
+    if (s.by_coll[DPAR_COLL_ALLREDUCE].calls != 0) note(w, "reset did not clear rank %d", r);
+    free(x);
+}
+
+static void test_ring_moves_2_n_minus_1_over_n(void)
+{
+    int ni, r;
+    for (ni = 1; ni < NN; ni++) {
+        int N = Ns[ni];
+        size_t counts[2];
+        int ci;
+        counts[0] = (size_t)N * 100000; /* divisible: exactly 2(N-1)/N */
+        counts[1] = (size_t)N * 1000 + 3;
+        for (ci = 0; ci < 2; ci++) {
+            bytes_job b;
+            memset(&b, 0, sizeof b);
+            b.n = counts[ci];
+            CHECK(run_world(N, bytes_rank, &b) == 0);
+            for (r = 0; r < N; r++) {
+                /* rank r sends every chunk but r+1 in all-gather and but r in reduce-scatter,
+                   and receives every chunk but r-1 and but r */
+                size_t l0, lm1, lp1;
+                uint64_t want_sent, want_recv;
+                dpar_block_range(b.n, N, r, NULL, &l0);
+                dpar_block_range(b.n, N, (r + N - 1) % N, NULL, &lm1);
+                dpar_block_range(b.n, N, (r + 1) % N, NULL, &lp1);
+                want_sent = 4 * (uint64_t)((b.n - l0) + (b.n - lp1));
+                want_recv = 4 * (uint64_t)((b.n - lm1) + (b.n - l0));
+                if (ci == 0) CHECK(want_sent == 4 * (uint64_t)b.n * 2 * (N - 1) / N);
+                CHECK_MSG(b.sent[r] == want_sent && b.received[r] == want_recv,
+                          "N=%d count=%zu rank %d: sent %llu received %llu, want %llu %llu", N, b.n, r,
+                          (unsigned long long)b.sent[r], (unsigned long long)b.received[r],
+                          (unsigned long long)want_sent, (unsigned long long)want_recv);
+                CHECK(b.calls[r] == 1 && b.busbw[r] > 0);
+            }
+        }
+    }
+}
+
+/* ---- determinism ---- */
+typedef struct { size_t n; float *in[8]; float *out[8]; int rep; } det_job;
+static void det_rank(world *w, dpar_comm *c, int r)
+{
+    det_job *d = (det_job *)w->user;
+    expect_ok(w, dpar_allreduce(c, d->in[r], d->out[r], d->n, DPAR_F32, DPAR_SUM), "allreduce", r);
+}
+
+static void random_floats(float *x, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) /* varied magnitudes: sums depend on their order */
+        x[i] = (float)((double)(dt_rand() % 2000001) / 1000.0 - 1000.0) * (float)(1 << (dt_rand() % 12));
+}
+
+static void test_bitwise_identical_under_random_delays(void)
+{
+    int ni, rep, q;
+    size_t n = 30011, i;
+    for (ni = 1; ni < NN; ni++) {
+        int N = Ns[ni], diffs = 0;
+        det_job d;
+        float *first = (float *)malloc(n * sizeof(float));
+        dpar_comm_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.segment_bytes = 4096; /* many segments, many steps to perturb */
+        d.n = n;
+        for (q = 0; q < N; q++) {
+            d.in[q] = (float *)malloc(n * sizeof(float));
+            d.out[q] = (float *)malloc(n * sizeof(float));
+            random_floats(d.in[q], n);
+        }
+        __atomic_store_n(&hook_on, 1, __ATOMIC_RELAXED);
+        for (rep = 0; rep < (N <= 4 ? 200 : 60); rep++) {
+            CHECK(run_world_desc(N, &desc, det_rank, &d, NULL, 0) == 0);
+            if (rep == 0) memcpy(first, d.out[0], n * sizeof(float));
+            for (q = 0; q < N; q++) diffs += memcmp(d.out[q], first, n * sizeof(float)) != 0;
+        }
+        __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
+        CHECK_MSG(diffs == 0, "N=%d: %d results differ from the first", N, diffs);
+        /* and it is right, within float rounding */
+        for (i = 0; i < n; i += 97) {
+            double ref = 0, mag = 0;
+            for (q = 0; q < N; q++) {
+                ref += d.in[q][i];
+                mag += fabs(d.in[q][i]);
+            }
+            CHECK(fabs(first[i] - ref) <= mag * N * 1.2e-7);
+        }
+        for (q = 0; q < N; q++) {
+            free(d.in[q]);
+            free(d.out[q]);
+        }
+        free(first);
+    }
+}
+
+/* deterministic mode: L leaves, rank r owns leaves [r*L/N, (r+1)*L/N) */
+#define LEAVES 16
+typedef struct { size_t n; float *leaf[LEAVES]; float *out[8]; } leaves_job;
+static void leaves_rank(world *w, dpar_comm *c, int r)
+{
+    leaves_job *j = (leaves_job *)w->user;
+    int per = LEAVES / w->n;
+    expect_ok(w, dpar_tree_reduce(j->out[r], (const void *const *)(j->leaf + r * per), per, j->n, DPAR_F32, DPAR_SUM),
+              "tree_reduce", r);
+    expect_ok(w, dpar_allreduce(c, j->out[r], j->out[r], j->n, DPAR_F32, DPAR_SUM), "det allreduce", r);
+}
+static void ring_leaves_rank(world *w, dpar_comm *c, int r)
+{
+    leaves_job *j = (leaves_job *)w->user;
+    int per = LEAVES / w->n;
+    dpar_tree_reduce(j->out[r], (const void *const *)(j->leaf + r * per), per, j->n, DPAR_F32, DPAR_SUM);
+    expect_ok(w, dpar_allreduce(c, j->out[r], j->out[r], j->n, DPAR_F32, DPAR_SUM), "ring allreduce", r);
+}
+
+static void test_deterministic_mode_same_bits_for_any_n(void)
+{
+    static const int dn[] = {1, 2, 4, 8};
+    leaves_job j;
+    float *one = (float *)malloc(10007 * sizeof(float));
+    int k, q, ring_differs = 0;
+    dpar_comm_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.deterministic = 1;
+    desc.segment_bytes = 8192;
+    j.n = 10007;
+    for (k = 0; k < LEAVES; k++) {
+        j.leaf[k] = (float *)malloc(j.n * sizeof(float));
+        random_floats(j.leaf[k], j.n);
+    }
+    for (q = 0; q < 8; q++) j.out[q] = (float *)malloc(j.n * sizeof(float));
+    CHECK(dpar_tree_reduce(one, (const void *const *)j.leaf, LEAVES, j.n, DPAR_F32, DPAR_SUM) == DPAR_OK);
+    for (k = 0; k < 4; k++) {
+        int N = dn[k];
+        CHECK(run_world_desc(N, &desc, leaves_rank, &j, NULL, 0) == 0);
+        for (q = 0; q < N; q++) CHECK_MSG(!memcmp(j.out[q], one, j.n * sizeof(float)), "N=%d rank %d differs", N, q);
+        __atomic_store_n(&hook_on, 1, __ATOMIC_RELAXED); /* and under random delays */
+        CHECK(run_world_desc(N, &desc, leaves_rank, &j, NULL, 0) == 0);
+        __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
+        for (q = 0; q < N; q++) CHECK(!memcmp(j.out[q], one, j.n * sizeof(float)));
+    }
+    /* the test can fail: the plain ring on 4 ranks combines in another order and differs */
+    CHECK(run_world(4, ring_leaves_rank, &j) == 0);
+    ring_differs = memcmp(j.out[0], one, j.n * sizeof(float)) != 0;
+    CHECK(ring_differs);
+    /* the tree against a hand-written one */
+    {
+        size_t i;
+        int bad = 0;
+        for (i = 0; i < j.n; i++) {
+            float l[LEAVES];
+            int h;
+            for (h = 0; h < LEAVES; h++) l[h] = j.leaf[h][i];
+            for (h = 0; h < 8; h++) l[h] = l[2 * h] + l[2 * h + 1];
+            for (h = 0; h < 4; h++) l[h] = l[2 * h] + l[2 * h + 1];
+            for (h = 0; h < 2; h++) l[h] = l[2 * h] + l[2 * h + 1];
+            bad += (float)(l[0] + l[1]) != one[i];
+        }
+        CHECK(bad == 0);
+    }
+    /* N that is not a power of two is refused */
+    desc.size = 3;
+    {
+        dpar_group *g;
+        CHECK(dpar_group_create(&desc, &g) == DPAR_EUNSUPPORTED);
+    }
+    for (k = 0; k < LEAVES; k++) free(j.leaf[k]);
+    for (q = 0; q < 8; q++) free(j.out[q]);
+    free(one);
+}
+
+/* ---- 10,000 mixed collectives ---- */
+static void mixed_rank(world *w, dpar_comm *c, int r)
+{
+    int N = w->n, it;
+    double buf[64], out[64 * 8], want;
+    for (it = 0; it < 10000; it++) {
+        size_t n = (size_t)(it % 37) + 1;
+        int k;
+        for (k = 0; k < 64; k++) buf[k] = r + k;
+        switch (it % 7) {
+        case 0:
+            expect_ok(w, dpar_allreduce(c, buf, out, n, DPAR_F64, DPAR_SUM), "allreduce", r);
+            want = N * (N - 1) / 2.0 + (double)N * (double)(n - 1);
+            if (out[n - 1] != want) note(w, "mixed allreduce it %d: %g != %g", it, out[n - 1], want);
+            break;
+        case 1: expect_ok(w, dpar_broadcast(c, buf, out, n, DPAR_F64, it % N), "broadcast", r);
+            if (out[0] != it % N) note(w, "mixed broadcast it %d", it);
+            break;
+        case 2: expect_ok(w, dpar_barrier(c), "barrier", r); break;
+        case 3: expect_ok(w, dpar_reduce_scatter(c, buf, out, n, DPAR_F64, DPAR_MAX), "reduce_scatter", r); break;
+        case 4: expect_ok(w, dpar_allgather(c, buf, out, n * (size_t)N, DPAR_F64), "allgather", r); break;
+        case 5: expect_ok(w, dpar_alltoall(c, buf, out, n % 8, DPAR_F64), "alltoall", r); break;
+        default: expect_ok(w, dpar_reduce(c, buf, out, n, DPAR_F64, DPAR_MIN, (it / 7) % N), "reduce", r); break;
+        }
+        if (w->failures) return;
+    }
+}
+
+static void test_10000_mixed_collectives(void)
+{
+    CHECK(run_world(4, mixed_rank, NULL) == 0);
+    CHECK(run_world(8, mixed_rank, NULL) == 0);
+}
+
+/* ---- point-to-point ---- */
+static void p2p_rank(world *w, dpar_comm *c, int r)
+{
+    int N = w->n, i;
+    int32_t token[100], back[100];
+    for (i = 0; i < 100; i++) token[i] = r * 1000 + i;
+    /* a ring of sendrecv */
+    expect_ok(w, dpar_sendrecv(c, token, 100, (r + 1) % N, back, 100, (r + N - 1) % N, DPAR_I32, 7), "sendrecv", r);
+    if (back[5] != ((r + N - 1) % N) * 1000 + 5) note(w, "sendrecv rank %d got %d", r, back[5]);
+    /* to oneself through sendrecv */
+    expect_ok(w, dpar_sendrecv(c, token, 100, r, back, 100, r, DPAR_I32, 1), "self sendrecv", r);
+    if (back[99] != r * 1000 + 99) note(w, "self sendrecv wrong on rank %d", r);
+    if (dpar_send(c, token, 1, DPAR_I32, r, 0) != DPAR_EDEADLK) note(w, "send to self not refused on rank %d", r);
+    /* even ranks send to the next odd one, in order, many messages */
+    if (N >= 2 && r % 2 == 0 && r + 1 < N) {
+        for (i = 0; i < 50; i++) {
+            token[0] = i;
+            expect_ok(w, dpar_send(c, token, 1 + (size_t)i, DPAR_I32, r + 1, i), "send", r);
+        }
+    } else if (N >= 2 && r % 2 == 1) {
+        for (i = 0; i < 50; i++) {
+            expect_ok(w, dpar_recv(c, back, 1 + (size_t)i, DPAR_I32, r - 1, i), "recv", r);
+            if (back[0] != i) note(w, "recv %d out of order on rank %d", i, r);
+        }
+    }
+}
+
+static void test_point_to_point(void)
+{
+    int ni;
+    for (ni = 0; ni < NN; ni++) CHECK(run_world(Ns[ni], p2p_rank, NULL) == 0);
+}
+
+/* ---- the contract checker ---- */
+typedef struct { int kind; dpar_status st[8]; char msg[8][DPAR__ERROR_TEXT]; double seconds[8]; } mismatch_job;
+
+static void mismatch_rank(world *w, dpar_comm *c, int r)
+{
+    mismatch_job *m = (mismatch_job *)w->user;
+    float x[2048], y[2048];
+    uint64_t t0 = dpar_time_ns();
+    dpar_status st = DPAR_OK;
+    memset(x, 0, sizeof x);
+    switch (m->kind) {
+    case 0: /* count */
+        st = dpar_allreduce(c, x, y, r == 2 ? 1000 : 1024, DPAR_F32, DPAR_SUM);
+        break;
+    case 1: /* dtype */
+        st = dpar_allreduce(c, x, y, 100, r == 1 ? DPAR_I32 : DPAR_F32, DPAR_SUM);
+        break;
+    case 2: /* op */
+        st = dpar_allreduce(c, x, y, 100, DPAR_F32, r == 1 ? DPAR_MAX : DPAR_SUM);
+        break;
+    case 3: /* root */
+        st = dpar_broadcast(c, x, y, 100, DPAR_F32, r == 2 ? 1 : 0);
+        break;
+    case 4: /* kind */
+        st = r == 1 ? dpar_barrier(c) : dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
+        break;
+    case 5: /* order: rank 0 skips a call */
+        if (r != 0) st = dpar_barrier(c);
+        if (st == DPAR_OK) st = dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
+        break;
+    case 6: /* point-to-point count */
+        if (r == 0) st = dpar_send(c, x, 10, DPAR_F32, 1, 3);
+        if (r == 1) st = dpar_recv(c, y, 12, DPAR_F32, 0, 3);
+        if (r == 2) st = dpar_barrier(c);
+        break;
+    case 7: /* point-to-point tag */
+        if (r == 0) st = dpar_send(c, x, 10, DPAR_F32, 1, 3);
+        if (r == 1) st = dpar_recv(c, y, 10, DPAR_F32, 0, 4);
+        if (r == 2) st = dpar_barrier(c);
+        break;
+    case 8: /* a missing rank: rank 2 is busy elsewhere past the timeout */
+        if (r != 2) st = dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
+        else usleep(600000);
+        break;
+    case 9: /* abort from another thread while ranks wait for a missing one */
+        if (r == 0) {
+            usleep(100000);
+            st = dpar_comm_abort(c);
+        } else {
+            st = dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
+        }
+        break;
+    default: /* bad argument on one rank: the others do not hang */
+        st = dpar_allreduce(c, x, y, 100, r == 1 ? (dpar_dtype)99 : DPAR_F32, DPAR_SUM);
+        break;
+    }
+    m->st[r] = st;
+    snprintf(m->msg[r], sizeof m->msg[r], "%s", st == DPAR_OK ? "" : dpar_last_error());
+    m->seconds[r] = (double)(dpar_time_ns() - t0) * 1e-9;
+    /* the group stays poisoned */
+    if (st != DPAR_OK && m->kind != 8 && dpar_barrier(c) != st) note(w, "rank %d: not poisoned after an error", r);
+}
+
+static void test_mismatches_are_caught_on_every_rank(void)
+{
+    static const struct {
+        dpar_status st;
+        const char *a, *b;
+    } want[] = {
+        {DPAR_EMISMATCH, "called allreduce(count=1000, dtype=f32, op=sum) #1 at tests/test_comm.c",
+         "called allreduce(count=1024, dtype=f32, op=sum) #1 at tests/test_comm.c"},
+        {DPAR_EMISMATCH, "dtype=i32", "dtype=f32"},
+        {DPAR_EMISMATCH, "op=max", "op=sum"},
+        {DPAR_EMISMATCH, "broadcast(count=100, dtype=f32, root=1)", "root=0"},
+        {DPAR_EMISMATCH, "barrier() #1", "allreduce(count=100"},
+        {DPAR_EMISMATCH, "barrier() #1", "allreduce(count=100, dtype=f32, op=sum) #1"},
+        {DPAR_EMISMATCH, "recv(count=12, dtype=f32, tag=3)", "send(count=10, dtype=f32, tag=3)"},
+        {DPAR_EMISMATCH, "recv(count=10, dtype=f32, tag=4)", "send(count=10, dtype=f32, tag=3)"},
+        {DPAR_ETIMEDOUT, "timed out after 300 ms in allreduce", "rank 2 never arrived (it has made no collective call)"},
+        {DPAR_EABORTED, "aborted by dpar_comm_abort", "rank 0"},
+        {DPAR_EINVAL, "dtype 99 is not a dpar_dtype", "dpar_allreduce"},
+    };
+    int kind, r;
+    for (kind = 0; kind < (int)(sizeof want / sizeof want[0]); kind++) {
+        mismatch_job m;
+        dpar_comm_desc d;
+        memset(&m, 0, sizeof m);
+        memset(&d, 0, sizeof d);
+        m.kind = kind;
+        d.timeout_ms = kind == 8 ? 300 : 5000;
+        run_world_desc(3, &d, mismatch_rank, &m, NULL, 0);
+        for (r = 0; r < 3; r++) {
+            if (kind == 8 && r == 2) continue;
+            if (kind == 9 && r == 0) continue;
+            CHECK_MSG(m.st[r] == want[kind].st, "kind %d rank %d: %s, want %s (%s)", kind, r, dpar_status_string(m.st[r]),
+                      dpar_status_string(want[kind].st), m.msg[r]);
+            CHECK_MSG(strstr(m.msg[r], want[kind].a) && strstr(m.msg[r], want[kind].b), "kind %d rank %d: '%s'", kind, r,
+                      m.msg[r]);
+            CHECK_MSG(m.seconds[r] < (kind == 8 ? 2.0 : 1.5), "kind %d rank %d took %.2f s", kind, r, m.seconds[r]);
+        }
+        if (kind == 0) printf("    e.g. %s\n", m.msg[0]);
+        if (kind == 8) printf("    e.g. %s\n", m.msg[0]);
+    }
+}
+
+/* ---- async ---- */
+typedef struct { size_t n; } async_job;
+static void async_rank(world *w, dpar_comm *c, int r)
+{
+    async_job *a = (async_job *)w->user;
+    size_t n = a->n, i, off, len;
+    int N = w->n, k, done = 0, polls = 0;
+    float *g[4], *o[4], *rs, *ag;
+    dpar_request *req[6];
+    for (k = 0; k < 4; k++) {
+        g[k] = (float *)malloc(n * sizeof(float));
+        o[k] = (float *)malloc(n * sizeof(float));
+        for (i = 0; i < n; i++) g[k][i] = (float)(r + k + (int)(i % 5));
+    }
+    dpar_block_range(n, N, r, &off, &len);
+    rs = (float *)malloc((len + 1) * sizeof(float));
+    ag = (float *)malloc(n * sizeof(float));
+    for (k = 0; k < 4; k++) expect_ok(w, dpar_iallreduce(c, g[k], o[k], n, DPAR_F32, DPAR_SUM, &req[k]), "iallreduce", r);
+    expect_ok(w, dpar_ireduce_scatter(c, g[0], rs, n, DPAR_F32, DPAR_MAX, &req[4]), "ireduce_scatter", r);
+    for (i = 0; i < len; i++) ag[off + i] = (float)(r * 10);
+    expect_ok(w, dpar_iallgather(c, ag + off, ag, n, DPAR_F32, &req[5]), "iallgather", r);
+    /* overlap: "compute" while they run, then test until the last is done */
+    while (!done) {
+        expect_ok(w, dpar_request_test(req[5], &done), "request_test", r);
+        polls++;
+        if (!done) usleep(50);
+    }
+    for (k = 0; k < 5; k++) expect_ok(w, dpar_request_wait(req[k]), "request_wait", r);
+    for (k = 0; k < 4; k++)
+        for (i = 0; i < n; i += 101) {
+            float want = (float)(N * (N - 1) / 2 + N * (k + (int)(i % 5)));
+            if (o[k][i] != want) note(w, "iallreduce %d rank %d element %zu: %g != %g", k, r, i, o[k][i], want);
+        }
+    for (i = 0; i < len; i++)
+        if (rs[i] != (float)(N - 1 + (int)((off + i) % 5))) note(w, "ireduce_scatter rank %d wrong", r);
+    for (i = 0; i < n; i++) {
+        int q;
+        for (q = 0; q < N; q++) {
+            size_t qo, ql;
+            dpar_block_range(n, N, q, &qo, &ql);
+            if (i >= qo && i < qo + ql && ag[i] != (float)(q * 10)) note(w, "iallgather rank %d wrong at %zu", r, i);
+        }
+    }
+    /* a blocking call after async ones keeps the order */
+    expect_ok(w, dpar_iallreduce(c, g[1], o[1], n, DPAR_F32, DPAR_SUM, &req[0]), "iallreduce", r);
+    expect_ok(w, dpar_allreduce(c, g[2], o[2], n, DPAR_F32, DPAR_SUM), "allreduce after async", r);
+    expect_ok(w, dpar_request_wait(req[0]), "request_wait", r);
+    for (k = 0; k < 4; k++) {
+        free(g[k]);
+        free(o[k]);
+    }
+    free(rs);
+    free(ag);
+}
+
+static void test_async_requests(void)
+{
+    int ni;
+    async_job a;
+    for (ni = 0; ni < NN; ni++) {
+        a.n = 100003;
+        CHECK(run_world(Ns[ni], async_rank, &a) == 0);
+    }
+}
+
+/* ---- split and mesh ---- */
+static void split_rank(world *w, dpar_comm *c, int r)
+{
+    dpar_comm *half = NULL, *none = NULL;
+    int64_t sum = r, want = 0;
+    int q;
+    expect_ok(w, dpar_comm_split(c, r % 2, -r, &half), "split", r); /* key -r: reversed order */
+    if (!half) return;
+    for (q = 0; q < w->n; q++)
+        if (q % 2 == r % 2) want += q;
+    expect_ok(w, dpar_allreduce(half, &sum, &sum, 1, DPAR_I64, DPAR_SUM), "allreduce on split", r);
+    if (sum != want) note(w, "split sum on rank %d: %lld != %lld", r, (long long)sum, (long long)want);
+    {
+        int members = (w->n - r % 2 + 1) / 2, pos = 0;
+        for (q = r + 2; q < w->n; q += 2) pos++; /* ranks of my color with a smaller key (-q < -r) */
+        if (dpar_comm_size(half) != members || dpar_comm_rank(half) != pos)
+            note(w, "split rank %d: size %d rank %d, want %d %d", r, dpar_comm_size(half), dpar_comm_rank(half), members, pos);
+    }
+    expect_ok(w, dpar_comm_split(c, r == 0 ? 0 : -1, 0, &none), "split with negative color", r);
+    if ((r == 0) != (none != NULL)) note(w, "negative color gave a comm on rank %d", r);
+    if (none) {
+        expect_ok(w, dpar_barrier(none), "barrier of one", r);
+        dpar_comm_destroy(none);
+    }
+    dpar_comm_destroy(half);
+}
+
+static void mesh_rank(world *w, dpar_comm *c, int r)
+{
+    dpar_mesh m;
+    int64_t v = r, s;
+    expect_ok(w, dpar_mesh_create(c, 2, 2, 2, &m), "mesh", r);
+    if (m.tp_rank != r % 2 || m.dp_rank != (r / 2) % 2 || m.pp_rank != r / 4)
+        note(w, "mesh coordinates of %d: dp %d tp %d pp %d", r, m.dp_rank, m.tp_rank, m.pp_rank);
+    if (dpar_comm_rank(m.tp_comm) != m.tp_rank || dpar_comm_rank(m.dp_comm) != m.dp_rank ||
+        dpar_comm_rank(m.pp_comm) != m.pp_rank || dpar_comm_size(m.tp_comm) != 2)
+        note(w, "mesh comm ranks of %d", r);
+    /* tp partners differ in bit 0, dp in bit 1, pp in bit 2 of the world rank */
+    s = v;
+    expect_ok(w, dpar_allreduce(m.tp_comm, &s, &s, 1, DPAR_I64, DPAR_SUM), "tp allreduce", r);
+    if (s != 2 * (r & ~1) + 1) note(w, "tp sum on %d: %lld", r, (long long)s);
+    s = v;
+    expect_ok(w, dpar_allreduce(m.dp_comm, &s, &s, 1, DPAR_I64, DPAR_SUM), "dp allreduce", r);
+    if (s != 2 * (r & ~2) + 2) note(w, "dp sum on %d: %lld", r, (long long)s);
+    s = v;
+    expect_ok(w, dpar_allreduce(m.pp_comm, &s, &s, 1, DPAR_I64, DPAR_SUM), "pp allreduce", r);
+    if (s != 2 * (r & ~4) + 4) note(w, "pp sum on %d: %lld", r, (long long)s);
+    dpar_mesh_destroy(&m);
+    if (dpar_mesh_create(c, 3, 1, 1, &m) != DPAR_EINVAL) note(w, "a mesh of the wrong size was accepted");
+}
+
+static void test_split_and_mesh(void)
+{
+    int ni;
+    for (ni = 0; ni < NN; ni++) CHECK(run_world(Ns[ni], split_rank, NULL) == 0);
+    CHECK(run_world(8, mesh_rank, NULL) == 0);
+}
+
+/* ---- bad input, creation ---- */
+static void bad_rank(world *w, dpar_comm *c, int r)
+{
+    float x[8];
+    memset(x, 0, sizeof x);
+    if (r != 0) return;
+    if (dpar_allreduce(c, x, x, 8, DPAR_F32, (dpar_op)7) != DPAR_EINVAL) note(w, "bad op accepted");
+    if (dpar_allreduce(c, NULL, x, 8, DPAR_F32, DPAR_SUM) != DPAR_EINVAL) note(w, "NULL send accepted");
+    if (dpar_allreduce(c, x, x + 1, 4, DPAR_F32, DPAR_SUM) != DPAR_EINVAL) note(w, "overlap accepted");
+    if (dpar_broadcast(c, x, x, 8, DPAR_F32, 5) != DPAR_EINVAL) note(w, "bad root accepted");
+    if (dpar_allreduce(c, x, x, SIZE_MAX / 2, DPAR_F32, DPAR_SUM) != DPAR_EINVAL) note(w, "huge count accepted");
+    if (dpar_send(c, x, 8, DPAR_F32, 9, 0) != DPAR_EINVAL) note(w, "bad peer accepted");
+    if (dpar_iallreduce(c, x, x, 8, DPAR_F32, DPAR_SUM, NULL) != DPAR_EINVAL) note(w, "NULL req accepted");
+}
+
+static void test_bad_input(void)
+{
+    dpar_group *g;
+    dpar_comm_desc d;
+    dpar_comm *c = (dpar_comm *)&d;
+    memset(&d, 0, sizeof d);
+    CHECK(dpar_group_create(NULL, &g) == DPAR_EINVAL);
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL); /* size 0 */
+    d.size = -2;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL);
+    d.size = DPAR_MAX_THREADS + 1;
+    CHECK(dpar_group_create(&d, &g) == DPAR_ERANGE);
+    d.size = 2;
+    d.timeout_ms = -5;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL);
+    d.timeout_ms = 0;
+    CHECK(dpar_group_create(&d, &g) == DPAR_OK);
+    CHECK(dpar_comm_create(g, 2, &c) == DPAR_EINVAL && c == NULL);
+    CHECK(dpar_comm_create(NULL, 0, &c) == DPAR_EINVAL);
+    CHECK(dpar_comm_create(g, 0, &c) == DPAR_OK);
+    {
+        dpar_comm *again;
+        dpar_comm_desc used;
+        CHECK(dpar_comm_create(g, 0, &again) == DPAR_EBUSY);
+        CHECK(dpar_comm_query(c, &used) == DPAR_OK && used.timeout_ms == 30000 && used.segment_bytes == 128 * 1024);
+    }
+    /* DPAR_TIMEOUT_MS applies when the description says 0; the description wins otherwise */
+    {
+        dpar_group *g2 = NULL;
+        dpar_comm *c2 = NULL;
+        dpar_comm_desc used, d2;
+        memset(&d2, 0, sizeof d2);
+        d2.size = 1;
+        setenv("DPAR_TIMEOUT_MS", "1234", 1);
+        CHECK(dpar_group_create(&d2, &g2) == DPAR_OK && dpar_comm_create(g2, 0, &c2) == DPAR_OK);
+        CHECK(dpar_comm_query(c2, &used) == DPAR_OK && used.timeout_ms == 1234);
+        dpar_comm_destroy(c2);
+        dpar_group_destroy(g2);
+        d2.timeout_ms = 77;
+        CHECK(dpar_group_create(&d2, &g2) == DPAR_OK && dpar_comm_create(g2, 0, &c2) == DPAR_OK);
+        CHECK(dpar_comm_query(c2, &used) == DPAR_OK && used.timeout_ms == 77);
+        dpar_comm_destroy(c2);
+        dpar_group_destroy(g2);
+        unsetenv("DPAR_TIMEOUT_MS");
+    }
+    CHECK(dpar_allreduce(NULL, NULL, NULL, 0, DPAR_F32, DPAR_SUM) == DPAR_EINVAL);
+    CHECK(dpar_comm_rank(NULL) == -1 && dpar_comm_size(NULL) == 0);
+    dpar_comm_destroy(c);
+    dpar_group_destroy(g);
+    CHECK(run_world(2, bad_rank, NULL) == 0);
+    {
+        size_t off, len, total = 0;
+        int p, i;
+        for (p = 1; p <= 9; p++)
+            for (i = 0, total = 0; i < p; i++) {
+                dpar_block_range(100, p, i, &off, &len);
+                CHECK(off == total && (len == 100 / (size_t)p || len == 100 / (size_t)p + 1));
+                total += len;
+                if (i == p - 1) CHECK(total == 100);
+            }
+        dpar_block_range(5, 0, 0, &off, &len);
+        CHECK(off == 0 && len == 0);
+    }
+}
+
+/* ---- trace and timeout environment ---- */
+static void trace_rank(world *w, dpar_comm *c, int r)
+{
+    float x[1000];
+    memset(x, 0, sizeof x);
+    expect_ok(w, dpar_allreduce(c, x, x, 1000, DPAR_F32, DPAR_SUM), "allreduce", r);
+    expect_ok(w, dpar_barrier(c), "barrier", r);
+}
+
+static void test_trace_has_collectives_with_bytes(void)
+{
+    char path[] = "/tmp/dpar_comm_trace_XXXXXX", *text;
+    int fd = mkstemp(path), found = 0;
+    FILE *f;
+    long n;
+    jv *doc, *ev;
+    close(fd);
+    CHECK(dpar_trace_start(path) == DPAR_OK);
+    CHECK(run_world(4, trace_rank, NULL) == 0);
+    CHECK(dpar_trace_stop() == DPAR_OK);
+    f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = (char *)malloc((size_t)n + 1);
+    n = (long)fread(text, 1, (size_t)n, f);
+    text[n] = 0;
+    fclose(f);
+    doc = jv_parse(text);
+    CHECK(doc != NULL);
+    for (ev = jv_get(doc, "traceEvents") ? jv_get(doc, "traceEvents")->child : NULL; ev; ev = ev->next) {
+        jv *name = jv_get(ev, "name"), *args = jv_get(ev, "args");
+        if (name && name->type == JV_STR && !strcmp(name->str, "allreduce")) {
+            jv *bytes = jv_get(args, "bytes"), *bw = jv_get(args, "busbw_GBps");
+            CHECK(bytes && bytes->num == 4000 && bw);
+            found++;
+        }
+    }
+    CHECK(found == 4); /* one per rank */
+    CHECK(strstr(text, "\"comm rank 3\"") != NULL);
+    jv_free(doc);
+    free(text);
+    remove(path);
+}
+
+int main(int argc, char **argv)
+{
+    int i;
+    DT_MAIN_BEGIN(argc, argv);
+    RUN(test_half_conversions);
+    RUN(test_bad_input);
+    RUN(test_point_to_point);
+    RUN(test_collectives_matrix);
+    RUN(test_half_precision_tolerance);
+    RUN(test_ring_moves_2_n_minus_1_over_n);
+    RUN(test_bitwise_identical_under_random_delays);
+    RUN(test_deterministic_mode_same_bits_for_any_n);
+    RUN(test_10000_mixed_collectives);
+    RUN(test_mismatches_are_caught_on_every_rank);
+    RUN(test_async_requests);
+    RUN(test_split_and_mesh);
+    RUN(test_trace_has_collectives_with_bytes);
+    for (i = 0; i < 9; i++)
+        if (pools[i]) dpar_pool_destroy(pools[i]);
+    return dt_summary();
+}
