@@ -30,8 +30,10 @@ $(info dpar: MPI $(if $(and $(MPICC),$(MPIRUN)),found ($(MPICC), $(MPIRUN)),not 
 $(info dpar: nvcc $(if $(NVCC),found ($(NVCC)),not found: CUDA checks are skipped))
 endif
 
-TESTS   := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
-HEADERS := dpar.h tests/dpar_test.h tests/json.h
+TESTS   := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/test_mpi.c,$(wildcard tests/test_*.c)))
+HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h
+MPITEST := $(if $(and $(MPICC),$(MPIRUN)),$(BUILD)/test_mpi)
+MPIASAN := $(if $(MPITEST),$(BUILD)/asan/test_mpi)
 
 .PHONY: all demo test check bench cuda install clean
 all: $(TESTS) $(BUILD)/pool_demo
@@ -46,6 +48,12 @@ $(BUILD)/test_%: tests/test_%.c $(HEADERS) | $(BUILD)
 $(BUILD)/nofutex_test_pool: tests/test_pool.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DDPAR_NO_FUTEX $< -o $@ $(LDLIBS)
 
+$(BUILD)/test_mpi: tests/test_mpi.c $(HEADERS) | $(BUILD)
+	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(BUILD)/asan/test_mpi: tests/test_mpi.c $(HEADERS) | $(BUILD)
+	$(MPICC) -std=c99 -O1 -g $(WARN) -I. -Itests -fsanitize=address,undefined -fno-sanitize-recover=all $< -o $@ $(LDLIBS)
+
 $(BUILD)/asan/test_%: tests/test_%.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 -O1 -g $(WARN) -I. -Itests -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
 
@@ -58,6 +66,9 @@ $(BUILD)/pool_demo: examples/pool_demo.c dpar.h | $(BUILD)
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/bench_mpi: bench/bench_mpi.c dpar.h | $(BUILD)
+	$(MPICC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
+
 # -O3 so that the reference pass out = x + y is vectorised too
 $(BUILD)/bench_comm: bench/bench_comm.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O3 -I. $< -o $@ $(LDLIBS)
@@ -65,23 +76,32 @@ $(BUILD)/bench_comm: bench/bench_comm.c dpar.h | $(BUILD)
 demo: $(BUILD)/pool_demo
 	./$(BUILD)/pool_demo
 
-test: $(TESTS) $(BUILD)/nofutex_test_pool
-	@NVCC="$(NVCC)" MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" OPENBLAS="$(OPENBLAS)" BUILD="$(BUILD)" \
+test: $(TESTS) $(BUILD)/nofutex_test_pool $(MPITEST)
+	@NVCC="$(NVCC)" MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" MPITEST="$(MPITEST)" OPENBLAS="$(OPENBLAS)" BUILD="$(BUILD)" \
 	    tests/run.sh --matrix $(TESTS) $(BUILD)/nofutex_test_pool
 
-check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
+# MPI tests run under ASan+UBSan with leak detection off (Open MPI keeps memory until exit); not
+# under TSan, which does not see Open MPI's own synchronisation and reports races inside it.
+check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS)) $(MPIASAN)
 	@echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
-	@ASAN_OPTIONS=detect_leaks=1 DPAR_TEST_BIG=100003 BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS))
+	@ASAN_OPTIONS=detect_leaks=1 DPAR_TEST_BIG=100003 MPIRUN="$(MPIRUN)" MPITEST="$(MPIASAN)" MPIASAN=1 BUILD="$(BUILD)" \
+	    tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS))
 	@echo "== ThreadSanitizer"
-	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" tests/run.sh $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
+	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
+	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(BUILD)/bench_comm
+bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(if $(MPITEST),$(BUILD)/bench_mpi)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 else
 	@echo "bench: $(CC) has no -fopenmp; the pool benchmark needs OpenMP as its reference"
 endif
 	./$(BUILD)/bench_comm
+ifneq ($(MPITEST),)
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 $(MPIRUN) -np 2 ./$(BUILD)/bench_mpi
+else
+	@echo "bench: MPI not found: bench=allreduce transport=mpi skipped"
+endif
 
 cuda: | $(BUILD)
 ifneq ($(NVCC),)

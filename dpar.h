@@ -32,6 +32,7 @@
      DPAR_API              override the declaration prefix (default: extern, or static under DPAR_STATIC)
      DPAR_ASSERT(c)        assertion hook for programmer errors (default: assert from <assert.h>)
      DPAR_NO_FUTEX         use a mutex/condition-variable parking lot instead of Linux futexes
+     DPAR_MPI              the MPI transport: dpar_comm_from_mpi, dpar_comm_create_hybrid (mpi.h)
      DPAR_SPIN_US          default microseconds a wait spins before it sleeps (default 200)
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
      DPAR_TIMEOUT_MS_DEFAULT  blocking comm calls give up after this (default 30000)
@@ -51,6 +52,7 @@
      >>comm      communicator: point-to-point, collectives, async, split, mesh, counters
      >>ring      the collective algorithms, written once for every transport
      >>threads   the threads transport: zero-copy channels between thread ranks
+     >>mpi       the MPI transport (DPAR_MPI) and the hybrid processes x threads comm
      >>impl      the implementation, in the same order
 
    THE POOL
@@ -109,6 +111,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#ifdef DPAR_MPI
+#include <mpi.h>
+#endif
 
 #define DPAR_VERSION_MAJOR 0
 #define DPAR_VERSION_MINOR 1
@@ -432,6 +437,7 @@ typedef struct dpar_comm_desc {
     size_t segment_bytes; /* pipeline segment of the ring algorithms (0: 128 KiB) */
     int spin_us;          /* waits spin this long before sleeping; 0: DPAR_SPIN_US, -1: no spin */
     const char *name;     /* trace and error prefix (copied; default "comm") */
+    int native;           /* MPI: use MPI's own collectives for the dtypes MPI has (not bf16/f16) */
     dpar_allocator allocator;
 } dpar_comm_desc;
 
@@ -566,6 +572,23 @@ typedef struct dpar_comm_stats {
 } dpar_comm_stats;
 DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out);
 DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm);
+
+/* >>mpi: the communicator over MPI (define DPAR_MPI before the include; build with mpicc) */
+#ifdef DPAR_MPI
+/* dpar_comm_from_mpi: a comm on the processes of `mpi_comm` (dpar works on a duplicate, so its
+   messages never meet the program's). Collective over mpi_comm; MPI must be initialised. Every call
+   of the comm API works on it; async requests need MPI_THREAD_MULTIPLE. `desc` may be NULL; its size
+   is ignored. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out);
+
+/* dpar_comm_create_hybrid: a comm whose ranks are (process, thread) pairs, world rank = process *
+   T + thread, where T = local->size threads of every process meet at `local`. Each thread calls it
+   with its thread index; collective over the threads and the processes of `mpi_comm`. Allreduce is
+   hierarchical (threads through shared memory, one leader per process over MPI); the other calls
+   go over MPI. Needs MPI_THREAD_MULTIPLE (DPAR_EUNSUPPORTED otherwise, naming the level MPI gave).
+   Thread safety: the thread of that rank. */
+DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *local, int local_rank, dpar_comm **out);
+#endif
 
 #ifdef __cplusplus
 }
@@ -2368,6 +2391,7 @@ typedef struct dpar__fp {
 } dpar__fp;
 
 typedef struct dpar__ctx dpar__ctx;
+struct dpar__call;
 
 /* A transport: the four primitives, plus the hooks that are not about moving bytes. */
 typedef struct dpar__transport {
@@ -2381,6 +2405,10 @@ typedef struct dpar__transport {
     dpar_status (*poison)(dpar_comm *c, dpar_status why, const char *msg);
     dpar_status (*split)(dpar__ctx *x, int color, int key, dpar_comm **out);
     void (*destroy)(dpar_comm *c);
+    /* optional: receive straight into dst (NULL: fetch + copy + release) */
+    dpar_status (*recv_into)(dpar__ctx *x, int peer, void *dst, size_t bytes);
+    /* optional: run the call with the transport's own collective; *done = 0 to use the ring */
+    dpar_status (*native)(dpar__ctx *x, const struct dpar__call *k, int *done);
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -2436,6 +2464,7 @@ struct dpar_comm {
     uint32_t pending_sleepers;
     int stop, thread_started;
     pthread_t thread;
+    const char *no_async; /* why async requests cannot run here (NULL: they can) */
 };
 
 static dpar_status dpar__scratch(dpar_comm *c, size_t bytes, char **out)
@@ -2542,10 +2571,15 @@ static dpar_status dpar__drain(dpar__ctx *x, int peer, int max) { return x->c->t
 
 static int dpar__mod(long a, int n) { return (int)(((a % n) + n) % n); }
 
-/* fetch + copy + release */
+/* fetch + copy + release, or the transport's direct receive */
 static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t bytes)
 {
     const void *p;
+    if (x->c->tp->recv_into) {
+        DPAR_TEST_STEP_HOOK();
+        x->received += bytes;
+        return x->c->tp->recv_into(x, peer, dst, bytes);
+    }
     DPAR__TRY(dpar__fetch(x, peer, bytes, &p));
     if (bytes && p != dst) memcpy(dst, p, bytes);
     return dpar__release(x, peer);
@@ -2821,7 +2855,7 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 }
 
 /* ---- running a call: validation, fingerprint, timeout, counters, trace ---- */
-typedef struct dpar__call {
+typedef struct dpar__call { /* one collective call, as made */
     dpar_coll coll;
     const void *send;
     void *recv;
@@ -2843,7 +2877,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
     char *recv = (char *)k->recv;
     uint64_t t0 = dpar_time_ns(), dt, bytes;
     double factor = 1.0, busbw;
-    int N = c->size;
+    int N = c->size, native = 0;
     memset(&x, 0, sizeof x);
     x.c = c;
     x.lane = DPAR__LANE_COLL;
@@ -2874,6 +2908,10 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
             break;
         default: break;
         }
+    } else if (c->tp->native && (st = c->tp->native(&x, k, &native)) != DPAR_OK) {
+        /* the transport's own collective failed */
+    } else if (native) {
+        /* done by the transport's own collective */
     } else if (k->count == 0 && k->coll != DPAR_COLL_BARRIER) {
         st = x.c->check ? dpar__barrier(&x) : DPAR_OK; /* nothing to move; the fingerprints still meet */
     } else {
@@ -3249,6 +3287,10 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_reques
     }
     st = dpar__validate(comm, k, api);
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    if (comm->no_async) {
+        st = dpar__err(DPAR_EUNSUPPORTED, "%s at %s:%d: %s", api, k->file, k->line, comm->no_async);
+        return dpar__bad_call(comm, st);
+    }
     pthread_mutex_lock(&comm->qlock);
     q = comm->free_reqs;
     if (q) comm->free_reqs = q->next;
@@ -3784,10 +3826,10 @@ static void dpar__t_destroy(dpar_comm *c)
     dpar__group_unref(c->group);
 }
 
-static const dpar__transport dpar__threads_transport = {"threads",      dpar__t_post,   dpar__t_fetch,
-                                                        dpar__t_release, dpar__t_drain, dpar__t_enter,
+static const dpar__transport dpar__threads_transport = {"threads",       dpar__t_post,     dpar__t_fetch,
+                                                        dpar__t_release, dpar__t_drain,    dpar__t_enter,
                                                         dpar__t_poisoned, dpar__t_poison, dpar__t_split,
-                                                        dpar__t_destroy};
+                                                        dpar__t_destroy, NULL,            NULL};
 
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out)
 {
@@ -3870,6 +3912,887 @@ DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **o
     if (!group) return dpar__err(DPAR_EINVAL, "dpar_comm_create: group is NULL");
     return dpar__t_join(group, rank, out);
 }
+
+/* >>mpi ---------------------------------------------------------------------------------------- */
+/* The MPI transport: the same four primitives over MPI point-to-point on a private duplicate of
+   the user's communicator. post = MPI_Isend (at most DPAR__QDEPTH in flight per peer and lane);
+   fetch = MPI_Irecv into a staging buffer of one segment; recv_into = MPI_Irecv straight into the
+   destination; release = nothing; drain = wait for the oldest sends. The first message of a call
+   to each peer is preceded by its fingerprint on a header tag, so the contract checker works across
+   processes. Every wait is a loop of MPI_Test that also watches the comm's deadline, its abort
+   flag and poison messages from other ranks (tag 0), spinning for spin_us and then yielding and
+   napping, so oversubscribed ranks leave the CPU to each other. With `native`, the collectives MPI
+   has for the dtype run as MPI's non-blocking collectives (MPI_Iallreduce, ...) inside that loop. */
+#ifdef DPAR_MPI
+
+#define DPAR__TAG_POISON 0      /* "the group is poisoned: status + message" */
+#define DPAR__TAG_ASK 1         /* "where are you?" (from a rank that timed out) */
+#define DPAR__TAG_ANSWER 2      /* "rank r is in call c #seq at file:line" */
+#define DPAR__TAG_DATA 3        /* the first tag of the data and header messages */
+
+typedef struct dpar__wire { /* a fingerprint on the wire */
+    uint64_t seq, count;
+    int32_t coll, dtype, op, root, tag, rank, line, pad;
+    char file[128];
+} dpar__wire;
+
+typedef struct dpar__mpi {
+    MPI_Comm comm;         /* ours: a duplicate (flat) or shared by a process's threads (hybrid) */
+    int own_comm;          /* free it on destroy */
+    int level;             /* the thread level MPI gave */
+    int native, oversub;
+    int T, t;              /* hybrid: threads per process, and mine (flat: 1, 0) */
+    char *staging;
+    size_t staging_bytes;
+    MPI_Request *sends;    /* [DPAR__LANES][size][DPAR__QDEPTH] */
+    uint32_t *send_first, *send_n; /* [DPAR__LANES][size] */
+    uint64_t *hdr_sent, *hdr_recv; /* [size]: the collective whose header went to / came from a peer */
+    int poison;            /* atomic */
+    int abort;             /* atomic: dpar_comm_abort asked, the rank thread spreads it */
+    char poison_msg[DPAR__ERROR_TEXT];
+    pthread_mutex_t lock;
+    dpar_comm *local;      /* hybrid: this thread's comm in its process's group */
+    dpar_comm *leaders;    /* hybrid, thread 0: the comm of the process leaders */
+    struct dpar__hybrid *shared; /* hybrid: the process's MPI comm, shared by its threads */
+    dpar__wire where;      /* the call this rank is in (under lock), for the answers to ASK */
+} dpar__mpi;
+
+typedef struct dpar__hybrid {
+    MPI_Comm comm;
+    int refs; /* threads of the process still using it; the last frees it */
+    dpar_allocator allocator;
+} dpar__hybrid;
+
+#define DPAR__M(c) ((dpar__mpi *)(c)->tp_data)
+
+static dpar_status dpar__m_error(dpar_comm *c, int rc, const char *what, int peer)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int n = 0, cls = MPI_ERR_OTHER;
+    dpar_status st = DPAR_ESYSTEM;
+    MPI_Error_string(rc, text, &n);
+    MPI_Error_class(rc, &cls);
+    if (cls == MPI_ERR_TRUNCATE) st = DPAR_EMISMATCH;
+    else if (cls == MPI_ERR_NO_MEM) st = DPAR_ENOMEM;
+    else if (cls == MPI_ERR_COUNT || cls == MPI_ERR_TYPE || cls == MPI_ERR_TAG || cls == MPI_ERR_RANK ||
+             cls == MPI_ERR_COMM || cls == MPI_ERR_BUFFER || cls == MPI_ERR_ARG)
+        st = DPAR_EINVAL;
+    return dpar__err(st, "%s rank %d: %s with rank %d failed: MPI error %d: %s", c->name, c->rank, what, peer, rc, text);
+}
+
+static int dpar__m_tag(const dpar__mpi *m, int lane, int hdr, int peer)
+{
+    /* flat: 2 lane + hdr; hybrid: the sending and receiving threads are in the tag too */
+    int base = DPAR__TAG_DATA + 2 * lane + hdr;
+    return m->T == 1 ? base : DPAR__TAG_DATA + (((2 * lane + hdr) * m->T + m->t) * m->T + peer % m->T);
+}
+static int dpar__m_tag_from(const dpar__mpi *m, int lane, int hdr, int peer)
+{
+    int base = DPAR__TAG_DATA + 2 * lane + hdr;
+    return m->T == 1 ? base : DPAR__TAG_DATA + (((2 * lane + hdr) * m->T + peer % m->T) * m->T + m->t);
+}
+
+/* a peer's rank in the MPI comm: its process */
+static int dpar__m_proc(const dpar__mpi *m, int peer) { return peer / m->T; }
+
+static dpar_status dpar__m_poisoned(dpar_comm *c);
+static dpar_status dpar__m_poison(dpar_comm *c, dpar_status why, const char *msg);
+
+/* Answer a "where are you?" with the call this rank is in. */
+static void dpar__m_answer(dpar__mpi *m)
+{
+    int flag = 0;
+    MPI_Status s;
+    MPI_Message msg;
+    if (MPI_Improbe(MPI_ANY_SOURCE, DPAR__TAG_ASK, m->comm, &flag, &msg, &s) == MPI_SUCCESS && flag) {
+        char none;
+        dpar__wire w;
+        MPI_Request r;
+        MPI_Mrecv(&none, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+        pthread_mutex_lock(&m->lock);
+        w = m->where;
+        pthread_mutex_unlock(&m->lock);
+        if (MPI_Isend(&w, (int)sizeof w, MPI_BYTE, s.MPI_SOURCE, DPAR__TAG_ANSWER, m->comm, &r) == MPI_SUCCESS) {
+            int done = 0, i;
+            for (i = 0; i < 100000 && !done; i++) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+            if (!done) MPI_Request_free(&r);
+        }
+    }
+}
+
+/* Poison news: a message on tag 0 from any rank, or our own abort flag. */
+static dpar_status dpar__m_watch(dpar_comm *c)
+{
+    dpar__mpi *m = DPAR__M(c);
+    int flag = 0;
+    MPI_Status s;
+    MPI_Message msg;
+    if (DPAR__LOAD(&m->poison, DPAR__ACQUIRE)) return dpar__m_poisoned(c);
+    if (DPAR__LOAD(&m->abort, DPAR__ACQUIRE)) {
+        char text[200];
+        snprintf(text, sizeof text, "%s was aborted by dpar_comm_abort (called on rank %d)", c->name, c->rank);
+        return dpar__m_poison(c, DPAR_EABORTED, text);
+    }
+    /* a matched probe: of several threads of a hybrid process, exactly one takes the message */
+    if (MPI_Improbe(MPI_ANY_SOURCE, DPAR__TAG_POISON, m->comm, &flag, &msg, &s) == MPI_SUCCESS && flag) {
+        struct {
+            int32_t status;
+            char msg[DPAR__ERROR_TEXT];
+        } news;
+        MPI_Mrecv(&news, (int)sizeof news, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+        news.msg[sizeof news.msg - 1] = 0;
+        pthread_mutex_lock(&m->lock);
+        if (!DPAR__LOAD(&m->poison, DPAR__RELAXED)) {
+            snprintf(m->poison_msg, sizeof m->poison_msg, "%s", news.msg);
+            DPAR__STORE(&m->poison, news.status, DPAR__RELEASE);
+        }
+        pthread_mutex_unlock(&m->lock);
+        if (m->local) dpar__t_poison(m->local, (dpar_status)news.status, news.msg); /* hybrid: wake the threads */
+        return dpar__m_poisoned(c);
+    }
+    dpar__m_answer(m);
+    if (m->local && DPAR__LOAD(&m->local->group->poison, DPAR__ACQUIRE)) /* hybrid: a thread of ours saw it */
+        return dpar__t_poisoned(m->local);
+    return DPAR_OK;
+}
+
+/* A timeout: ask every process where it is; ranks inside dpar answer from their waits. Those
+   behind this call, and those that do not answer at all (outside dpar), are the story. */
+static void dpar__m_survey(dpar__ctx *x, char *msg, size_t n, int k)
+{
+    dpar_comm *c = x->c;
+    dpar__mpi *m = DPAR__M(c);
+    int procs = c->size / m->T, me = c->rank / m->T, p, answered = 0, flag;
+    char *seen = (char *)calloc((size_t)procs, 1);
+    uint64_t until;
+    for (p = 0; p < procs; p++) {
+        MPI_Request r;
+        char none = 0;
+        if (p == me) continue;
+        if (MPI_Isend(&none, 0, MPI_BYTE, p, DPAR__TAG_ASK, m->comm, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    }
+    until = dpar_time_ns() + 300000000u; /* answers come from waits that look every few microseconds */
+    while (dpar_time_ns() < until && answered < procs - 1) {
+        MPI_Status s;
+        MPI_Message mm;
+        flag = 0;
+        if (MPI_Improbe(MPI_ANY_SOURCE, DPAR__TAG_ANSWER, m->comm, &flag, &mm, &s) == MPI_SUCCESS && flag) {
+            dpar__wire w;
+            MPI_Mrecv(&w, (int)sizeof w, MPI_BYTE, &mm, MPI_STATUS_IGNORE);
+            w.file[sizeof w.file - 1] = 0;
+            if (seen && !seen[s.MPI_SOURCE]) answered++;
+            if (seen) seen[s.MPI_SOURCE] = 1;
+            if (w.seq < x->fp.seq && k > 0 && (size_t)k < n)
+                k += snprintf(msg + k, n - (size_t)k, "; rank %d never arrived (it is in %s #%llu at %s:%d)", w.rank,
+                              dpar_coll_name((dpar_coll)w.coll), (unsigned long long)w.seq, w.file, w.line);
+        } else {
+            struct timespec ts = {0, 100000};
+            dpar__m_answer(m); /* the others may be asking too: they timed out at the same moment */
+            nanosleep(&ts, NULL);
+        }
+    }
+    for (p = 0; p < procs && seen; p++)
+        if (p != me && !seen[p] && k > 0 && (size_t)k < n) {
+            if (m->T == 1)
+                k += snprintf(msg + k, n - (size_t)k, "; rank %d never arrived (it does not answer: it is outside dpar, "
+                                                      "busy, stuck or gone)", p);
+            else
+                k += snprintf(msg + k, n - (size_t)k, "; process %d (ranks %d..%d) does not answer: it is outside dpar, "
+                                                      "busy, stuck or gone", p, p * m->T, p * m->T + m->T - 1);
+        }
+    free(seen);
+}
+
+/* The wait of every MPI operation: test, watch, time out, back off. */
+static dpar_status dpar__m_wait(dpar__ctx *x, MPI_Request *req, MPI_Status *status, int peer, const char *what)
+{
+    dpar_comm *c = x->c;
+    dpar__mpi *m = DPAR__M(c);
+    uint64_t t0 = dpar_time_ns(), now;
+    unsigned i;
+    for (i = 0;; i++) {
+        int flag = 0, rc = MPI_Test(req, &flag, status);
+        dpar_status st;
+        if (rc != MPI_SUCCESS) return dpar__m_poison(c, dpar__m_error(c, rc, what, peer), dpar_last_error());
+        if (flag) return DPAR_OK;
+        if ((i & 15) != 15) {
+            if (!m->oversub) dpar__cpu_relax();
+            else sched_yield();
+            continue;
+        }
+        if ((st = dpar__m_watch(c)) != DPAR_OK) return st;
+        now = dpar_time_ns();
+        if (x->deadline && now >= x->deadline) {
+            char me[200], msg[DPAR__ERROR_TEXT];
+            dpar__fp_describe(&x->fp, me, sizeof me);
+            int k;
+            if (peer >= 0)
+                k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s, waiting for rank %d to %s",
+                             c->rank, (unsigned long long)(c->timeout_ns / 1000000u), me, peer, what);
+            else
+                k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s (MPI's own collective)", c->rank,
+                             (unsigned long long)(c->timeout_ns / 1000000u), me);
+            dpar__m_survey(x, msg, sizeof msg, k);
+            return dpar__m_poison(c, DPAR_ETIMEDOUT, msg);
+        }
+        if (now - t0 > c->spin.spin_ns) { /* past the spin: let others run, and nap when it takes long */
+            if (now - t0 > 2000000u) {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            } else {
+                sched_yield();
+            }
+        }
+    }
+}
+
+/* the oldest send to peer on the lane completes */
+static dpar_status dpar__m_retire(dpar__ctx *x, int peer)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    size_t k = (size_t)x->lane * (size_t)x->c->size + (size_t)peer;
+    MPI_Request *r = &m->sends[k * DPAR__QDEPTH + m->send_first[k] % DPAR__QDEPTH];
+    DPAR__TRY(dpar__m_wait(x, r, MPI_STATUS_IGNORE, peer, "take an earlier message"));
+    m->send_first[k]++;
+    m->send_n[k]--;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__m_isend(dpar__ctx *x, int peer, const void *buf, size_t bytes, int hdr)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    size_t k = (size_t)x->lane * (size_t)x->c->size + (size_t)peer;
+    int rc;
+    if (bytes > (size_t)INT_MAX)
+        return dpar__err(DPAR_ERANGE, "%s: a message of %zu bytes is larger than MPI's int count", x->c->name, bytes);
+    while (m->send_n[k] >= DPAR__QDEPTH) DPAR__TRY(dpar__m_retire(x, peer));
+    rc = MPI_Isend((void *)(uintptr_t)buf, (int)bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, hdr, peer),
+                   m->comm, &m->sends[k * DPAR__QDEPTH + (m->send_first[k] + m->send_n[k]) % DPAR__QDEPTH]);
+    if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
+    m->send_n[k]++;
+    return DPAR_OK;
+}
+
+/* The fingerprint goes first: every message on the point-to-point lane, the first message of a
+   collective to each peer. The wire copy must outlive the Isend: it lives in the send ring's shadow. */
+static dpar_status dpar__m_header_out(dpar__ctx *x, int peer, dpar__wire *w)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    if (x->lane == DPAR__LANE_COLL) {
+        if (!x->c->check || m->hdr_sent[peer] == x->fp.seq) return DPAR_OK;
+        m->hdr_sent[peer] = x->fp.seq;
+    }
+    memset(w, 0, sizeof *w);
+    w->seq = x->fp.seq;
+    w->count = x->fp.count;
+    w->coll = x->fp.coll;
+    w->dtype = x->fp.dtype;
+    w->op = x->fp.op;
+    w->root = x->fp.root;
+    w->tag = x->fp.tag;
+    w->rank = x->fp.rank;
+    w->line = x->fp.line;
+    if (x->fp.file) snprintf(w->file, sizeof w->file, "%s", x->fp.file);
+    /* headers are small: a blocking send completes at once (eager), and keeps the wire copy simple */
+    {
+        MPI_Request r;
+        int rc = MPI_Isend(w, (int)sizeof *w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, 1, peer), m->comm, &r);
+        if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
+        return dpar__m_wait(x, &r, MPI_STATUS_IGNORE, peer, "take a header");
+    }
+}
+
+static dpar_status dpar__m_header_in(dpar__ctx *x, int peer, size_t bytes)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    dpar__wire w;
+    dpar__fp theirs;
+    MPI_Request r;
+    char msg[DPAR__ERROR_TEXT];
+    int rc;
+    if (x->lane == DPAR__LANE_COLL) {
+        if (!x->c->check || m->hdr_recv[peer] == x->fp.seq) return DPAR_OK;
+        m->hdr_recv[peer] = x->fp.seq;
+    }
+    rc = MPI_Irecv(&w, (int)sizeof w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 1, peer), m->comm, &r);
+    if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
+    DPAR__TRY(dpar__m_wait(x, &r, MPI_STATUS_IGNORE, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
+    w.file[sizeof w.file - 1] = 0;
+    memset(&theirs, 0, sizeof theirs);
+    theirs.seq = w.seq;
+    theirs.count = w.count;
+    theirs.coll = w.coll;
+    theirs.dtype = w.dtype;
+    theirs.op = w.op;
+    theirs.root = w.root;
+    theirs.tag = w.tag;
+    theirs.rank = w.rank;
+    theirs.line = w.line;
+    theirs.file = w.file;
+    /* the byte count of a data message is checked by MPI (truncation) and below */
+    if (!dpar__fp_agree(x, &theirs, bytes, bytes, msg, sizeof msg)) return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
+    return DPAR_OK;
+}
+
+static dpar_status dpar__m_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+{
+    dpar__wire w;
+    DPAR__TRY(dpar__m_header_out(x, peer, &w));
+    return dpar__m_isend(x, peer, buf, bytes, 0);
+}
+
+static dpar_status dpar__m_recv_into(dpar__ctx *x, int peer, void *dst, size_t bytes)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    MPI_Request r;
+    MPI_Status s;
+    int rc, got = 0;
+    DPAR__TRY(dpar__m_header_in(x, peer, bytes));
+    if (bytes > (size_t)INT_MAX)
+        return dpar__err(DPAR_ERANGE, "%s: a message of %zu bytes is larger than MPI's int count", x->c->name, bytes);
+    rc = MPI_Irecv(dst, (int)bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 0, peer), m->comm, &r);
+    if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
+    DPAR__TRY(dpar__m_wait(x, &r, &s, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
+    MPI_Get_count(&s, MPI_BYTE, &got);
+    if ((size_t)got != bytes) {
+        char msg[DPAR__ERROR_TEXT];
+        snprintf(msg, sizeof msg, "rank %d sent %d bytes where rank %d expected %zu", peer, got, x->c->rank, bytes);
+        return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__m_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    if (bytes > m->staging_bytes) { /* larger than a segment: never in dpar's own algorithms */
+        char *p = (char *)dpar__alloc(&x->c->allocator, bytes);
+        if (!p) return dpar__err(DPAR_ENOMEM, "%s: out of memory for staging", x->c->name);
+        dpar__free(&x->c->allocator, m->staging);
+        m->staging = p;
+        m->staging_bytes = bytes;
+    }
+    DPAR__TRY(dpar__m_recv_into(x, peer, m->staging, bytes));
+    *data = m->staging;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__m_release(dpar__ctx *x, int peer)
+{
+    (void)x;
+    (void)peer;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__m_drain(dpar__ctx *x, int peer, int max)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    size_t k = (size_t)x->lane * (size_t)x->c->size + (size_t)peer;
+    while (m->send_n[k] > (uint32_t)(max < 0 ? 0 : max)) DPAR__TRY(dpar__m_retire(x, peer));
+    return DPAR_OK;
+}
+
+static void dpar__m_enter(dpar__ctx *x)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    pthread_mutex_lock(&m->lock);
+    if (x->lane == DPAR__LANE_COLL) m->where.seq = x->fp.seq;
+    m->where.coll = x->fp.coll;
+    m->where.line = x->fp.line;
+    m->where.rank = x->c->rank;
+    snprintf(m->where.file, sizeof m->where.file, "%s", x->fp.file ? x->fp.file : "?");
+    pthread_mutex_unlock(&m->lock);
+}
+
+static dpar_status dpar__m_poisoned(dpar_comm *c)
+{
+    dpar__mpi *m = DPAR__M(c);
+    int st = DPAR__LOAD(&m->poison, DPAR__ACQUIRE);
+    if (!st) {
+        if (DPAR__LOAD(&m->abort, DPAR__ACQUIRE) || (m->local && DPAR__LOAD(&m->local->group->poison, DPAR__ACQUIRE)))
+            return dpar__m_watch(c);
+        return DPAR_OK;
+    }
+    pthread_mutex_lock(&m->lock);
+    dpar__err((dpar_status)st, "%s", m->poison_msg);
+    pthread_mutex_unlock(&m->lock);
+    return (dpar_status)st;
+}
+
+/* Poison this rank and tell every other process (tag 0; the sends are left to complete on their own). */
+static dpar_status dpar__m_poison(dpar_comm *c, dpar_status why, const char *msg)
+{
+    dpar__mpi *m = DPAR__M(c);
+    int first = 0, p, procs = c->size / m->T, me = c->rank / m->T;
+    pthread_mutex_lock(&m->lock);
+    if (!DPAR__LOAD(&m->poison, DPAR__RELAXED)) {
+        snprintf(m->poison_msg, sizeof m->poison_msg, "%s", msg);
+        DPAR__STORE(&m->poison, (int)why, DPAR__RELEASE);
+        first = 1;
+    }
+    pthread_mutex_unlock(&m->lock);
+    if (first) {
+        struct {
+            int32_t status;
+            char msg[DPAR__ERROR_TEXT];
+        } news;
+        memset(&news, 0, sizeof news);
+        news.status = (int32_t)why;
+        snprintf(news.msg, sizeof news.msg, "%s", msg);
+        for (p = 0; p < procs; p++) {
+            MPI_Request r;
+            if (p == me) continue;
+            if (MPI_Isend(&news, (int)sizeof news, MPI_BYTE, p, DPAR__TAG_POISON, m->comm, &r) == MPI_SUCCESS) {
+                /* small: delivered eagerly; wait a moment so the buffer on our stack may go */
+                int flag = 0, i;
+                for (i = 0; i < 100000 && !flag; i++) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+                if (!flag) MPI_Request_free(&r);
+            }
+        }
+        if (m->local) dpar__t_poison(m->local, why, msg);
+    }
+    return dpar__m_poisoned(c);
+}
+
+static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc, int T, int t, int node_procs,
+                               dpar_comm **out);
+static int dpar__m_node_procs(MPI_Comm mc);
+
+static dpar_status dpar__m_split(dpar__ctx *x, int color, int key, dpar_comm **out)
+{
+    dpar_comm *c = x->c;
+    dpar__mpi *m = DPAR__M(c);
+    MPI_Comm nc;
+    dpar_comm_desc d;
+    int rc;
+    if (m->T != 1)
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_split: not supported on a hybrid comm yet (split the MPI "
+                                            "communicator and the thread groups, and make hybrid comms of them)");
+    if (c->check) DPAR__TRY(dpar__barrier(x)); /* the fingerprints meet first: MPI_Comm_split can hang */
+    rc = MPI_Comm_split(m->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+    if (rc != MPI_SUCCESS) return dpar__m_poison(c, dpar__m_error(c, rc, "MPI_Comm_split", -1), dpar_last_error());
+    if (nc == MPI_COMM_NULL) return DPAR_OK;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = c->timeout_ns ? (int)(c->timeout_ns / 1000000u) : -1;
+    d.no_check = !c->check;
+    d.deterministic = c->det;
+    d.segment_bytes = c->segment_bytes;
+    d.spin_us = c->spin.spin_ns ? (int)(c->spin.spin_ns / 1000u) : -1;
+    d.name = c->name;
+    d.allocator = c->allocator;
+    d.native = m->native;
+    return dpar__m_make(nc, 1, &d, 1, 0, dpar__m_node_procs(nc), out);
+}
+
+static void dpar__m_destroy(dpar_comm *c)
+{
+    dpar__mpi *m = DPAR__M(c);
+    size_t k, n = (size_t)DPAR__LANES * (size_t)c->size;
+    if (!m) return;
+    if (!DPAR__LOAD(&m->poison, DPAR__ACQUIRE)) { /* let sends finish (they are matched: all calls ended) */
+        for (k = 0; k < n; k++)
+            while (m->send_n[k]) {
+                MPI_Wait(&m->sends[k * DPAR__QDEPTH + m->send_first[k] % DPAR__QDEPTH], MPI_STATUS_IGNORE);
+                m->send_first[k]++;
+                m->send_n[k]--;
+            }
+    } else {
+        for (k = 0; k < n; k++)
+            while (m->send_n[k]) {
+                MPI_Request_free(&m->sends[k * DPAR__QDEPTH + m->send_first[k] % DPAR__QDEPTH]);
+                m->send_first[k]++;
+                m->send_n[k]--;
+            }
+    }
+    if (m->leaders) dpar_comm_destroy(m->leaders);
+    if (m->local) dpar_comm_destroy(m->local);
+    if (m->own_comm) MPI_Comm_free(&m->comm);
+    if (m->shared && DPAR__SUB(&m->shared->refs, 1, DPAR__ACQ_REL) == 1) {
+        dpar_allocator a = m->shared->allocator;
+        MPI_Comm_free(&m->shared->comm);
+        dpar__free(&a, m->shared);
+    }
+    dpar__free(&c->allocator, m->staging);
+    dpar__free(&c->allocator, m->sends);
+    dpar__free(&c->allocator, m->send_first);
+    dpar__free(&c->allocator, m->send_n);
+    dpar__free(&c->allocator, m->hdr_sent);
+    dpar__free(&c->allocator, m->hdr_recv);
+    pthread_mutex_destroy(&m->lock);
+    dpar__free(&c->allocator, m);
+    c->tp_data = NULL;
+}
+
+/* ---- native collectives ---- */
+static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *k);
+static MPI_Datatype dpar__m_type(dpar_dtype t)
+{
+    switch (t) {
+    case DPAR_F32: return MPI_FLOAT;
+    case DPAR_F64: return MPI_DOUBLE;
+    case DPAR_I32: return MPI_INT32_T;
+    case DPAR_I64: return MPI_INT64_T;
+    case DPAR_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL; /* bf16, f16: MPI has none, the ring does them */
+    }
+}
+static MPI_Op dpar__m_op(dpar_op op)
+{
+    switch (op) {
+    case DPAR_MIN: return MPI_MIN;
+    case DPAR_MAX: return MPI_MAX;
+    case DPAR_PROD: return MPI_PROD;
+    default: return MPI_SUM; /* avg: a sum, then / N here */
+    }
+}
+
+static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *k, int *done)
+{
+    dpar_comm *c = x->c;
+    dpar__mpi *m = DPAR__M(c);
+    MPI_Datatype ty = dpar__m_type(k->dtype);
+    MPI_Op op = dpar__m_op(k->op);
+    MPI_Request r = MPI_REQUEST_NULL;
+    size_t es = dpar__dtype_sizes[k->dtype], i;
+    int rc = MPI_SUCCESS, N = c->size;
+    int *counts = NULL, *displs = NULL;
+    void *in_place_send;
+    char *staged = NULL;
+    *done = 0;
+    if (m->T > 1 && k->coll == DPAR_COLL_ALLREDUCE) {
+        dpar_status st = dpar__h_allreduce(x, k);
+        *done = st == DPAR_OK;
+        return st;
+    }
+    if (!m->native || m->T != 1 || c->det || (ty == MPI_DATATYPE_NULL && k->coll != DPAR_COLL_BARRIER)) return DPAR_OK;
+    if (k->count > (size_t)INT_MAX / (size_t)N) return DPAR_OK; /* MPI counts are ints: the ring does it */
+    if (c->check) DPAR__TRY(dpar__ring_check(x)); /* fingerprints meet before MPI's call, which cannot time out */
+    if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER) {
+        counts = (int *)dpar__alloc(&c->allocator, 2 * (size_t)N * sizeof(int));
+        if (!counts) return dpar__err(DPAR_ENOMEM, "%s: out of memory", c->name);
+        displs = counts + N;
+        for (i = 0; i < (size_t)N; i++) {
+            size_t o, l;
+            dpar_block_range(k->count, N, (int)i, &o, &l);
+            counts[i] = (int)l;
+            displs[i] = (int)o;
+        }
+    }
+    in_place_send = k->send == k->recv ? MPI_IN_PLACE : (void *)(uintptr_t)k->send;
+    switch (k->coll) {
+    case DPAR_COLL_BARRIER: rc = MPI_Ibarrier(m->comm, &r); break;
+    case DPAR_COLL_ALLREDUCE:
+        rc = MPI_Iallreduce(in_place_send, k->recv, (int)k->count, ty, op, m->comm, &r);
+        break;
+    case DPAR_COLL_REDUCE:
+        rc = MPI_Ireduce(c->rank == k->root ? in_place_send : k->send, k->recv, (int)k->count, ty, op, k->root, m->comm, &r);
+        break;
+    case DPAR_COLL_BROADCAST:
+        if (c->rank == k->root && k->send != k->recv) memcpy(k->recv, k->send, k->count * es);
+        rc = MPI_Ibcast(k->recv, (int)k->count, ty, k->root, m->comm, &r);
+        break;
+    case DPAR_COLL_REDUCE_SCATTER: {
+        /* dpar's in place (recv = my block of send) is not MPI's: the block goes through scratch,
+           so that every rank takes this path whatever its layout */
+        char *dst = (char *)k->recv;
+        if (counts[c->rank] && dpar__overlap(k->send, k->count * es, k->recv, (size_t)counts[c->rank] * es)) {
+            dpar_status st = dpar__scratch(c, (size_t)counts[c->rank] * es, &dst);
+            if (st != DPAR_OK) {
+                dpar__free(&c->allocator, counts);
+                return st;
+            }
+            staged = dst;
+        }
+        rc = MPI_Ireduce_scatter(k->send, dst, counts, ty, op, m->comm, &r);
+        break;
+    }
+    case DPAR_COLL_ALLGATHER:
+        rc = MPI_Iallgatherv((const char *)k->send == (const char *)k->recv + (size_t)displs[c->rank] * es ? MPI_IN_PLACE
+                                                                                                     : k->send,
+                             counts[c->rank], ty, k->recv, counts, displs, ty, m->comm, &r);
+        break;
+    case DPAR_COLL_ALLTOALL:
+        rc = MPI_Ialltoall(in_place_send, (int)k->count, ty, k->recv, (int)k->count, ty, m->comm, &r);
+        break;
+    default: dpar__free(&c->allocator, counts); return DPAR_OK;
+    }
+    if (rc != MPI_SUCCESS) {
+        dpar__free(&c->allocator, counts);
+        return dpar__m_poison(c, dpar__m_error(c, rc, dpar_coll_name(k->coll), -1), dpar_last_error());
+    }
+    rc = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
+    if (rc == DPAR_OK && staged) memcpy(k->recv, staged, (size_t)counts[c->rank] * es);
+    dpar__free(&c->allocator, counts);
+    if (rc != DPAR_OK) return (dpar_status)rc;
+    if (k->op == DPAR_AVG && (k->coll == DPAR_COLL_ALLREDUCE || (k->coll == DPAR_COLL_REDUCE && c->rank == k->root)))
+        dpar__divide(k->recv, k->recv, k->count, k->dtype, N);
+    if (k->op == DPAR_AVG && k->coll == DPAR_COLL_REDUCE_SCATTER) {
+        size_t l;
+        dpar_block_range(k->count, N, c->rank, NULL, &l);
+        dpar__divide(k->recv, k->recv, l, k->dtype, N);
+    }
+    *done = 1;
+    return DPAR_OK;
+}
+
+/* ---- hybrid: processes x threads ---- */
+/* Hierarchical allreduce: the T threads of a process reduce through shared memory, thread t
+   computing block t of the process's sum straight into thread 0's recv (in the fixed tree in the
+   deterministic mode); thread 0 allreduces that over MPI with the other processes' thread 0; every
+   thread copies the result. World rank = process * T + thread, so in the deterministic mode the
+   tree over threads and then over processes is the tree over world ranks: the bits of a flat comm. */
+static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *k)
+{
+    dpar_comm *c = x->c;
+    dpar__mpi *m = DPAR__M(c);
+    dpar_comm *lc = m->local;
+    int T = m->T, t = m->t, j;
+    size_t es = dpar__dtype_sizes[k->dtype], off, len;
+    dpar_op op = k->op == DPAR_AVG ? DPAR_SUM : k->op;
+    char *scr = NULL, *root;
+    int64_t *ptrs;
+    const void **leaves;
+    dpar_status st;
+    DPAR__TRY(dpar__scratch(c, (size_t)T * 3 * sizeof(int64_t), &scr));
+    ptrs = (int64_t *)(void *)scr;
+    leaves = (const void **)(void *)(ptrs + 2 * T);
+    ptrs[2 * t] = (int64_t)(uintptr_t)k->send;
+    ptrs[2 * t + 1] = (int64_t)(uintptr_t)k->recv;
+    st = dpar_allgather_at(lc, ptrs + 2 * t, ptrs, 2 * (size_t)T, DPAR_I64, k->file, k->line);
+    if (st != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    root = (char *)(uintptr_t)ptrs[1];
+    dpar_block_range(k->count, T, t, &off, &len);
+    if (len) {
+        for (j = 0; j < T; j++) leaves[j] = (const char *)(uintptr_t)ptrs[2 * j] + off * es;
+        if (c->det) {
+            dpar_tree_reduce(root + off * es, leaves, T, len, k->dtype, op);
+        } else {
+            dpar__reduce(root + off * es, leaves[0], T > 1 ? leaves[1] : leaves[0], len, k->dtype, op, 0);
+            for (j = 2; j < T; j++) dpar__reduce(root + off * es, root + off * es, leaves[j], len, k->dtype, op, 0);
+            if (T == 1) memcpy(root + off * es, leaves[0], len * es);
+        }
+        x->received += (uint64_t)(T - 1) * len * es;
+    }
+    if ((st = dpar_barrier_at(lc, k->file, k->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if (t == 0) {
+        st = dpar_allreduce_at(m->leaders, root, root, k->count, k->dtype, op, k->file, k->line);
+        if (st != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+        if (k->op == DPAR_AVG) dpar__divide(root, root, k->count, k->dtype, c->size);
+        {
+            dpar_comm_stats ls;
+            dpar_comm_stats_get(m->leaders, &ls);
+            x->sent += ls.last.bytes_sent;
+            x->received += ls.last.bytes_received;
+        }
+    }
+    if ((st = dpar_barrier_at(lc, k->file, k->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if (t != 0) {
+        memcpy(k->recv, root, k->count * es);
+        x->received += k->count * es;
+    }
+    if ((st = dpar_barrier_at(lc, k->file, k->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    return DPAR_OK;
+}
+
+static const char *dpar__m_level_name(int level)
+{
+    return level == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED"
+           : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED" : "MPI_THREAD_MULTIPLE";
+}
+
+DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *local, int local_rank, dpar_comm **out)
+{
+    dpar_comm *lc = NULL, *ld = NULL, *c = NULL;
+    dpar__hybrid *h = NULL;
+    int inited = 0, level = 0, T, node = 1;
+    int64_t handover = 0, tmax, tmin;
+    dpar_status st = DPAR_OK;
+    char why[DPAR__ERROR_TEXT] = "";
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_create_hybrid: out is NULL");
+    *out = NULL;
+    if (!local) return dpar__err(DPAR_EINVAL, "dpar_comm_create_hybrid: local group is NULL");
+    MPI_Initialized(&inited);
+    if (!inited) return dpar__err(DPAR_ESTATE, "dpar_comm_create_hybrid: MPI is not initialised (call MPI_Init_thread "
+                                               "with MPI_THREAD_MULTIPLE first)");
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_create_hybrid: the threads of a process call MPI at once, which "
+                                            "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
+                         dpar__m_level_name(level));
+    T = local->size;
+    DPAR__TRY(dpar_comm_create(local, local_rank, &lc));
+    if (local_rank == 0) { /* the leader: the process's shared MPI comm, and the comm of the leaders */
+        dpar_comm_desc d = local->desc;
+        d.size = 0;
+        h = (dpar__hybrid *)dpar__calloc(&d.allocator, 1, sizeof *h);
+        if (!h) {
+            st = dpar__err(DPAR_ENOMEM, "dpar_comm_create_hybrid: out of memory");
+        } else if (MPI_Comm_dup(mpi_comm, &h->comm) != MPI_SUCCESS) {
+            st = dpar__err(DPAR_ESYSTEM, "dpar_comm_create_hybrid: MPI_Comm_dup failed");
+            dpar__free(&d.allocator, h);
+            h = NULL;
+        } else {
+            MPI_Comm_set_errhandler(h->comm, MPI_ERRORS_RETURN);
+            h->refs = T;
+            h->allocator = d.allocator;
+            d.deterministic = 0; /* checked below against the world size */
+            st = dpar_comm_from_mpi(mpi_comm, &d, &ld);
+            d.deterministic = local->desc.deterministic;
+        }
+        if (st == DPAR_OK) { /* every process must have the same number of threads */
+            tmax = T;
+            tmin = -T;
+            st = dpar_allreduce(ld, &tmax, &tmax, 1, DPAR_I64, DPAR_MAX);
+            if (st == DPAR_OK) st = dpar_allreduce(ld, &tmin, &tmin, 1, DPAR_I64, DPAR_MAX);
+            if (st == DPAR_OK && (tmax != T || -tmin != T))
+                st = dpar__err(DPAR_EINVAL, "dpar_comm_create_hybrid: processes have from %lld to %lld threads; every "
+                                            "process needs the same", (long long)-tmin, (long long)tmax);
+            if (st == DPAR_OK && d.deterministic && ((ld->size * T) & (ld->size * T - 1)))
+                st = dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_create_hybrid: the deterministic mode needs a power-of-two "
+                                                  "number of ranks, not %d processes x %d threads", ld->size, T);
+            if (st == DPAR_OK) {
+                ld->det = d.deterministic;
+                node = dpar__m_node_procs(h->comm);
+            }
+        }
+        if (st != DPAR_OK) snprintf(why, sizeof why, "%s", dpar_last_error());
+        handover = st == DPAR_OK ? (int64_t)(uintptr_t)h : 0;
+    }
+    /* hand the shared comm to the process's threads (NULL: the leader failed) */
+    {
+        int64_t msg[2];
+        msg[0] = handover;
+        msg[1] = node;
+        if (dpar_broadcast(lc, msg, msg, 2, DPAR_I64, 0) != DPAR_OK) st = st != DPAR_OK ? st : DPAR_ESYSTEM;
+        h = (dpar__hybrid *)(uintptr_t)msg[0];
+        node = (int)msg[1];
+    }
+    if (!h) {
+        if (ld) dpar_comm_destroy(ld);
+        dpar_comm_destroy(lc);
+        return local_rank == 0 ? dpar__err(st, "%s", why)
+                               : dpar__err(DPAR_ESYSTEM, "dpar_comm_create_hybrid: thread 0 of this process failed");
+    }
+    st = dpar__m_make(h->comm, 0, &local->desc, T, local_rank, node, &c);
+    if (st != DPAR_OK) return st;
+    DPAR__M(c)->local = lc;
+    DPAR__M(c)->leaders = ld;
+    DPAR__M(c)->shared = h;
+    *out = c;
+    return DPAR_OK;
+}
+
+static const dpar__transport dpar__mpi_transport = {"mpi",           dpar__m_post,     dpar__m_fetch,
+                                                    dpar__m_release,  dpar__m_drain,    dpar__m_enter,
+                                                    dpar__m_poisoned, dpar__m_poison, dpar__m_split,
+                                                    dpar__m_destroy,  dpar__m_recv_into, dpar__m_native};
+
+/* processes of mc on this node (collective over mc: one thread per process calls it) */
+static int dpar__m_node_procs(MPI_Comm mc)
+{
+    MPI_Comm node;
+    int prank = 0, local = 1;
+    MPI_Comm_rank(mc, &prank);
+    if (MPI_Comm_split_type(mc, MPI_COMM_TYPE_SHARED, prank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+    }
+    return local;
+}
+
+/* Make a comm on MPI communicator mc (freed with the comm when own). Hybrid: T threads per process,
+   this is thread t. node_procs: processes of mc on this node, to tell oversubscription. */
+static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc, int T, int t, int node_procs,
+                               dpar_comm **out)
+{
+    dpar_comm *c;
+    dpar__mpi *m;
+    int procs = 0, prank = 0;
+    size_t n;
+    MPI_Comm_size(mc, &procs);
+    MPI_Comm_rank(mc, &prank);
+    c = (dpar_comm *)dpar__calloc(&desc->allocator, 1, sizeof *c);
+    m = (dpar__mpi *)dpar__calloc(&desc->allocator, 1, sizeof *m);
+    if (!c || !m) {
+        dpar__free(&desc->allocator, c);
+        dpar__free(&desc->allocator, m);
+        return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
+    }
+    dpar__comm_init(c, desc, prank * T + t, procs * T);
+    c->tp = &dpar__mpi_transport;
+    c->tp_data = m;
+    m->comm = mc;
+    m->own_comm = own;
+    m->native = desc->native != 0;
+    m->T = T;
+    m->t = t;
+    MPI_Query_thread(&m->level);
+    if (m->level < MPI_THREAD_MULTIPLE)
+        c->no_async = "async requests run on a progress thread, which needs MPI_THREAD_MULTIPLE (ask for it in "
+                      "MPI_Init_thread)";
+    pthread_mutex_init(&m->lock, NULL);
+    m->oversub = node_procs * T > dpar__online_cpus(); /* then waits yield */
+    c->spin = dpar__spin_make(desc->spin_us == 0 ? DPAR_SPIN_US : (desc->spin_us < 0 ? 0 : desc->spin_us), node_procs * T);
+    m->staging_bytes = c->segment_bytes;
+    n = (size_t)DPAR__LANES * (size_t)c->size;
+    m->staging = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
+    m->sends = (MPI_Request *)dpar__calloc(&c->allocator, n * DPAR__QDEPTH, sizeof(MPI_Request));
+    m->send_first = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
+    m->send_n = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
+    m->hdr_sent = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
+    m->hdr_recv = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
+    if (!m->staging || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent || !m->hdr_recv) {
+        m->own_comm = 0;
+        dpar__m_destroy(c);
+        dpar__comm_free(c);
+        return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
+    }
+    *out = c;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out)
+{
+    dpar_comm_desc d;
+    MPI_Comm dup;
+    int inited = 0, finalized = 0, rc;
+    dpar_status st;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if ((st = dpar__check_allocator("dpar_comm_from_mpi", &d.allocator)) != DPAR_OK) return st;
+    if (d.timeout_ms < -1 || d.spin_us < -1)
+        return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: timeout_ms = %d, spin_us = %d", d.timeout_ms, d.spin_us);
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return dpar__err(DPAR_ESTATE, "dpar_comm_from_mpi: MPI is not initialised (call MPI_Init_thread first)");
+    if (mpi_comm == MPI_COMM_NULL) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: the communicator is MPI_COMM_NULL");
+    dpar__trace_from_env();
+    rc = MPI_Comm_dup(mpi_comm, &dup); /* dpar's traffic never meets the program's */
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int n = 0;
+        MPI_Error_string(rc, text, &n);
+        return dpar__err(DPAR_ESYSTEM, "dpar_comm_from_mpi: MPI_Comm_dup failed: %s", text);
+    }
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    {
+        int size = 0;
+        MPI_Comm_size(dup, &size);
+        if (d.deterministic && (size & (size - 1))) {
+            MPI_Comm_free(&dup);
+            return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_from_mpi: the deterministic mode needs a power-of-two "
+                                                "number of ranks, not %d", size);
+        }
+    }
+    st = dpar__m_make(dup, 1, &d, 1, 0, dpar__m_node_procs(dup), out);
+    if (st != DPAR_OK) MPI_Comm_free(&dup);
+    return st;
+}
+
+#endif /* DPAR_MPI */
 
 #endif /* DPAR_IMPLEMENTATION */
 

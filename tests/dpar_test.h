@@ -57,7 +57,7 @@ static double dt_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void dt_run(const char *name, void (*fn)(void))
+DT_UNUSED static void dt_run(const char *name, void (*fn)(void))
 {
     double t0;
     int i, selected = dt_argc <= 1;
@@ -88,7 +88,7 @@ static void dt_run(const char *name, void (*fn)(void))
     dt_argv = (argv)
 #define RUN(fn) dt_run(#fn, fn)
 
-static int dt_summary(void)
+DT_UNUSED static int dt_summary(void)
 {
     if (dt_skipped)
         printf("%d passed, %d failed, %d skipped\n", dt_passed, dt_failed, dt_skipped);

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # tests/run.sh - runs dpar's checks and ends with one total line: `N passed, N failed[, N skipped]`.
 #
-#   tests/run.sh [--matrix] [TEST_PROGRAM...]
+#   tests/run.sh [--no-mpi-reason TEXT] [--matrix] [TEST_PROGRAM...]
 #
 # --matrix first runs the compile matrix (dpar.h under gcc and clang, C99 and C11, as C++, twice
 # linked, DPAR_STATIC, dpar_cuda.h through nvcc) and builds and runs every example with the exact
 # Build:/Run: commands of its first comment. Then each test program runs (under `timeout`); its own
 # `N passed, N failed[, N skipped]` line is added to the total. A program that crashes or hangs
-# counts as one failure. Environment: BUILD, NVCC, MPICC, MPIRUN, OPENBLAS (set by the Makefile);
-# V=1 prints every program's whole output.
+# counts as one failure. Then the MPI tests under mpirun, when MPITEST names the program.
+# Environment: BUILD, NVCC, MPICC, MPIRUN, MPITEST, OPENBLAS (set by the Makefile); V=1 prints every
+# program's whole output.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -30,6 +31,8 @@ step() {
 
 WARN="-Wall -Wextra -Wpedantic -Werror"
 M="$BUILD/matrix"
+# Open MPI refuses to start as root unless told; CI runs as root
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
 matrix() {
     local cc std cxx
@@ -54,7 +57,7 @@ matrix() {
         step "compile dpar_cuda.h: nvcc -c" "$NVCC" -std=c++14 -I. -c tests/compile_cuda.cu -o $M/cuda.o
         step "compile dpar_cuda.h: plain C sees the declarations" gcc -std=c99 $WARN -I. -c tests/compile_cuda_c.c -o $M/cuda_c.o
         step "build tests/test_cuda.cu with nvcc" "$NVCC" -std=c++14 -I. -Itests tests/test_cuda.cu -o $M/test_cuda
-        program $M/test_cuda
+        program $M/test_cuda $M/test_cuda
     else
         skip "compile dpar_cuda.h" "nvcc not found"
     fi
@@ -73,7 +76,7 @@ examples() {
             echo "no Build:/Run: line" >"$tmp/out"; bad "example $name"; continue
         fi
         case "$build" in
-            mpicc*) if [ -z "${MPICC:-}" ]; then skip "example $name" "MPI not found"; continue; fi ;;
+            mpicc*) if [ -z "${MPICC:-}" ] || [ -z "${MPIRUN:-}" ]; then skip "example $name" "MPI not found"; continue; fi ;;
             nvcc*) if [ -z "${NVCC:-}" ]; then skip "example $name" "nvcc not found"; continue; fi ;;
         esac
         rm -rf "$tmp/ex" && mkdir -p "$tmp/ex"
@@ -82,16 +85,17 @@ examples() {
     done
 }
 
+# program NAME COMMAND...: a test program; its own summary line is added to the total
 program() {
-    local bin=$1 rc summary p f s
-    if [ ! -x "$bin" ]; then echo "missing $bin" >"$tmp/out"; bad "$bin"; return; fi
-    timeout "${DPAR_TEST_TIMEOUT:-900}" "$bin" >"$tmp/out" 2>&1
+    local name=$1 rc summary p f s
+    shift
+    timeout "${DPAR_TEST_TIMEOUT:-900}" "$@" >"$tmp/out" 2>&1
     rc=$?
     [ "${V:-0}" = 1 ] && cat "$tmp/out"
     summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$tmp/out" | tail -1)
     if [ -z "$summary" ]; then
         echo "    (exit status $rc, no summary line: crashed or timed out)"
-        bad "$bin"
+        bad "$name"
         return
     fi
     p=$(echo "$summary" | sed -E 's/^([0-9]+) passed.*/\1/')
@@ -101,18 +105,57 @@ program() {
     [ "${V:-0}" = 1 ] || grep -E '^(FAIL|skip) |^    ' "$tmp/out" | head -60
     if [ "$f" = 0 ] && [ $rc != 0 ]; then
         failed=$((failed + 1))
-        echo "FAIL $bin: exit status $rc after a clean summary"
+        echo "FAIL $name: exit status $rc after a clean summary"
         tail -20 "$tmp/out" | sed 's/^/    /'
     fi
-    echo "     $bin: $summary"
+    echo "     $name: $summary"
 }
 
+# the MPI tests: 2, 3 and 4 processes, 2 processes x 2 threads, and a run at MPI_THREAD_FUNNELED
+mpi_tests() {
+    local flags="--oversubscribe" np
+    if [ -n "${NO_MPI_REASON:-}" ]; then skip "MPI tests" "$NO_MPI_REASON"; return; fi
+    if [ -z "${MPIRUN:-}" ] || [ -z "${MPITEST:-}" ]; then skip "MPI tests" "mpicc or mpirun not found"; return; fi
+    [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
+    for np in 2 3 4; do program "mpirun -np $np $MPITEST" "$MPIRUN" $flags -np $np "$MPITEST"; done
+    program "mpirun -np 2 $MPITEST --hybrid 2" "$MPIRUN" $flags -np 2 "$MPITEST" --hybrid 2
+    program "mpirun -np 2 $MPITEST --funneled" "$MPIRUN" $flags -np 2 "$MPITEST" --funneled
+}
+
+mpi_compile() {
+    local inc
+    if [ -z "${MPICC:-}" ]; then skip "compile dpar.h with DPAR_MPI" "mpicc not found"; return; fi
+    printf '#define DPAR_MPI\n#define DPAR_IMPLEMENTATION\n#include "dpar.h"\nint main(void) { return 0; }\n' >"$M/mpi.c"
+    cp "$M/mpi.c" "$M/mpi.cc"
+    step "compile dpar.h with DPAR_MPI: mpicc -std=c99" "$MPICC" -std=c99 $WARN -I. "$M/mpi.c" -o $M/mpi_c99 -pthread
+    step "compile dpar.h with DPAR_MPI: mpicc -std=c11 -O3" "$MPICC" -std=c11 -O3 $WARN -I. "$M/mpi.c" -o $M/mpi_c11 -pthread
+    step "compile dpar.h with DPAR_MPI as C++ (mpicxx -std=c++11)" mpicxx -std=c++11 $WARN -DOMPI_SKIP_MPICXX \
+        -DMPICH_SKIP_MPICXX -I. "$M/mpi.cc" -o $M/mpi_cxx -pthread
+    inc=$(ls -d /usr/include/x86_64-linux-gnu/mpich /usr/include/mpich 2>/dev/null | head -1)
+    if [ -n "$inc" ] && [ -f "$inc/mpi.h" ]; then
+        step "compile dpar.h with DPAR_MPI against MPICH's mpi.h" gcc -std=c99 $WARN -I. -I"$inc" -c "$M/mpi.c" -o $M/mpich.o
+        if command -v mpicc.mpich >/dev/null; then
+            step "build with MPICH: mpicc.mpich -std=c99" mpicc.mpich -std=c99 $WARN -I. "$M/mpi.c" -o $M/mpich -pthread
+        fi
+    else
+        skip "compile dpar.h against MPICH" "MPICH's mpi.h is not installed (apt-get install libmpich-dev)"
+    fi
+}
+
+NO_MPI_REASON=
+if [ "${1:-}" = "--no-mpi-reason" ]; then
+    NO_MPI_REASON=$2
+    shift 2
+fi
 if [ "${1:-}" = "--matrix" ]; then
     shift
     matrix
+    mpi_compile
     examples
 fi
-for bin in "$@"; do program "$bin"; done
+for bin in "$@"; do program "$bin" "$bin"; done
+if [ -n "${MPITEST:-}" ] && [ -n "${MPIASAN:-}" ]; then export ASAN_OPTIONS=detect_leaks=0; fi
+mpi_tests
 
 if [ $skipped -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"

@@ -12,6 +12,7 @@ static void test_step_hook(void);
 
 #include "dpar_test.h"
 #include "json.h"
+#include "coll_matrix.h"
 
 /* random delays between the steps of the algorithms, switched on by one test */
 static int hook_on;
@@ -27,19 +28,6 @@ static void test_step_hook(void)
     }
 }
 
-/* ---- running N thread ranks ---- */
-typedef struct world world;
-typedef void (*rank_fn)(world *w, dpar_comm *c, int rank);
-struct world {
-    int n;
-    dpar_group *group;
-    rank_fn fn;
-    void *user;
-    int failures;     /* wrong elements or statuses seen by the ranks */
-    char first[256];  /* the first failure */
-    pthread_mutex_t lock;
-};
-
 static dpar_pool *pools[9];
 static dpar_pool *pool_of(int n)
 {
@@ -50,19 +38,6 @@ static dpar_pool *pool_of(int n)
         dpar_pool_create(&d, &pools[n]);
     }
     return pools[n];
-}
-
-static void note(world *w, const char *fmt, ...) DPAR_PRINTF(2, 3);
-static void note(world *w, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&w->lock);
-    if (!w->failures++) {
-        va_start(ap, fmt);
-        vsnprintf(w->first, sizeof w->first, fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_unlock(&w->lock);
 }
 
 static dpar_status world_rank(void *user, int rank, int n)
@@ -107,193 +82,6 @@ static int run_world(int n, rank_fn fn, void *user) { return run_world_desc(n, N
 
 static const int Ns[] = {1, 2, 3, 4, 5, 8};
 #define NN ((int)(sizeof Ns / sizeof Ns[0]))
-
-/* ---- element access by dtype, through double (exact for the values used) ---- */
-static double get(const void *p, dpar_dtype t, size_t i)
-{
-    switch (t) {
-    case DPAR_F32: return ((const float *)p)[i];
-    case DPAR_F64: return ((const double *)p)[i];
-    case DPAR_I32: return ((const int32_t *)p)[i];
-    case DPAR_I64: return (double)((const int64_t *)p)[i];
-    case DPAR_BF16: return dpar_bf16_to_f32(((const uint16_t *)p)[i]);
-    case DPAR_F16: return dpar_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const uint8_t *)p)[i];
-    }
-}
-static void put(void *p, dpar_dtype t, size_t i, double v)
-{
-    switch (t) {
-    case DPAR_F32: ((float *)p)[i] = (float)v; break;
-    case DPAR_F64: ((double *)p)[i] = v; break;
-    case DPAR_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case DPAR_I64: ((int64_t *)p)[i] = (int64_t)v; break;
-    case DPAR_BF16: ((uint16_t *)p)[i] = dpar_f32_to_bf16((float)v); break;
-    case DPAR_F16: ((uint16_t *)p)[i] = dpar_f32_to_f16((float)v); break;
-    default: ((uint8_t *)p)[i] = (uint8_t)(int)v; break;
-    }
-}
-
-/* v rounded to the dtype */
-static double get_rounded(double v, dpar_dtype t)
-{
-    char b[8];
-    put(b, t, 0, v);
-    return get(b, t, 0);
-}
-
-/* Inputs are small integers, so every reduction order gives the same, exact result and the
-   reference can be computed in any order: integers in [-8, 8] (u8: [0, 15]); for prod, one of
-   {-2, -1, 1, 2} (u8: {1, 2, 3}). */
-static double input(int q, size_t i, dpar_dtype t, dpar_op op)
-{
-    if (op == DPAR_PROD) {
-        static const double s[4] = {-2, -1, 1, 2}, u[4] = {1, 2, 3, 1};
-        return t == DPAR_U8 ? u[(q * 3 + i) % 4] : s[(q * 3 + i) % 4];
-    }
-    if (t == DPAR_U8) return (double)((q * 7 + i * 13) % 16);
-    return (double)((int)((q * 7 + i * 13) % 17) - 8);
-}
-
-/* The reference of element i over N ranks, in the dtype's own arithmetic (wrapping for u8). */
-static double reference(int N, size_t i, dpar_dtype t, dpar_op op)
-{
-    double acc = input(0, i, t, op);
-    int q;
-    for (q = 1; q < N; q++) {
-        double v = input(q, i, t, op);
-        switch (op) {
-        case DPAR_SUM: case DPAR_AVG: acc += v; break;
-        case DPAR_MIN: acc = v < acc ? v : acc; break;
-        case DPAR_MAX: acc = v > acc ? v : acc; break;
-        default: acc *= v; break;
-        }
-    }
-    if (t == DPAR_U8) acc = (double)((long long)acc & 255);
-    if (op == DPAR_AVG) {
-        if (t == DPAR_I32 || t == DPAR_I64 || t == DPAR_U8) acc = (double)((long long)acc / N);
-        else if (t == DPAR_F32 || t == DPAR_BF16 || t == DPAR_F16) acc = (double)((float)acc / (float)N);
-        else acc = acc / N;
-    }
-    return get_rounded(acc, t);
-}
-
-/* ---- the matrix ---- */
-typedef struct {
-    size_t count;
-    dpar_dtype t;
-    dpar_op op;
-    char *send[8], *recv[8]; /* per rank, count * 8 bytes each */
-    int root;
-} matrix_case;
-
-static void fill(char *buf, int q, size_t begin, size_t end, dpar_dtype t, dpar_op op)
-{
-    size_t i;
-    for (i = begin; i < end; i++) put(buf, t, i, input(q, i, t, op));
-}
-
-static void check_range(world *w, const char *what, int rank, const char *buf, size_t begin, size_t end,
-                        const matrix_case *m, size_t base)
-{
-    size_t i;
-    for (i = begin; i < end; i++) {
-        double want = reference(w->n, base + i, m->t, m->op), got = get(buf, m->t, i);
-        if (got != want && !(got != got && want != want)) {
-            note(w, "%s N=%d count=%zu %s %s rank %d element %zu: got %g, want %g", what, w->n, m->count,
-                 dpar_dtype_name(m->t), dpar_op_name(m->op), rank, base + i, got, want);
-            return;
-        }
-    }
-}
-
-static void expect_ok(world *w, dpar_status st, const char *what, int rank)
-{
-    if (st != DPAR_OK) note(w, "%s on rank %d: %s: %s", what, rank, dpar_status_string(st), dpar_last_error());
-}
-
-static void matrix_rank(world *w, dpar_comm *c, int r)
-{
-    matrix_case *m = (matrix_case *)w->user;
-    size_t es = dpar_dtype_size(m->t), n = m->count, off, len;
-    char *s = m->send[r], *v = m->recv[r];
-    int N = w->n;
-    dpar_block_range(n, N, r, &off, &len);
-
-    /* allreduce, out of place and in place */
-    fill(s, r, 0, n, m->t, m->op);
-    memset(v, 0x5a, n * es);
-    expect_ok(w, dpar_allreduce(c, s, v, n, m->t, m->op), "allreduce", r);
-    check_range(w, "allreduce", r, v, 0, n, m, 0);
-    expect_ok(w, dpar_allreduce(c, s, s, n, m->t, m->op), "allreduce in place", r);
-    check_range(w, "allreduce in place", r, s, 0, n, m, 0);
-
-    /* reduce to a root */
-    fill(s, r, 0, n, m->t, m->op);
-    if (r == m->root) memset(v, 0x5a, n * es);
-    expect_ok(w, dpar_reduce(c, s, r == m->root ? v : NULL, n, m->t, m->op, m->root), "reduce", r);
-    if (r == m->root) check_range(w, "reduce", r, v, 0, n, m, 0);
-
-    /* reduce-scatter: this rank's block; then in place (recv = my block of send) */
-    memset(v, 0x5a, len * es + 1);
-    expect_ok(w, dpar_reduce_scatter(c, s, v, n, m->t, m->op), "reduce_scatter", r);
-    check_range(w, "reduce_scatter", r, v, 0, len, m, off);
-    expect_ok(w, dpar_reduce_scatter(c, s, s + off * es, n, m->t, m->op), "reduce_scatter in place", r);
-    check_range(w, "reduce_scatter in place", r, s + off * es, 0, len, m, off);
-}
-
-/* broadcast, allgather, alltoall: the values must arrive unchanged */
-static void movement_rank(world *w, dpar_comm *c, int r)
-{
-    matrix_case *m = (matrix_case *)w->user;
-    size_t es = dpar_dtype_size(m->t), n = m->count, off, len, i, per;
-    char *s = m->send[r], *v = m->recv[r];
-    int N = w->n, q, bad = 0;
-    dpar_block_range(n, N, r, &off, &len);
-    /* broadcast from root: recv = root's input */
-    if (r == m->root) fill(s, r, 0, n, m->t, DPAR_SUM);
-    memset(v, 0x5a, n * es);
-    expect_ok(w, dpar_broadcast(c, s, v, n, m->t, m->root), "broadcast", r);
-    for (i = 0; i < n && !bad; i++) bad = get(v, m->t, i) != input(m->root, i, m->t, DPAR_SUM);
-    if (bad) note(w, "broadcast N=%d count=%zu %s root %d: rank %d element %zu wrong", N, n, dpar_dtype_name(m->t), m->root, r, i - 1);
-    /* in place on every rank */
-    if (r == m->root) fill(v, r, 0, n, m->t, DPAR_SUM);
-    expect_ok(w, dpar_broadcast(c, v, v, n, m->t, m->root), "broadcast in place", r);
-    for (i = 0; i < n && !bad; i++) bad = get(v, m->t, i) != input(m->root, i, m->t, DPAR_SUM);
-    if (bad) note(w, "broadcast in place N=%d count=%zu: rank %d element %zu wrong", N, n, r, i - 1);
-    /* allgather: block q of recv = rank q's input over block q */
-    fill(s, r, off, off + len, m->t, DPAR_SUM);
-    memset(v, 0x5a, n * es);
-    expect_ok(w, dpar_allgather(c, s + off * es, v, n, m->t), "allgather", r);
-    for (q = 0; q < N && !bad; q++) {
-        size_t qo, ql;
-        dpar_block_range(n, N, q, &qo, &ql);
-        for (i = qo; i < qo + ql && !bad; i++) bad = get(v, m->t, i) != input(q, i, m->t, DPAR_SUM);
-    }
-    if (bad) note(w, "allgather N=%d count=%zu %s: rank %d wrong", N, n, dpar_dtype_name(m->t), r);
-    /* in place: my block already sits in recv */
-    memset(v, 0x5a, n * es);
-    fill(v, r, off, off + len, m->t, DPAR_SUM);
-    expect_ok(w, dpar_allgather(c, v + off * es, v, n, m->t), "allgather in place", r);
-    for (q = 0; q < N && !bad; q++) {
-        size_t qo, ql;
-        dpar_block_range(n, N, q, &qo, &ql);
-        for (i = qo; i < qo + ql && !bad; i++) bad = get(v, m->t, i) != input(q, i, m->t, DPAR_SUM);
-    }
-    if (bad) note(w, "allgather in place N=%d count=%zu: rank %d wrong", N, n, r);
-    /* alltoall with count/N (at least 1) per peer: block q of recv = rank q's block r */
-    per = n / (size_t)N ? n / (size_t)N : (n ? 1 : 0);
-    for (q = 0; q < N; q++) fill(s + (size_t)q * per * es, r * 100 + q, 0, per, m->t, DPAR_SUM);
-    expect_ok(w, dpar_alltoall(c, s, v, per, m->t), "alltoall", r);
-    for (q = 0; q < N && !bad; q++)
-        for (i = 0; i < per && !bad; i++) bad = get(v + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
-    if (bad) note(w, "alltoall N=%d per=%zu %s: rank %d wrong", N, per, dpar_dtype_name(m->t), r);
-    expect_ok(w, dpar_alltoall(c, s, s, per, m->t), "alltoall in place", r);
-    for (q = 0; q < N && !bad; q++)
-        for (i = 0; i < per && !bad; i++) bad = get(s + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
-    if (bad) note(w, "alltoall in place N=%d per=%zu: rank %d wrong", N, per, r);
-    expect_ok(w, dpar_barrier(c), "barrier", r);
-}
 
 static size_t big_count(void)
 {

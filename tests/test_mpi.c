@@ -1,0 +1,533 @@
+/* test_mpi.c - the communicator over MPI processes, and processes x threads (hybrid).
+   Build: mpicc -std=c99 -O2 -I. -Itests tests/test_mpi.c -o build/test_mpi -pthread -lm
+   Run:   mpirun -np 4 --oversubscribe ./build/test_mpi            (flat: MPI processes)
+          mpirun -np 2 ./build/test_mpi --hybrid 2                 (2 processes x 2 threads)
+          mpirun -np 2 ./build/test_mpi --funneled                 (what needs MPI_THREAD_MULTIPLE says so)
+   Every process runs every test; the failures of all are added up and rank 0 prints the results.
+   DPAR_TEST_BIG sets the large count of the matrix (default 1000003). */
+static void test_step_hook(void);
+#define DPAR_TEST_STEP_HOOK() test_step_hook()
+#define DPAR_MPI
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+
+#include <math.h>
+#include <unistd.h>
+
+#include "dpar_test.h"
+#include "coll_matrix.h"
+
+static int hook_on;
+static DPAR__TLS unsigned long long hook_rng = 1;
+static void test_step_hook(void)
+{
+    if (!__atomic_load_n(&hook_on, __ATOMIC_RELAXED)) return;
+    hook_rng = hook_rng * 6364136223846793005ull + 1442695040888963407ull;
+    if ((hook_rng >> 33) % 3 == 0) usleep((unsigned)((hook_rng >> 40) % 40));
+}
+
+static int me, nprocs, hybrid_threads;
+
+static dpar_comm *world_comm(const dpar_comm_desc *desc)
+{
+    dpar_comm *c = NULL;
+    if (dpar_comm_from_mpi(MPI_COMM_WORLD, desc, &c) != DPAR_OK) printf("    rank %d: comm_from_mpi: %s\n", me, dpar_last_error());
+    return c;
+}
+
+/* a world of one rank per process, noting failures like the thread tests */
+static int run_proc(const dpar_comm_desc *desc, rank_fn fn, void *user)
+{
+    world w;
+    dpar_comm *c = world_comm(desc);
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.lock, NULL);
+    w.n = nprocs;
+    w.user = user;
+    if (!c) return 1;
+    fn(&w, c, me);
+    dpar_comm_destroy(c);
+    if (w.failures) printf("    rank %d: %d failures, first: %s\n", me, w.failures, w.first);
+    pthread_mutex_destroy(&w.lock);
+    return w.failures;
+}
+
+static size_t big_count(void)
+{
+    const char *e = getenv("DPAR_TEST_BIG");
+    return e && *e ? (size_t)strtoull(e, NULL, 10) : 1000003;
+}
+
+static void test_collectives_matrix_over_mpi(void)
+{
+    size_t big = big_count(), counts[6];
+    char *send = (char *)malloc((big + 64) * 8), *recv = (char *)malloc((big + 64) * 8);
+    int ci, t, op, native, fails = 0;
+    counts[0] = 0;
+    counts[1] = 1;
+    counts[2] = (size_t)(nprocs > 1 ? nprocs - 1 : 2);
+    counts[3] = (size_t)nprocs;
+    counts[4] = (size_t)nprocs + 1;
+    counts[5] = big;
+    for (native = 0; native < 2; native++)
+        for (ci = 0; ci < 6; ci++) {
+            matrix_case m;
+            dpar_comm_desc d;
+            memset(&d, 0, sizeof d);
+            d.native = native;
+            memset(&m, 0, sizeof m);
+            m.count = counts[ci];
+            m.send[me] = send;
+            m.recv[me] = recv;
+            for (t = 0; t < DPAR_DTYPE_COUNT; t++) {
+                m.t = (dpar_dtype)t;
+                m.root = (int)(counts[ci] % (size_t)nprocs);
+                for (op = 0; op < DPAR_OP_COUNT; op++) {
+                    if (ci == 5 && op != DPAR_SUM && t != DPAR_F32) continue;
+                    if (native && ci == 5 && t != DPAR_F32 && t != DPAR_I64) continue;
+                    m.op = (dpar_op)op;
+                    fails += run_proc(&d, matrix_rank, &m);
+                }
+                m.op = DPAR_SUM;
+                fails += run_proc(&d, movement_rank, &m);
+            }
+        }
+    CHECK(fails == 0);
+    free(send);
+    free(recv);
+}
+
+static void p2p_proc(world *w, dpar_comm *c, int r)
+{
+    int N = w->n, i;
+    int32_t token[100], back[100];
+    for (i = 0; i < 100; i++) token[i] = r * 1000 + i;
+    expect_ok(w, dpar_sendrecv(c, token, 100, (r + 1) % N, back, 100, (r + N - 1) % N, DPAR_I32, 7), "sendrecv", r);
+    if (back[5] != ((r + N - 1) % N) * 1000 + 5) note(w, "sendrecv rank %d got %d", r, back[5]);
+    expect_ok(w, dpar_sendrecv(c, token, 100, r, back, 100, r, DPAR_I32, 1), "self sendrecv", r);
+    if (back[99] != r * 1000 + 99) note(w, "self sendrecv wrong on rank %d", r);
+    if (dpar_send(c, token, 1, DPAR_I32, r, 0) != DPAR_EDEADLK) note(w, "send to self not refused on rank %d", r);
+    if (r % 2 == 0 && r + 1 < N) {
+        for (i = 0; i < 50; i++) {
+            token[0] = i;
+            expect_ok(w, dpar_send(c, token, 1 + (size_t)i, DPAR_I32, r + 1, i), "send", r);
+        }
+    } else if (r % 2 == 1) {
+        for (i = 0; i < 50; i++) {
+            expect_ok(w, dpar_recv(c, back, 1 + (size_t)i, DPAR_I32, r - 1, i), "recv", r);
+            if (back[0] != i) note(w, "recv %d out of order on rank %d", i, r);
+        }
+    }
+}
+
+static void test_point_to_point_over_mpi(void) { CHECK(run_proc(NULL, p2p_proc, NULL) == 0); }
+
+/* the counters: a ring allreduce moves exactly 2(N-1)/N of the buffer per rank */
+static void bytes_proc(world *w, dpar_comm *c, int r)
+{
+    size_t n = (size_t)w->n * 100000;
+    float *x = (float *)calloc(n, sizeof(float));
+    dpar_comm_stats s;
+    uint64_t want = 4 * (uint64_t)n * 2 * (uint64_t)(w->n - 1) / (uint64_t)w->n;
+    expect_ok(w, dpar_allreduce(c, x, x, n, DPAR_F32, DPAR_SUM), "allreduce", r);
+    dpar_comm_stats_get(c, &s);
+    if (s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent != want || s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received != want)
+        note(w, "rank %d moved %llu/%llu bytes, want %llu", r, (unsigned long long)s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent,
+             (unsigned long long)s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received, (unsigned long long)want);
+    free(x);
+}
+
+static void test_ring_bytes_over_mpi(void) { CHECK(run_proc(NULL, bytes_proc, NULL) == 0); }
+
+/* the same bits on every rank and every run, whatever the timing; the deterministic mode */
+typedef struct { size_t n; float *first; int rep; } det_job;
+static void random_floats(float *x, size_t n, unsigned seed)
+{
+    size_t i;
+    unsigned long long s = seed * 2654435761ull + 1;
+    for (i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)((s >> 33) % 2000001) / 1000.0 - 1000.0) * (float)(1 << ((s >> 20) % 12));
+    }
+}
+static void det_proc(world *w, dpar_comm *c, int r)
+{
+    det_job *d = (det_job *)w->user;
+    float *x = (float *)malloc(d->n * sizeof(float)), *y = (float *)malloc(d->n * sizeof(float));
+    random_floats(x, d->n, (unsigned)r + 7);
+    expect_ok(w, dpar_allreduce(c, x, y, d->n, DPAR_F32, DPAR_SUM), "allreduce", r);
+    if (d->rep == 0) memcpy(d->first, y, d->n * sizeof(float));
+    else if (memcmp(d->first, y, d->n * sizeof(float))) note(w, "rep %d on rank %d differs", d->rep, r);
+    free(x);
+    free(y);
+}
+
+static void test_bitwise_reproducible_over_mpi(void)
+{
+    det_job d;
+    dpar_comm_desc desc;
+    float *all;
+    int q;
+    memset(&desc, 0, sizeof desc);
+    desc.segment_bytes = 8192;
+    d.n = 20011;
+    d.first = (float *)malloc(d.n * sizeof(float));
+    __atomic_store_n(&hook_on, 1, __ATOMIC_RELAXED);
+    for (d.rep = 0; d.rep < 30; d.rep++) CHECK(run_proc(&desc, det_proc, &d) == 0);
+    __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
+    /* every rank has the same bits */
+    all = (float *)malloc(d.n * sizeof(float) * (size_t)nprocs);
+    MPI_Allgather(d.first, (int)d.n, MPI_FLOAT, all, (int)d.n, MPI_FLOAT, MPI_COMM_WORLD);
+    for (q = 1; q < nprocs; q++) CHECK(!memcmp(all, all + (size_t)q * d.n, d.n * sizeof(float)));
+    free(all);
+    free(d.first);
+}
+
+#define LEAVES 8
+static void test_deterministic_mode_over_mpi(void)
+{
+    dpar_comm_desc desc;
+    dpar_comm *c = NULL;
+    size_t n = 10007;
+    float *leaf[LEAVES], *out = (float *)malloc(n * sizeof(float)), *want = (float *)malloc(n * sizeof(float));
+    int k, per;
+    memset(&desc, 0, sizeof desc);
+    desc.deterministic = 1;
+    if (nprocs & (nprocs - 1)) {
+        CHECK(dpar_comm_from_mpi(MPI_COMM_WORLD, &desc, &c) == DPAR_EUNSUPPORTED && c == NULL);
+        free(out);
+        free(want);
+        return;
+    }
+    for (k = 0; k < LEAVES; k++) {
+        leaf[k] = (float *)malloc(n * sizeof(float));
+        random_floats(leaf[k], n, (unsigned)k + 100);
+    }
+    dpar_tree_reduce(want, (const void *const *)leaf, LEAVES, n, DPAR_F32, DPAR_SUM); /* one rank's answer */
+    per = LEAVES / nprocs;
+    c = world_comm(&desc);
+    CHECK(c != NULL);
+    if (c) {
+        CHECK(dpar_tree_reduce(out, (const void *const *)(leaf + me * per), per, n, DPAR_F32, DPAR_SUM) == DPAR_OK);
+        CHECK(dpar_allreduce(c, out, out, n, DPAR_F32, DPAR_SUM) == DPAR_OK);
+        CHECK_MSG(!memcmp(out, want, n * sizeof(float)), "rank %d: not the bits of one rank", me);
+        dpar_comm_destroy(c);
+    }
+    for (k = 0; k < LEAVES; k++) free(leaf[k]);
+    free(out);
+    free(want);
+}
+
+/* the contract checker across processes */
+static void test_mismatch_timeout_abort_over_mpi(void)
+{
+    int kind;
+    float x[2048], y[2048];
+    memset(x, 0, sizeof x);
+    for (kind = 0; kind < 3; kind++) {
+        dpar_comm_desc d;
+        dpar_comm *c;
+        dpar_status st = DPAR_OK;
+        uint64_t t0;
+        double secs;
+        const char *msg;
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = kind == 1 ? 300 : 5000;
+        c = world_comm(&d);
+        if (!c) {
+            CHECK(0);
+            continue;
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = dpar_time_ns();
+        if (kind == 0) { /* count */
+            st = dpar_allreduce(c, x, y, me == nprocs - 1 ? 1000 : 1024, DPAR_F32, DPAR_SUM);
+        } else if (kind == 1) { /* the last rank is busy elsewhere past the timeout */
+            if (me != nprocs - 1) st = dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
+            else usleep(1000000);
+        } else { /* abort on rank 0 while the others wait for it */
+            if (me == 0) {
+                usleep(100000);
+                st = dpar_comm_abort(c);
+                st = dpar_barrier(c); /* the flag is spread by the next call */
+            } else {
+                st = dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
+            }
+        }
+        secs = (double)(dpar_time_ns() - t0) * 1e-9;
+        msg = dpar_last_error();
+        if (kind == 0) {
+            CHECK_MSG(st == DPAR_EMISMATCH, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
+            CHECK_MSG(strstr(msg, "count=1000") && strstr(msg, "count=1024") && strstr(msg, "tests/test_mpi.c"), "%s", msg);
+            if (me == 0) printf("    e.g. %s\n", msg);
+        } else if (kind == 1 && me != nprocs - 1) {
+            CHECK_MSG(st == DPAR_ETIMEDOUT, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
+            CHECK_MSG(strstr(msg, "timed out after 300 ms") && strstr(msg, "never arrived (it does not answer"), "%s", msg);
+            {
+                char who[64];
+                snprintf(who, sizeof who, "rank %d never arrived", nprocs - 1);
+                CHECK_MSG(strstr(msg, who) != NULL, "%s", msg);
+            }
+            if (me == 0) printf("    e.g. %s\n", msg);
+        } else if (kind == 2) {
+            CHECK_MSG(st == DPAR_EABORTED, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
+            CHECK_MSG(strstr(msg, "aborted by dpar_comm_abort (called on rank 0)"), "%s", msg);
+        }
+        CHECK_MSG(secs < 2.0, "rank %d took %.2f s", me, secs);
+        if (kind == 1 && me == nprocs - 1) usleep(400000); /* the news has arrived */
+        dpar_comm_destroy(c);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
+
+/* async requests, split and mesh */
+static void async_proc(world *w, dpar_comm *c, int r)
+{
+    size_t n = 100003, i;
+    int N = w->n, k;
+    float *g[3], *o[3];
+    dpar_request *req[3];
+    for (k = 0; k < 3; k++) {
+        g[k] = (float *)malloc(n * sizeof(float));
+        o[k] = (float *)malloc(n * sizeof(float));
+        for (i = 0; i < n; i++) g[k][i] = (float)(r + k + (int)(i % 5));
+        expect_ok(w, dpar_iallreduce(c, g[k], o[k], n, DPAR_F32, DPAR_SUM, &req[k]), "iallreduce", r);
+    }
+    for (k = 0; k < 3; k++) {
+        expect_ok(w, dpar_request_wait(req[k]), "wait", r);
+        for (i = 0; i < n; i += 97)
+            if (o[k][i] != (float)(N * (N - 1) / 2 + N * (k + (int)(i % 5)))) note(w, "iallreduce %d wrong on %d", k, r);
+        free(g[k]);
+        free(o[k]);
+    }
+}
+
+static void mesh_proc(world *w, dpar_comm *c, int r)
+{
+    dpar_mesh m;
+    dpar_comm *half = NULL;
+    int64_t v = r, want = 0;
+    int q, dp = w->n % 2 == 0 ? 2 : w->n, tp = w->n % 2 == 0 ? w->n / 2 : 1;
+    expect_ok(w, dpar_comm_split(c, r % 2, r, &half), "split", r);
+    for (q = r % 2; q < w->n; q += 2) want += q;
+    if (half) {
+        expect_ok(w, dpar_allreduce(half, &v, &v, 1, DPAR_I64, DPAR_SUM), "allreduce on split", r);
+        if (v != want) note(w, "split sum on %d: %lld", r, (long long)v);
+        dpar_comm_destroy(half);
+    }
+    expect_ok(w, dpar_mesh_create(c, dp, tp, 1, &m), "mesh", r);
+    if (m.tp_rank != r % tp || m.dp_rank != r / tp || dpar_comm_size(m.dp_comm) != dp)
+        note(w, "mesh coordinates of %d", r);
+    v = r;
+    expect_ok(w, dpar_allreduce(m.tp_comm, &v, &v, 1, DPAR_I64, DPAR_SUM), "tp allreduce", r);
+    for (want = 0, q = (r / tp) * tp; q < (r / tp + 1) * tp; q++) want += q;
+    if (v != want) note(w, "tp sum on %d: %lld != %lld", r, (long long)v, (long long)want);
+    dpar_mesh_destroy(&m);
+}
+
+static void test_async_split_mesh_over_mpi(void)
+{
+    CHECK(run_proc(NULL, async_proc, NULL) == 0);
+    CHECK(run_proc(NULL, mesh_proc, NULL) == 0);
+}
+
+/* ---- hybrid: processes x threads ---- */
+typedef struct { dpar_group *local; matrix_case *m; dpar_comm_desc desc; int det; world *w; size_t n; } hyb_job;
+
+static dpar_status hybrid_thread(void *user, int t, int T)
+{
+    hyb_job *h = (hyb_job *)user;
+    dpar_comm *c = NULL;
+    dpar_status st = dpar_comm_create_hybrid(MPI_COMM_WORLD, h->local, t, &c);
+    int r;
+    (void)T;
+    if (st != DPAR_OK) {
+        note(h->w, "thread %d: create_hybrid: %s", t, dpar_last_error());
+        return st;
+    }
+    r = dpar_comm_rank(c);
+    if (r != me * hybrid_threads + t || dpar_comm_size(c) != nprocs * hybrid_threads)
+        note(h->w, "hybrid rank %d/%d on process %d thread %d", r, dpar_comm_size(c), me, t);
+    if (h->det) {
+        /* the bits of the flat tree over all N world ranks (every process knows every input) */
+        int N = dpar_comm_size(c), q;
+        float **in = (float **)malloc((size_t)N * sizeof(float *)), *want = (float *)malloc(h->n * sizeof(float));
+        float *out = (float *)malloc(h->n * sizeof(float));
+        for (q = 0; q < N; q++) {
+            in[q] = (float *)malloc(h->n * sizeof(float));
+            random_floats(in[q], h->n, (unsigned)q + 900);
+        }
+        dpar_tree_reduce(want, (const void *const *)in, N, h->n, DPAR_F32, DPAR_SUM);
+        expect_ok(h->w, dpar_allreduce(c, in[r], out, h->n, DPAR_F32, DPAR_SUM), "hybrid det allreduce", r);
+        if (memcmp(out, want, h->n * sizeof(float))) note(h->w, "hybrid det allreduce on %d: not the flat bits", r);
+        /* and the ring hybrid is within rounding of it */
+        for (q = 0; q < N; q++) free(in[q]);
+        free(in);
+        free(want);
+        free(out);
+    } else {
+        matrix_rank(h->w, c, r);
+        movement_rank(h->w, c, r);
+        p2p_proc(h->w, c, r);
+        expect_ok(h->w, dpar_barrier(c), "barrier", r);
+    }
+    dpar_comm_destroy(c);
+    return DPAR_OK;
+}
+
+static int run_hybrid(int det, matrix_case *m, size_t n)
+{
+    hyb_job h;
+    world w;
+    dpar_pool *pool;
+    dpar_pool_desc pd;
+    memset(&h, 0, sizeof h);
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.lock, NULL);
+    w.n = nprocs * hybrid_threads;
+    w.user = m;
+    h.w = &w;
+    h.m = m;
+    h.det = det;
+    h.n = n;
+    h.desc.size = hybrid_threads;
+    h.desc.deterministic = det;
+    memset(&pd, 0, sizeof pd);
+    pd.num_threads = hybrid_threads;
+    dpar_pool_create(&pd, &pool);
+    if (dpar_group_create(&h.desc, &h.local) != DPAR_OK) return 1;
+    dpar_pool_run(pool, hybrid_thread, &h);
+    dpar_group_destroy(h.local);
+    dpar_pool_destroy(pool);
+    if (w.failures) printf("    process %d: %d failures, first: %s\n", me, w.failures, w.first);
+    pthread_mutex_destroy(&w.lock);
+    return w.failures;
+}
+
+static void test_hybrid_collectives(void)
+{
+    size_t counts[4], big = big_count() / 10;
+    int ci, t, op, fails = 0, q, N = nprocs * hybrid_threads;
+    char *bufs[16];
+    counts[0] = 1;
+    counts[1] = (size_t)N + 1;
+    counts[2] = 1000;
+    counts[3] = big;
+    for (q = 0; q < 2 * N && q < 16; q++) bufs[q] = (char *)malloc((big + 64) * 8);
+    for (ci = 0; ci < 4; ci++) {
+        matrix_case m;
+        memset(&m, 0, sizeof m);
+        m.count = counts[ci];
+        for (q = 0; q < N; q++) { /* world rank q's buffers (only this process's are used) */
+            m.send[q] = bufs[2 * q];
+            m.recv[q] = bufs[2 * q + 1];
+        }
+        for (t = 0; t < DPAR_DTYPE_COUNT; t++)
+            for (op = 0; op < DPAR_OP_COUNT; op++) {
+                if (ci == 3 && (op != DPAR_SUM || (t != DPAR_F32 && t != DPAR_BF16))) continue;
+                m.t = (dpar_dtype)t;
+                m.op = (dpar_op)op;
+                m.root = (int)(counts[ci] % (size_t)N);
+                fails += run_hybrid(0, &m, 0);
+            }
+    }
+    CHECK(fails == 0);
+    for (q = 0; q < 2 * N && q < 16; q++) free(bufs[q]);
+}
+
+static void test_hybrid_deterministic_equals_flat(void)
+{
+    int N = nprocs * hybrid_threads;
+    if (N & (N - 1)) SKIP("the deterministic mode needs a power-of-two number of ranks");
+    CHECK(run_hybrid(1, NULL, 30011) == 0);
+}
+
+/* ---- MPI_THREAD_FUNNELED: what needs more says so ---- */
+static void test_thread_level_is_checked(void)
+{
+    dpar_comm *c = world_comm(NULL), *h = NULL;
+    dpar_request *req = NULL;
+    dpar_group *g;
+    dpar_comm_desc d;
+    float x[4] = {1, 2, 3, 4};
+    CHECK(c != NULL);
+    if (!c) return;
+    CHECK(dpar_iallreduce(c, x, x, 4, DPAR_F32, DPAR_SUM, &req) == DPAR_EUNSUPPORTED && req == NULL);
+    CHECK(strstr(dpar_last_error(), "MPI_THREAD_MULTIPLE") != NULL);
+    dpar_comm_destroy(c);
+    memset(&d, 0, sizeof d);
+    d.size = 1;
+    dpar_group_create(&d, &g);
+    CHECK(dpar_comm_create_hybrid(MPI_COMM_WORLD, g, 0, &h) == DPAR_EUNSUPPORTED && h == NULL);
+    CHECK_MSG(strstr(dpar_last_error(), "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave MPI_THREAD_FUNNELED"), "%s",
+              dpar_last_error());
+    dpar_group_destroy(g);
+    /* blocking calls still work at this level */
+    c = world_comm(NULL);
+    CHECK(c && dpar_allreduce(c, x, x, 4, DPAR_F32, DPAR_SUM) == DPAR_OK && x[3] == 4.0f * (float)nprocs);
+    if (c) dpar_comm_destroy(c);
+}
+
+/* ---- a runner whose verdict is the same on every process ---- */
+static int passed, failed, skipped;
+static void mrun(const char *name, void (*fn)(void))
+{
+    int local[2], total[2];
+    double t0 = dt_now();
+    dt_test_failed = 0;
+    dt_test_skipped = 0;
+    fn();
+    local[0] = dt_test_failed;
+    local[1] = dt_test_skipped;
+    MPI_Allreduce(local, total, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (me != 0) return;
+    if (total[0]) {
+        failed++;
+        printf("FAIL %s\n", name);
+    } else if (total[1]) {
+        skipped++;
+        printf("skip %s: skipped: %s\n", name, dt_skip_reason);
+    } else {
+        passed++;
+        printf("ok   %s (%.0f ms)\n", name, 1e3 * (dt_now() - t0));
+    }
+    fflush(stdout);
+}
+#define MRUN(fn) mrun(#fn, fn)
+
+int main(int argc, char **argv)
+{
+    int provided = 0, funneled = 0, i;
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--hybrid") && i + 1 < argc) hybrid_threads = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--funneled")) funneled = 1;
+    }
+    MPI_Init_thread(&argc, &argv, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
+    if (me == 0) printf("test_mpi: %d processes x %d threads\n", nprocs, hybrid_threads ? hybrid_threads : 1);
+    if (funneled) {
+        MRUN(test_thread_level_is_checked);
+    } else if (provided < MPI_THREAD_MULTIPLE) {
+        if (me == 0) printf("skip test_mpi: skipped: MPI gave no MPI_THREAD_MULTIPLE\n");
+        skipped++;
+    } else if (hybrid_threads > 0) {
+        MRUN(test_hybrid_collectives);
+        MRUN(test_hybrid_deterministic_equals_flat);
+    } else {
+        MRUN(test_point_to_point_over_mpi);
+        MRUN(test_collectives_matrix_over_mpi);
+        MRUN(test_ring_bytes_over_mpi);
+        MRUN(test_bitwise_reproducible_over_mpi);
+        MRUN(test_deterministic_mode_over_mpi);
+        MRUN(test_mismatch_timeout_abort_over_mpi);
+        MRUN(test_async_split_mesh_over_mpi);
+    }
+    if (me == 0) {
+        if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+        else printf("%d passed, %d failed\n", passed, failed);
+    }
+    fflush(stdout);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
