@@ -2409,6 +2409,8 @@ typedef struct dpar__transport {
     dpar_status (*recv_into)(dpar__ctx *x, int peer, void *dst, size_t bytes);
     /* optional: run the call with the transport's own collective; *done = 0 to use the ring */
     dpar_status (*native)(dpar__ctx *x, const struct dpar__call *k, int *done);
+    /* optional hint: the next fetch will be from peer again, start receiving it now */
+    void (*prefetch)(dpar__ctx *x, int peer);
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -2660,6 +2662,8 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
                 if (s >= 2) DPAR__TRY(dpar__drain(x, next, (int)k.segs));
                 dst = part[s % 2] + rlo * es;
             }
+            /* the next segment streams in while this one is reduced (all but the very last) */
+            if (c->tp->prefetch && !(last && g + 1 == k.segs)) c->tp->prefetch(x, prev);
             dpar__reduce(dst, send + ro * es, p, rl, t, op, last && op == DPAR_AVG ? N : 0);
             DPAR__TRY(dpar__release(x, prev));
         }
@@ -3829,7 +3833,8 @@ static void dpar__t_destroy(dpar_comm *c)
 static const dpar__transport dpar__threads_transport = {"threads",       dpar__t_post,     dpar__t_fetch,
                                                         dpar__t_release, dpar__t_drain,    dpar__t_enter,
                                                         dpar__t_poisoned, dpar__t_poison, dpar__t_split,
-                                                        dpar__t_destroy, NULL,            NULL};
+                                                        dpar__t_destroy, NULL,            NULL,
+                                                        NULL};
 
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out)
 {
@@ -3942,8 +3947,10 @@ typedef struct dpar__mpi {
     int level;             /* the thread level MPI gave */
     int native, oversub;
     int T, t;              /* hybrid: threads per process, and mine (flat: 1, 0) */
-    char *staging;
+    char *staging, *staging2; /* the segment being reduced, and the next one arriving */
     size_t staging_bytes;
+    MPI_Request pf_req;    /* the receive of the next segment (collective lane), or none */
+    int pf_peer;           /* its peer, -1: none */
     MPI_Request *sends;    /* [DPAR__LANES][size][DPAR__QDEPTH] */
     uint32_t *send_first, *send_n; /* [DPAR__LANES][size] */
     uint64_t *hdr_sent, *hdr_recv; /* [size]: the collective whose header went to / came from a peer */
@@ -4262,14 +4269,56 @@ static dpar_status dpar__m_recv_into(dpar__ctx *x, int peer, void *dst, size_t b
     return DPAR_OK;
 }
 
+static void dpar__m_prefetch(dpar__ctx *x, int peer)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    if (m->pf_peer >= 0 || x->lane != DPAR__LANE_COLL) return;
+    if (MPI_Irecv(m->staging2, (int)m->staging_bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 0, peer),
+                  m->comm, &m->pf_req) == MPI_SUCCESS)
+        m->pf_peer = peer;
+}
+
+static void dpar__m_prefetch_cancel(dpar__mpi *m)
+{
+    if (m->pf_peer < 0) return;
+    MPI_Cancel(&m->pf_req);
+    MPI_Request_free(&m->pf_req);
+    m->pf_peer = -1;
+}
+
 static dpar_status dpar__m_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
 {
     dpar__mpi *m = DPAR__M(x->c);
+    if (m->pf_peer == peer && x->lane == DPAR__LANE_COLL) { /* it was already on its way */
+        MPI_Status s;
+        int got = 0;
+        char *t;
+        m->pf_peer = -1;
+        DPAR__TRY(dpar__m_wait(x, &m->pf_req, &s, peer, "arrive"));
+        MPI_Get_count(&s, MPI_BYTE, &got);
+        if ((size_t)got != bytes) {
+            char msg[DPAR__ERROR_TEXT];
+            snprintf(msg, sizeof msg, "rank %d sent %d bytes where rank %d expected %zu", peer, got, x->c->rank, bytes);
+            return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
+        }
+        t = m->staging;
+        m->staging = m->staging2;
+        m->staging2 = t;
+        *data = m->staging;
+        return DPAR_OK;
+    }
     if (bytes > m->staging_bytes) { /* larger than a segment: never in dpar's own algorithms */
-        char *p = (char *)dpar__alloc(&x->c->allocator, bytes);
-        if (!p) return dpar__err(DPAR_ENOMEM, "%s: out of memory for staging", x->c->name);
+        char *p = (char *)dpar__alloc(&x->c->allocator, bytes), *q = (char *)dpar__alloc(&x->c->allocator, bytes);
+        if (!p || !q) {
+            dpar__free(&x->c->allocator, p);
+            dpar__free(&x->c->allocator, q);
+            return dpar__err(DPAR_ENOMEM, "%s: out of memory for staging", x->c->name);
+        }
+        dpar__m_prefetch_cancel(m);
         dpar__free(&x->c->allocator, m->staging);
+        dpar__free(&x->c->allocator, m->staging2);
         m->staging = p;
+        m->staging2 = q;
         m->staging_bytes = bytes;
     }
     DPAR__TRY(dpar__m_recv_into(x, peer, m->staging, bytes));
@@ -4353,6 +4402,7 @@ static dpar_status dpar__m_poison(dpar_comm *c, dpar_status why, const char *msg
     }
     return dpar__m_poisoned(c);
 }
+/* (a prefetched receive of a poisoned comm is cancelled when the comm is destroyed) */
 
 static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc, int T, int t, int node_procs,
                                dpar_comm **out);
@@ -4389,6 +4439,7 @@ static void dpar__m_destroy(dpar_comm *c)
     dpar__mpi *m = DPAR__M(c);
     size_t k, n = (size_t)DPAR__LANES * (size_t)c->size;
     if (!m) return;
+    dpar__m_prefetch_cancel(m);
     if (!DPAR__LOAD(&m->poison, DPAR__ACQUIRE)) { /* let sends finish (they are matched: all calls ended) */
         for (k = 0; k < n; k++)
             while (m->send_n[k]) {
@@ -4413,6 +4464,7 @@ static void dpar__m_destroy(dpar_comm *c)
         dpar__free(&a, m->shared);
     }
     dpar__free(&c->allocator, m->staging);
+    dpar__free(&c->allocator, m->staging2);
     dpar__free(&c->allocator, m->sends);
     dpar__free(&c->allocator, m->send_first);
     dpar__free(&c->allocator, m->send_n);
@@ -4685,7 +4737,8 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
 static const dpar__transport dpar__mpi_transport = {"mpi",           dpar__m_post,     dpar__m_fetch,
                                                     dpar__m_release,  dpar__m_drain,    dpar__m_enter,
                                                     dpar__m_poisoned, dpar__m_poison, dpar__m_split,
-                                                    dpar__m_destroy,  dpar__m_recv_into, dpar__m_native};
+                                                    dpar__m_destroy,  dpar__m_recv_into, dpar__m_native,
+                                                    dpar__m_prefetch};
 
 /* processes of mc on this node (collective over mc: one thread per process calls it) */
 static int dpar__m_node_procs(MPI_Comm mc)
@@ -4735,13 +4788,15 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     c->spin = dpar__spin_make(desc->spin_us == 0 ? DPAR_SPIN_US : (desc->spin_us < 0 ? 0 : desc->spin_us), node_procs * T);
     m->staging_bytes = c->segment_bytes;
     n = (size_t)DPAR__LANES * (size_t)c->size;
+    m->pf_peer = -1;
     m->staging = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
+    m->staging2 = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
     m->sends = (MPI_Request *)dpar__calloc(&c->allocator, n * DPAR__QDEPTH, sizeof(MPI_Request));
     m->send_first = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
     m->send_n = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
     m->hdr_sent = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
     m->hdr_recv = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
-    if (!m->staging || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent || !m->hdr_recv) {
+    if (!m->staging || !m->staging2 || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent || !m->hdr_recv) {
         m->own_comm = 0;
         dpar__m_destroy(c);
         dpar__comm_free(c);
