@@ -44,6 +44,13 @@ $(BUILD):
 $(BUILD)/test_%: tests/test_%.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# the GEMM tests with OpenBLAS (when found) and with the portable micro-kernel
+$(BUILD)/openblas_test_gemm: tests/test_gemm.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -DDPAR_OPENBLAS $< -o $@ $(LDLIBS) -lopenblas
+
+$(BUILD)/noavx2_test_gemm: tests/test_gemm.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -DDPAR_NO_AVX2 $< -o $@ $(LDLIBS)
+
 # the pool tests once more with the portable parking lot instead of futexes
 $(BUILD)/nofutex_test_pool: tests/test_pool.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DDPAR_NO_FUTEX $< -o $@ $(LDLIBS)
@@ -66,6 +73,9 @@ $(BUILD)/pool_demo: examples/pool_demo.c dpar.h | $(BUILD)
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/bench_gemm: bench/bench_gemm.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 -DDPAR_OPENBLAS -I. $< -o $@ $(LDLIBS) -lopenblas
+
 $(BUILD)/bench_mpi: bench/bench_mpi.c dpar.h | $(BUILD)
 	$(MPICC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
 
@@ -76,9 +86,11 @@ $(BUILD)/bench_comm: bench/bench_comm.c dpar.h | $(BUILD)
 demo: $(BUILD)/pool_demo
 	./$(BUILD)/pool_demo
 
-test: $(TESTS) $(BUILD)/nofutex_test_pool $(MPITEST)
+VARIANTS := $(BUILD)/nofutex_test_pool $(BUILD)/noavx2_test_gemm $(if $(OPENBLAS),$(BUILD)/openblas_test_gemm)
+
+test: $(TESTS) $(VARIANTS) $(MPITEST)
 	@NVCC="$(NVCC)" MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" MPITEST="$(MPITEST)" OPENBLAS="$(OPENBLAS)" BUILD="$(BUILD)" \
-	    tests/run.sh --matrix $(TESTS) $(BUILD)/nofutex_test_pool
+	    tests/run.sh --matrix $(TESTS) $(VARIANTS)
 
 # MPI tests run under ASan+UBSan with leak detection off (Open MPI keeps memory until exit); not
 # under TSan, which does not see Open MPI's own synchronisation and reports races inside it.
@@ -90,13 +102,18 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(if $(MPITEST),$(BUILD)/bench_mpi)
+bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 else
 	@echo "bench: $(CC) has no -fopenmp; the pool benchmark needs OpenMP as its reference"
 endif
 	./$(BUILD)/bench_comm
+ifneq ($(OPENBLAS),)
+	./$(BUILD)/bench_gemm
+else
+	@echo "bench: OpenBLAS not found: bench=gemm (which compares against it) skipped"
+endif
 ifneq ($(MPITEST),)
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 $(MPIRUN) -np 2 ./$(BUILD)/bench_mpi
 else

@@ -12,7 +12,7 @@
          #define DPAR_IMPLEMENTATION
          #include "dpar.h"
 
-     Everywhere else include "dpar.h" alone. Link with -pthread.
+     Everywhere else include "dpar.h" alone. Link with -pthread -lm.
 
          static void square(void *user, int64_t begin, int64_t end, int thread) {
              float *x = (float *)user;
@@ -33,6 +33,8 @@
      DPAR_ASSERT(c)        assertion hook for programmer errors (default: assert from <assert.h>)
      DPAR_NO_FUTEX         use a mutex/condition-variable parking lot instead of Linux futexes
      DPAR_MPI              the MPI transport: dpar_comm_from_mpi, dpar_comm_create_hybrid (mpi.h)
+     DPAR_OPENBLAS         dpar_sgemm calls OpenBLAS's cblas_sgemm (link -lopenblas)
+     DPAR_NO_AVX2          leave out the AVX2 + FMA GEMM kernel (x86; chosen at run time otherwise)
      DPAR_SPIN_US          default microseconds a wait spins before it sleeps (default 200)
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
      DPAR_TIMEOUT_MS_DEFAULT  blocking comm calls give up after this (default 30000)
@@ -52,6 +54,8 @@
      >>comm      communicator: point-to-point, collectives, async, split, mesh, counters
      >>ring      the collective algorithms, written once for every transport
      >>threads   the threads transport: zero-copy channels between thread ranks
+     >>gemm      dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool
+     >>shard     shard plans, tensor-parallel linear layers (Megatron), ZeRO-1 optimizer
      >>mpi       the MPI transport (DPAR_MPI) and the hybrid processes x threads comm
      >>impl      the implementation, in the same order
 
@@ -573,6 +577,128 @@ typedef struct dpar_comm_stats {
 DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out);
 DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm);
 
+/* ============================================================================================== */
+/* >>gemm: single-precision matrix multiply                                                       */
+/* ============================================================================================== */
+/* Row-major, as CBLAS with CblasRowMajor: C (M x N) = alpha op(A) (M x K) op(B) (K x N) + beta C,
+   op(X) = X or its transpose. lda, ldb, ldc are row strides in elements. beta = 0 ignores C's old
+   contents (NaN included). Under DPAR_OPENBLAS dpar_sgemm is cblas_sgemm; inside a pool thread it
+   first sets OpenBLAS to one thread (OpenBLAS 0.3 has only a process-wide setting), so the pool's
+   threads and OpenBLAS's never fight over the cores: dpar owns the threads. */
+typedef enum dpar_trans { DPAR_NO_TRANS = 0, DPAR_TRANS = 1 } dpar_trans;
+
+/* dpar_sgemm: the fast path (OpenBLAS or the built-in kernel). DPAR_EINVAL for negative sizes,
+   leading dimensions too small, NULL matrices. Thread safety: any thread. */
+DPAR_API dpar_status dpar_sgemm(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
+                                const float *B, int ldb, float beta, float *C, int ldc);
+/* dpar_sgemm_builtin: the built-in blocked kernel, always available (tests compare both paths).
+   Thread safety: any thread (packing buffers are per thread). */
+DPAR_API dpar_status dpar_sgemm_builtin(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A,
+                                        int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* dpar_sgemm_pool: one GEMM cut over the threads of a pool (by rows of C, or by columns when C is
+   wide), each part a single-threaded dpar_sgemm. Thread safety: as dpar_pool_for. */
+DPAR_API dpar_status dpar_sgemm_pool(dpar_pool *pool, dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha,
+                                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* dpar_sgemm_ref: the naive triple loop, accumulating in double: the reference of the tests.
+   Thread safety: any thread. */
+DPAR_API void dpar_sgemm_ref(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C, int ldc);
+
+/* ============================================================================================== */
+/* >>shard: shard plans, tensor-parallel linear layers, ZeRO-1                                    */
+/* ============================================================================================== */
+/* A shard plan cuts a rows x cols row-major tensor over `parts` ranks, by rows or by columns, in the
+   near-equal blocks of dpar_block_range (uneven where the size does not divide). Rank r's shard is
+   stored contiguously, row-major: nrows x ncols of its slice. */
+typedef enum dpar_shard_axis { DPAR_SHARD_ROWS = 0, DPAR_SHARD_COLS = 1 } dpar_shard_axis;
+
+typedef struct dpar_shard_plan {
+    size_t rows, cols;
+    int parts;
+    dpar_shard_axis axis;
+} dpar_shard_plan;
+
+/* dpar_shard_plan_make: DPAR_EINVAL for parts < 1, a bad axis, a NULL out. Thread safety: any. */
+DPAR_API dpar_status dpar_shard_plan_make(size_t rows, size_t cols, int parts, dpar_shard_axis axis, dpar_shard_plan *out);
+/* dpar_shard_slice: the slice rank owns: rows [row0, row0 + nrows), cols [col0, col0 + ncols).
+   Returns the element count of the shard (0 for a bad rank). Thread safety: any thread. */
+DPAR_API size_t dpar_shard_slice(const dpar_shard_plan *plan, int rank, size_t *row0, size_t *nrows, size_t *col0,
+                                 size_t *ncols);
+/* Over a comm of plan->parts ranks (DPAR_EINVAL otherwise). scatter: root's full tensor to every
+   rank's shard; gather: the shards into root's full tensor (others' full may be NULL); allgather:
+   the shards into everyone's full tensor. Collective. Thread safety: the comm's thread. */
+DPAR_API dpar_status dpar_shard_scatter(dpar_comm *comm, const dpar_shard_plan *plan, const void *full, void *shard,
+                                        dpar_dtype dtype, int root);
+DPAR_API dpar_status dpar_shard_gather(dpar_comm *comm, const dpar_shard_plan *plan, const void *shard, void *full,
+                                       dpar_dtype dtype, int root);
+DPAR_API dpar_status dpar_shard_allgather(dpar_comm *comm, const dpar_shard_plan *plan, const void *shard, void *full,
+                                          dpar_dtype dtype);
+
+/* A linear layer y = x W + b with W (in x out), b (out), batch rows of x: one rank's part of it.
+   FULL: the whole layer, no comm. COLUMN (Megatron's column-parallel): W and b cut by output
+   columns; x (batch x in) is the same on every rank, y (batch x out_local) is this rank's columns;
+   backward allreduces dx. ROW (row-parallel): W cut by input rows; x (batch x in_local) is this
+   rank's columns of the input (what a COLUMN layer and an elementwise activation produce), forward
+   allreduces y (batch x out), then adds b (whole on every rank). A COLUMN layer followed by a ROW
+   layer therefore costs one allreduce in forward and one in backward. Gradients accumulate (+=)
+   until dpar_linear_zero_grad, so micro-batches add up. */
+typedef enum dpar_linear_mode { DPAR_LINEAR_FULL = 0, DPAR_LINEAR_COLUMN = 1, DPAR_LINEAR_ROW = 2 } dpar_linear_mode;
+
+typedef struct dpar_linear {
+    dpar_linear_mode mode;
+    int in, out;                /* the whole layer */
+    int in_local, out_local;    /* this rank's W is (in_local x out_local), row-major */
+    int in_offset, out_offset;  /* where it sits in the whole W */
+    int bias_local;             /* floats in b and db (0: no bias) */
+    float *w, *b, *dw, *db;     /* parameters and their gradients */
+    dpar_comm *comm;            /* the tensor-parallel comm (NULL for FULL) */
+    dpar_pool *pool;            /* optional: GEMMs cut over this pool's threads */
+    dpar_allocator allocator;
+} dpar_linear;
+
+/* dpar_linear_init: allocate this rank's parameters (zero) and gradients. comm: required for
+   COLUMN and ROW (the tp ranks); pool: optional. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_linear_init(dpar_linear *layer, dpar_linear_mode mode, int in, int out, int has_bias,
+                                      dpar_comm *comm, dpar_pool *pool, const dpar_allocator *allocator);
+/* dpar_linear_set_weights: take this rank's slice of the whole W (in x out) and b (out; may be NULL).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_linear_set_weights(dpar_linear *layer, const float *w_full, const float *b_full);
+/* dpar_linear_forward: y = x W + b as above. Collective over comm for ROW. */
+DPAR_API dpar_status dpar_linear_forward(dpar_linear *layer, const float *x, float *y, int batch);
+/* dpar_linear_backward: given dy, dw += x^T dy, db += column sums of dy, dx = dy W^T (dx may be
+   NULL, on every rank alike, when it is not needed). Collective over comm for COLUMN with dx. */
+DPAR_API dpar_status dpar_linear_backward(dpar_linear *layer, const float *x, const float *dy, float *dx, int batch);
+DPAR_API void dpar_linear_zero_grad(dpar_linear *layer);
+DPAR_API void dpar_linear_free(dpar_linear *layer);
+
+/* ZeRO stage 1 (DeepSpeed): the optimizer state is cut over the data-parallel ranks. A step
+   reduce-scatters the gradients (the average over ranks), updates this rank's block of the
+   parameters with its block of the state, and all-gathers the parameters. */
+typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
+
+typedef struct dpar_zero_desc {
+    dpar_optim kind;
+    float lr;            /* required */
+    float momentum;      /* SGD: v = momentum v + g; p -= lr v (0: plain SGD) */
+    float beta1, beta2;  /* Adam (AdamW); 0: 0.9 and 0.999 */
+    float eps;           /* Adam; 0: 1e-8 */
+    float weight_decay;  /* SGD: added to the gradient; Adam: decoupled (AdamW) */
+    dpar_allocator allocator;
+} dpar_zero_desc;
+
+typedef struct dpar_zero dpar_zero;
+
+/* dpar_zero_create: for `count` parameters over the ranks of dp. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out);
+/* dpar_zero_step: params (count, the same on every rank) are updated in place from grads (count,
+   this rank's gradient; its own block is overwritten by the averaged gradient). Collective.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_zero_step(dpar_zero *zero, float *params, float *grads);
+/* dpar_zero_state_bytes: the optimizer state this rank holds; dpar_zero_shard: its block. */
+DPAR_API size_t dpar_zero_state_bytes(const dpar_zero *zero);
+DPAR_API void dpar_zero_shard(const dpar_zero *zero, size_t *offset, size_t *length);
+DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
+
 /* >>mpi: the communicator over MPI (define DPAR_MPI before the include; build with mpicc) */
 #ifdef DPAR_MPI
 /* dpar_comm_from_mpi: a comm on the processes of `mpi_comm` (dpar works on a duplicate, so its
@@ -603,6 +729,7 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -620,6 +747,9 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
 #endif
 #if defined(__linux__)
 #include <sys/syscall.h>
+#endif
+#ifdef DPAR_OPENBLAS
+#include <cblas.h>
 #endif
 #if !defined(CLOCK_MONOTONIC)
 #error "dpar.h: CLOCK_MONOTONIC is missing: include dpar.h before any system header in the file that defines DPAR_IMPLEMENTATION, or compile with -D_DEFAULT_SOURCE"
@@ -1359,8 +1489,8 @@ static int dpar__fork_poll(dpar_pool *p, dpar__thread *t)
     uint32_t gen = DPAR__LOAD(&p->fork_gen, DPAR__ACQUIRE);
     if (gen == t->seen_fork) return 0;
     t->seen_fork = gen;
+    dpar__unshare(p, t); /* first: a woken worker may sit on the caller's CPU for the whole part */
     dpar__fork_part(p, t->index);
-    dpar__unshare(p, t);
     if (DPAR__SUB(&p->join_pending, 1, DPAR__SEQ_CST) == 1) dpar__wake(&p->join_pending, &p->join_sleepers, 1);
     return 1;
 }
@@ -2598,17 +2728,35 @@ typedef struct dpar__chunks {
     size_t count, seg; /* elements, segment length in elements */
     int n;
     size_t segs;       /* segments per chunk (of the longest chunk; at least 1) */
+    const size_t *offs, *lens; /* chunk c, when not dpar_block_range's */
 } dpar__chunks;
 
-static dpar__chunks dpar__chunks_make(dpar__ctx *x, size_t count, size_t es)
+static void dpar__chunk(const dpar__chunks *k, int c, size_t *off, size_t *len)
+{
+    if (k->offs) {
+        *off = k->offs[c];
+        *len = k->lens[c];
+    } else {
+        dpar_block_range(k->count, k->n, c, off, len);
+    }
+}
+
+static dpar__chunks dpar__chunks_make(dpar__ctx *x, size_t count, size_t es, const size_t *offs, const size_t *lens)
 {
     dpar__chunks k;
-    size_t longest;
+    size_t longest = 0, o, l;
+    int c;
     k.count = count;
     k.n = x->c->size;
+    k.offs = offs;
+    k.lens = lens;
     k.seg = x->c->segment_bytes / es;
     if (k.seg < 1) k.seg = 1;
-    dpar_block_range(count, k.n, 0, NULL, &longest);
+    for (c = 0; c < k.n; c++) {
+        dpar__chunk(&k, c, &o, &l);
+        if (l > longest) longest = l;
+        if (!offs) break; /* block 0 is the longest of dpar_block_range */
+    }
     k.segs = longest ? (longest + k.seg - 1) / k.seg : 1;
     return k;
 }
@@ -2617,7 +2765,7 @@ static dpar__chunks dpar__chunks_make(dpar__ctx *x, size_t count, size_t es)
 static void dpar__seg(const dpar__chunks *k, int c, size_t g, size_t *off, size_t *len, size_t *local)
 {
     size_t o, l, lo = g * k->seg;
-    dpar_block_range(k->count, k->n, c, &o, &l);
+    dpar__chunk(k, c, &o, &l);
     *local = lo;
     *off = o + (lo < l ? lo : l);
     *len = lo < l ? (l - lo < k->seg ? l - lo : k->seg) : 0;
@@ -2631,7 +2779,7 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
     dpar_comm *c = x->c;
     int N = c->size, r = c->rank, next = (r + 1) % N, prev = (r + N - 1) % N, s;
     size_t es = dpar__dtype_sizes[t], g;
-    dpar__chunks k = dpar__chunks_make(x, count, es);
+    dpar__chunks k = dpar__chunks_make(x, count, es, NULL, NULL);
     size_t longest;
     char *part[2] = {NULL, NULL};
     dpar_block_range(count, N, 0, NULL, &longest);
@@ -2671,12 +2819,14 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
     return dpar__drain(x, next, 0);
 }
 
-/* all-gather: rank r's block is at `mine` (zero-copy source); every block ends in recv */
-static dpar_status dpar__ring_allgather(dpar__ctx *x, const char *mine, char *recv, size_t count, size_t es)
+/* all-gather: rank r's block is at `mine` (zero-copy source); every block ends in recv. The
+   blocks are dpar_block_range's, or offs/lens when given (a shard plan's uneven rows). */
+static dpar_status dpar__ring_allgather(dpar__ctx *x, const char *mine, char *recv, size_t count, size_t es,
+                                        const size_t *offs, const size_t *lens)
 {
     dpar_comm *c = x->c;
     int N = c->size, r = c->rank, next = (r + 1) % N, prev = (r + N - 1) % N, s;
-    dpar__chunks k = dpar__chunks_make(x, count, es);
+    dpar__chunks k = dpar__chunks_make(x, count, es, offs, lens);
     size_t g;
     for (s = 0; s < N - 1; s++) {
         int sc = dpar__mod(r - s, N), rc = dpar__mod(r - s - 1, N);
@@ -2696,7 +2846,7 @@ static dpar_status dpar__allreduce_ring(dpar__ctx *x, const char *send, char *re
     size_t es = dpar__dtype_sizes[t], off;
     dpar_block_range(count, x->c->size, x->c->rank, &off, NULL);
     DPAR__TRY(dpar__ring_reduce_scatter(x, send, recv, count, t, op, 1));
-    return dpar__ring_allgather(x, recv + off * es, recv, count, es);
+    return dpar__ring_allgather(x, recv + off * es, recv, count, es, NULL, NULL);
 }
 
 /* Deterministic allreduce: recursive halving then doubling with partner r ^ 2^k, the lower rank's
@@ -2870,6 +3020,7 @@ typedef struct dpar__call { /* one collective call, as made */
     uint64_t seq;
     const char *file;
     int line;
+    const size_t *offs, *lens; /* allgather: rank r's block, when not dpar_block_range's */
 } dpar__call;
 
 static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
@@ -2933,14 +3084,15 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
             st = dpar__ring_reduce_scatter(&x, send, recv, k->count, k->dtype, k->op, 0);
             break;
         case DPAR_COLL_ALLGATHER: {
-            size_t off;
-            dpar_block_range(k->count, N, c->rank, &off, NULL);
-            if (send != recv + off * es) {
-                size_t len;
-                dpar_block_range(k->count, N, c->rank, NULL, &len);
-                memcpy(recv + off * es, send, len * es);
+            size_t off, len;
+            if (k->offs) {
+                off = k->offs[c->rank];
+                len = k->lens[c->rank];
+            } else {
+                dpar_block_range(k->count, N, c->rank, &off, &len);
             }
-            st = dpar__ring_allgather(&x, send, recv, k->count, es);
+            if (send != recv + off * es) memcpy(recv + off * es, send, len * es);
+            st = dpar__ring_allgather(&x, send, recv, k->count, es, k->offs, k->lens);
             break;
         }
         case DPAR_COLL_ALLREDUCE:
@@ -3018,7 +3170,12 @@ static dpar_status dpar__validate(dpar_comm *c, const dpar__call *k, const char 
         return dpar__err(DPAR_EINVAL, "%s at %s:%d: root %d is not a rank of 0..%d", api, k->file, k->line, k->root, N - 1);
     total = n * es;
     if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER) {
-        dpar_block_range(n, N, c->rank, &off, &mine);
+        if (k->offs) {
+            off = k->offs[c->rank];
+            mine = k->lens[c->rank];
+        } else {
+            dpar_block_range(n, N, c->rank, &off, &mine);
+        }
         mine *= es;
         off *= es;
     }
@@ -3791,7 +3948,7 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
     ck[2 * r + 1] = key;
     x->fp.count = 2 * (uint64_t)N;
     x->fp.dtype = DPAR_I64;
-    DPAR__TRY(dpar__ring_allgather(x, (const char *)(ck + 2 * r), (char *)ck, 2 * (size_t)N, sizeof(int64_t)));
+    DPAR__TRY(dpar__ring_allgather(x, (const char *)(ck + 2 * r), (char *)ck, 2 * (size_t)N, sizeof(int64_t), NULL, NULL));
     if (color >= 0) {
         for (i = 0; i < N; i++) {
             if (ck[2 * i] != color) continue;
@@ -3916,6 +4073,684 @@ DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **o
     *out = NULL;
     if (!group) return dpar__err(DPAR_EINVAL, "dpar_comm_create: group is NULL");
     return dpar__t_join(group, rank, out);
+}
+
+/* >>gemm --------------------------------------------------------------------------------------- */
+/* dpar_sgemm: OpenBLAS's cblas_sgemm under DPAR_OPENBLAS, else the built-in kernel below, the
+   Goto/BLIS structure: C is computed in blocks; op(A) is packed into panels of MR rows and op(B)
+   into panels of NR columns (k-major, zero-padded), so the micro-kernel streams both with unit
+   stride and keeps an MR x NR tile of C in registers. On x86 the micro-kernel is AVX2 + FMA (6 x 16:
+   12 accumulators, 2 loads, 1 broadcast), picked at run time whatever the program was compiled for;
+   elsewhere a portable one of GCC/Clang vector extensions. Packing buffers live per thread and are
+   kept (pthread key), so a steady training loop allocates nothing. */
+#define DPAR__MR 6
+#define DPAR__NR 16
+#define DPAR__KC 256
+#define DPAR__MC 144 /* multiple of MR: an A block of MC x KC floats stays in L2 */
+#define DPAR__NC 2048
+
+DPAR_API void dpar_sgemm_ref(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C, int ldc)
+{
+    int i, j, k;
+    for (i = 0; i < M; i++)
+        for (j = 0; j < N; j++) {
+            double acc = 0; /* the reference accumulates in double */
+            for (k = 0; k < K; k++)
+                acc += (double)(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                       (double)(tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+            C[(size_t)i * ldc + j] = (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * C[(size_t)i * ldc + j]));
+        }
+}
+
+static dpar_status dpar__gemm_check(const char *api, dpar_trans ta, dpar_trans tb, int M, int N, int K, const float *A,
+                                    int lda, const float *B, int ldb, const float *C, int ldc)
+{
+    if ((unsigned)ta > 1 || (unsigned)tb > 1)
+        return dpar__err(DPAR_EINVAL, "%s: trans must be DPAR_NO_TRANS or DPAR_TRANS", api);
+    if (M < 0 || N < 0 || K < 0) return dpar__err(DPAR_EINVAL, "%s: M = %d, N = %d, K = %d (negative)", api, M, N, K);
+    if (lda < (ta ? (M > 1 ? M : 1) : (K > 1 ? K : 1)))
+        return dpar__err(DPAR_EINVAL, "%s: lda = %d is less than the %s of op(A)", api, lda, ta ? "M" : "K");
+    if (ldb < (tb ? (K > 1 ? K : 1) : (N > 1 ? N : 1)))
+        return dpar__err(DPAR_EINVAL, "%s: ldb = %d is less than the %s of op(B)", api, ldb, tb ? "K" : "N");
+    if (ldc < (N > 1 ? N : 1)) return dpar__err(DPAR_EINVAL, "%s: ldc = %d is less than N = %d", api, ldc, N);
+    if ((M && N && !C) || (M && N && K && (!A || !B))) return dpar__err(DPAR_EINVAL, "%s: a matrix is NULL", api);
+    return DPAR_OK;
+}
+
+/* ---- packing ---- */
+/* op(A)[ic.., pc..] (mc x kc) into panels of MR rows: panel p holds for each k the MR values */
+static void dpar__pack_a(dpar_trans ta, const float *A, int lda, int ic, int pc, int mc, int kc, float *dst)
+{
+    int p, k, i;
+    for (p = 0; p < mc; p += DPAR__MR) {
+        int mr = mc - p < DPAR__MR ? mc - p : DPAR__MR;
+        for (k = 0; k < kc; k++) {
+            for (i = 0; i < mr; i++)
+                dst[i] = ta ? A[(size_t)(pc + k) * lda + ic + p + i] : A[(size_t)(ic + p + i) * lda + pc + k];
+            for (; i < DPAR__MR; i++) dst[i] = 0.0f;
+            dst += DPAR__MR;
+        }
+    }
+}
+
+/* op(B)[pc.., jc..] (kc x nc) into panels of NR columns */
+static void dpar__pack_b(dpar_trans tb, const float *B, int ldb, int pc, int jc, int kc, int nc, float *dst)
+{
+    int p, k, j;
+    for (p = 0; p < nc; p += DPAR__NR) {
+        int nr = nc - p < DPAR__NR ? nc - p : DPAR__NR;
+        for (k = 0; k < kc; k++) {
+            if (!tb && nr == DPAR__NR) {
+                memcpy(dst, B + (size_t)(pc + k) * ldb + jc + p, DPAR__NR * sizeof(float));
+            } else {
+                for (j = 0; j < nr; j++)
+                    dst[j] = tb ? B[(size_t)(jc + p + j) * ldb + pc + k] : B[(size_t)(pc + k) * ldb + jc + p + j];
+                for (; j < DPAR__NR; j++) dst[j] = 0.0f;
+            }
+            dst += DPAR__NR;
+        }
+    }
+}
+
+/* C (mr x nr tile at c) += alpha * acc (MR x NR, row-major) */
+static void dpar__tile_add(float *c, int ldc, const float *acc, int mr, int nr, float alpha)
+{
+    int i, j;
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++) c[(size_t)i * ldc + j] += alpha * acc[i * DPAR__NR + j];
+}
+
+/* ---- micro-kernels: acc (MR x NR) = sum over k of a[k] (MR) outer b[k] (NR) ---- */
+#if DPAR__SIMD
+/* portable: 16-byte vectors, 6 x 4 of them (compilers with 32 vector registers keep them all) */
+static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr)
+{
+    dpar__v4f acc[DPAR__MR][4], bv[4];
+    float out[DPAR__MR * DPAR__NR];
+    int k, i, j;
+    memset(acc, 0, sizeof acc);
+    for (k = 0; k < kc; k++) {
+        for (j = 0; j < 4; j++) memcpy(&bv[j], b + 4 * j, sizeof bv[j]);
+        for (i = 0; i < DPAR__MR; i++) {
+            dpar__v4f av = {a[i], a[i], a[i], a[i]};
+            for (j = 0; j < 4; j++) acc[i][j] += av * bv[j];
+        }
+        a += DPAR__MR;
+        b += DPAR__NR;
+    }
+    for (i = 0; i < DPAR__MR; i++)
+        for (j = 0; j < 4; j++) memcpy(out + i * DPAR__NR + 4 * j, &acc[i][j], sizeof acc[i][j]);
+    dpar__tile_add(c, ldc, out, mr, nr, alpha);
+}
+#else
+static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr)
+{
+    float out[DPAR__MR * DPAR__NR];
+    int k, i, j;
+    memset(out, 0, sizeof out);
+    for (k = 0; k < kc; k++, a += DPAR__MR, b += DPAR__NR)
+        for (i = 0; i < DPAR__MR; i++)
+            for (j = 0; j < DPAR__NR; j++) out[i * DPAR__NR + j] += a[i] * b[j];
+    dpar__tile_add(c, ldc, out, mr, nr, alpha);
+}
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DPAR_NO_AVX2)
+#include <immintrin.h>
+#define DPAR__AVX2 1
+__attribute__((target("avx2,fma"))) static void dpar__ukernel_avx2(int kc, const float *a, const float *b, float *c,
+                                                                   int ldc, float alpha, int mr, int nr)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, b0, b1, av;
+    int k;
+    for (k = 0; k < kc; k++) {
+        b0 = _mm256_load_ps(b);
+        b1 = _mm256_load_ps(b + 8);
+        av = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(av, b0, c30); c31 = _mm256_fmadd_ps(av, b1, c31);
+        av = _mm256_broadcast_ss(a + 4); c40 = _mm256_fmadd_ps(av, b0, c40); c41 = _mm256_fmadd_ps(av, b1, c41);
+        av = _mm256_broadcast_ss(a + 5); c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51);
+        a += DPAR__MR;
+        b += DPAR__NR;
+    }
+    if (mr == DPAR__MR && nr == DPAR__NR) { /* a whole tile: C += alpha * acc in place */
+        __m256 al = _mm256_set1_ps(alpha);
+#define DPAR__ROW(i, x0, x1)                                                                                \
+    _mm256_storeu_ps(c + (size_t)(i) * ldc, _mm256_fmadd_ps(al, x0, _mm256_loadu_ps(c + (size_t)(i) * ldc))); \
+    _mm256_storeu_ps(c + (size_t)(i) * ldc + 8, _mm256_fmadd_ps(al, x1, _mm256_loadu_ps(c + (size_t)(i) * ldc + 8)))
+        DPAR__ROW(0, c00, c01);
+        DPAR__ROW(1, c10, c11);
+        DPAR__ROW(2, c20, c21);
+        DPAR__ROW(3, c30, c31);
+        DPAR__ROW(4, c40, c41);
+        DPAR__ROW(5, c50, c51);
+#undef DPAR__ROW
+    } else { /* an edge tile */
+        float out[DPAR__MR * DPAR__NR];
+        _mm256_storeu_ps(out + 0, c00); _mm256_storeu_ps(out + 8, c01);
+        _mm256_storeu_ps(out + 16, c10); _mm256_storeu_ps(out + 24, c11);
+        _mm256_storeu_ps(out + 32, c20); _mm256_storeu_ps(out + 40, c21);
+        _mm256_storeu_ps(out + 48, c30); _mm256_storeu_ps(out + 56, c31);
+        _mm256_storeu_ps(out + 64, c40); _mm256_storeu_ps(out + 72, c41);
+        _mm256_storeu_ps(out + 80, c50); _mm256_storeu_ps(out + 88, c51);
+        dpar__tile_add(c, ldc, out, mr, nr, alpha);
+    }
+}
+static int dpar__have_avx2(void)
+{
+    static int have = -1; /* a benign race: every thread computes the same answer */
+    int h = DPAR__LOAD(&have, DPAR__RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        DPAR__STORE(&have, h, DPAR__RELAXED);
+    }
+    return h;
+}
+#else
+#define DPAR__AVX2 0
+#endif
+
+/* ---- per-thread packing buffers ---- */
+static pthread_key_t dpar__gemm_key;
+static pthread_once_t dpar__gemm_once = PTHREAD_ONCE_INIT;
+static void dpar__gemm_buf_free(void *p) { free(p); }
+static void dpar__gemm_key_init(void) { pthread_key_create(&dpar__gemm_key, dpar__gemm_buf_free); }
+
+static float *dpar__gemm_buffers(void)
+{
+    float *buf;
+    pthread_once(&dpar__gemm_once, dpar__gemm_key_init);
+    buf = (float *)pthread_getspecific(dpar__gemm_key);
+    if (!buf) {
+        void *p = NULL;
+        size_t bytes = ((size_t)DPAR__MC * DPAR__KC + (size_t)DPAR__KC * (DPAR__NC + DPAR__NR)) * sizeof(float);
+        if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+        buf = (float *)p;
+        pthread_setspecific(dpar__gemm_key, buf);
+    }
+    return buf;
+}
+
+DPAR_API dpar_status dpar_sgemm_builtin(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A,
+                                        int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    float *apack, *bpack;
+    int i, j, jc, pc, ic, jr, ir;
+    void (*kernel)(int, const float *, const float *, float *, int, float, int, int) = dpar__ukernel_generic;
+    DPAR__TRY(dpar__gemm_check("dpar_sgemm_builtin", ta, tb, M, N, K, A, lda, B, ldb, C, ldc));
+    if (M == 0 || N == 0) return DPAR_OK;
+    if (beta != 1.0f) /* C = beta C first; beta 0 clears (also NaN and Inf, as BLAS does) */
+        for (i = 0; i < M; i++)
+            for (j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+    if (K == 0 || alpha == 0.0f) return DPAR_OK;
+    if (!(apack = dpar__gemm_buffers())) return dpar__err(DPAR_ENOMEM, "dpar_sgemm_builtin: out of memory");
+    bpack = apack + (size_t)DPAR__MC * DPAR__KC;
+#if DPAR__AVX2
+    if (dpar__have_avx2()) kernel = dpar__ukernel_avx2;
+#endif
+    for (jc = 0; jc < N; jc += DPAR__NC) {
+        int nc = N - jc < DPAR__NC ? N - jc : DPAR__NC;
+        for (pc = 0; pc < K; pc += DPAR__KC) {
+            int kc = K - pc < DPAR__KC ? K - pc : DPAR__KC;
+            dpar__pack_b(tb, B, ldb, pc, jc, kc, nc, bpack);
+            for (ic = 0; ic < M; ic += DPAR__MC) {
+                int mc = M - ic < DPAR__MC ? M - ic : DPAR__MC;
+                dpar__pack_a(ta, A, lda, ic, pc, mc, kc, apack);
+                for (jr = 0; jr < nc; jr += DPAR__NR)
+                    for (ir = 0; ir < mc; ir += DPAR__MR)
+                        kernel(kc, apack + (size_t)ir * kc, bpack + (size_t)jr * kc,
+                               C + (size_t)(ic + ir) * ldc + jc + jr, ldc, alpha,
+                               mc - ir < DPAR__MR ? mc - ir : DPAR__MR, nc - jr < DPAR__NR ? nc - jr : DPAR__NR);
+            }
+        }
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_sgemm(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
+                                const float *B, int ldb, float beta, float *C, int ldc)
+{
+#ifdef DPAR_OPENBLAS
+    DPAR__TRY(dpar__gemm_check("dpar_sgemm", ta, tb, M, N, K, A, lda, B, ldb, C, ldc));
+    if (M == 0 || N == 0) return DPAR_OK;
+    /* inside a pool thread OpenBLAS runs on this thread only: dpar owns the threads */
+    if (dpar__tls_pool && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+                ldb, beta, C, ldc);
+    return DPAR_OK;
+#else
+    return dpar_sgemm_builtin(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+
+/* ---- one GEMM over the threads of a pool: C cut into row (or column) blocks ---- */
+typedef struct dpar__pgemm {
+    dpar_trans ta, tb;
+    int M, N, K, lda, ldb, ldc, by_rows;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    dpar_status st[64];
+} dpar__pgemm;
+
+static void dpar__pgemm_part(void *user, int64_t begin, int64_t end, int thread)
+{
+    dpar__pgemm *g = (dpar__pgemm *)user;
+    dpar_status st;
+    int b = (int)begin, n = (int)(end - begin);
+    if (g->by_rows) /* rows [b, b+n) of C: rows of op(A) */
+        st = dpar_sgemm(g->ta, g->tb, n, g->N, g->K, g->alpha, g->ta ? g->A + b : g->A + (size_t)b * g->lda, g->lda, g->B,
+                        g->ldb, g->beta, g->C + (size_t)b * g->ldc, g->ldc);
+    else /* columns [b, b+n): columns of op(B) */
+        st = dpar_sgemm(g->ta, g->tb, g->M, n, g->K, g->alpha, g->A, g->lda, g->tb ? g->B + (size_t)b * g->ldb : g->B + b,
+                        g->ldb, g->beta, g->C + b, g->ldc);
+    if (st != DPAR_OK && thread < 64) g->st[thread] = st;
+}
+
+DPAR_API dpar_status dpar_sgemm_pool(dpar_pool *pool, dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha,
+                                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    dpar__pgemm g;
+    int T, i, blocks;
+    DPAR__TRY(dpar__gemm_check("dpar_sgemm_pool", ta, tb, M, N, K, A, lda, B, ldb, C, ldc));
+    if (!pool) return dpar__err(DPAR_EINVAL, "dpar_sgemm_pool: pool is NULL");
+    T = dpar_pool_num_threads(pool);
+    if (M == 0 || N == 0) return DPAR_OK;
+    memset(&g, 0, sizeof g);
+    g.ta = ta;
+    g.tb = tb;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.A = A;
+    g.B = B;
+    g.C = C;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = ldc;
+    g.by_rows = M >= N || N < 2 * T; /* cut the larger side */
+    blocks = g.by_rows ? M : N;
+    if (T == 1 || blocks < 2 || (int64_t)M * N * K < 64 * 64 * 64)
+        return dpar_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    DPAR__TRY(dpar_pool_for(pool, blocks, dpar__pgemm_part, &g));
+    for (i = 0; i < 64; i++)
+        if (g.st[i] != DPAR_OK) return g.st[i];
+    return DPAR_OK;
+}
+
+/* >>shard -------------------------------------------------------------------------------------- */
+#define DPAR__SHARD_TAG 0x5348 /* "SH": the point-to-point tag of the shard helpers */
+
+DPAR_API dpar_status dpar_shard_plan_make(size_t rows, size_t cols, int parts, dpar_shard_axis axis, dpar_shard_plan *out)
+{
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: out is NULL");
+    if (parts < 1) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: parts = %d (needs at least 1)", parts);
+    if ((unsigned)axis > 1) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: axis %d is neither rows nor cols", (int)axis);
+    if (cols && rows > SIZE_MAX / cols) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: %zu x %zu is too large", rows, cols);
+    out->rows = rows;
+    out->cols = cols;
+    out->parts = parts;
+    out->axis = axis;
+    return DPAR_OK;
+}
+
+DPAR_API size_t dpar_shard_slice(const dpar_shard_plan *p, int rank, size_t *row0, size_t *nrows, size_t *col0,
+                                 size_t *ncols)
+{
+    size_t r0 = 0, nr = 0, c0 = 0, nc = 0;
+    if (p && rank >= 0 && rank < p->parts) {
+        nr = p->rows;
+        nc = p->cols;
+        if (p->axis == DPAR_SHARD_ROWS) dpar_block_range(p->rows, p->parts, rank, &r0, &nr);
+        else dpar_block_range(p->cols, p->parts, rank, &c0, &nc);
+    }
+    if (row0) *row0 = r0;
+    if (nrows) *nrows = nr;
+    if (col0) *col0 = c0;
+    if (ncols) *ncols = nc;
+    return nr * nc;
+}
+
+/* copy rank's slice between the full tensor and a contiguous shard (to_shard: full -> shard) */
+static void dpar__shard_copy(const dpar_shard_plan *p, int rank, char *full, char *shard, size_t es, int to_shard)
+{
+    size_t r0, nr, c0, nc, i;
+    dpar_shard_slice(p, rank, &r0, &nr, &c0, &nc);
+    for (i = 0; i < nr; i++) {
+        char *f = full + ((r0 + i) * p->cols + c0) * es, *s = shard + i * nc * es;
+        if (to_shard) memcpy(s, f, nc * es);
+        else memcpy(f, s, nc * es);
+    }
+}
+
+static dpar_status dpar__shard_check(dpar_comm *c, const dpar_shard_plan *p, dpar_dtype t, int root, const char *api)
+{
+    if (!c || !p) return dpar__err(DPAR_EINVAL, "%s: comm or plan is NULL", api);
+    if (!dpar_dtype_size(t)) return dpar__err(DPAR_EINVAL, "%s: dtype %d is not a dpar_dtype", api, (int)t);
+    if (p->parts != c->size)
+        return dpar__err(DPAR_EINVAL, "%s: the plan has %d parts but the comm %d ranks", api, p->parts, c->size);
+    if (root < 0 || root >= c->size) return dpar__err(DPAR_EINVAL, "%s: root %d is not a rank", api, root);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_shard_scatter(dpar_comm *c, const dpar_shard_plan *p, const void *full, void *shard,
+                                        dpar_dtype t, int root)
+{
+    size_t es = dpar_dtype_size(t), n;
+    int r;
+    dpar_status st = dpar__shard_check(c, p, t, root, "dpar_shard_scatter");
+    if (st != DPAR_OK) return c ? dpar__bad_call(c, st) : st;
+    n = dpar_shard_slice(p, c->rank, NULL, NULL, NULL, NULL);
+    if ((n && !shard) || (c->rank == root && p->rows && p->cols && !full))
+        return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "dpar_shard_scatter: a buffer is NULL"));
+    if (c->rank != root) return dpar_recv(c, shard, n, t, root, DPAR__SHARD_TAG);
+    for (r = 0; r < c->size; r++) {
+        size_t nr = dpar_shard_slice(p, r, NULL, NULL, NULL, NULL), r0;
+        char *buf = NULL;
+        if (r == root) {
+            if (n) dpar__shard_copy(p, r, (char *)(uintptr_t)full, (char *)shard, es, 1);
+            continue;
+        }
+        if (p->axis == DPAR_SHARD_ROWS) { /* a row shard is contiguous in the full tensor: zero-copy */
+            dpar_shard_slice(p, r, &r0, NULL, NULL, NULL);
+            buf = (char *)(uintptr_t)full + r0 * p->cols * es;
+        } else {
+            DPAR__TRY(dpar__scratch(c, nr * es, &buf));
+            if (nr) dpar__shard_copy(p, r, (char *)(uintptr_t)full, buf, es, 1);
+        }
+        DPAR__TRY(dpar_send(c, buf, nr, t, r, DPAR__SHARD_TAG));
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_shard_gather(dpar_comm *c, const dpar_shard_plan *p, const void *shard, void *full, dpar_dtype t,
+                                       int root)
+{
+    size_t es = dpar_dtype_size(t), n;
+    int r;
+    dpar_status st = dpar__shard_check(c, p, t, root, "dpar_shard_gather");
+    if (st != DPAR_OK) return c ? dpar__bad_call(c, st) : st;
+    n = dpar_shard_slice(p, c->rank, NULL, NULL, NULL, NULL);
+    if ((n && !shard) || (c->rank == root && p->rows && p->cols && !full))
+        return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "dpar_shard_gather: a buffer is NULL"));
+    if (c->rank != root) return dpar_send(c, shard, n, t, root, DPAR__SHARD_TAG);
+    for (r = 0; r < c->size; r++) {
+        size_t nr = dpar_shard_slice(p, r, NULL, NULL, NULL, NULL), r0;
+        char *buf = NULL;
+        if (r == root) {
+            if (n) dpar__shard_copy(p, r, (char *)full, (char *)(uintptr_t)shard, es, 0);
+            continue;
+        }
+        if (p->axis == DPAR_SHARD_ROWS) {
+            dpar_shard_slice(p, r, &r0, NULL, NULL, NULL);
+            DPAR__TRY(dpar_recv(c, (char *)full + r0 * p->cols * es, nr, t, r, DPAR__SHARD_TAG));
+        } else {
+            DPAR__TRY(dpar__scratch(c, nr * es, &buf));
+            DPAR__TRY(dpar_recv(c, buf, nr, t, r, DPAR__SHARD_TAG));
+            if (nr) dpar__shard_copy(p, r, (char *)full, buf, es, 0);
+        }
+    }
+    return DPAR_OK;
+}
+
+/* all-gather with the blocks of the plan: by rows straight into full (each shard is a contiguous
+   piece of it); by columns into the concatenated shards in scratch, then each slice into place */
+DPAR_API dpar_status dpar_shard_allgather(dpar_comm *c, const dpar_shard_plan *p, const void *shard, void *full,
+                                          dpar_dtype t)
+{
+    size_t es = dpar_dtype_size(t), total, *layout, off = 0;
+    char *dst, *scr = NULL;
+    int r;
+    dpar__call k;
+    dpar_status st = dpar__shard_check(c, p, t, 0, "dpar_shard_allgather");
+    if (st != DPAR_OK) return c ? dpar__bad_call(c, st) : st;
+    total = p->rows * p->cols;
+    if ((total && !full) || (dpar_shard_slice(p, c->rank, NULL, NULL, NULL, NULL) && !shard))
+        return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "dpar_shard_allgather: a buffer is NULL"));
+    layout = (size_t *)dpar__alloc(&c->allocator, 2 * (size_t)c->size * sizeof(size_t));
+    if (!layout) return dpar__err(DPAR_ENOMEM, "dpar_shard_allgather: out of memory");
+    for (r = 0; r < c->size; r++) { /* block r: where rank r's shard goes in the gathered buffer */
+        layout[c->size + r] = dpar_shard_slice(p, r, NULL, NULL, NULL, NULL);
+        layout[r] = off;
+        off += layout[c->size + r];
+    }
+    dst = (char *)full;
+    if (p->axis == DPAR_SHARD_COLS && c->size > 1) {
+        st = dpar__scratch(c, total * es, &scr);
+        dst = scr;
+    }
+    if (st == DPAR_OK) {
+        if (dst + layout[c->rank] * es != (const char *)shard && layout[c->size + c->rank])
+            memcpy(dst + layout[c->rank] * es, shard, layout[c->size + c->rank] * es);
+        k = dpar__call_make(DPAR_COLL_ALLGATHER, dst + layout[c->rank] * es, dst, total, t, DPAR_SUM, 0,
+                            "dpar_shard_allgather", 0);
+        k.offs = layout;
+        k.lens = layout + c->size;
+        st = dpar__collective(c, &k, "dpar_shard_allgather");
+    }
+    if (st == DPAR_OK && scr)
+        for (r = 0; r < c->size; r++) dpar__shard_copy(p, r, (char *)full, scr + layout[r] * es, es, 0);
+    dpar__free(&c->allocator, layout);
+    return st;
+}
+
+/* ---- tensor-parallel linear layers ---- */
+static dpar_status dpar__gemm_on(dpar_pool *pool, dpar_trans ta, dpar_trans tb, int M, int N, int K, const float *A,
+                                 int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    return pool ? dpar_sgemm_pool(pool, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc)
+                : dpar_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+DPAR_API dpar_status dpar_linear_init(dpar_linear *l, dpar_linear_mode mode, int in, int out, int has_bias,
+                                      dpar_comm *comm, dpar_pool *pool, const dpar_allocator *allocator)
+{
+    int N = 1, r = 0;
+    size_t off, len, nw;
+    if (!l) return dpar__err(DPAR_EINVAL, "dpar_linear_init: layer is NULL");
+    memset(l, 0, sizeof *l);
+    if ((unsigned)mode > 2) return dpar__err(DPAR_EINVAL, "dpar_linear_init: mode %d", (int)mode);
+    if (in < 1 || out < 1) return dpar__err(DPAR_EINVAL, "dpar_linear_init: in = %d, out = %d", in, out);
+    if (mode != DPAR_LINEAR_FULL && !comm) return dpar__err(DPAR_EINVAL, "dpar_linear_init: a parallel layer needs its comm");
+    if (allocator) {
+        DPAR__TRY(dpar__check_allocator("dpar_linear_init", allocator));
+        l->allocator = *allocator;
+    }
+    if (mode != DPAR_LINEAR_FULL) {
+        N = comm->size;
+        r = comm->rank;
+    }
+    l->mode = mode;
+    l->in = in;
+    l->out = out;
+    l->comm = mode == DPAR_LINEAR_FULL ? NULL : comm;
+    l->pool = pool;
+    l->in_local = in;
+    l->out_local = out;
+    if (mode == DPAR_LINEAR_COLUMN) {
+        dpar_block_range((size_t)out, N, r, &off, &len);
+        l->out_offset = (int)off;
+        l->out_local = (int)len;
+    } else if (mode == DPAR_LINEAR_ROW) {
+        dpar_block_range((size_t)in, N, r, &off, &len);
+        l->in_offset = (int)off;
+        l->in_local = (int)len;
+    }
+    l->bias_local = has_bias ? (mode == DPAR_LINEAR_COLUMN ? l->out_local : out) : 0;
+    nw = (size_t)l->in_local * (size_t)l->out_local;
+    l->w = (float *)dpar__calloc(&l->allocator, nw + 1, sizeof(float));
+    l->dw = (float *)dpar__calloc(&l->allocator, nw + 1, sizeof(float));
+    l->b = (float *)dpar__calloc(&l->allocator, (size_t)l->bias_local + 1, sizeof(float));
+    l->db = (float *)dpar__calloc(&l->allocator, (size_t)l->bias_local + 1, sizeof(float));
+    if (!l->w || !l->dw || !l->b || !l->db) {
+        dpar_linear_free(l);
+        return dpar__err(DPAR_ENOMEM, "dpar_linear_init: out of memory");
+    }
+    if (!has_bias) {
+        dpar__free(&l->allocator, l->b);
+        dpar__free(&l->allocator, l->db);
+        l->b = l->db = NULL;
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_linear_set_weights(dpar_linear *l, const float *w_full, const float *b_full)
+{
+    int i;
+    if (!l || !l->w || !w_full) return dpar__err(DPAR_EINVAL, "dpar_linear_set_weights: layer or w_full is NULL");
+    for (i = 0; i < l->in_local; i++) /* W is (in x out): my rows and columns of it */
+        memcpy(l->w + (size_t)i * l->out_local, w_full + (size_t)(l->in_offset + i) * l->out + l->out_offset,
+               (size_t)l->out_local * sizeof(float));
+    if (l->b && b_full) memcpy(l->b, b_full + (l->mode == DPAR_LINEAR_COLUMN ? l->out_offset : 0),
+                               (size_t)l->bias_local * sizeof(float));
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_linear_forward(dpar_linear *l, const float *x, float *y, int batch)
+{
+    int i, j;
+    if (!l || !l->w || !x || !y || batch < 0) return dpar__err(DPAR_EINVAL, "dpar_linear_forward: bad argument");
+    /* y (batch, out_local) = x (batch, in_local) W (in_local, out_local) */
+    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_NO_TRANS, batch, l->out_local, l->in_local, x, l->in_local, l->w,
+                            l->out_local, 0.0f, y, l->out_local));
+    if (l->mode == DPAR_LINEAR_ROW) /* partial sums over my input rows: add them up */
+        DPAR__TRY(dpar_allreduce(l->comm, y, y, (size_t)batch * (size_t)l->out, DPAR_F32, DPAR_SUM));
+    if (l->b)
+        for (i = 0; i < batch; i++)
+            for (j = 0; j < l->out_local; j++) y[(size_t)i * l->out_local + j] += l->b[j];
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_linear_backward(dpar_linear *l, const float *x, const float *dy, float *dx, int batch)
+{
+    int i, j;
+    if (!l || !l->w || !x || !dy || batch < 0) return dpar__err(DPAR_EINVAL, "dpar_linear_backward: bad argument");
+    /* dW (in_local, out_local) += x^T (in_local, batch) dy (batch, out_local) */
+    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_TRANS, DPAR_NO_TRANS, l->in_local, l->out_local, batch, x, l->in_local, dy,
+                            l->out_local, 1.0f, l->dw, l->out_local));
+    if (l->db)
+        for (i = 0; i < batch; i++)
+            for (j = 0; j < l->out_local; j++) l->db[j] += dy[(size_t)i * l->out_local + j];
+    if (!dx) return DPAR_OK;
+    /* dx (batch, in_local) = dy (batch, out_local) W^T (out_local, in_local) */
+    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_TRANS, batch, l->in_local, l->out_local, dy, l->out_local, l->w,
+                            l->out_local, 0.0f, dx, l->in_local));
+    if (l->mode == DPAR_LINEAR_COLUMN) /* each rank saw only its outputs: the input's gradient adds up */
+        DPAR__TRY(dpar_allreduce(l->comm, dx, dx, (size_t)batch * (size_t)l->in, DPAR_F32, DPAR_SUM));
+    return DPAR_OK;
+}
+
+DPAR_API void dpar_linear_zero_grad(dpar_linear *l)
+{
+    if (!l || !l->dw) return;
+    memset(l->dw, 0, (size_t)l->in_local * (size_t)l->out_local * sizeof(float));
+    if (l->db) memset(l->db, 0, (size_t)l->bias_local * sizeof(float));
+}
+
+DPAR_API void dpar_linear_free(dpar_linear *l)
+{
+    if (!l) return;
+    dpar__free(&l->allocator, l->w);
+    dpar__free(&l->allocator, l->dw);
+    dpar__free(&l->allocator, l->b);
+    dpar__free(&l->allocator, l->db);
+    l->w = l->dw = l->b = l->db = NULL;
+}
+
+/* ---- ZeRO-1 ---- */
+struct dpar_zero {
+    dpar_comm *comm;
+    dpar_zero_desc d;
+    size_t count, off, len;
+    float *m, *v; /* SGD: m is the momentum; Adam: the two moments. len floats each */
+    long step;
+};
+
+DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out)
+{
+    dpar_zero *z;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_zero_create: out is NULL");
+    *out = NULL;
+    if (!dp || !desc) return dpar__err(DPAR_EINVAL, "dpar_zero_create: comm or desc is NULL");
+    if ((unsigned)desc->kind > 1) return dpar__err(DPAR_EINVAL, "dpar_zero_create: kind %d", (int)desc->kind);
+    if (!(desc->lr > 0)) return dpar__err(DPAR_EINVAL, "dpar_zero_create: lr = %g (must be positive)", (double)desc->lr);
+    DPAR__TRY(dpar__check_allocator("dpar_zero_create", &desc->allocator));
+    z = (dpar_zero *)dpar__calloc(&desc->allocator, 1, sizeof *z);
+    if (!z) return dpar__err(DPAR_ENOMEM, "dpar_zero_create: out of memory");
+    z->comm = dp;
+    z->d = *desc;
+    if (z->d.beta1 == 0) z->d.beta1 = 0.9f;
+    if (z->d.beta2 == 0) z->d.beta2 = 0.999f;
+    if (z->d.eps == 0) z->d.eps = 1e-8f;
+    z->count = count;
+    dpar_block_range(count, dp->size, dp->rank, &z->off, &z->len);
+    z->m = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
+    if (desc->kind == DPAR_OPTIM_ADAM) z->v = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
+    if (!z->m || (desc->kind == DPAR_OPTIM_ADAM && !z->v)) {
+        dpar_zero_destroy(z);
+        return dpar__err(DPAR_ENOMEM, "dpar_zero_create: out of memory");
+    }
+    *out = z;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
+{
+    float *g, *p;
+    size_t i;
+    if (!z || (z->count && (!params || !grads))) return dpar__err(DPAR_EINVAL, "dpar_zero_step: a pointer is NULL");
+    /* my block of the averaged gradient, in place: grads + off */
+    DPAR__TRY(dpar_reduce_scatter(z->comm, grads, grads + z->off, z->count, DPAR_F32, DPAR_AVG));
+    g = grads + z->off;
+    p = params + z->off;
+    z->step++;
+    if (z->d.kind == DPAR_OPTIM_SGD) {
+        float lr = z->d.lr, mu = z->d.momentum, wd = z->d.weight_decay;
+        for (i = 0; i < z->len; i++) {
+            float gi = g[i] + wd * p[i];
+            z->m[i] = mu * z->m[i] + gi;
+            p[i] -= lr * z->m[i];
+        }
+    } else {
+        float lr = z->d.lr, b1 = z->d.beta1, b2 = z->d.beta2, eps = z->d.eps, wd = z->d.weight_decay;
+        float c1 = 1.0f - powf(b1, (float)z->step), c2 = 1.0f - powf(b2, (float)z->step);
+        for (i = 0; i < z->len; i++) {
+            z->m[i] = b1 * z->m[i] + (1.0f - b1) * g[i];
+            z->v[i] = b2 * z->v[i] + (1.0f - b2) * g[i] * g[i];
+            p[i] -= lr * ((z->m[i] / c1) / (sqrtf(z->v[i] / c2) + eps) + wd * p[i]);
+        }
+    }
+    /* everyone's blocks of the parameters, in place */
+    return dpar_allgather(z->comm, params + z->off, params, z->count, DPAR_F32);
+}
+
+DPAR_API size_t dpar_zero_state_bytes(const dpar_zero *z)
+{
+    return z ? z->len * sizeof(float) * (z->d.kind == DPAR_OPTIM_ADAM ? 2u : 1u) : 0;
+}
+
+DPAR_API void dpar_zero_shard(const dpar_zero *z, size_t *offset, size_t *length)
+{
+    if (offset) *offset = z ? z->off : 0;
+    if (length) *length = z ? z->len : 0;
+}
+
+DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
+{
+    dpar_allocator a;
+    if (!z) return dpar__err(DPAR_EINVAL, "dpar_zero_destroy: zero is NULL");
+    a = z->d.allocator;
+    dpar__free(&a, z->m);
+    dpar__free(&a, z->v);
+    dpar__free(&a, z);
+    return DPAR_OK;
 }
 
 /* >>mpi ---------------------------------------------------------------------------------------- */
@@ -4517,7 +5352,7 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *k, int 
         return st;
     }
     if (!m->native || m->T != 1 || c->det || (ty == MPI_DATATYPE_NULL && k->coll != DPAR_COLL_BARRIER)) return DPAR_OK;
-    if (k->count > (size_t)INT_MAX / (size_t)N) return DPAR_OK; /* MPI counts are ints: the ring does it */
+    if (k->count > (size_t)INT_MAX / (size_t)N || k->offs) return DPAR_OK; /* MPI counts are ints; own layouts: the ring */
     if (c->check) DPAR__TRY(dpar__ring_check(x)); /* fingerprints meet before MPI's call, which cannot time out */
     if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER) {
         counts = (int *)dpar__alloc(&c->allocator, 2 * (size_t)N * sizeof(int));

@@ -1,6 +1,6 @@
 /* pool_demo.c - dpar's worker pool doing real work three ways, checked against serial runs.
 
-   Build: cc -std=c99 -O2 -I. examples/pool_demo.c -o pool_demo -pthread
+   Build: cc -std=c99 -O2 -I. examples/pool_demo.c -o pool_demo -pthread -lm
    Run:   ./pool_demo            (DPAR_NUM_THREADS=4 ./pool_demo, DPAR_TRACE=pool.json ./pool_demo)
 
    1. parallel-for, dynamic schedule: render a Mandelbrot set (rows of very different cost).

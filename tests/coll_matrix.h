@@ -19,7 +19,7 @@ struct world {
 };
 
 static void note(world *w, const char *fmt, ...) DPAR_PRINTF(2, 3);
-static void note(world *w, const char *fmt, ...)
+DT_UNUSED static void note(world *w, const char *fmt, ...)
 {
     va_list ap;
     pthread_mutex_lock(&w->lock);
@@ -31,8 +31,67 @@ static void note(world *w, const char *fmt, ...)
     pthread_mutex_unlock(&w->lock);
 }
 
+/* ---- thread ranks: a pool per N (kept), a fresh group per run ---- */
+static dpar_pool *pools[9];
+DT_UNUSED static dpar_pool *pool_of(int n)
+{
+    if (!pools[n]) {
+        dpar_pool_desc d;
+        memset(&d, 0, sizeof d);
+        d.num_threads = n;
+        dpar_pool_create(&d, &pools[n]);
+    }
+    return pools[n];
+}
+
+DT_UNUSED static dpar_status world_rank(void *user, int rank, int n)
+{
+    world *w = (world *)user;
+    dpar_comm *c = NULL;
+    dpar_status st = dpar_comm_create(w->group, rank, &c);
+    (void)n;
+    if (st != DPAR_OK) {
+        note(w, "rank %d: comm_create: %s", rank, dpar_last_error());
+        return st;
+    }
+    w->fn(w, c, rank);
+    dpar_comm_destroy(c);
+    return DPAR_OK;
+}
+
+/* run fn on n thread ranks of a fresh group; returns the failures the ranks noted */
+DT_UNUSED static int run_world_desc(int n, const dpar_comm_desc *desc, rank_fn fn, void *user, char *first, size_t nfirst)
+{
+    world w;
+    dpar_comm_desc d;
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.lock, NULL);
+    w.n = n;
+    w.fn = fn;
+    w.user = user;
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+    d.size = n;
+    if (dpar_group_create(&d, &w.group) != DPAR_OK) {
+        printf("    group_create: %s\n", dpar_last_error());
+        return 1;
+    }
+    dpar_pool_run(pool_of(n), world_rank, &w);
+    dpar_group_destroy(w.group);
+    pthread_mutex_destroy(&w.lock);
+    if (first) snprintf(first, nfirst, "%s", w.first);
+    if (w.failures) printf("    N=%d: %d failures, first: %s\n", n, w.failures, w.first);
+    return w.failures;
+}
+DT_UNUSED static int run_world(int n, rank_fn fn, void *user) { return run_world_desc(n, NULL, fn, user, NULL, 0); }
+DT_UNUSED static void pools_free(void)
+{
+    int i;
+    for (i = 0; i < 9; i++)
+        if (pools[i]) dpar_pool_destroy(pools[i]);
+}
+
 /* ---- element access by dtype, through double (exact for the values used) ---- */
-static double get(const void *p, dpar_dtype t, size_t i)
+DT_UNUSED static double get(const void *p, dpar_dtype t, size_t i)
 {
     switch (t) {
     case DPAR_F32: return ((const float *)p)[i];
@@ -44,7 +103,7 @@ static double get(const void *p, dpar_dtype t, size_t i)
     default: return ((const uint8_t *)p)[i];
     }
 }
-static void put(void *p, dpar_dtype t, size_t i, double v)
+DT_UNUSED static void put(void *p, dpar_dtype t, size_t i, double v)
 {
     switch (t) {
     case DPAR_F32: ((float *)p)[i] = (float)v; break;
@@ -58,7 +117,7 @@ static void put(void *p, dpar_dtype t, size_t i, double v)
 }
 
 /* v rounded to the dtype */
-static double get_rounded(double v, dpar_dtype t)
+DT_UNUSED static double get_rounded(double v, dpar_dtype t)
 {
     char b[8];
     put(b, t, 0, v);
@@ -68,7 +127,7 @@ static double get_rounded(double v, dpar_dtype t)
 /* Inputs are small integers, so every reduction order gives the same, exact result and the
    reference can be computed in any order: integers in [-8, 8] (u8: [0, 15]); for prod, one of
    {-2, -1, 1, 2} (u8: {1, 2, 3}). */
-static double input(int q, size_t i, dpar_dtype t, dpar_op op)
+DT_UNUSED static double input(int q, size_t i, dpar_dtype t, dpar_op op)
 {
     if (op == DPAR_PROD) {
         static const double s[4] = {-2, -1, 1, 2}, u[4] = {1, 2, 3, 1};
@@ -79,7 +138,7 @@ static double input(int q, size_t i, dpar_dtype t, dpar_op op)
 }
 
 /* The reference of element i over N ranks, in the dtype's own arithmetic (wrapping for u8). */
-static double reference(int N, size_t i, dpar_dtype t, dpar_op op)
+DT_UNUSED static double reference(int N, size_t i, dpar_dtype t, dpar_op op)
 {
     double acc = input(0, i, t, op);
     int q;
@@ -110,13 +169,13 @@ typedef struct {
     int root;
 } matrix_case;
 
-static void fill(char *buf, int q, size_t begin, size_t end, dpar_dtype t, dpar_op op)
+DT_UNUSED static void fill(char *buf, int q, size_t begin, size_t end, dpar_dtype t, dpar_op op)
 {
     size_t i;
     for (i = begin; i < end; i++) put(buf, t, i, input(q, i, t, op));
 }
 
-static void check_range(world *w, const char *what, int rank, const char *buf, size_t begin, size_t end,
+DT_UNUSED static void check_range(world *w, const char *what, int rank, const char *buf, size_t begin, size_t end,
                         const matrix_case *m, size_t base)
 {
     size_t i;
@@ -130,12 +189,12 @@ static void check_range(world *w, const char *what, int rank, const char *buf, s
     }
 }
 
-static void expect_ok(world *w, dpar_status st, const char *what, int rank)
+DT_UNUSED static void expect_ok(world *w, dpar_status st, const char *what, int rank)
 {
     if (st != DPAR_OK) note(w, "%s on rank %d: %s: %s", what, rank, dpar_status_string(st), dpar_last_error());
 }
 
-static void matrix_rank(world *w, dpar_comm *c, int r)
+DT_UNUSED static void matrix_rank(world *w, dpar_comm *c, int r)
 {
     matrix_case *m = (matrix_case *)w->user;
     size_t es = dpar_dtype_size(m->t), n = m->count, off, len;
@@ -166,7 +225,7 @@ static void matrix_rank(world *w, dpar_comm *c, int r)
 }
 
 /* broadcast, allgather, alltoall: the values must arrive unchanged */
-static void movement_rank(world *w, dpar_comm *c, int r)
+DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
 {
     matrix_case *m = (matrix_case *)w->user;
     size_t es = dpar_dtype_size(m->t), n = m->count, off, len, i, per;

@@ -40,19 +40,24 @@ matrix() {
         if ! command -v $cc >/dev/null; then skip "compile $cc" "$cc is not installed"; continue; fi
         for std in c99 c11; do
             step "compile dpar.h: $cc -std=$std, two units linked" \
-                sh -c "$cc -std=$std $WARN -I. tests/compile_impl.c tests/compile_user.c -o $M/link_${cc}_$std -pthread && $M/link_${cc}_$std"
+                sh -c "$cc -std=$std $WARN -I. tests/compile_impl.c tests/compile_user.c -o $M/link_${cc}_$std -pthread -lm && $M/link_${cc}_$std"
         done
     done
     for cxx in g++ clang++; do
         if ! command -v $cxx >/dev/null; then skip "compile $cxx" "$cxx is not installed"; continue; fi
         step "compile dpar.h as C++: $cxx -std=c++11, two units linked" \
-            sh -c "$cxx -std=c++11 $WARN -I. -x c++ tests/compile_impl.c -x c++ tests/compile_user.c -o $M/link_$cxx -pthread && $M/link_$cxx"
+            sh -c "$cxx -std=c++11 $WARN -I. -x c++ tests/compile_impl.c -x c++ tests/compile_user.c -o $M/link_$cxx -pthread -lm && $M/link_$cxx"
     done
     step "compile dpar.h: DPAR_STATIC in two units of one program" \
-        sh -c "gcc -std=c99 $WARN -I. tests/compile_static_a.c tests/compile_static_b.c -o $M/static -pthread && $M/static"
+        sh -c "gcc -std=c99 $WARN -I. tests/compile_static_a.c tests/compile_static_b.c -o $M/static -pthread -lm && $M/static"
     step "compile dpar.h: DPAR_NO_FUTEX" gcc -std=c99 $WARN -I. -c tests/compile_impl.c -DDPAR_NO_FUTEX -o $M/nofutex.o
     step "compile dpar.h: gcc -O3 (more warnings surface with more inlining)" gcc -std=c99 -O3 $WARN -I. -c tests/compile_impl.c -o $M/o3.o
     step "compile dpar.h: clang -O3" clang -std=c11 -O3 $WARN -I. -c tests/compile_impl.c -o $M/o3c.o
+    if [ -n "${OPENBLAS:-}" ]; then
+        step "compile dpar.h with DPAR_OPENBLAS, as C and C++" sh -c "gcc -std=c99 -O2 $WARN -DDPAR_OPENBLAS -I. tests/compile_impl.c tests/compile_user.c -o $M/blas -pthread -lm -lopenblas && $M/blas && g++ -std=c++11 $WARN -DDPAR_OPENBLAS -I. -x c++ tests/compile_impl.c -x c++ tests/compile_user.c -o $M/blaspp -pthread -lm -lopenblas"
+    else
+        skip "compile dpar.h with DPAR_OPENBLAS" "OpenBLAS not found"
+    fi
     if [ -n "${NVCC:-}" ]; then
         step "compile dpar_cuda.h: nvcc -c" "$NVCC" -std=c++14 -I. -c tests/compile_cuda.cu -o $M/cuda.o
         step "compile dpar_cuda.h: plain C sees the declarations" gcc -std=c99 $WARN -I. -c tests/compile_cuda_c.c -o $M/cuda_c.o
@@ -127,15 +132,15 @@ mpi_compile() {
     if [ -z "${MPICC:-}" ]; then skip "compile dpar.h with DPAR_MPI" "mpicc not found"; return; fi
     printf '#define DPAR_MPI\n#define DPAR_IMPLEMENTATION\n#include "dpar.h"\nint main(void) { return 0; }\n' >"$M/mpi.c"
     cp "$M/mpi.c" "$M/mpi.cc"
-    step "compile dpar.h with DPAR_MPI: mpicc -std=c99" "$MPICC" -std=c99 $WARN -I. "$M/mpi.c" -o $M/mpi_c99 -pthread
-    step "compile dpar.h with DPAR_MPI: mpicc -std=c11 -O3" "$MPICC" -std=c11 -O3 $WARN -I. "$M/mpi.c" -o $M/mpi_c11 -pthread
+    step "compile dpar.h with DPAR_MPI: mpicc -std=c99" "$MPICC" -std=c99 $WARN -I. "$M/mpi.c" -o $M/mpi_c99 -pthread -lm
+    step "compile dpar.h with DPAR_MPI: mpicc -std=c11 -O3" "$MPICC" -std=c11 -O3 $WARN -I. "$M/mpi.c" -o $M/mpi_c11 -pthread -lm
     step "compile dpar.h with DPAR_MPI as C++ (mpicxx -std=c++11)" mpicxx -std=c++11 $WARN -DOMPI_SKIP_MPICXX \
-        -DMPICH_SKIP_MPICXX -I. "$M/mpi.cc" -o $M/mpi_cxx -pthread
+        -DMPICH_SKIP_MPICXX -I. "$M/mpi.cc" -o $M/mpi_cxx -pthread -lm
     inc=$(ls -d /usr/include/x86_64-linux-gnu/mpich /usr/include/mpich 2>/dev/null | head -1)
     if [ -n "$inc" ] && [ -f "$inc/mpi.h" ]; then
         step "compile dpar.h with DPAR_MPI against MPICH's mpi.h" gcc -std=c99 $WARN -I. -I"$inc" -c "$M/mpi.c" -o $M/mpich.o
         if command -v mpicc.mpich >/dev/null; then
-            step "build with MPICH: mpicc.mpich -std=c99" mpicc.mpich -std=c99 $WARN -I. "$M/mpi.c" -o $M/mpich -pthread
+            step "build with MPICH: mpicc.mpich -std=c99" mpicc.mpich -std=c99 $WARN -I. "$M/mpi.c" -o $M/mpich -pthread -lm
         fi
     else
         skip "compile dpar.h against MPICH" "MPICH's mpi.h is not installed (apt-get install libmpich-dev)"

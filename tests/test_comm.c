@@ -28,57 +28,7 @@ static void test_step_hook(void)
     }
 }
 
-static dpar_pool *pools[9];
-static dpar_pool *pool_of(int n)
-{
-    if (!pools[n]) {
-        dpar_pool_desc d;
-        memset(&d, 0, sizeof d);
-        d.num_threads = n;
-        dpar_pool_create(&d, &pools[n]);
-    }
-    return pools[n];
-}
 
-static dpar_status world_rank(void *user, int rank, int n)
-{
-    world *w = (world *)user;
-    dpar_comm *c = NULL;
-    dpar_status st = dpar_comm_create(w->group, rank, &c);
-    (void)n;
-    if (st != DPAR_OK) {
-        note(w, "rank %d: comm_create: %s", rank, dpar_last_error());
-        return st;
-    }
-    w->fn(w, c, rank);
-    dpar_comm_destroy(c);
-    return DPAR_OK;
-}
-
-/* run fn on n thread ranks of a fresh group; returns the failures the ranks noted */
-static int run_world_desc(int n, const dpar_comm_desc *desc, rank_fn fn, void *user, char *first, size_t nfirst)
-{
-    world w;
-    dpar_comm_desc d;
-    memset(&w, 0, sizeof w);
-    pthread_mutex_init(&w.lock, NULL);
-    w.n = n;
-    w.fn = fn;
-    w.user = user;
-    if (desc) d = *desc; else memset(&d, 0, sizeof d);
-    d.size = n;
-    if (dpar_group_create(&d, &w.group) != DPAR_OK) {
-        printf("    group_create: %s\n", dpar_last_error());
-        return 1;
-    }
-    dpar_pool_run(pool_of(n), world_rank, &w);
-    dpar_group_destroy(w.group);
-    pthread_mutex_destroy(&w.lock);
-    if (first) snprintf(first, nfirst, "%s", w.first);
-    if (w.failures) printf("    N=%d: %d failures, first: %s\n", n, w.failures, w.first);
-    return w.failures;
-}
-static int run_world(int n, rank_fn fn, void *user) { return run_world_desc(n, NULL, fn, user, NULL, 0); }
 
 static const int Ns[] = {1, 2, 3, 4, 5, 8};
 #define NN ((int)(sizeof Ns / sizeof Ns[0]))
@@ -816,7 +766,6 @@ static void test_trace_has_collectives_with_bytes(void)
 
 int main(int argc, char **argv)
 {
-    int i;
     DT_MAIN_BEGIN(argc, argv);
     RUN(test_half_conversions);
     RUN(test_bad_input);
@@ -831,7 +780,6 @@ int main(int argc, char **argv)
     RUN(test_async_requests);
     RUN(test_split_and_mesh);
     RUN(test_trace_has_collectives_with_bytes);
-    for (i = 0; i < 9; i++)
-        if (pools[i]) dpar_pool_destroy(pools[i]);
+    pools_free();
     return dt_summary();
 }
