@@ -31,7 +31,7 @@ $(info dpar: nvcc $(if $(NVCC),found ($(NVCC)),not found: CUDA checks are skippe
 endif
 
 TESTS   := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/test_mpi.c,$(wildcard tests/test_*.c)))
-HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h
+HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h tests/pipe_mlp.h
 MPITEST := $(if $(and $(MPICC),$(MPIRUN)),$(BUILD)/test_mpi)
 MPIASAN := $(if $(MPITEST),$(BUILD)/asan/test_mpi)
 
@@ -73,6 +73,9 @@ $(BUILD)/pool_demo: examples/pool_demo.c dpar.h | $(BUILD)
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/bench_pipe: bench/bench_pipe.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
+
 $(BUILD)/bench_gemm: bench/bench_gemm.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -DDPAR_OPENBLAS -I. $< -o $@ $(LDLIBS) -lopenblas
 
@@ -102,13 +105,14 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
+bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 else
 	@echo "bench: $(CC) has no -fopenmp; the pool benchmark needs OpenMP as its reference"
 endif
 	./$(BUILD)/bench_comm
+	./$(BUILD)/bench_pipe
 ifneq ($(OPENBLAS),)
 	./$(BUILD)/bench_gemm
 else

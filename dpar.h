@@ -56,6 +56,7 @@
      >>threads   the threads transport: zero-copy channels between thread ranks
      >>gemm      dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool
      >>shard     shard plans, tensor-parallel linear layers (Megatron), ZeRO-1 optimizer
+     >>pipe      pipeline schedules (GPipe, 1F1B, interleaved) as checked data, the stage runner
      >>mpi       the MPI transport (DPAR_MPI) and the hybrid processes x threads comm
      >>impl      the implementation, in the same order
 
@@ -698,6 +699,99 @@ DPAR_API dpar_status dpar_zero_step(dpar_zero *zero, float *params, float *grads
 DPAR_API size_t dpar_zero_state_bytes(const dpar_zero *zero);
 DPAR_API void dpar_zero_shard(const dpar_zero *zero, size_t *offset, size_t *length);
 DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
+
+/* ============================================================================================== */
+/* >>pipe: pipeline parallelism: schedules as checked data, the stage runner                      */
+/* ============================================================================================== */
+/* A schedule gives every stage of a p-stage pipeline its ordered list of ops for m micro-batches:
+   forward and backward of (micro-batch, chunk), and the sends and receives of activations and
+   gradients. GPipe: all forwards, then all backwards. 1F1B (PipeDream-flush): p - s - 1 warm-up
+   forwards on stage s, then one forward one backward, then the remaining backwards, so at most p
+   activations are stashed. INTERLEAVED (Megatron): every stage holds v model chunks (virtual stage
+   chunk * p + stage), which divides the bubble by v; needs m a multiple of p. The schedule is plain
+   data: print it, check it, edit it, run it. */
+typedef enum dpar_pipe_kind { DPAR_PIPE_GPIPE = 0, DPAR_PIPE_1F1B = 1, DPAR_PIPE_INTERLEAVED = 2 } dpar_pipe_kind;
+
+typedef enum dpar_pipe_opcode {
+    DPAR_PIPE_FORWARD = 0,
+    DPAR_PIPE_BACKWARD = 1,
+    DPAR_PIPE_SEND_ACT = 2,  /* this stage's output activation to the next virtual stage */
+    DPAR_PIPE_RECV_ACT = 3,  /* the previous virtual stage's activation */
+    DPAR_PIPE_SEND_GRAD = 4, /* the gradient of this stage's input, back to the previous one */
+    DPAR_PIPE_RECV_GRAD = 5  /* the gradient of this stage's output, from the next one */
+} dpar_pipe_opcode;
+
+typedef struct dpar_pipe_op {
+    int code;  /* dpar_pipe_opcode */
+    int micro; /* micro-batch, 0..m-1 */
+    int chunk; /* model chunk on this stage, 0..v-1 */
+} dpar_pipe_op;
+
+typedef struct dpar_pipe_schedule {
+    int p, m, v;
+    dpar_pipe_kind kind;
+    int *num_ops;        /* [p] */
+    dpar_pipe_op **ops;  /* [p][num_ops[s]] */
+    double bubble;       /* predicted: idle over makespan, simulated with backward = 2 x forward */
+    int *peak_stash;     /* [p]: most activations held between a forward and its backward */
+    dpar_allocator allocator;
+} dpar_pipe_schedule;
+
+/* dpar_pipe_schedule_make: the schedule of `kind` (v: chunks per stage, 1 unless INTERLEAVED),
+   already checked. DPAR_EINVAL names what is wrong (p < 1, m < 1, interleaved with m not a multiple
+   of p, ...). Thread safety: any thread. */
+DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind kind, const dpar_allocator *allocator,
+                                             dpar_pipe_schedule **out);
+/* dpar_pipe_schedule_check: prove a schedule safe before it runs, or return DPAR_EINVAL with the
+   rule it breaks: each forward and backward exactly once, every backward after its forward, every
+   receive before the compute that needs it and every send after the compute that makes it, sends
+   and receives between neighbouring stages in the same order, and no deadlock (a simulation with
+   the transport's semantics: sends do not block until 4 messages wait on a channel). It also
+   recomputes bubble and peak_stash. Thread safety: any thread (it writes those two fields). */
+DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
+/* dpar_pipe_schedule_format: the schedule as a text timeline (one line per stage, forward 1 cell,
+   backward 2, idle '.'), like snprintf: returns the length it needs. Thread safety: any thread. */
+DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *schedule, char *buf, size_t size);
+DPAR_API void dpar_pipe_schedule_free(dpar_pipe_schedule *schedule);
+
+/* The stage's callbacks, per (micro-batch, chunk). forward: `in` is the activation from the
+   previous virtual stage (NULL on the first: read the micro-batch yourself), write yours to `out`
+   (NULL on the last: compute the loss). backward: `in` is the same activation again, `grad_out`
+   the gradient of your output (NULL on the last: from the loss), write the gradient of your input
+   to `grad_in` (NULL on the first). Accumulate parameter gradients (+=) across micro-batches.
+   Activations and gradients are act_bytes each. Return DPAR_OK or an error (dpar_set_error). */
+typedef dpar_status (*dpar_pipe_forward_fn)(void *user, int micro, int chunk, const void *in, void *out);
+typedef dpar_status (*dpar_pipe_backward_fn)(void *user, int micro, int chunk, const void *in, const void *grad_out,
+                                             void *grad_in);
+
+typedef struct dpar_pipe_desc {
+    dpar_pipe_schedule *schedule; /* required; not copied, must outlive the runner */
+    dpar_comm *comm;              /* the pipeline comm: its rank is the stage, its size p */
+    size_t act_bytes;             /* an activation (or its gradient) crossing a stage boundary */
+    dpar_pipe_forward_fn forward;
+    dpar_pipe_backward_fn backward;
+    void *user;
+    dpar_allocator allocator;
+} dpar_pipe_desc;
+
+typedef struct dpar_pipe dpar_pipe;
+
+typedef struct dpar_pipe_stats {
+    double predicted_bubble; /* the schedule's */
+    double measured_bubble;  /* 1 - (time in callbacks over all stages) / (p x the longest stage's run) */
+    uint64_t busy_ns;        /* this stage's time in callbacks */
+    uint64_t run_ns;         /* the longest stage's run */
+    int buffers;             /* activation/gradient buffers this stage has (stable after the first run) */
+} dpar_pipe_stats;
+
+/* dpar_pipe_create: a runner for this stage. Thread safety: the stage's thread. */
+DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **out);
+/* dpar_pipe_run: one step: this stage's ops, in order, over the comm's point-to-point calls.
+   Collective over the comm. A callback's error poisons the comm, so every stage returns it instead
+   of waiting; the run ends with an agreement, so all stages return the same status. stats may be
+   NULL. Thread safety: the stage's thread. */
+DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
+DPAR_API void dpar_pipe_destroy(dpar_pipe *pipe);
 
 /* >>mpi: the communicator over MPI (define DPAR_MPI before the include; build with mpicc) */
 #ifdef DPAR_MPI
@@ -2541,6 +2635,8 @@ typedef struct dpar__transport {
     dpar_status (*native)(dpar__ctx *x, const struct dpar__call *k, int *done);
     /* optional hint: the next fetch will be from peer again, start receiving it now */
     void (*prefetch)(dpar__ctx *x, int peer);
+    /* leaving with an error: wait until no peer is still reading this rank's buffers */
+    void (*quiesce)(dpar_comm *c);
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -3103,6 +3199,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
         default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)k->coll); break;
         }
     }
+    if (st != DPAR_OK && c->tp->quiesce) c->tp->quiesce(c); /* no peer still reads our buffers */
     dt = dpar_time_ns() - t0;
     bytes = (uint64_t)k->count * es * (k->coll == DPAR_COLL_ALLTOALL ? (uint64_t)N : 1u);
     if (k->coll == DPAR_COLL_ALLREDUCE) factor = 2.0 * (N - 1) / N;
@@ -3316,10 +3413,12 @@ static void dpar__p2p_ctx(dpar__ctx *x, dpar_comm *c, dpar_coll coll, size_t cou
     x->deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
 }
 
-static void dpar__p2p_done(dpar_comm *c, dpar_coll coll, const dpar__ctx *x, uint64_t t0)
+static void dpar__p2p_done(dpar_comm *c, dpar_coll coll, const dpar__ctx *x, uint64_t t0, dpar_status st)
 {
     dpar_comm_counters *s = &c->stats.by_coll[coll];
-    uint64_t dt = dpar_time_ns() - t0;
+    uint64_t dt;
+    if (st != DPAR_OK && c->tp->quiesce) c->tp->quiesce(c);
+    dt = dpar_time_ns() - t0;
     DPAR__ADD(&s->calls, 1, DPAR__RELAXED);
     DPAR__ADD(&s->bytes_sent, x->sent, DPAR__RELAXED);
     DPAR__ADD(&s->bytes_received, x->received, DPAR__RELAXED);
@@ -3344,7 +3443,7 @@ DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count
     comm->tp->enter(&x);
     st = dpar__post(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
     if (st == DPAR_OK) st = dpar__drain(&x, peer, 0);
-    dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0);
+    dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0, st);
     return st;
 }
 
@@ -3359,7 +3458,7 @@ DPAR_API dpar_status dpar_recv_at(dpar_comm *comm, void *buf, size_t count, dpar
     dpar__p2p_ctx(&x, comm, DPAR_COLL_RECV, count, dtype, tag, file, line);
     comm->tp->enter(&x);
     st = dpar__recv_into(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
-    dpar__p2p_done(comm, DPAR_COLL_RECV, &x, t0);
+    dpar__p2p_done(comm, DPAR_COLL_RECV, &x, t0, st);
     return st;
 }
 
@@ -3386,7 +3485,7 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
         st = dpar__recv_into(&x, src, recvbuf, recvcount * es);
     }
     if (st == DPAR_OK) st = dpar__drain(&x, dst, 0);
-    dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0);
+    dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0, st);
     return st;
 }
 
@@ -3727,7 +3826,8 @@ typedef struct dpar__chan {
     uint32_t posted;
     char pad0[DPAR__CACHE_LINE - sizeof(uint32_t)];
     uint32_t released;
-    char pad1[DPAR__CACHE_LINE - sizeof(uint32_t)];
+    uint32_t fetched; /* messages the receiver has started to read (fetched - released: reading now) */
+    char pad1[DPAR__CACHE_LINE - 2 * sizeof(uint32_t)];
     struct {
         const void *ptr;
         size_t bytes;
@@ -3809,7 +3909,7 @@ static dpar_status dpar__t_poison(dpar_comm *c, dpar_status why, const char *msg
     pthread_mutex_lock(&g->lock);
     if (!DPAR__LOAD(&g->poison, DPAR__RELAXED)) {
         snprintf(g->poison_msg, sizeof g->poison_msg, "%s", msg);
-        DPAR__STORE(&g->poison, (int)why, DPAR__RELEASE);
+        DPAR__STORE(&g->poison, (int)why, DPAR__SEQ_CST);
     }
     pthread_mutex_unlock(&g->lock);
     for (i = 0; i < g->size; i++) dpar__ring_bell(g, i);
@@ -3907,8 +4007,17 @@ static dpar_status dpar__t_fetch(dpar__ctx *x, int peer, size_t bytes, const voi
     DPAR__TRY(dpar__t_chan(x, peer, x->c->rank, &ch));
     n = DPAR__LOAD(&ch->released, DPAR__RELAXED); /* only this rank writes it */
     DPAR__TRY(dpar__t_wait(x, &ch->posted, n + 1, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
-    if (!dpar__fp_agree(x, &ch->q[n % DPAR__QDEPTH].fp, ch->q[n % DPAR__QDEPTH].bytes, bytes, msg, sizeof msg))
+    /* "reading now", then one more look at the poison (a Dekker pair with dpar__t_quiesce): either
+       a sender leaving on an error sees this reader and waits, or this reader sees the error */
+    DPAR__STORE(&ch->fetched, n + 1, DPAR__SEQ_CST);
+    if (DPAR__LOAD(&x->c->group->poison, DPAR__SEQ_CST)) {
+        DPAR__STORE(&ch->fetched, n, DPAR__SEQ_CST);
+        return dpar__t_poisoned(x->c);
+    }
+    if (!dpar__fp_agree(x, &ch->q[n % DPAR__QDEPTH].fp, ch->q[n % DPAR__QDEPTH].bytes, bytes, msg, sizeof msg)) {
+        DPAR__STORE(&ch->fetched, n, DPAR__SEQ_CST);
         return dpar__t_poison(x->c, DPAR_EMISMATCH, msg);
+    }
     *data = ch->q[n % DPAR__QDEPTH].ptr;
     return DPAR_OK;
 }
@@ -3917,7 +4026,7 @@ static dpar_status dpar__t_release(dpar__ctx *x, int peer)
 {
     dpar__chan *ch;
     DPAR__TRY(dpar__t_chan(x, peer, x->c->rank, &ch));
-    DPAR__STORE(&ch->released, DPAR__LOAD(&ch->released, DPAR__RELAXED) + 1, DPAR__RELEASE);
+    DPAR__STORE(&ch->released, DPAR__LOAD(&ch->released, DPAR__RELAXED) + 1, DPAR__SEQ_CST);
     dpar__ring_bell(x->c->group, peer);
     return DPAR_OK;
 }
@@ -3928,6 +4037,25 @@ static dpar_status dpar__t_drain(dpar__ctx *x, int peer, int max)
     DPAR__TRY(dpar__t_chan(x, x->c->rank, peer, &ch));
     return dpar__t_wait(x, &ch->released, DPAR__LOAD(&ch->posted, DPAR__RELAXED) - (uint32_t)max, peer,
                         x->lane == DPAR__LANE_P2P ? "receive" : "take its data");
+}
+
+/* Leaving on an error: wait until no peer is still reading a message of this rank (it is copying
+   or reducing one segment, microseconds), so the caller may free its buffers. Peers that have not
+   started reading see the poison and never will. */
+static void dpar__t_quiesce(dpar_comm *c)
+{
+    dpar_group *g = c->group;
+    int q, lane;
+    uint64_t give_up = dpar_time_ns() + 5000000000u;
+    for (q = 0; q < g->size; q++)
+        for (lane = 0; lane < DPAR__LANES; lane++) {
+            dpar__chan *ch = DPAR__LOAD(&g->chans[((size_t)c->rank * (size_t)g->size + (size_t)q) * DPAR__LANES + (size_t)lane],
+                                        DPAR__ACQUIRE);
+            if (!ch) continue;
+            while ((int32_t)(DPAR__LOAD(&ch->fetched, DPAR__SEQ_CST) - DPAR__LOAD(&ch->released, DPAR__SEQ_CST)) > 0 &&
+                   dpar_time_ns() < give_up)
+                sched_yield();
+        }
 }
 
 static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out);
@@ -3991,7 +4119,7 @@ static const dpar__transport dpar__threads_transport = {"threads",       dpar__t
                                                         dpar__t_release, dpar__t_drain,    dpar__t_enter,
                                                         dpar__t_poisoned, dpar__t_poison, dpar__t_split,
                                                         dpar__t_destroy, NULL,            NULL,
-                                                        NULL};
+                                                        NULL,            dpar__t_quiesce};
 
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out)
 {
@@ -4751,6 +4879,679 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
     dpar__free(&a, z->v);
     dpar__free(&a, z);
     return DPAR_OK;
+}
+
+/* >>pipe --------------------------------------------------------------------------------------- */
+/* virtual stage of (stage s, chunk c) is c * p + s; the next one lives on stage (s + 1) % p */
+static int dpar__pipe_first(const dpar_pipe_schedule *S, int s, int c) { return (void)S, s == 0 && c == 0; }
+static int dpar__pipe_last(const dpar_pipe_schedule *S, int s, int c) { return s == S->p - 1 && c == S->v - 1; }
+
+static void dpar__pipe_add(dpar_pipe_schedule *S, int s, int code, int micro, int chunk)
+{
+    dpar_pipe_op *op = &S->ops[s][S->num_ops[s]++];
+    op->code = code;
+    op->micro = micro;
+    op->chunk = chunk;
+}
+/* receive what it needs, compute, send what it made */
+static void dpar__pipe_fwd(dpar_pipe_schedule *S, int s, int micro, int chunk)
+{
+    if (!dpar__pipe_first(S, s, chunk)) dpar__pipe_add(S, s, DPAR_PIPE_RECV_ACT, micro, chunk);
+    dpar__pipe_add(S, s, DPAR_PIPE_FORWARD, micro, chunk);
+    if (!dpar__pipe_last(S, s, chunk)) dpar__pipe_add(S, s, DPAR_PIPE_SEND_ACT, micro, chunk);
+}
+static void dpar__pipe_bwd(dpar_pipe_schedule *S, int s, int micro, int chunk)
+{
+    if (!dpar__pipe_last(S, s, chunk)) dpar__pipe_add(S, s, DPAR_PIPE_RECV_GRAD, micro, chunk);
+    dpar__pipe_add(S, s, DPAR_PIPE_BACKWARD, micro, chunk);
+    if (!dpar__pipe_first(S, s, chunk)) dpar__pipe_add(S, s, DPAR_PIPE_SEND_GRAD, micro, chunk);
+}
+
+/* Megatron's interleaved order: unit k of a stage's N = m v forwards (or backwards) */
+static void dpar__pipe_unit(const dpar_pipe_schedule *S, int k, int backward, int *micro, int *chunk)
+{
+    int p = S->p, v = S->v, c = (k / p) % v;
+    *micro = (k / (p * v)) * p + k % p;
+    *chunk = backward ? v - 1 - c : c;
+}
+
+static void dpar__pipe_generate(dpar_pipe_schedule *S)
+{
+    int p = S->p, m = S->m, v = S->v, s, i, k;
+    for (s = 0; s < p; s++) {
+        S->num_ops[s] = 0;
+        if (S->kind == DPAR_PIPE_GPIPE) {
+            for (i = 0; i < m; i++) dpar__pipe_fwd(S, s, i, 0);
+            for (i = 0; i < m; i++) dpar__pipe_bwd(S, s, i, 0);
+        } else if (S->kind == DPAR_PIPE_1F1B) {
+            int warm = p - s - 1 < m ? p - s - 1 : m;
+            for (i = 0; i < warm; i++) dpar__pipe_fwd(S, s, i, 0);
+            for (i = 0; i < m - warm; i++) {
+                dpar__pipe_fwd(S, s, warm + i, 0);
+                dpar__pipe_bwd(S, s, i, 0);
+            }
+            for (i = m - warm; i < m; i++) dpar__pipe_bwd(S, s, i, 0);
+        } else {
+            int n = m * v, warm = m == p ? n : (p - s - 1) * 2 + (v - 1) * p, mi, ci;
+            if (warm > n) warm = n;
+            for (k = 0; k < warm; k++) {
+                dpar__pipe_unit(S, k, 0, &mi, &ci);
+                dpar__pipe_fwd(S, s, mi, ci);
+            }
+            for (k = 0; k < n - warm; k++) {
+                dpar__pipe_unit(S, warm + k, 0, &mi, &ci);
+                dpar__pipe_fwd(S, s, mi, ci);
+                dpar__pipe_unit(S, k, 1, &mi, &ci);
+                dpar__pipe_bwd(S, s, mi, ci);
+            }
+            for (k = n - warm; k < n; k++) {
+                dpar__pipe_unit(S, k, 1, &mi, &ci);
+                dpar__pipe_bwd(S, s, mi, ci);
+            }
+        }
+    }
+}
+
+static const char *dpar__pipe_names[] = {"forward", "backward", "send of the activation", "receive of the activation",
+                                         "send of the gradient", "receive of the gradient"};
+
+/* Where a send from stage s (chunk c) goes: the stage and chunk of the next (act) or previous
+   (grad) virtual stage. */
+static void dpar__pipe_peer(const dpar_pipe_schedule *S, int s, int c, int act, int *ps, int *pc)
+{
+    if (act) {
+        *ps = (s + 1) % S->p;
+        *pc = s == S->p - 1 ? c + 1 : c;
+    } else {
+        *ps = (s + S->p - 1) % S->p;
+        *pc = s == 0 ? c - 1 : c;
+    }
+}
+
+/* The simulation: stages run their ops in order; forward takes 1, backward 2; a receive waits for
+   its message; a send waits while DPAR__QDEPTH messages are unconsumed on its channel. A channel is
+   an ordered pair of stages, shared by activations and gradients (as on the transport). Returns 0,
+   or 1 with the deadlock story. Fills per-op start times when `start` is not NULL. */
+typedef struct { double ready; } dpar__pipe_msg;
+static int dpar__pipe_simulate(dpar_pipe_schedule *S, double *makespan, double *busy, int *peak, double **start,
+                               char *msg, size_t n)
+{
+    int p = S->p, s, nch = p * p, progress = 1, done = 0, maxq = 2 * S->m * S->v + 1;
+    int *pc = (int *)dpar__calloc(&S->allocator, (size_t)p, sizeof(int));
+    int *stash = (int *)dpar__calloc(&S->allocator, (size_t)p, sizeof(int));
+    double *t = (double *)dpar__calloc(&S->allocator, (size_t)p, sizeof(double));
+    double *ready = (double *)dpar__calloc(&S->allocator, (size_t)nch * (size_t)maxq, sizeof(double));
+    double *freed = (double *)dpar__calloc(&S->allocator, (size_t)nch * (size_t)maxq, sizeof(double));
+    int *qhead = (int *)dpar__calloc(&S->allocator, (size_t)nch, sizeof(int));
+    int *qtail = (int *)dpar__calloc(&S->allocator, (size_t)nch, sizeof(int));
+    int rc = 0;
+    if (!pc || !stash || !t || !ready || !freed || !qhead || !qtail) {
+        snprintf(msg, n, "out of memory simulating the schedule");
+        rc = 1;
+        goto out;
+    }
+    for (s = 0; s < p; s++) {
+        busy[s] = 0;
+        peak[s] = 0;
+    }
+    while (progress && done < p) {
+        progress = 0;
+        done = 0;
+        for (s = 0; s < p; s++) {
+            for (;;) {
+                dpar_pipe_op *op;
+                int ps, pcc, ch;
+                size_t at;
+                if (pc[s] == S->num_ops[s]) {
+                    done++;
+                    break;
+                }
+                op = &S->ops[s][pc[s]];
+                if (op->code == DPAR_PIPE_FORWARD || op->code == DPAR_PIPE_BACKWARD) {
+                    double d = op->code == DPAR_PIPE_FORWARD ? 1.0 : 2.0;
+                    if (start) start[s][pc[s]] = t[s];
+                    t[s] += d;
+                    busy[s] += d;
+                    stash[s] += op->code == DPAR_PIPE_FORWARD ? 1 : -1;
+                    if (stash[s] > peak[s]) peak[s] = stash[s];
+                } else if (op->code == DPAR_PIPE_SEND_ACT || op->code == DPAR_PIPE_SEND_GRAD) {
+                    dpar__pipe_peer(S, s, op->chunk, op->code == DPAR_PIPE_SEND_ACT, &ps, &pcc);
+                    ch = s * p + ps;
+                    if (qtail[ch] - qhead[ch] >= DPAR__QDEPTH) break; /* the channel is full: wait */
+                    at = (size_t)ch * (size_t)maxq;
+                    if (qtail[ch] >= DPAR__QDEPTH && freed[at + (size_t)(qtail[ch] - DPAR__QDEPTH)] > t[s])
+                        t[s] = freed[at + (size_t)(qtail[ch] - DPAR__QDEPTH)];
+                    ready[at + (size_t)qtail[ch]++] = t[s];
+                } else {
+                    dpar__pipe_peer(S, s, op->chunk, op->code == DPAR_PIPE_RECV_GRAD, &ps, &pcc);
+                    ch = ps * p + s;
+                    if (qhead[ch] == qtail[ch]) break; /* not sent yet: wait */
+                    at = (size_t)ch * (size_t)maxq + (size_t)qhead[ch]++;
+                    if (ready[at] > t[s]) t[s] = ready[at];
+                    freed[at] = t[s];
+                }
+                pc[s]++;
+                progress = 1;
+            }
+        }
+    }
+    if (done < p) {
+        int k = snprintf(msg, n, "the schedule deadlocks (rule: no deadlock):");
+        for (s = 0; s < p && k > 0 && (size_t)k < n; s++)
+            if (pc[s] < S->num_ops[s]) {
+                dpar_pipe_op *op = &S->ops[s][pc[s]];
+                k += snprintf(msg + k, n - (size_t)k, " stage %d waits at op %d (%s of micro-batch %d, chunk %d);", s, pc[s],
+                              dpar__pipe_names[op->code], op->micro, op->chunk);
+            }
+        rc = 1;
+        goto out;
+    }
+    *makespan = 0;
+    for (s = 0; s < p; s++)
+        if (t[s] > *makespan) *makespan = t[s];
+out:
+    dpar__free(&S->allocator, pc);
+    dpar__free(&S->allocator, stash);
+    dpar__free(&S->allocator, t);
+    dpar__free(&S->allocator, ready);
+    dpar__free(&S->allocator, freed);
+    dpar__free(&S->allocator, qhead);
+    dpar__free(&S->allocator, qtail);
+    return rc;
+}
+
+/* the next send from stage s to stage d at or after op *k (act and grad alike), or NULL */
+static dpar_pipe_op *dpar__pipe_next_send(const dpar_pipe_schedule *S, int s, int d, int *k, int *dchunk)
+{
+    for (; *k < S->num_ops[s]; (*k)++) {
+        dpar_pipe_op *o = &S->ops[s][*k];
+        int ps;
+        if (o->code != DPAR_PIPE_SEND_ACT && o->code != DPAR_PIPE_SEND_GRAD) continue;
+        dpar__pipe_peer(S, s, o->chunk, o->code == DPAR_PIPE_SEND_ACT, &ps, dchunk);
+        if (ps == d) return o;
+    }
+    return NULL;
+}
+/* the next receive at stage d from stage s at or after op *k, or NULL */
+static dpar_pipe_op *dpar__pipe_next_recv(const dpar_pipe_schedule *S, int d, int s, int *k)
+{
+    for (; *k < S->num_ops[d]; (*k)++) {
+        dpar_pipe_op *o = &S->ops[d][*k];
+        int ps, pc;
+        if (o->code != DPAR_PIPE_RECV_ACT && o->code != DPAR_PIPE_RECV_GRAD) continue;
+        dpar__pipe_peer(S, d, o->chunk, o->code == DPAR_PIPE_RECV_GRAD, &ps, &pc);
+        if (ps == s) return o;
+    }
+    return NULL;
+}
+
+#define DPAR__PIPE_FAIL(...) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_check: " __VA_ARGS__)
+
+DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
+{
+    int p, m, v, s, k, i, c;
+    unsigned char *seen; /* per stage and (micro, chunk): bits of the ops done */
+    double makespan = 0, *busy, total = 0;
+    char msg[DPAR__ERROR_TEXT];
+    enum { F = 1, B = 2, SA = 4, RA = 8, SG = 16, RG = 32 };
+    if (!S || !S->num_ops || !S->ops) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_check: schedule is NULL");
+    p = S->p;
+    m = S->m;
+    v = S->v;
+    if (p < 1 || m < 1 || v < 1) DPAR__PIPE_FAIL("p = %d, m = %d, v = %d (each must be at least 1)", p, m, v);
+    if (S->kind == DPAR_PIPE_INTERLEAVED && (m < p || m % p))
+        DPAR__PIPE_FAIL("an interleaved schedule needs m at least p and a multiple of it (rule: m >= p); m = %d, p = %d", m, p);
+    seen = (unsigned char *)calloc((size_t)p * (size_t)m * (size_t)v, 1);
+    if (!seen) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_check: out of memory");
+#define DPAR__SEEN(s, i, c) seen[((size_t)(s) * m + (size_t)(i)) * v + (size_t)(c)]
+#define DPAR__BAD(...)                                                                             \
+    do {                                                                                           \
+        free(seen);                                                                                \
+        DPAR__PIPE_FAIL(__VA_ARGS__);                                                              \
+    } while (0)
+    for (s = 0; s < p; s++) {
+        for (k = 0; k < S->num_ops[s]; k++) {
+            dpar_pipe_op *op = &S->ops[s][k];
+            int first, last;
+            unsigned char *b;
+            if ((unsigned)op->code > DPAR_PIPE_RECV_GRAD) DPAR__BAD("stage %d op %d: code %d is not an op", s, k, op->code);
+            if (op->micro < 0 || op->micro >= m || op->chunk < 0 || op->chunk >= v)
+                DPAR__BAD("stage %d op %d: micro-batch %d, chunk %d is outside 0..%d, 0..%d", s, k, op->micro, op->chunk,
+                          m - 1, v - 1);
+            first = dpar__pipe_first(S, s, op->chunk);
+            last = dpar__pipe_last(S, s, op->chunk);
+            b = &DPAR__SEEN(s, op->micro, op->chunk);
+#define DPAR__AT "stage %d op %d (%s of micro-batch %d, chunk %d): "
+#define DPAR__ATV s, k, dpar__pipe_names[op->code], op->micro, op->chunk
+            switch (op->code) {
+            case DPAR_PIPE_FORWARD:
+                if (*b & F) DPAR__BAD(DPAR__AT "appears twice (rule: each forward once)", DPAR__ATV);
+                if (!first && !(*b & RA))
+                    DPAR__BAD(DPAR__AT "comes before its activation is received (rule: every receive before the "
+                                       "compute that needs it)", DPAR__ATV);
+                *b |= F;
+                break;
+            case DPAR_PIPE_BACKWARD:
+                if (*b & B) DPAR__BAD(DPAR__AT "appears twice (rule: each backward once)", DPAR__ATV);
+                if (!(*b & F)) DPAR__BAD(DPAR__AT "comes before its forward (rule: every backward after its forward)", DPAR__ATV);
+                if (!last && !(*b & RG))
+                    DPAR__BAD(DPAR__AT "comes before the gradient of its output is received (rule: every receive "
+                                       "before the compute that needs it)", DPAR__ATV);
+                *b |= B;
+                break;
+            case DPAR_PIPE_SEND_ACT:
+                if (last) DPAR__BAD(DPAR__AT "the last virtual stage has no activation to send", DPAR__ATV);
+                if (!(*b & F) || (*b & SA))
+                    DPAR__BAD(DPAR__AT "comes before its forward or twice (rule: every send after the compute that "
+                                       "makes it)", DPAR__ATV);
+                *b |= SA;
+                break;
+            case DPAR_PIPE_RECV_ACT:
+                if (first) DPAR__BAD(DPAR__AT "the first virtual stage receives no activation", DPAR__ATV);
+                if (*b & RA) DPAR__BAD(DPAR__AT "appears twice", DPAR__ATV);
+                *b |= RA;
+                break;
+            case DPAR_PIPE_SEND_GRAD:
+                if (first) DPAR__BAD(DPAR__AT "the first virtual stage has no input gradient to send", DPAR__ATV);
+                if (!(*b & B) || (*b & SG))
+                    DPAR__BAD(DPAR__AT "comes before its backward or twice (rule: every send after the compute that "
+                                       "makes it)", DPAR__ATV);
+                *b |= SG;
+                break;
+            default:
+                if (last) DPAR__BAD(DPAR__AT "the last virtual stage receives no gradient", DPAR__ATV);
+                if (*b & RG) DPAR__BAD(DPAR__AT "appears twice", DPAR__ATV);
+                *b |= RG;
+                break;
+            }
+        }
+        for (i = 0; i < m; i++)
+            for (c = 0; c < v; c++) {
+                unsigned char b = DPAR__SEEN(s, i, c), want = F | B;
+                if (!dpar__pipe_first(S, s, c)) want |= RA | SG;
+                if (!dpar__pipe_last(S, s, c)) want |= SA | RG;
+                if ((b & want) != want)
+                    DPAR__BAD("stage %d never does the %s of micro-batch %d, chunk %d (rule: each forward and backward "
+                              "once, with its sends and receives)",
+                              s, dpar__pipe_names[!(b & F) ? 0 : !(b & B) ? 1 : !(b & SA) && (want & SA) ? 2 : !(b & RA) && (want & RA) ? 3 : !(b & SG) && (want & SG) ? 4 : 5],
+                              i, c);
+            }
+    }
+    /* the messages from stage s to stage d (activations and gradients share the channel) are
+       received in the order they are sent */
+    for (s = 0; s < p; s++) {
+        int d;
+        for (d = 0; d < p; d++) {
+            int ks = 0, kr = 0;
+            for (;;) {
+                int dc = -1;
+                dpar_pipe_op *snd = dpar__pipe_next_send(S, s, d, &ks, &dc), *rcv = dpar__pipe_next_recv(S, d, s, &kr);
+                if (!snd && !rcv) break;
+                if (!snd || !rcv || snd->micro != rcv->micro || dc != rcv->chunk || snd->code + 1 != rcv->code)
+                    DPAR__BAD("stage %d op %d sends %s while stage %d op %d receives %s (rule: sends and receives "
+                              "between neighbours in the same order)",
+                              s, ks, snd ? (snd->code == DPAR_PIPE_SEND_ACT ? "an activation" : "a gradient") : "nothing",
+                              d, kr, rcv ? (rcv->code == DPAR_PIPE_RECV_ACT ? "an activation" : "a gradient") : "nothing");
+                ks++;
+                kr++;
+            }
+        }
+    }
+    free(seen);
+#undef DPAR__SEEN
+#undef DPAR__BAD
+#undef DPAR__AT
+#undef DPAR__ATV
+    busy = (double *)dpar__calloc(&S->allocator, (size_t)p, sizeof(double));
+    if (!busy) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_check: out of memory");
+    if (dpar__pipe_simulate(S, &makespan, busy, S->peak_stash, NULL, msg, sizeof msg)) {
+        dpar__free(&S->allocator, busy);
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_check: %s", msg);
+    }
+    for (s = 0; s < p; s++) total += busy[s];
+    S->bubble = makespan > 0 ? 1.0 - total / (p * makespan) : 0.0;
+    dpar__free(&S->allocator, busy);
+    return DPAR_OK;
+}
+
+DPAR_API void dpar_pipe_schedule_free(dpar_pipe_schedule *S)
+{
+    int s;
+    dpar_allocator a;
+    if (!S) return;
+    a = S->allocator;
+    if (S->ops)
+        for (s = 0; s < S->p; s++) dpar__free(&a, S->ops[s]);
+    dpar__free(&a, S->ops);
+    dpar__free(&a, S->num_ops);
+    dpar__free(&a, S->peak_stash);
+    dpar__free(&a, S);
+}
+
+DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind kind, const dpar_allocator *allocator,
+                                             dpar_pipe_schedule **out)
+{
+    dpar_pipe_schedule *S;
+    dpar_allocator a;
+    int s;
+    dpar_status st;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: out is NULL");
+    *out = NULL;
+    memset(&a, 0, sizeof a);
+    if (allocator) {
+        DPAR__TRY(dpar__check_allocator("dpar_pipe_schedule_make", allocator));
+        a = *allocator;
+    }
+    if ((unsigned)kind > DPAR_PIPE_INTERLEAVED) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: kind %d", (int)kind);
+    if (p < 1 || m < 1 || p > 4096 || m > 65535)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: p = %d, m = %d (1..4096 stages, 1..65535 micro-batches)", p, m);
+    if (kind != DPAR_PIPE_INTERLEAVED && v != 1)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: v = %d chunks per stage needs DPAR_PIPE_INTERLEAVED", v);
+    if (kind == DPAR_PIPE_INTERLEAVED && (v < 1 || v > 64))
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: v = %d chunks per stage (1..64)", v);
+    if (kind == DPAR_PIPE_INTERLEAVED && (m < p || m % p))
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: the interleaved schedule needs m at least p and a "
+                                      "multiple of it; m = %d, p = %d", m, p);
+    S = (dpar_pipe_schedule *)dpar__calloc(&a, 1, sizeof *S);
+    if (!S) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
+    S->allocator = a;
+    S->p = p;
+    S->m = m;
+    S->v = v;
+    S->kind = kind;
+    S->num_ops = (int *)dpar__calloc(&a, (size_t)p, sizeof(int));
+    S->peak_stash = (int *)dpar__calloc(&a, (size_t)p, sizeof(int));
+    S->ops = (dpar_pipe_op **)dpar__calloc(&a, (size_t)p, sizeof(dpar_pipe_op *));
+    if (!S->num_ops || !S->peak_stash || !S->ops) {
+        dpar_pipe_schedule_free(S);
+        return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
+    }
+    for (s = 0; s < p; s++)
+        if (!(S->ops[s] = (dpar_pipe_op *)dpar__calloc(&a, (size_t)m * (size_t)v * 6, sizeof(dpar_pipe_op)))) {
+            dpar_pipe_schedule_free(S);
+            return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
+        }
+    dpar__pipe_generate(S);
+    if ((st = dpar_pipe_schedule_check(S)) != DPAR_OK) { /* dpar's own schedules always pass */
+        dpar_pipe_schedule_free(S);
+        return st;
+    }
+    *out = S;
+    return DPAR_OK;
+}
+
+DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *buf, size_t size)
+{
+    static const char *kinds[] = {"GPipe", "1F1B", "interleaved 1F1B"};
+    dpar_pipe_schedule *S = (dpar_pipe_schedule *)(uintptr_t)S0; /* the simulation only reads it */
+    double makespan = 0, *busy, **start;
+    int p, s, k, cells, *peak;
+    size_t len = 0;
+    char msg[DPAR__ERROR_TEXT], *line;
+#define DPAR__OUT(...)                                                                                       \
+    do {                                                                                                     \
+        int w_ = snprintf(buf && len < size ? buf + len : NULL, buf && len < size ? size - len : 0, __VA_ARGS__); \
+        if (w_ > 0) len += (size_t)w_;                                                                       \
+    } while (0)
+    if (buf && size) buf[0] = 0;
+    if (!S) return 0;
+    p = S->p;
+    busy = (double *)calloc((size_t)p, sizeof(double));
+    peak = (int *)calloc((size_t)p, sizeof(int));
+    start = (double **)calloc((size_t)p, sizeof(double *));
+    for (s = 0; s < p && start; s++) start[s] = (double *)calloc((size_t)S->num_ops[s] + 1, sizeof(double));
+    DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", kinds[S->kind], p, S->m, S->v > 1 ? "" : "");
+    if (S->v > 1) DPAR__OUT(", v=%d chunks", S->v);
+    DPAR__OUT(": predicted bubble %.3f, peak stash", S->bubble);
+    for (s = 0; s < p; s++) DPAR__OUT(" %d", S->peak_stash[s]);
+    DPAR__OUT("\n");
+    if (!busy || !peak || !start || dpar__pipe_simulate(S, &makespan, busy, peak, start, msg, sizeof msg)) {
+        DPAR__OUT("(cannot lay it out: %s)\n", busy && peak && start ? msg : "out of memory");
+    } else {
+        cells = (int)makespan;
+        line = (char *)malloc((size_t)cells * 4 + 1);
+        for (s = 0; s < p && line; s++) {
+            memset(line, ' ', (size_t)cells * 4);
+            for (k = 0; k < cells; k++) line[k * 4 + 1] = '.';
+            line[cells * 4] = 0;
+            for (k = 0; k < S->num_ops[s]; k++) {
+                dpar_pipe_op *op = &S->ops[s][k];
+                int c = (int)start[s][k], w = op->code == DPAR_PIPE_FORWARD ? 1 : 2, j;
+                char cell[8];
+                if (op->code != DPAR_PIPE_FORWARD && op->code != DPAR_PIPE_BACKWARD) continue;
+                for (j = 0; j < w && c + j < cells; j++) memcpy(line + (c + j) * 4, j ? "====" : "    ", 4);
+                snprintf(cell, sizeof cell, "%c%d%c", op->code == DPAR_PIPE_FORWARD ? 'F' : 'B', op->micro,
+                         S->v > 1 ? 'a' + op->chunk : ' ');
+                memcpy(line + c * 4, cell, strlen(cell) < 4 ? strlen(cell) : 4);
+            }
+            DPAR__OUT("stage %-2d|%s|\n", s, line);
+        }
+        free(line);
+    }
+    for (s = 0; s < p && start; s++) free(start[s]);
+    free(start);
+    free(busy);
+    free(peak);
+#undef DPAR__OUT
+    return len;
+}
+
+/* ---- the stage runner ---- */
+struct dpar_pipe {
+    dpar_pipe_desc d;
+    int stage;
+    void **free_bufs;   /* buffers not in use */
+    void **all_bufs;    /* every buffer, for destroy */
+    int nfree, nbufs, cap;
+    void **stash, **grad_out, **pending; /* [m * v]: input activation, output gradient, made but not sent */
+    void *ring[2][DPAR__QDEPTH];          /* the last buffers posted to the next [0] and previous [1] stage */
+    uint32_t posted[2];
+};
+
+static void *dpar__pipe_take(dpar_pipe *pp)
+{
+    void *b;
+    if (pp->nfree) return pp->free_bufs[--pp->nfree];
+    if (pp->nbufs == pp->cap) { /* warming up: longer lists (their size settles after the first run) */
+        int cap = pp->cap ? 2 * pp->cap : 16;
+        void **nl = (void **)dpar__alloc(&pp->d.allocator, 2 * (size_t)cap * sizeof(void *));
+        if (!nl) return NULL;
+        if (pp->free_bufs) {
+            memcpy(nl, pp->free_bufs, (size_t)pp->nfree * sizeof(void *));
+            memcpy(nl + cap, pp->all_bufs, (size_t)pp->nbufs * sizeof(void *));
+        }
+        dpar__free(&pp->d.allocator, pp->free_bufs);
+        pp->free_bufs = nl;
+        pp->all_bufs = nl + cap;
+        pp->cap = cap;
+    }
+    b = dpar__alloc(&pp->d.allocator, pp->d.act_bytes ? pp->d.act_bytes : 1);
+    if (b) pp->all_bufs[pp->nbufs++] = b;
+    return b;
+}
+static void dpar__pipe_give(dpar_pipe *pp, void *b)
+{
+    if (b) pp->free_bufs[pp->nfree++] = b;
+}
+
+DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *d, dpar_pipe **out)
+{
+    dpar_pipe *pp;
+    size_t n;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_pipe_create: out is NULL");
+    *out = NULL;
+    if (!d || !d->schedule || !d->comm || !d->forward || !d->backward)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the desc needs a schedule, a comm, forward and backward");
+    DPAR__TRY(dpar__check_allocator("dpar_pipe_create", &d->allocator));
+    if (d->schedule->p != d->comm->size)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the schedule has %d stages but the comm %d ranks", d->schedule->p,
+                         d->comm->size);
+    pp = (dpar_pipe *)dpar__calloc(&d->allocator, 1, sizeof *pp);
+    if (!pp) return dpar__err(DPAR_ENOMEM, "dpar_pipe_create: out of memory");
+    pp->d = *d;
+    pp->stage = d->comm->rank;
+    n = (size_t)d->schedule->m * (size_t)d->schedule->v;
+    pp->stash = (void **)dpar__calloc(&d->allocator, 3 * n, sizeof(void *));
+    if (!pp->stash) {
+        dpar__free(&d->allocator, pp);
+        return dpar__err(DPAR_ENOMEM, "dpar_pipe_create: out of memory");
+    }
+    pp->grad_out = pp->stash + n;
+    pp->pending = pp->stash + 2 * n;
+    *out = pp;
+    return DPAR_OK;
+}
+
+DPAR_API void dpar_pipe_destroy(dpar_pipe *pp)
+{
+    int i;
+    if (!pp) return;
+    for (i = 0; i < pp->nbufs; i++) dpar__free(&pp->d.allocator, pp->all_bufs[i]);
+    dpar__free(&pp->d.allocator, pp->free_bufs);
+    dpar__free(&pp->d.allocator, pp->stash);
+    dpar__free(&pp->d.allocator, pp);
+}
+
+/* post a made buffer to a neighbour; the buffer posted DPAR__QDEPTH messages ago is free again
+   (post only returns once fewer than DPAR__QDEPTH of its messages wait unconsumed) */
+static dpar_status dpar__pipe_send(dpar_pipe *pp, dpar__ctx *x, int dir, int peer, void *buf)
+{
+    uint32_t slot = pp->posted[dir] % DPAR__QDEPTH;
+    DPAR__TRY(dpar__post(x, peer, buf, pp->d.act_bytes));
+    if (pp->posted[dir] >= DPAR__QDEPTH) dpar__pipe_give(pp, pp->ring[dir][slot]);
+    pp->ring[dir][slot] = buf;
+    pp->posted[dir]++;
+    return DPAR_OK;
+}
+
+/* the run failed on this stage: every stage must hear of it */
+static dpar_status dpar__pipe_fail(dpar_pipe *pp, dpar_status st, const char *what, int micro, int chunk)
+{
+    char msg[DPAR__ERROR_TEXT];
+    snprintf(msg, sizeof msg, "pipeline stage %d: %s of micro-batch %d (chunk %d) failed: %.400s", pp->stage, what, micro, chunk,
+             dpar__tls_error[0] ? dpar__tls_error : dpar_status_string(st));
+    st = pp->d.comm->tp->poison(pp->d.comm, st, msg);
+    if (pp->d.comm->tp->quiesce) pp->d.comm->tp->quiesce(pp->d.comm); /* our buffers may be freed now */
+    return st;
+}
+
+DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
+{
+    dpar_pipe_schedule *S;
+    dpar_comm *c;
+    dpar__ctx x;
+    uint64_t t_start, busy = 0, t_end;
+    dpar_status st = DPAR_OK;
+    int k, p, dir;
+    if (!pp) return dpar__err(DPAR_EINVAL, "dpar_pipe_run: pipe is NULL");
+    S = pp->d.schedule;
+    c = pp->d.comm;
+    p = S->p;
+    DPAR__TRY(dpar_barrier(c)); /* a common start: the bubble is measured from here */
+    t_start = dpar_time_ns();
+    memset(&x, 0, sizeof x);
+    x.c = c;
+    x.lane = DPAR__LANE_P2P;
+    x.fp.count = pp->d.act_bytes;
+    x.fp.dtype = DPAR_U8;
+    x.fp.rank = c->rank;
+    x.fp.file = "dpar_pipe_run";
+    for (k = 0; k < S->num_ops[pp->stage] && st == DPAR_OK; k++) {
+        dpar_pipe_op *op = &S->ops[pp->stage][k];
+        size_t u = (size_t)op->micro * (size_t)S->v + (size_t)op->chunk;
+        int first = dpar__pipe_first(S, pp->stage, op->chunk), last = dpar__pipe_last(S, pp->stage, op->chunk);
+        int peer, pc;
+        uint64_t t0 = dpar_time_ns(), t1;
+        void *buf;
+        char name[48];
+        x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
+        /* the tag names the message: a mismatch is caught as EMISMATCH, never read as data */
+        switch (op->code) {
+        case DPAR_PIPE_FORWARD:
+            buf = last ? NULL : dpar__pipe_take(pp);
+            if (!last && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
+            dpar_clear_error();
+            st = pp->d.forward(pp->d.user, op->micro, op->chunk, pp->stash[u], buf);
+            t1 = dpar_time_ns();
+            busy += t1 - t0;
+            if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the forward", op->micro, op->chunk);
+            pp->pending[u] = buf;
+            snprintf(name, sizeof name, "F%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
+            dpar_trace_event(name, "pipe", t0, t1, NULL);
+            break;
+        case DPAR_PIPE_BACKWARD:
+            buf = first ? NULL : dpar__pipe_take(pp);
+            if (!first && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
+            dpar_clear_error();
+            st = pp->d.backward(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
+            t1 = dpar_time_ns();
+            busy += t1 - t0;
+            if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the backward", op->micro, op->chunk);
+            dpar__pipe_give(pp, pp->stash[u]);
+            dpar__pipe_give(pp, pp->grad_out[u]);
+            pp->stash[u] = pp->grad_out[u] = NULL;
+            pp->pending[u] = buf;
+            snprintf(name, sizeof name, "B%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
+            dpar_trace_event(name, "pipe", t0, t1, NULL);
+            break;
+        case DPAR_PIPE_SEND_ACT:
+        case DPAR_PIPE_SEND_GRAD:
+            dir = op->code == DPAR_PIPE_SEND_ACT ? 0 : 1;
+            dpar__pipe_peer(S, pp->stage, op->chunk, !dir, &peer, &pc);
+            x.fp.coll = DPAR_COLL_SEND;
+            x.fp.tag = (op->code << 24) | (pc << 16) | op->micro;
+            st = dpar__pipe_send(pp, &x, dir, peer, pp->pending[u]);
+            pp->pending[u] = NULL;
+            snprintf(name, sizeof name, "send %s %d", dir ? "grad" : "act", op->micro);
+            dpar_trace_event(name, "pipe", t0, dpar_time_ns(), NULL);
+            break;
+        default: /* the receives */
+            dir = op->code == DPAR_PIPE_RECV_ACT ? 0 : 1;
+            dpar__pipe_peer(S, pp->stage, op->chunk, dir, &peer, &pc);
+            buf = dpar__pipe_take(pp);
+            if (!buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
+            x.fp.coll = DPAR_COLL_RECV;
+            x.fp.tag = ((op->code - 1) << 24) | (op->chunk << 16) | op->micro; /* the sender's SEND code */
+            st = dpar__recv_into(&x, peer, buf, pp->d.act_bytes);
+            if (dir == 0) pp->stash[u] = buf;
+            else pp->grad_out[u] = buf;
+            snprintf(name, sizeof name, "recv %s %d", dir ? "grad" : "act", op->micro);
+            dpar_trace_event(name, "pipe", t0, dpar_time_ns(), NULL);
+            break;
+        }
+    }
+    /* every message delivered, every buffer back in the list */
+    if (st == DPAR_OK && (pp->posted[0] || pp->posted[1])) {
+        int next = (pp->stage + 1) % p, prev = (pp->stage + p - 1) % p;
+        st = dpar__drain(&x, next, 0);
+        if (st == DPAR_OK && prev != next) st = dpar__drain(&x, prev, 0);
+        for (dir = 0; dir < 2 && st == DPAR_OK; dir++) {
+            uint32_t i, n = pp->posted[dir] < DPAR__QDEPTH ? pp->posted[dir] : DPAR__QDEPTH;
+            for (i = 0; i < n; i++) dpar__pipe_give(pp, pp->ring[dir][(pp->posted[dir] - 1 - i) % DPAR__QDEPTH]);
+            pp->posted[dir] = 0;
+        }
+    }
+    if (st != DPAR_OK) {
+        if (c->tp->quiesce) c->tp->quiesce(c);
+        return st;
+    }
+    t_end = dpar_time_ns();
+    { /* the agreement: every stage ends with the same status; and the measured bubble */
+        uint64_t v[2];
+        double totals[2];
+        v[0] = t_end - t_start;
+        st = dpar_allreduce(c, v, v, 1, DPAR_I64, DPAR_MAX);
+        totals[0] = (double)busy;
+        if (st == DPAR_OK) st = dpar_allreduce(c, totals, totals, 1, DPAR_F64, DPAR_SUM);
+        if (st == DPAR_OK && stats) {
+            stats->predicted_bubble = S->bubble;
+            stats->run_ns = v[0];
+            stats->busy_ns = busy;
+            stats->measured_bubble = v[0] ? 1.0 - totals[0] / ((double)p * (double)v[0]) : 0.0;
+            stats->buffers = pp->nbufs;
+        }
+    }
+    return st;
 }
 
 /* >>mpi ---------------------------------------------------------------------------------------- */
@@ -5569,11 +6370,33 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
     return DPAR_OK;
 }
 
+/* Leaving on an error: let the sends in flight finish (briefly) so the caller may free buffers. */
+static void dpar__m_quiesce(dpar_comm *c)
+{
+    dpar__mpi *m = DPAR__M(c);
+    size_t k, n = (size_t)DPAR__LANES * (size_t)c->size;
+    uint64_t give_up = dpar_time_ns() + 1000000000u;
+    dpar__m_prefetch_cancel(m);
+    for (k = 0; k < n; k++)
+        while (m->send_n[k]) {
+            MPI_Request *r = &m->sends[k * DPAR__QDEPTH + m->send_first[k] % DPAR__QDEPTH];
+            int flag = 0;
+            MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+            if (!flag && dpar_time_ns() < give_up) {
+                sched_yield();
+                continue;
+            }
+            if (!flag) MPI_Request_free(r); /* a peer that never takes it: MPI keeps the request */
+            m->send_first[k]++;
+            m->send_n[k]--;
+        }
+}
+
 static const dpar__transport dpar__mpi_transport = {"mpi",           dpar__m_post,     dpar__m_fetch,
                                                     dpar__m_release,  dpar__m_drain,    dpar__m_enter,
                                                     dpar__m_poisoned, dpar__m_poison, dpar__m_split,
                                                     dpar__m_destroy,  dpar__m_recv_into, dpar__m_native,
-                                                    dpar__m_prefetch};
+                                                    dpar__m_prefetch, dpar__m_quiesce};
 
 /* processes of mc on this node (collective over mc: one thread per process calls it) */
 static int dpar__m_node_procs(MPI_Comm mc)

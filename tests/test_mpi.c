@@ -16,6 +16,7 @@ static void test_step_hook(void);
 
 #include "dpar_test.h"
 #include "coll_matrix.h"
+#include "pipe_mlp.h"
 
 static int hook_on;
 static DPAR__TLS unsigned long long hook_rng = 1;
@@ -331,6 +332,37 @@ static void test_async_split_mesh_over_mpi(void)
     CHECK(run_proc(NULL, mesh_proc, NULL) == 0);
 }
 
+/* ---- a pipeline over processes: the MLP through np stages against sequential training ---- */
+static void test_pipeline_over_mpi(void)
+{
+    static pm_data d;
+    static pm_stage st;
+    dpar_linear ref[PM_LAYERS];
+    int kind, l;
+    if (nprocs > PM_LAYERS) SKIP("more processes than layers");
+    pm_init(&d);
+    pm_train_sequential(ref, &d, 20);
+    for (kind = 0; kind < 2; kind++) {
+        dpar_pipe_schedule *S = NULL;
+        dpar_comm *c = world_comm(NULL);
+        dpar_status rc;
+        double worst;
+        CHECK(dpar_pipe_schedule_make(nprocs, 8, 1, kind ? DPAR_PIPE_GPIPE : DPAR_PIPE_1F1B, NULL, &S) == DPAR_OK);
+        if (!S || !c) return;
+        memset(&st, 0, sizeof st);
+        st.d = &d;
+        st.fail_at = -1;
+        rc = pm_train_stage(&st, c, S, 20, NULL);
+        CHECK_MSG(rc == DPAR_OK, "rank %d: %s", me, dpar_last_error());
+        worst = pm_compare(&st, ref);
+        CHECK_MSG(worst <= 1e-5, "%s p=%d: rank %d is %.2e from sequential training", kind ? "gpipe" : "1f1b", nprocs, me, worst);
+        pm_stage_free(&st);
+        dpar_comm_destroy(c);
+        dpar_pipe_schedule_free(S);
+    }
+    for (l = 0; l < PM_LAYERS; l++) dpar_linear_free(&ref[l]);
+}
+
 /* ---- hybrid: processes x threads ---- */
 typedef struct { dpar_group *local; matrix_case *m; dpar_comm_desc desc; int det; world *w; size_t n; } hyb_job;
 
@@ -522,6 +554,7 @@ int main(int argc, char **argv)
         MRUN(test_deterministic_mode_over_mpi);
         MRUN(test_mismatch_timeout_abort_over_mpi);
         MRUN(test_async_split_mesh_over_mpi);
+        MRUN(test_pipeline_over_mpi);
     }
     if (me == 0) {
         if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);

@@ -1,0 +1,322 @@
+/* test_pipe.c - pipeline schedules against their closed forms, the checker against hand-broken
+   schedules, an MLP trained through p = 2 and 4 stages against sequential training, failing
+   callbacks, buffer reuse and the trace. */
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+
+#include <math.h>
+#include <unistd.h>
+
+#include "dpar_test.h"
+#include "coll_matrix.h"
+#include "json.h"
+#include "pipe_mlp.h"
+
+static void test_schedules_match_closed_forms(void)
+{
+    int kind, p, m, v, bad = 0, checked = 0;
+    for (kind = 0; kind < 3; kind++)
+        for (p = 1; p <= 8; p++)
+            for (m = 1; m <= 32; m++)
+                for (v = (kind == 2 ? 2 : 1); v <= (kind == 2 ? 3 : 1); v++) {
+                    dpar_pipe_schedule *S;
+                    double want;
+                    int s, stash = 0, ops = 0;
+                    if (kind == 2 && m % p) continue;
+                    if (dpar_pipe_schedule_make(p, m, v, (dpar_pipe_kind)kind, NULL, &S) != DPAR_OK) {
+                        printf("    kind %d p=%d m=%d v=%d: %s\n", kind, p, m, v, dpar_last_error());
+                        bad++;
+                        continue;
+                    }
+                    /* GPipe and 1F1B: (p-1)/(m+p-1). Interleaved: Megatron's bubble over ideal
+                       time (p-1)/m divided by v, i.e. (p-1)/(v m + p - 1) of the makespan */
+                    want = kind < 2 ? (double)(p - 1) / (m + p - 1) : (double)(p - 1) / ((double)v * m + p - 1);
+                    for (s = 0; s < p; s++) {
+                        if (S->peak_stash[s] > stash) stash = S->peak_stash[s];
+                        ops += S->num_ops[s];
+                    }
+                    if (fabs(S->bubble - want) > 1e-12 || (kind == 0 && stash != m) ||
+                        (kind == 1 && (stash > p || stash != (m < p ? m : p)))) {
+                        if (bad++ < 5)
+                            printf("    kind %d p=%d m=%d v=%d: bubble %.6f (want %.6f), stash %d\n", kind, p, m, v,
+                                   S->bubble, want, stash);
+                    }
+                    /* each stage: m v forwards and backwards, and a send/receive pair per boundary */
+                    if (ops != 2 * m * v * p + 4 * m * (v * p - 1)) bad++;
+                    checked++;
+                    dpar_pipe_schedule_free(S);
+                }
+    CHECK_MSG(bad == 0, "%d of %d schedules off their closed forms", bad, checked);
+    printf("    %d schedules checked\n", checked);
+}
+
+static dpar_pipe_schedule *make(int p, int m, int v, dpar_pipe_kind k)
+{
+    dpar_pipe_schedule *S = NULL;
+    if (dpar_pipe_schedule_make(p, m, v, k, NULL, &S) != DPAR_OK) printf("    make: %s\n", dpar_last_error());
+    return S;
+}
+
+static int find(dpar_pipe_schedule *S, int s, int code, int micro)
+{
+    int k;
+    for (k = 0; k < S->num_ops[s]; k++)
+        if (S->ops[s][k].code == code && S->ops[s][k].micro == micro) return k;
+    return -1;
+}
+
+static void swap_ops(dpar_pipe_schedule *S, int s, int a, int b)
+{
+    dpar_pipe_op t = S->ops[s][a];
+    S->ops[s][a] = S->ops[s][b];
+    S->ops[s][b] = t;
+}
+
+static void remove_op(dpar_pipe_schedule *S, int s, int k)
+{
+    memmove(&S->ops[s][k], &S->ops[s][k + 1], (size_t)(S->num_ops[s] - k - 1) * sizeof(dpar_pipe_op));
+    S->num_ops[s]--;
+}
+
+static void expect_broken(dpar_pipe_schedule *S, const char *rule)
+{
+    dpar_status st = dpar_pipe_schedule_check(S);
+    CHECK_MSG(st == DPAR_EINVAL && strstr(dpar_last_error(), rule), "want '%s', got %s: %s", rule, dpar_status_string(st),
+              dpar_last_error());
+    dpar_pipe_schedule_free(S);
+}
+
+static void test_checker_rejects_broken_schedules(void)
+{
+    dpar_pipe_schedule *S, *T;
+    /* a backward before its forward (the last stage of 1F1B does F0 then B0) */
+    S = make(2, 4, 1, DPAR_PIPE_1F1B);
+    swap_ops(S, 1, find(S, 1, DPAR_PIPE_FORWARD, 0), find(S, 1, DPAR_PIPE_BACKWARD, 0));
+    expect_broken(S, "rule: every backward after its forward");
+    /* a compute before the receive it needs */
+    S = make(3, 4, 1, DPAR_PIPE_GPIPE);
+    remove_op(S, 1, find(S, 1, DPAR_PIPE_RECV_ACT, 2));
+    expect_broken(S, "rule: every receive before the compute that needs it");
+    /* a send before the compute that makes it */
+    S = make(2, 2, 1, DPAR_PIPE_GPIPE);
+    swap_ops(S, 0, find(S, 0, DPAR_PIPE_FORWARD, 1), find(S, 0, DPAR_PIPE_SEND_ACT, 1));
+    expect_broken(S, "rule: every send after the compute that makes it");
+    /* a forward twice (the second replaces a backward) */
+    S = make(2, 2, 1, DPAR_PIPE_GPIPE);
+    S->ops[1][find(S, 1, DPAR_PIPE_BACKWARD, 1)].code = DPAR_PIPE_FORWARD;
+    expect_broken(S, "appears twice");
+    /* a stage that never sends an activation */
+    S = make(2, 2, 1, DPAR_PIPE_GPIPE);
+    remove_op(S, 0, find(S, 0, DPAR_PIPE_SEND_ACT, 1));
+    expect_broken(S, "never does the send of the activation of micro-batch 1");
+    /* receives in another order than the sends: stage 1 takes micro-batch 1 first */
+    S = make(2, 4, 1, DPAR_PIPE_GPIPE);
+    swap_ops(S, 1, find(S, 1, DPAR_PIPE_RECV_ACT, 0), find(S, 1, DPAR_PIPE_RECV_ACT, 1));
+    swap_ops(S, 1, find(S, 1, DPAR_PIPE_FORWARD, 0), find(S, 1, DPAR_PIPE_FORWARD, 1));
+    expect_broken(S, "rule: sends and receives between neighbours in the same order");
+    /* a deadlock: stage 0 waits for the gradient of micro-batch 0 before sending its activation */
+    S = make(2, 2, 1, DPAR_PIPE_GPIPE);
+    {
+        int k = find(S, 0, DPAR_PIPE_SEND_ACT, 0), r = find(S, 0, DPAR_PIPE_RECV_GRAD, 0);
+        dpar_pipe_op recv = S->ops[0][r];
+        remove_op(S, 0, r);
+        memmove(&S->ops[0][k + 1], &S->ops[0][k], (size_t)(S->num_ops[0] - k) * sizeof(dpar_pipe_op));
+        S->ops[0][k] = recv;
+        S->num_ops[0]++;
+    }
+    expect_broken(S, "rule: no deadlock");
+    /* out of range */
+    S = make(2, 2, 1, DPAR_PIPE_GPIPE);
+    S->ops[0][0].micro = 7;
+    expect_broken(S, "outside 0..1");
+    /* interleaved needs m >= p (and a multiple of p) */
+    CHECK(dpar_pipe_schedule_make(4, 2, 2, DPAR_PIPE_INTERLEAVED, NULL, &T) == DPAR_EINVAL);
+    CHECK(strstr(dpar_last_error(), "m at least p") != NULL);
+    CHECK(dpar_pipe_schedule_make(4, 6, 2, DPAR_PIPE_INTERLEAVED, NULL, &T) == DPAR_EINVAL);
+    CHECK(dpar_pipe_schedule_make(0, 2, 1, DPAR_PIPE_GPIPE, NULL, &T) == DPAR_EINVAL);
+    CHECK(dpar_pipe_schedule_make(2, 2, 2, DPAR_PIPE_1F1B, NULL, &T) == DPAR_EINVAL); /* v > 1 is interleaved only */
+    CHECK(dpar_pipe_schedule_check(NULL) == DPAR_EINVAL);
+    /* the formatted timeline */
+    {
+        char buf[4096];
+        size_t n;
+        S = make(2, 2, 1, DPAR_PIPE_1F1B);
+        n = dpar_pipe_schedule_format(S, buf, sizeof buf);
+        CHECK(n == strlen(buf) && strstr(buf, "predicted bubble 0.333") && strstr(buf, "stage 1 |") && strstr(buf, "B1"));
+        CHECK(dpar_pipe_schedule_format(S, NULL, 0) == n); /* snprintf-like */
+        dpar_pipe_schedule_free(S);
+    }
+}
+
+/* ---- the MLP through a pipeline of threads ---- */
+typedef struct { pm_data d; dpar_pipe_schedule *S; pm_stage *st[8]; int steps, fail_stage, fail_micro; dpar_status result[8];
+                 char msg[8][DPAR__ERROR_TEXT]; dpar_pipe_stats stats[8]; } pipe_job;
+
+static void pipe_rank(world *w, dpar_comm *c, int r)
+{
+    pipe_job *j = (pipe_job *)w->user;
+    pm_stage *st = j->st[r];
+    st->d = &j->d;
+    st->fail_at = r == j->fail_stage ? j->fail_micro : -1;
+    j->result[r] = pm_train_stage(st, c, j->S, j->steps, &j->stats[r]);
+    snprintf(j->msg[r], sizeof j->msg[r], "%s", j->result[r] == DPAR_OK ? "" : dpar_last_error());
+}
+
+static void test_pipelined_mlp_matches_sequential(void)
+{
+    static const int ps[] = {2, 4}, ms[] = {4, 8};
+    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_INTERLEAVED};
+    static const char *names[] = {"1f1b", "gpipe", "interleaved"};
+    pipe_job *j = (pipe_job *)calloc(1, sizeof *j);
+    dpar_linear ref[PM_LAYERS];
+    int pi, mi, ki, r, l;
+    pm_init(&j->d);
+    pm_train_sequential(ref, &j->d, 20);
+    j->steps = 20;
+    j->fail_stage = -1;
+    for (r = 0; r < 4; r++) j->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage));
+    for (ki = 0; ki < 3; ki++)
+        for (pi = 0; pi < 2; pi++)
+            for (mi = 0; mi < 2; mi++) {
+                int p = ps[pi], m = ms[mi], v = ki == 2 ? 2 : 1;
+                double worst = 0;
+                if (ki == 2 && p * v > PM_LAYERS) continue; /* 4 layers: 2 stages x 2 chunks at most */
+                j->S = make(p, m, v, kinds[ki]);
+                CHECK(run_world(p, pipe_rank, j) == 0);
+                for (r = 0; r < p; r++) {
+                    double d;
+                    CHECK_MSG(j->result[r] == DPAR_OK, "stage %d: %s", r, j->msg[r]);
+                    d = pm_compare(j->st[r], ref);
+                    if (d > worst) worst = d;
+                    pm_stage_free(j->st[r]);
+                }
+                CHECK_MSG(worst <= 1e-5, "%s p=%d m=%d: %.2e from sequential training", names[ki], p, m, worst);
+                printf("    %s p=%d m=%d v=%d: within %.1e of sequential after 20 steps\n", names[ki], p, m, v, worst);
+                dpar_pipe_schedule_free(j->S);
+            }
+    for (l = 0; l < PM_LAYERS; l++) dpar_linear_free(&ref[l]);
+    for (r = 0; r < 4; r++) free(j->st[r]);
+    free(j);
+}
+
+static void test_failing_callback_stops_every_stage(void)
+{
+    pipe_job *j = (pipe_job *)calloc(1, sizeof *j);
+    int r, fail, kind;
+    pm_init(&j->d);
+    j->steps = 3;
+    for (r = 0; r < 4; r++) j->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage));
+    for (kind = 0; kind < 2; kind++)
+        for (fail = 0; fail < 4; fail++) {
+            uint64_t t0 = dpar_time_ns();
+            j->S = make(4, 4, 1, kind ? DPAR_PIPE_GPIPE : DPAR_PIPE_1F1B);
+            j->fail_stage = fail;
+            j->fail_micro = fail % 4;
+            run_world(4, pipe_rank, j);
+            for (r = 0; r < 4; r++) {
+                char want[64];
+                snprintf(want, sizeof want, "stage %d cannot do micro-batch %d", fail, fail % 4);
+                CHECK_MSG(j->result[r] == DPAR_EUSER && strstr(j->msg[r], want) && strstr(j->msg[r], "the forward"),
+                          "fail on stage %d: stage %d got %s: %s", fail, r, dpar_status_string(j->result[r]), j->msg[r]);
+                pm_stage_free(j->st[r]);
+            }
+            CHECK((dpar_time_ns() - t0) < 2000000000u); /* no stage waited for a timeout */
+            dpar_pipe_schedule_free(j->S);
+        }
+    printf("    e.g. %s\n", j->msg[0]);
+    for (r = 0; r < 4; r++) free(j->st[r]);
+    free(j);
+}
+
+/* buffers: allocated in the first run, reused after; the trace has every op on its stage's track */
+typedef struct { dpar_pipe_schedule *S; int buffers[4][3]; } reuse_job;
+static dpar_status sleepy_forward(void *user, int micro, int chunk, const void *in, void *out)
+{
+    (void)user; (void)micro; (void)chunk; (void)in;
+    if (out) memset(out, 0, 64);
+    return DPAR_OK;
+}
+static dpar_status sleepy_backward(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
+{
+    (void)user; (void)micro; (void)chunk; (void)in; (void)g;
+    if (gi) memset(gi, 0, 64);
+    return DPAR_OK;
+}
+static void reuse_rank(world *w, dpar_comm *c, int r)
+{
+    reuse_job *j = (reuse_job *)w->user;
+    dpar_pipe_desc d;
+    dpar_pipe *pp;
+    dpar_pipe_stats s;
+    int k;
+    memset(&d, 0, sizeof d);
+    d.schedule = j->S;
+    d.comm = c;
+    d.act_bytes = 64;
+    d.forward = sleepy_forward;
+    d.backward = sleepy_backward;
+    expect_ok(w, dpar_pipe_create(&d, &pp), "pipe_create", r);
+    for (k = 0; k < 3; k++) {
+        expect_ok(w, dpar_pipe_run(pp, &s), "pipe_run", r);
+        j->buffers[r][k] = s.buffers;
+    }
+    dpar_pipe_destroy(pp);
+}
+
+static void test_buffers_reused_and_traced(void)
+{
+    reuse_job j;
+    char path[] = "/tmp/dpar_pipe_trace_XXXXXX", *text;
+    int fd = mkstemp(path), r, kind, f = 0, b = 0, sends = 0, recvs = 0;
+    FILE *fp;
+    long n;
+    close(fd);
+    for (kind = 0; kind < 3; kind++) {
+        j.S = make(4, 8, kind == 2 ? 2 : 1, (dpar_pipe_kind)kind);
+        if (kind == 1) CHECK(dpar_trace_start(path) == DPAR_OK);
+        CHECK(run_world(4, reuse_rank, &j) == 0);
+        if (kind == 1) CHECK(dpar_trace_stop() == DPAR_OK);
+        for (r = 0; r < 4; r++)
+            CHECK_MSG(j.buffers[r][0] > 0 && j.buffers[r][1] == j.buffers[r][0] && j.buffers[r][2] == j.buffers[r][0],
+                      "kind %d stage %d: %d, %d, %d buffers after runs 1, 2, 3", kind, r, j.buffers[r][0], j.buffers[r][1],
+                      j.buffers[r][2]);
+        dpar_pipe_schedule_free(j.S);
+    }
+    fp = fopen(path, "rb");
+    fseek(fp, 0, SEEK_END);
+    n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    text = (char *)malloc((size_t)n + 1);
+    n = (long)fread(text, 1, (size_t)n, fp);
+    text[n] = 0;
+    fclose(fp);
+    {
+        jv *doc = jv_parse(text), *ev;
+        CHECK(doc != NULL);
+        for (ev = doc && jv_get(doc, "traceEvents") ? jv_get(doc, "traceEvents")->child : NULL; ev; ev = ev->next) {
+            jv *name = jv_get(ev, "name"), *cat = jv_get(ev, "cat");
+            if (!name || !cat || name->type != JV_STR || strcmp(cat->str, "pipe")) continue;
+            f += name->str[0] == 'F';
+            b += name->str[0] == 'B';
+            sends += !strncmp(name->str, "send", 4);
+            recvs += !strncmp(name->str, "recv", 4);
+        }
+        jv_free(doc);
+    }
+    /* GPipe p=4 m=8, one run traced... three runs: 3 x 4 x 8 forwards */
+    CHECK_MSG(f == 96 && b == 96 && sends == 3 * 2 * 3 * 8 && recvs == sends, "F %d B %d send %d recv %d", f, b, sends, recvs);
+    free(text);
+    remove(path);
+}
+
+int main(int argc, char **argv)
+{
+    DT_MAIN_BEGIN(argc, argv);
+    RUN(test_schedules_match_closed_forms);
+    RUN(test_checker_rejects_broken_schedules);
+    RUN(test_pipelined_mlp_matches_sequential);
+    RUN(test_failing_callback_stops_every_stage);
+    RUN(test_buffers_reused_and_traced);
+    pools_free();
+    return dt_summary();
+}
