@@ -1,6 +1,7 @@
 /* mpi_data_parallel.c - data-parallel training across MPI processes with dpar's allreduce.
    Build: mpicc -std=c99 -O2 -I. examples/mpi_data_parallel.c -o mpi_data_parallel -lm
    Run:   mpirun -np 2 ./mpi_data_parallel
+   Check: replicas_identical=yes
 
    Softmax regression (a linear classifier) on synthetic data: 4 Gaussian blobs in 16 dimensions.
    Each process holds its own shard of the data (it never leaves the process), computes the

@@ -2,6 +2,8 @@
 
    Build: cc -std=c99 -O2 -I. examples/pool_demo.c -o pool_demo -pthread -lm
    Run:   ./pool_demo            (DPAR_NUM_THREADS=4 ./pool_demo, DPAR_TRACE=pool.json ./pool_demo)
+   Check: image equals the serial one
+   Check: serial sum agrees
 
    1. parallel-for, dynamic schedule: render a Mandelbrot set (rows of very different cost).
    2. task graph: per-block statistics of the image, then a reduction that depends on all of them.

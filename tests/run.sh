@@ -69,7 +69,9 @@ matrix() {
 }
 
 # examples: build and run each with the exact commands of its first comment, in a scratch copy of
-# the repository layout, so a pasted command works as written
+# the repository layout, so a pasted command works as written. The run must exit 0 and, when the
+# comment has a `Check: REGEX` line, print something that matches it (grep -E). The examples see
+# DPAR_TEST_QUICK=1 and may run shorter.
 examples() {
     local f name build run
     for f in examples/*.c examples/*.cu; do
@@ -86,7 +88,8 @@ examples() {
         esac
         rm -rf "$tmp/ex" && mkdir -p "$tmp/ex"
         for p in dpar.h dpar_cuda.h examples data; do [ -e "$p" ] && ln -s "$ROOT/$p" "$tmp/ex/$p"; done
-        step "example $name: $build && $run" sh -c "cd '$tmp/ex' && $build && DPAR_TEST_QUICK=1 timeout 300 $run"
+        head -30 "$f" | sed -n 's/^ *Check: *//p' >"$tmp/checks"
+        step "example $name: $build && $run" sh -c "cd '$tmp/ex' && $build && DPAR_TEST_QUICK=1 timeout 300 $run > out.txt 2>&1; rc=\$?; cat out.txt; [ \$rc = 0 ] || exit \$rc; while IFS= read -r re; do grep -Eq \"\$re\" out.txt || { echo \"the output does not match the example's Check: \$re\"; exit 1; }; done < '$tmp/checks'"
     done
 }
 
