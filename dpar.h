@@ -57,6 +57,8 @@
      >>gemm      dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool
      >>shard     shard plans, tensor-parallel linear layers (Megatron), ZeRO-1 optimizer
      >>pipe      pipeline schedules (GPipe, 1F1B, interleaved) as checked data, the stage runner
+     >>dp        data-parallel helpers: sampler, gradient buckets, IDX (MNIST) files
+     >>ckpt      checkpoints: sharded, CRC-checked, written atomically
      >>mpi       the MPI transport (DPAR_MPI) and the hybrid processes x threads comm
      >>impl      the implementation, in the same order
 
@@ -793,6 +795,94 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **ou
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
 DPAR_API void dpar_pipe_destroy(dpar_pipe *pipe);
 
+/* ============================================================================================== */
+/* >>dp: data-parallel helpers: sampler, gradient buckets, IDX data files                         */
+/* ============================================================================================== */
+/* A sampler shuffles the indices 0..n-1 anew each epoch from (seed, epoch), the same permutation on
+   every rank, and gives rank r its share: the permutation's positions r, r + ranks, r + 2 ranks...
+   Every rank gets the same number of samples, so the ranks stay in step: ceil(n / ranks), wrapping
+   around to the permutation's start (or floor(n / ranks), dropping the rest, with drop_last). The
+   shuffle uses only integer arithmetic: the same indices on every machine. */
+typedef struct dpar_sampler {
+    size_t n, per_rank;
+    int ranks, rank, drop_last;
+    uint64_t seed;
+    size_t *perm;   /* n, the current epoch's permutation */
+    size_t *mine;   /* per_rank, this rank's indices */
+    dpar_allocator allocator;
+} dpar_sampler;
+
+/* dpar_sampler_init: DPAR_EINVAL for n = 0, ranks < 1, a rank outside 0..ranks-1, or drop_last
+   with fewer samples than ranks. Thread safety: the owner's thread. */
+DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int rank, uint64_t seed, int drop_last,
+                                       const dpar_allocator *allocator);
+/* dpar_sampler_epoch: *indices = this rank's samples for `epoch` (valid until the next call);
+   returns how many (s->per_rank). Thread safety: the owner's thread. */
+DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t **indices);
+DPAR_API void dpar_sampler_free(dpar_sampler *s);
+
+/* Gradient buckets: the gradients are one flat float array; it is cut into buckets of about
+   bucket_bytes (0: 4 MiB). During backward, say which gradients are final with dpar_buckets_ready
+   (in any order and any pieces); a bucket whose every element is final is allreduced at once, on
+   the comm's progress thread, while backward goes on with the layers below. dpar_buckets_wait
+   waits for all of them, so after it every rank holds the reduced gradients (op: usually DPAR_AVG).
+   The ranks must finish buckets in the same order (they do when they run the same backward; the
+   contract checker catches it otherwise). Needs async requests (MPI: MPI_THREAD_MULTIPLE). */
+typedef struct dpar_buckets dpar_buckets;
+DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
+                                         dpar_buckets **out);
+/* dpar_buckets_ready: grads[offset, offset + count) are final for this step. DPAR_EINVAL for a range
+   outside the array or marked twice in one step. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t count);
+/* dpar_buckets_wait: wait for every bucket; DPAR_EINVAL (naming the range) if some gradients were
+   never marked, then nothing is reduced. Starts the next step. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
+/* dpar_buckets_count: how many buckets; dpar_buckets_overlap_ns: of the last step, how long
+   buckets were in flight before dpar_buckets_wait was called (the communication hidden behind
+   backward). Thread safety: the rank's thread. */
+DPAR_API int dpar_buckets_count(const dpar_buckets *b);
+DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b);
+DPAR_API void dpar_buckets_destroy(dpar_buckets *b);
+
+/* IDX files (the MNIST format: big-endian magic 0x0000TTDD, TT the type, DD the dimensions, then
+   one big-endian u32 size per dimension, then the data). dpar_idx_load reads u8 (type 0x08) and
+   f32 (0x0D) files into floats (u8 scaled by `scale`, e.g. 1/255), checking every size against
+   the file: a truncated or malformed file is DPAR_ECORRUPT with what is wrong, never a crash.
+   *data is from the allocator (NULL: malloc); free it with dpar_idx_free. Thread safety: any. */
+typedef struct dpar_idx {
+    int ndims;
+    uint32_t dims[8];
+    size_t count;   /* product of dims */
+    float *data;
+    dpar_allocator allocator;
+} dpar_idx;
+DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out);
+DPAR_API void dpar_idx_free(dpar_idx *idx);
+
+/* ============================================================================================== */
+/* >>ckpt: checkpoints                                                                            */
+/* ============================================================================================== */
+/* A checkpoint is named items (parameters, optimizer state, the step counter...). Each rank writes
+   its own items to `path.g<generation>.r<rank>`; then rank 0 writes the manifest `path`, which names
+   the generation and every shard's size and CRC-32: the manifest is the commit point. Every file is
+   written to a temporary name, fsynced and renamed, so a crash at any moment leaves the previous
+   checkpoint whole; old generations are removed once the new manifest is in place. Loading checks
+   the manifest, the shard, every item's name, size and CRC: a damaged or mismatched file is
+   DPAR_ECORRUPT naming what is wrong, never a silent wrong load. */
+typedef struct dpar_ckpt_item {
+    const char *name; /* at most 63 characters */
+    void *data;
+    size_t bytes;
+} dpar_ckpt_item;
+
+/* dpar_checkpoint_save / dpar_checkpoint_load: collective over comm (NULL: one process, one rank).
+   Every rank passes its own items (the same names on save and load). load: DPAR_EIO when there is no
+   checkpoint at path (the message says so), DPAR_ECORRUPT as above. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
+DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
+/* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320), continuing from crc (start with 0). */
+DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes);
+
 /* >>mpi: the communicator over MPI (define DPAR_MPI before the include; build with mpicc) */
 #ifdef DPAR_MPI
 /* dpar_comm_from_mpi: a comm on the processes of `mpi_comm` (dpar works on a duplicate, so its
@@ -822,6 +912,7 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
 #define DPAR__IMPLEMENTATION_DONE
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -5552,6 +5643,639 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         }
     }
     return st;
+}
+
+/* >>dp ----------------------------------------------------------------------------------------- */
+static uint64_t dpar__splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int rank, uint64_t seed, int drop_last,
+                                       const dpar_allocator *allocator)
+{
+    if (!s) return dpar__err(DPAR_EINVAL, "dpar_sampler_init: sampler is NULL");
+    memset(s, 0, sizeof *s);
+    if (allocator) {
+        DPAR__TRY(dpar__check_allocator("dpar_sampler_init", allocator));
+        s->allocator = *allocator;
+    }
+    if (n == 0) return dpar__err(DPAR_EINVAL, "dpar_sampler_init: no samples (n = 0)");
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+        return dpar__err(DPAR_EINVAL, "dpar_sampler_init: rank %d of %d ranks", rank, ranks);
+    if (drop_last && n < (size_t)ranks)
+        return dpar__err(DPAR_EINVAL, "dpar_sampler_init: %zu samples cannot give each of %d ranks one (drop_last)", n, ranks);
+    s->n = n;
+    s->ranks = ranks;
+    s->rank = rank;
+    s->seed = seed;
+    s->drop_last = drop_last != 0;
+    s->per_rank = drop_last ? n / (size_t)ranks : (n + (size_t)ranks - 1) / (size_t)ranks;
+    s->perm = (size_t *)dpar__alloc(&s->allocator, n * sizeof(size_t));
+    s->mine = (size_t *)dpar__alloc(&s->allocator, s->per_rank * sizeof(size_t));
+    if (!s->perm || !s->mine) {
+        dpar_sampler_free(s);
+        return dpar__err(DPAR_ENOMEM, "dpar_sampler_init: out of memory for %zu samples", n);
+    }
+    return DPAR_OK;
+}
+
+DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t **indices)
+{
+    uint64_t state;
+    size_t i, k;
+    if (!s || !s->perm) {
+        if (indices) *indices = NULL;
+        return 0;
+    }
+    state = s->seed ^ (epoch * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull);
+    for (i = 0; i < s->n; i++) s->perm[i] = i;
+    for (i = s->n - 1; i > 0; i--) { /* Fisher-Yates */
+        size_t j = (size_t)(dpar__splitmix(&state) % (uint64_t)(i + 1)), t = s->perm[i];
+        s->perm[i] = s->perm[j];
+        s->perm[j] = t;
+    }
+    for (k = 0; k < s->per_rank; k++) s->mine[k] = s->perm[((size_t)s->rank + k * (size_t)s->ranks) % s->n];
+    if (indices) *indices = s->mine;
+    return s->per_rank;
+}
+
+DPAR_API void dpar_sampler_free(dpar_sampler *s)
+{
+    if (!s) return;
+    dpar__free(&s->allocator, s->perm);
+    dpar__free(&s->allocator, s->mine);
+    s->perm = s->mine = NULL;
+}
+
+/* ---- gradient buckets ---- */
+struct dpar_buckets {
+    dpar_comm *comm;
+    float *grads;
+    size_t count, per;   /* elements, per bucket */
+    int nb;
+    dpar_op op;
+    size_t *filled;      /* [nb]: elements marked this step */
+    dpar_request **req;  /* [nb]: in flight, or NULL */
+    size_t *marks;       /* marked ranges this step, sorted: [2 k] start, [2 k + 1] end */
+    size_t nmarks, capmarks;
+    uint64_t first_launch, overlap;
+};
+
+DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
+                                         dpar_buckets **out)
+{
+    dpar_buckets *b;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: out is NULL");
+    *out = NULL;
+    if (!comm || (count && !grads)) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: comm or grads is NULL");
+    if ((unsigned)op >= DPAR_OP_COUNT) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: op %d", (int)op);
+    b = (dpar_buckets *)dpar__calloc(&comm->allocator, 1, sizeof *b);
+    if (!b) return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
+    b->comm = comm;
+    b->grads = grads;
+    b->count = count;
+    b->op = op;
+    b->per = (bucket_bytes ? bucket_bytes : (size_t)4 << 20) / sizeof(float);
+    if (b->per < 1) b->per = 1;
+    b->nb = count ? (int)((count + b->per - 1) / b->per) : 0;
+    b->filled = (size_t *)dpar__calloc(&comm->allocator, (size_t)b->nb + 1, sizeof(size_t));
+    b->req = (dpar_request **)dpar__calloc(&comm->allocator, (size_t)b->nb + 1, sizeof(dpar_request *));
+    b->capmarks = 64;
+    b->marks = (size_t *)dpar__alloc(&comm->allocator, 2 * b->capmarks * sizeof(size_t));
+    if (!b->filled || !b->req || !b->marks) {
+        dpar_buckets_destroy(b);
+        return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
+    }
+    *out = b;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t count)
+{
+    size_t lo = 0, hi, end = offset + count;
+    int first, last, i;
+    if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: buckets is NULL");
+    if (count == 0) return DPAR_OK;
+    if (offset > b->count || count > b->count - offset)
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: [%zu, %zu) is outside the %zu gradients", offset, end, b->count);
+    /* the marked ranges are sorted: find where this one goes, and refuse overlaps */
+    hi = b->nmarks;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (b->marks[2 * mid] < offset) lo = mid + 1;
+        else hi = mid;
+    }
+    if ((lo > 0 && b->marks[2 * (lo - 1) + 1] > offset) || (lo < b->nmarks && b->marks[2 * lo] < end))
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: [%zu, %zu) overlaps gradients already marked ready this step",
+                         offset, end);
+    if (b->nmarks == b->capmarks) {
+        size_t *m = (size_t *)dpar__alloc(&b->comm->allocator, 4 * b->capmarks * sizeof(size_t));
+        if (!m) return dpar__err(DPAR_ENOMEM, "dpar_buckets_ready: out of memory");
+        memcpy(m, b->marks, 2 * b->nmarks * sizeof(size_t));
+        dpar__free(&b->comm->allocator, b->marks);
+        b->marks = m;
+        b->capmarks *= 2;
+    }
+    memmove(b->marks + 2 * lo + 2, b->marks + 2 * lo, 2 * (b->nmarks - lo) * sizeof(size_t));
+    b->marks[2 * lo] = offset;
+    b->marks[2 * lo + 1] = end;
+    b->nmarks++;
+    /* count it into its buckets; launch the ones that are complete */
+    first = (int)(offset / b->per);
+    last = (int)((end - 1) / b->per);
+    for (i = first; i <= last; i++) {
+        size_t bs = (size_t)i * b->per, be = bs + b->per < b->count ? bs + b->per : b->count;
+        size_t s0 = offset > bs ? offset : bs, e0 = end < be ? end : be;
+        b->filled[i] += e0 - s0;
+        if (b->filled[i] == be - bs) {
+            dpar_status st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
+            if (st != DPAR_OK) return st;
+            if (!b->first_launch) b->first_launch = dpar_time_ns();
+        }
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
+{
+    dpar_status st = DPAR_OK, w;
+    uint64_t now = dpar_time_ns();
+    size_t k, at = 0;
+    int i;
+    if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_wait: buckets is NULL");
+    b->overlap = b->first_launch ? now - b->first_launch : 0;
+    for (k = 0; k < b->nmarks && st == DPAR_OK; k++) { /* the first gap */
+        if (b->marks[2 * k] > at) st = dpar__err(DPAR_EINVAL, "dpar_buckets_wait: gradients [%zu, %zu) were never marked ready",
+                                                  at, b->marks[2 * k]);
+        at = b->marks[2 * k + 1];
+    }
+    if (st == DPAR_OK && at < b->count)
+        st = dpar__err(DPAR_EINVAL, "dpar_buckets_wait: gradients [%zu, %zu) were never marked ready", at, b->count);
+    if (st != DPAR_OK) st = dpar__bad_call(b->comm, st); /* the other ranks must not wait for us */
+    for (i = 0; i < b->nb; i++) {
+        if (b->req[i] && (w = dpar_request_wait(b->req[i])) != DPAR_OK && st == DPAR_OK) st = w;
+        b->req[i] = NULL;
+        b->filled[i] = 0;
+    }
+    b->nmarks = 0;
+    b->first_launch = 0;
+    return st;
+}
+
+DPAR_API int dpar_buckets_count(const dpar_buckets *b) { return b ? b->nb : 0; }
+DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b) { return b ? b->overlap : 0; }
+
+DPAR_API void dpar_buckets_destroy(dpar_buckets *b)
+{
+    int i;
+    if (!b) return;
+    for (i = 0; i < b->nb && b->req; i++)
+        if (b->req[i]) dpar_request_wait(b->req[i]);
+    dpar__free(&b->comm->allocator, b->filled);
+    dpar__free(&b->comm->allocator, b->req);
+    dpar__free(&b->comm->allocator, b->marks);
+    dpar__free(&b->comm->allocator, b);
+}
+
+/* ---- IDX files ---- */
+static uint32_t dpar__be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+
+DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out)
+{
+    FILE *f;
+    unsigned char head[4 + 8 * 4], *raw = NULL;
+    long size;
+    size_t count = 1, es, want, i;
+    int type, d;
+    dpar_status st = DPAR_OK;
+    if (!out || !path) return dpar__err(DPAR_EINVAL, "dpar_idx_load: path or out is NULL");
+    memset(out, 0, sizeof *out);
+    if (allocator) {
+        DPAR__TRY(dpar__check_allocator("dpar_idx_load", allocator));
+        out->allocator = *allocator;
+    }
+    f = fopen(path, "rb");
+    if (!f) return dpar__err(DPAR_EIO, "dpar_idx_load: cannot open '%s': %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return dpar__err(DPAR_EIO, "dpar_idx_load: cannot size '%s'", path);
+    }
+    if (size < 4 || fread(head, 1, 4, f) != 4) {
+        fclose(f);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' is %ld bytes, too short for an IDX header", path, size);
+    }
+    type = head[2];
+    out->ndims = head[3];
+    if (head[0] || head[1]) {
+        fclose(f);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' is not an IDX file (magic %02x %02x %02x %02x)", path, head[0],
+                         head[1], head[2], head[3]);
+    }
+    if (type != 0x08 && type != 0x0D) {
+        fclose(f);
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_idx_load: '%s' has data type 0x%02x; u8 (0x08) and f32 (0x0D) are "
+                                            "supported", path, type);
+    }
+    if (out->ndims < 1 || out->ndims > 8) {
+        fclose(f);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' says it has %d dimensions (1..8)", path, out->ndims);
+    }
+    if (size < 4 + 4 * out->ndims || fread(head + 4, 4, (size_t)out->ndims, f) != (size_t)out->ndims) {
+        fclose(f);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' is truncated inside its header (%ld bytes)", path, size);
+    }
+    es = type == 0x08 ? 1 : 4;
+    for (d = 0; d < out->ndims; d++) {
+        out->dims[d] = dpar__be32(head + 4 + 4 * d);
+        if (out->dims[d] && count > SIZE_MAX / es / out->dims[d]) {
+            fclose(f);
+            return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' has dimensions too large to hold", path);
+        }
+        count *= out->dims[d];
+    }
+    want = count * es;
+    if ((size_t)(size - 4 - 4 * out->ndims) != want) {
+        fclose(f);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' has %ld bytes of data where its dimensions say %zu (%s)", path,
+                         size - 4 - 4L * out->ndims, want, (size_t)(size - 4 - 4 * out->ndims) < want ? "truncated" : "extra bytes");
+    }
+    out->count = count;
+    out->data = (float *)dpar__alloc(&out->allocator, count * sizeof(float) + 1);
+    raw = (unsigned char *)dpar__alloc(&out->allocator, want + 1);
+    if (!out->data || !raw) {
+        st = dpar__err(DPAR_ENOMEM, "dpar_idx_load: out of memory for %zu values", count);
+    } else if (fread(raw, 1, want, f) != want) {
+        st = dpar__err(DPAR_EIO, "dpar_idx_load: reading '%s' failed", path);
+    } else if (es == 1) {
+        for (i = 0; i < count; i++) out->data[i] = (float)raw[i] * scale;
+    } else {
+        for (i = 0; i < count; i++) {
+            uint32_t u = dpar__be32(raw + 4 * i);
+            memcpy(&out->data[i], &u, sizeof u);
+        }
+    }
+    dpar__free(&out->allocator, raw);
+    fclose(f);
+    if (st != DPAR_OK) dpar_idx_free(out);
+    return st;
+}
+
+DPAR_API void dpar_idx_free(dpar_idx *idx)
+{
+    if (!idx) return;
+    dpar__free(&idx->allocator, idx->data);
+    idx->data = NULL;
+    idx->count = 0;
+}
+
+/* >>ckpt --------------------------------------------------------------------------------------- */
+DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes)
+{
+    uint32_t table[256], c;
+    const unsigned char *p = (const unsigned char *)data;
+    int i, k;
+    for (i = 0; i < 256; i++) { /* 256 x 8 steps: cheap beside the data, and no global table */
+        c = (uint32_t)i;
+        for (k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        table[i] = c;
+    }
+    crc = ~crc;
+    while (bytes--) crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+#define DPAR__CKPT_MAGIC "DPARCKP1"
+#define DPAR__MAN_MAGIC "DPARMAN1"
+
+static void dpar__put32(unsigned char *p, uint32_t v)
+{
+    int i;
+    for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void dpar__put64(unsigned char *p, uint64_t v)
+{
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t dpar__get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t dpar__get64(const unsigned char *p) { return (uint64_t)dpar__get32(p) | (uint64_t)dpar__get32(p + 4) << 32; }
+
+/* write `bytes` to path atomically: a temporary file, fsync, rename, fsync of the directory */
+static dpar_status dpar__write_atomic(const char *path, const void *a, size_t na, const void *b, size_t nb)
+{
+    char tmp[4096], dir[4096];
+    FILE *f;
+    int bad, fd;
+    char *slash;
+    if (strlen(path) + 5 >= sizeof tmp) return dpar__err(DPAR_EINVAL, "checkpoint: path '%s' is too long", path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    f = fopen(tmp, "wb");
+    if (!f) return dpar__err(DPAR_EIO, "checkpoint: cannot create '%s': %s", tmp, strerror(errno));
+    bad = (na && fwrite(a, 1, na, f) != na) || (nb && fwrite(b, 1, nb, f) != nb) || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return dpar__err(DPAR_EIO, "checkpoint: writing '%s' failed: %s", path, strerror(e));
+    }
+    snprintf(dir, sizeof dir, "%s", path);
+    slash = strrchr(dir, '/');
+    if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    if (slash == dir) snprintf(dir, sizeof dir, "/");
+    if ((fd = open(dir, O_RDONLY)) >= 0) { /* the rename itself reaches the disk */
+        fsync(fd);
+        close(fd);
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__read_file(const char *path, unsigned char **out, size_t *n, const dpar_allocator *a)
+{
+    FILE *f = fopen(path, "rb");
+    long size;
+    *out = NULL;
+    if (!f) return dpar__err(DPAR_EIO, "cannot open '%s': %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return dpar__err(DPAR_EIO, "cannot size '%s'", path);
+    }
+    *out = (unsigned char *)dpar__alloc(a, (size_t)size + 1);
+    if (!*out) {
+        fclose(f);
+        return dpar__err(DPAR_ENOMEM, "out of memory reading '%s'", path);
+    }
+    if (fread(*out, 1, (size_t)size, f) != (size_t)size) {
+        fclose(f);
+        dpar__free(a, *out);
+        *out = NULL;
+        return dpar__err(DPAR_EIO, "reading '%s' failed", path);
+    }
+    fclose(f);
+    *n = (size_t)size;
+    return DPAR_OK;
+}
+
+/* the manifest: magic, nranks, generation, per rank (size, crc), crc of all before it */
+static dpar_status dpar__manifest_read(const char *path, uint64_t *gen, uint32_t *nranks, uint64_t **shards,
+                                       const dpar_allocator *a)
+{
+    unsigned char *m;
+    size_t n, need;
+    uint32_t i;
+    dpar_status st = dpar__read_file(path, &m, &n, a);
+    *shards = NULL;
+    if (st != DPAR_OK) return dpar__err(DPAR_EIO, "no checkpoint at '%s': %s", path, dpar_last_error());
+    if (n < 24 || memcmp(m, DPAR__MAN_MAGIC, 8)) {
+        dpar__free(a, m);
+        return dpar__err(DPAR_ECORRUPT, "'%s' is not a dpar checkpoint manifest", path);
+    }
+    *nranks = dpar__get32(m + 8);
+    *gen = dpar__get64(m + 12);
+    need = 20 + 12 * (size_t)*nranks + 4;
+    if (*nranks < 1 || *nranks > 1u << 20 || n != need || dpar_crc32(0, m, n - 4) != dpar__get32(m + n - 4)) {
+        dpar__free(a, m);
+        return dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged (%zu bytes, CRC mismatch or bad size)", path, n);
+    }
+    *shards = (uint64_t *)dpar__alloc(a, 2 * (size_t)*nranks * sizeof(uint64_t));
+    if (!*shards) {
+        dpar__free(a, m);
+        return dpar__err(DPAR_ENOMEM, "out of memory");
+    }
+    for (i = 0; i < *nranks; i++) {
+        (*shards)[2 * i] = dpar__get64(m + 20 + 12 * i);
+        (*shards)[2 * i + 1] = dpar__get32(m + 28 + 12 * i);
+    }
+    dpar__free(a, m);
+    return DPAR_OK;
+}
+
+/* everyone's status: the worst (most negative) wins, with the failing rank's own story */
+static dpar_status dpar__ckpt_agree(dpar_comm *c, dpar_status mine, const char *what)
+{
+    int64_t v = (int64_t)mine;
+    dpar_status st;
+    char text[DPAR__ERROR_TEXT];
+    if (!c) return mine;
+    snprintf(text, sizeof text, "%s", dpar_last_error());
+    st = dpar_allreduce(c, &v, &v, 1, DPAR_I64, DPAR_MIN);
+    if (st != DPAR_OK) return st;
+    if (mine != DPAR_OK) return dpar__err(mine, "%s", text);
+    if (v != DPAR_OK) return dpar__err((dpar_status)v, "%s: another rank failed: %s", what, dpar_status_string((dpar_status)v));
+    return DPAR_OK;
+}
+
+static dpar_status dpar__ckpt_check_items(const dpar_ckpt_item *items, int count, const char *api)
+{
+    int i, j;
+    if (count < 0 || (count && !items)) return dpar__err(DPAR_EINVAL, "%s: %d items", api, count);
+    for (i = 0; i < count; i++) {
+        if (!items[i].name || !*items[i].name || strlen(items[i].name) > 63)
+            return dpar__err(DPAR_EINVAL, "%s: item %d needs a name of 1..63 characters", api, i);
+        if (items[i].bytes && !items[i].data) return dpar__err(DPAR_EINVAL, "%s: item '%s' has no data", api, items[i].name);
+        for (j = 0; j < i; j++)
+            if (!strcmp(items[i].name, items[j].name)) return dpar__err(DPAR_EINVAL, "%s: two items are called '%s'", api, items[i].name);
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
+{
+    dpar_allocator a;
+    int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i;
+    uint64_t gen = 1, old = 0, *sizes = NULL, *old_shards = NULL;
+    uint32_t old_n = 0;
+    unsigned char *head = NULL;
+    size_t hn, total = 0;
+    char shard[4096];
+    dpar_status st;
+    int64_t sh[2];
+    memset(&a, 0, sizeof a);
+    if (comm) a = comm->allocator;
+    if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_checkpoint_save: path is NULL or empty");
+    st = dpar__ckpt_check_items(items, count, "dpar_checkpoint_save");
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    /* the generation: one after the current manifest's (rank 0 decides, everyone hears) */
+    if (rank == 0 && dpar__manifest_read(path, &old, &old_n, &old_shards, &a) == DPAR_OK) gen = old + 1;
+    dpar__free(&a, old_shards);
+    dpar_clear_error();
+    if (comm) {
+        int64_t g[2];
+        g[0] = (int64_t)gen;
+        g[1] = (int64_t)old;
+        DPAR__TRY(dpar_broadcast(comm, g, g, 2, DPAR_I64, 0));
+        gen = (uint64_t)g[0];
+        old = (uint64_t)g[1];
+    }
+    /* this rank's shard: a header with every item's name, size and CRC, then the data */
+    hn = 32;
+    for (i = 0; i < count; i++) hn += 4 + strlen(items[i].name) + 8 + 4;
+    head = (unsigned char *)dpar__alloc(&a, hn);
+    if (!head) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory"), "checkpoint");
+    memcpy(head, DPAR__CKPT_MAGIC, 8);
+    dpar__put32(head + 8, 1);
+    dpar__put32(head + 12, (uint32_t)rank);
+    dpar__put32(head + 16, (uint32_t)nranks);
+    dpar__put32(head + 20, (uint32_t)count);
+    dpar__put64(head + 24, gen);
+    {
+        unsigned char *p = head + 32;
+        for (i = 0; i < count; i++) {
+            size_t ln = strlen(items[i].name);
+            dpar__put32(p, (uint32_t)ln);
+            memcpy(p + 4, items[i].name, ln);
+            dpar__put64(p + 4 + ln, items[i].bytes);
+            dpar__put32(p + 12 + ln, dpar_crc32(0, items[i].data, items[i].bytes));
+            p += 16 + ln;
+            total += items[i].bytes;
+        }
+    }
+    snprintf(shard, sizeof shard, "%s.g%llu.r%d", path, (unsigned long long)gen, rank);
+    {
+        /* header and items in one buffer, so the file is written once */
+        unsigned char *all = (unsigned char *)dpar__alloc(&a, hn + total + 1), *p;
+        uint32_t crc;
+        if (!all) {
+            dpar__free(&a, head);
+            return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory"), "checkpoint");
+        }
+        memcpy(all, head, hn);
+        p = all + hn;
+        for (i = 0; i < count; i++) {
+            if (items[i].bytes) memcpy(p, items[i].data, items[i].bytes);
+            p += items[i].bytes;
+        }
+        crc = dpar_crc32(0, all, hn + total);
+        st = dpar__write_atomic(shard, all, hn + total, NULL, 0);
+        sh[0] = (int64_t)(hn + total);
+        sh[1] = (int64_t)crc;
+        dpar__free(&a, all);
+    }
+    dpar__free(&a, head);
+    DPAR__TRY(dpar__ckpt_agree(comm, st, "checkpoint"));
+    /* rank 0 learns every shard's size and CRC and commits the manifest */
+    sizes = (uint64_t *)dpar__alloc(&a, 2 * (size_t)nranks * sizeof(uint64_t));
+    if (!sizes) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory"), "checkpoint");
+    sizes[2 * rank] = (uint64_t)sh[0];
+    sizes[2 * rank + 1] = (uint64_t)sh[1];
+    if (comm) st = dpar_allgather(comm, sizes + 2 * rank, sizes, 2 * (size_t)nranks, DPAR_I64);
+    if (st == DPAR_OK && rank == 0) {
+        size_t mn = 20 + 12 * (size_t)nranks + 4;
+        unsigned char *man = (unsigned char *)dpar__alloc(&a, mn);
+        if (!man) {
+            st = dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory");
+        } else {
+            memcpy(man, DPAR__MAN_MAGIC, 8);
+            dpar__put32(man + 8, (uint32_t)nranks);
+            dpar__put64(man + 12, gen);
+            for (i = 0; i < nranks; i++) {
+                dpar__put64(man + 20 + 12 * i, sizes[2 * i]);
+                dpar__put32(man + 28 + 12 * i, (uint32_t)sizes[2 * i + 1]);
+            }
+            dpar__put32(man + mn - 4, dpar_crc32(0, man, mn - 4));
+            st = dpar__write_atomic(path, man, mn, NULL, 0);
+            dpar__free(&a, man);
+        }
+    }
+    dpar__free(&a, sizes);
+    st = dpar__ckpt_agree(comm, st, "checkpoint");
+    if (st == DPAR_OK && old) { /* the new manifest is in place: the old generation may go */
+        snprintf(shard, sizeof shard, "%s.g%llu.r%d", path, (unsigned long long)old, rank);
+        remove(shard);
+    }
+    return st;
+}
+
+DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
+{
+    dpar_allocator a;
+    int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i;
+    uint64_t gen = 0, *shards = NULL;
+    uint32_t n = 0;
+    int64_t info[4];
+    unsigned char *file = NULL, *p;
+    size_t size = 0;
+    char shard[4096];
+    dpar_status st;
+    memset(&a, 0, sizeof a);
+    if (comm) a = comm->allocator;
+    if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_checkpoint_load: path is NULL or empty");
+    st = dpar__ckpt_check_items(items, count, "dpar_checkpoint_load");
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    /* rank 0 reads the manifest (on machines without a shared disk only it has one) and tells all */
+    memset(info, 0, sizeof info);
+    if (rank == 0) {
+        st = dpar__manifest_read(path, &gen, &n, &shards, &a);
+        if (st == DPAR_OK && n != (uint32_t)nranks)
+            st = dpar__err(DPAR_ECORRUPT, "the checkpoint '%s' has %u shards, this job %d ranks", path, n, nranks);
+        info[0] = st;
+        info[1] = (int64_t)gen;
+    }
+    if (comm) DPAR__TRY(dpar_broadcast(comm, info, info, 4, DPAR_I64, 0));
+    if (info[0] != DPAR_OK) {
+        dpar__free(&a, shards);
+        if (rank == 0) return dpar__ckpt_agree(comm, (dpar_status)info[0], "checkpoint");
+        return dpar__ckpt_agree(comm, dpar__err((dpar_status)info[0], "rank 0 cannot read the checkpoint manifest '%s'", path),
+                                "checkpoint");
+    }
+    gen = (uint64_t)info[1];
+    if (!shards) shards = (uint64_t *)dpar__alloc(&a, 2 * (size_t)nranks * sizeof(uint64_t));
+    if (!shards) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "out of memory"), "checkpoint");
+    if (comm) DPAR__TRY(dpar_broadcast(comm, shards, shards, 2 * (size_t)nranks, DPAR_I64, 0));
+    snprintf(shard, sizeof shard, "%s.g%llu.r%d", path, (unsigned long long)gen, rank);
+    st = dpar__read_file(shard, &file, &size, &a);
+    if (st != DPAR_OK) {
+        st = dpar__err(DPAR_ECORRUPT, "the checkpoint's shard is missing: %s", dpar_last_error());
+    } else if (size != shards[2 * rank] || dpar_crc32(0, file, size) != (uint32_t)shards[2 * rank + 1]) {
+        st = dpar__err(DPAR_ECORRUPT, "'%s' is damaged: %zu bytes with CRC 0x%08x, the manifest says %llu bytes with CRC "
+                                      "0x%08x", shard, size, dpar_crc32(0, file, size), (unsigned long long)shards[2 * rank],
+                       (unsigned)shards[2 * rank + 1]);
+    } else if (size < 32 || memcmp(file, DPAR__CKPT_MAGIC, 8) || dpar__get32(file + 12) != (uint32_t)rank ||
+               dpar__get32(file + 16) != (uint32_t)nranks || dpar__get64(file + 24) != gen) {
+        st = dpar__err(DPAR_ECORRUPT, "'%s' is not rank %d's shard of generation %llu", shard, rank, (unsigned long long)gen);
+    } else if (dpar__get32(file + 20) != (uint32_t)count) {
+        st = dpar__err(DPAR_ECORRUPT, "'%s' has %u items, the program asks for %d", shard, dpar__get32(file + 20), count);
+    }
+    if (st == DPAR_OK) { /* the items: names and sizes in order, then each one's CRC */
+        size_t data_at = 32, at;
+        p = file + 32;
+        for (i = 0; i < count && st == DPAR_OK; i++) {
+            uint32_t ln = (uint32_t)(p + 4 <= file + size ? dpar__get32(p) : 0xffffffffu);
+            if (ln > 63 || p + 16 + ln > file + size) {
+                st = dpar__err(DPAR_ECORRUPT, "'%s': item %d's header is damaged", shard, i);
+                break;
+            }
+            if (strlen(items[i].name) != ln || memcmp(p + 4, items[i].name, ln))
+                st = dpar__err(DPAR_ECORRUPT, "'%s': item %d is '%.*s', the program asks for '%s'", shard, i, (int)ln,
+                               (const char *)p + 4, items[i].name);
+            else if (dpar__get64(p + 4 + ln) != items[i].bytes)
+                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' has %llu bytes, the program asks for %zu", shard, items[i].name,
+                               (unsigned long long)dpar__get64(p + 4 + ln), items[i].bytes);
+            p += 16 + ln;
+        }
+        data_at = (size_t)(p - file);
+        at = data_at;
+        p = file + 32;
+        for (i = 0; i < count && st == DPAR_OK; i++) { /* every item checks out before any is copied */
+            uint32_t ln = dpar__get32(p), crc = dpar__get32(p + 12 + ln);
+            if (at + items[i].bytes > size)
+                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' runs past the end of the file", shard, items[i].name);
+            else if (dpar_crc32(0, file + at, items[i].bytes) != crc)
+                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' is damaged (CRC mismatch)", shard, items[i].name);
+            at += items[i].bytes;
+            p += 16 + ln;
+        }
+        for (i = 0, at = data_at; i < count && st == DPAR_OK; i++) {
+            if (items[i].bytes) memcpy(items[i].data, file + at, items[i].bytes);
+            at += items[i].bytes;
+        }
+    }
+    dpar__free(&a, file);
+    dpar__free(&a, shards);
+    return dpar__ckpt_agree(comm, st, "checkpoint");
 }
 
 /* >>mpi ---------------------------------------------------------------------------------------- */

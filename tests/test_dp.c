@@ -1,0 +1,345 @@
+/* test_dp.c - the data-parallel helpers and checkpoints: the sampler against its promises, gradient
+   buckets against a plain allreduce, the IDX reader on good, truncated and malformed files, and
+   checkpoints round trip, detect damage, and survive a crash between shard and manifest. */
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+
+#include <math.h>
+#include <unistd.h>
+
+#include "dpar_test.h"
+#include "coll_matrix.h"
+
+/* ---- sampler ---- */
+static void test_sampler(void)
+{
+    int ranks, drop, r;
+    for (ranks = 1; ranks <= 5; ranks++)
+        for (drop = 0; drop < 2; drop++) {
+            size_t n = 103, i, k;
+            int *seen = (int *)calloc(n, sizeof(int)), *seen2 = (int *)calloc(n, sizeof(int)), differs = 0, again = 1;
+            size_t per = 0;
+            for (r = 0; r < ranks; r++) {
+                dpar_sampler s, t;
+                const size_t *idx, *idx2;
+                CHECK(dpar_sampler_init(&s, n, ranks, r, 42, drop, NULL) == DPAR_OK);
+                CHECK(dpar_sampler_init(&t, n, ranks, r, 42, drop, NULL) == DPAR_OK);
+                per = dpar_sampler_epoch(&s, 3, &idx);
+                CHECK(per == (drop ? n / (size_t)ranks : (n + (size_t)ranks - 1) / (size_t)ranks));
+                for (k = 0; k < per; k++) seen[idx[k]]++;
+                /* the same (seed, epoch) gives the same indices; another epoch another order */
+                dpar_sampler_epoch(&t, 3, &idx2);
+                again &= !memcmp(idx, idx2, per * sizeof(size_t));
+                dpar_sampler_epoch(&t, 4, &idx2);
+                for (k = 0; k < per; k++) {
+                    seen2[idx2[k]]++;
+                    differs |= idx2[k] != idx[k];
+                }
+                dpar_sampler_free(&s);
+                dpar_sampler_free(&t);
+            }
+            CHECK(again);
+            CHECK(differs || per <= 1);
+            /* every sample once; without drop_last the tail wraps to the start (at most ranks-1 twice) */
+            {
+                size_t once = 0, twice = 0, never = 0;
+                for (i = 0; i < n; i++) {
+                    once += seen[i] == 1;
+                    twice += seen[i] == 2;
+                    never += seen[i] == 0;
+                }
+                if (drop) CHECK(once == per * (size_t)ranks && never == n - per * (size_t)ranks && twice == 0);
+                else CHECK(never == 0 && twice == per * (size_t)ranks - n);
+            }
+            free(seen);
+            free(seen2);
+        }
+    {
+        dpar_sampler s;
+        CHECK(dpar_sampler_init(&s, 0, 1, 0, 1, 0, NULL) == DPAR_EINVAL);
+        CHECK(dpar_sampler_init(&s, 10, 2, 2, 1, 0, NULL) == DPAR_EINVAL);
+        CHECK(dpar_sampler_init(&s, 2, 3, 0, 1, 1, NULL) == DPAR_EINVAL);
+    }
+}
+
+/* ---- buckets: backward marks layers from the last to the first; compare with one allreduce ---- */
+typedef struct { size_t n; int errors_case; uint64_t overlap[8]; int nb; } bucket_job;
+
+static void bucket_rank(world *w, dpar_comm *c, int r)
+{
+    bucket_job *j = (bucket_job *)w->user;
+    size_t n = j->n, i, layer = n / 5;
+    float *g = (float *)malloc(n * sizeof(float)), *ref = (float *)malloc(n * sizeof(float));
+    dpar_buckets *b;
+    int step;
+    expect_ok(w, dpar_buckets_create(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
+    for (step = 0; step < 3; step++) {
+        size_t end = n;
+        for (i = 0; i < n; i++) g[i] = ref[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
+        while (end > 0) { /* backward: the last layer's gradients are final first */
+            size_t start = end > layer ? end - layer : 0;
+            usleep(200); /* the layer's backward */
+            expect_ok(w, dpar_buckets_ready(b, start, end - start), "buckets_ready", r);
+            end = start;
+        }
+        expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
+        expect_ok(w, dpar_allreduce(c, ref, ref, n, DPAR_F32, DPAR_AVG), "allreduce", r);
+        if (memcmp(g, ref, n * sizeof(float))) note(w, "step %d rank %d: buckets differ from one allreduce", step, r);
+    }
+    j->overlap[r] = dpar_buckets_overlap_ns(b);
+    if (r == 0) j->nb = dpar_buckets_count(b);
+    /* mistakes: a range marked twice, outside, or never. The last poisons the group by design (the
+       other ranks must not wait for this one), so it runs only in a world of one rank. */
+    if (w->n > 1) {
+        dpar_buckets_destroy(b);
+        free(g);
+        free(ref);
+        return;
+    }
+    if (dpar_buckets_ready(b, 0, 10) != DPAR_OK || dpar_buckets_ready(b, 5, 10) != DPAR_EINVAL) note(w, "overlap accepted");
+    if (!strstr(dpar_last_error(), "already marked")) note(w, "message: %s", dpar_last_error());
+    if (dpar_buckets_ready(b, n - 1, 2) != DPAR_EINVAL) note(w, "outside accepted");
+    if (dpar_buckets_wait(b) != DPAR_EINVAL || !strstr(dpar_last_error(), "never marked ready")) note(w, "unmarked accepted");
+    dpar_buckets_destroy(b);
+    free(g);
+    free(ref);
+}
+
+static void test_buckets_match_allreduce(void)
+{
+    int n;
+    for (n = 1; n <= 4; n++) {
+        bucket_job j;
+        memset(&j, 0, sizeof j);
+        j.n = 300007;
+        CHECK(run_world(n, bucket_rank, &j) == 0);
+        CHECK(j.nb == (int)((j.n + 16383) / 16384)); /* 64 KiB buckets of floats */
+        if (n > 1) CHECK(j.overlap[0] > 0);          /* buckets were in flight during "backward" */
+    }
+}
+
+/* ---- IDX ---- */
+static void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void write_bytes(const char *path, const unsigned char *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (n) fwrite(b, 1, n, f);
+    fclose(f);
+}
+
+static void test_idx_reader(void)
+{
+    char path[] = "/tmp/dpar_idx_XXXXXX";
+    unsigned char buf[4 + 12 + 2 * 3 * 4 * 4];
+    dpar_idx idx;
+    int fd = mkstemp(path), i;
+    float v;
+    uint32_t u;
+    close(fd);
+    /* u8, 3 dims: 2 x 3 x 4 */
+    buf[0] = buf[1] = 0;
+    buf[2] = 0x08;
+    buf[3] = 3;
+    put_be32(buf + 4, 2);
+    put_be32(buf + 8, 3);
+    put_be32(buf + 12, 4);
+    for (i = 0; i < 24; i++) buf[16 + i] = (unsigned char)(i * 10);
+    write_bytes(path, buf, 16 + 24);
+    CHECK(dpar_idx_load(path, 1.0f / 255, NULL, &idx) == DPAR_OK);
+    CHECK(idx.ndims == 3 && idx.dims[0] == 2 && idx.dims[2] == 4 && idx.count == 24);
+    CHECK(idx.data[23] == 230.0f * (1.0f / 255));
+    dpar_idx_free(&idx);
+    /* f32, 1 dim */
+    buf[2] = 0x0D;
+    buf[3] = 1;
+    put_be32(buf + 4, 3);
+    for (i = 0; i < 3; i++) {
+        v = 1.5f * (float)i - 1;
+        memcpy(&u, &v, 4);
+        put_be32(buf + 8 + 4 * i, u);
+    }
+    write_bytes(path, buf, 8 + 12);
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_OK);
+    CHECK(idx.count == 3 && idx.data[0] == -1.0f && idx.data[2] == 2.0f);
+    dpar_idx_free(&idx);
+    /* malformed: each gives its own clear error, never a crash */
+    write_bytes(path, buf, 8 + 11); /* one byte short */
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "truncated"));
+    write_bytes(path, buf, 6); /* inside the header */
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "inside its header"));
+    write_bytes(path, buf, 3);
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "too short"));
+    write_bytes(path, buf, 0);
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT);
+    buf[20 + 0] = 0;
+    {
+        unsigned char extra[8 + 12 + 1];
+        memcpy(extra, buf, 20);
+        extra[20] = 9;
+        write_bytes(path, extra, 21);
+        CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "extra bytes"));
+    }
+    buf[0] = 'P';
+    write_bytes(path, buf, 20);
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "not an IDX file"));
+    buf[0] = 0;
+    buf[2] = 0x0B; /* i16: not supported */
+    write_bytes(path, buf, 20);
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_EUNSUPPORTED);
+    buf[2] = 0x08;
+    buf[3] = 0; /* no dimensions */
+    write_bytes(path, buf, 20);
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT);
+    buf[3] = 2; /* dimensions whose product overflows */
+    put_be32(buf + 4, 0xffffffffu);
+    put_be32(buf + 8, 0xffffffffu);
+    write_bytes(path, buf, 20);
+    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT);
+    remove(path);
+    CHECK(dpar_idx_load("/nonexistent/x.idx", 1.0f, NULL, &idx) == DPAR_EIO);
+    /* random garbage of every length: never a crash */
+    for (i = 0; i < 200; i++) {
+        unsigned char g[64];
+        size_t k, len = (size_t)dt_rand_int(64);
+        for (k = 0; k < len; k++) g[k] = (unsigned char)dt_rand();
+        if (len > 3) g[0] = g[1] = 0;
+        write_bytes(path, g, len);
+        if (dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_OK) dpar_idx_free(&idx);
+    }
+    remove(path);
+}
+
+/* ---- checkpoints ---- */
+static void test_checkpoint_single(void)
+{
+    char dir[] = "/tmp/dpar_ckpt_XXXXXX", path[256], shard[300];
+    float params[1000], back[1000];
+    int64_t step = 7, step2 = 0;
+    dpar_ckpt_item items[2], in[2];
+    int i;
+    FILE *f;
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/model", dir);
+    for (i = 0; i < 1000; i++) params[i] = (float)i * 0.5f;
+    items[0].name = "params";
+    items[0].data = params;
+    items[0].bytes = sizeof params;
+    items[1].name = "step";
+    items[1].data = &step;
+    items[1].bytes = sizeof step;
+    in[0] = items[0];
+    in[0].data = back;
+    in[1] = items[1];
+    in[1].data = &step2;
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_EIO && strstr(dpar_last_error(), "no checkpoint at"));
+    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_OK && !memcmp(back, params, sizeof back) && step2 == 7);
+    /* a second save: generation 2 replaces 1, whose shard is removed */
+    step = 8;
+    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
+    snprintf(shard, sizeof shard, "%s.g1.r0", path);
+    CHECK(access(shard, F_OK) != 0);
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_OK && step2 == 8);
+    /* a crash after the new shard but before the manifest: the previous checkpoint still loads */
+    snprintf(shard, sizeof shard, "%s.g3.r0", path);
+    f = fopen(shard, "wb");
+    fputs("half a shard", f);
+    fclose(f);
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_OK && step2 == 8);
+    remove(shard);
+    /* damage: one flipped byte in the shard */
+    snprintf(shard, sizeof shard, "%s.g2.r0", path);
+    f = fopen(shard, "r+b");
+    fseek(f, 200, SEEK_SET);
+    fputc(0x55, f);
+    fclose(f);
+    step2 = -1;
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "is damaged"));
+    CHECK(step2 == -1); /* nothing was loaded */
+    /* a truncated manifest */
+    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
+    CHECK(truncate(path, 10) == 0);
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT);
+    /* the program asks for other items than were saved */
+    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
+    in[1].name = "epoch";
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "asks for 'epoch'"));
+    in[1].name = "step";
+    in[0].bytes = 400;
+    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "asks for 400"));
+    CHECK(dpar_checkpoint_load(NULL, path, in, 1) == DPAR_ECORRUPT);
+    items[1].name = "params";
+    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_EINVAL); /* two items of one name */
+    {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        CHECK(system(cmd) == 0);
+    }
+    CHECK(dpar_crc32(0, "123456789", 9) == 0xCBF43926u); /* the standard check value */
+}
+
+typedef struct { char path[256]; } ckpt_job;
+static void ckpt_rank(world *w, dpar_comm *c, int r)
+{
+    ckpt_job *j = (ckpt_job *)w->user;
+    float mine[100 + 8], back[100 + 8];
+    size_t n = 100 + (size_t)r; /* every rank its own shard size */
+    dpar_ckpt_item it, in;
+    int i;
+    for (i = 0; i < (int)n; i++) mine[i] = (float)(r * 1000 + i);
+    it.name = "shard";
+    it.data = mine;
+    it.bytes = n * sizeof(float);
+    in = it;
+    in.data = back;
+    expect_ok(w, dpar_checkpoint_save(c, j->path, &it, 1), "save", r);
+    memset(back, 0, sizeof back);
+    expect_ok(w, dpar_checkpoint_load(c, j->path, &in, 1), "load", r);
+    if (memcmp(back, mine, n * sizeof(float))) note(w, "rank %d loaded another shard", r);
+    /* damage on one rank's shard: every rank fails */
+    dpar_barrier(c);
+    if (r == w->n - 1) {
+        char shard[300];
+        FILE *f;
+        snprintf(shard, sizeof shard, "%s.g1.r%d", j->path, r);
+        f = fopen(shard, "r+b");
+        fseek(f, -1, SEEK_END);
+        fputc(0x33, f);
+        fclose(f);
+    }
+    dpar_barrier(c);
+    if (dpar_checkpoint_load(c, j->path, &in, 1) != DPAR_ECORRUPT) note(w, "rank %d did not see the damage", r);
+}
+
+static void test_checkpoint_over_ranks(void)
+{
+    int n;
+    for (n = 1; n <= 4; n++) {
+        ckpt_job j;
+        char dir[] = "/tmp/dpar_ckpt_XXXXXX", cmd[300];
+        CHECK(mkdtemp(dir) != NULL);
+        snprintf(j.path, sizeof j.path, "%s/run", dir);
+        CHECK(run_world(n, ckpt_rank, &j) == 0);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        CHECK(system(cmd) == 0);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    DT_MAIN_BEGIN(argc, argv);
+    RUN(test_sampler);
+    RUN(test_buckets_match_allreduce);
+    RUN(test_idx_reader);
+    RUN(test_checkpoint_single);
+    RUN(test_checkpoint_over_ranks);
+    pools_free();
+    return dt_summary();
+}
