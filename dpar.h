@@ -189,7 +189,8 @@ DPAR_API const char *dpar_last_error(void);
 
 /* dpar_set_error: sets this thread's error text (printf format) and returns `status`, so user
    callbacks can write `return dpar_set_error(DPAR_EUSER, "bad batch %d", i);` and the text reaches
-   whoever waits on the task or run. Thread safety: any thread. */
+   whoever waits on the task or run. The arguments may include dpar_last_error() itself, to wrap
+   the previous message in context. Thread safety: any thread. */
 DPAR_API dpar_status dpar_set_error(dpar_status status, const char *fmt, ...) DPAR_PRINTF(2, 3);
 
 /* dpar_clear_error: empties this thread's error text. Thread safety: any thread. */
@@ -1023,9 +1024,12 @@ DPAR_API const char *dpar_last_error(void) { return dpar__tls_error; }
 
 DPAR_API void dpar_clear_error(void) { dpar__tls_error[0] = 0; }
 
+/* formatted aside first: a message may quote the previous one (dpar_last_error() as an argument) */
 static dpar_status dpar__verror(dpar_status status, const char *fmt, va_list ap)
 {
-    vsnprintf(dpar__tls_error, sizeof dpar__tls_error, fmt, ap);
+    char text[DPAR__ERROR_TEXT];
+    vsnprintf(text, sizeof text, fmt, ap);
+    memcpy(dpar__tls_error, text, strlen(text) + 1);
     return status;
 }
 
@@ -4056,12 +4060,16 @@ static dpar_status dpar__t_wait(dpar__ctx *x, const uint32_t *ctr, uint32_t targ
     dpar_comm *c = x->c;
     dpar_group *g = c->group;
     dpar__slot *me = &g->slots[c->rank];
-    int parked = 0;
+    int parked = 0, checked = 0;
     for (;;) {
         uint32_t bell = DPAR__LOAD(&me->bell, DPAR__ACQUIRE);
         if ((int32_t)(DPAR__LOAD(ctr, DPAR__ACQUIRE) - target) >= 0) break;
         if (DPAR__LOAD(&g->poison, DPAR__ACQUIRE)) return dpar__t_poisoned(c);
         if (x->deadline && dpar_time_ns() >= x->deadline) return dpar__t_timeout(x, peer, what);
+        if (!checked && g->unshare) { /* about to wait for a peer: not on its CPU, where it could not run */
+            checked = 1;
+            dpar__unshare_cpus((char *)&g->slots[0].cpu, sizeof(dpar__slot), g->size, c->rank, &me->moved_ns);
+        }
         dpar__wait_while(&me->bell, bell, &me->bell_sleepers, c->spin, x->deadline, &parked);
     }
     if (parked && g->unshare) /* woken up: maybe onto a CPU another rank is on */
@@ -4339,17 +4347,33 @@ static dpar_status dpar__gemm_check(const char *api, dpar_trans ta, dpar_trans t
 
 /* ---- packing ---- */
 /* op(A)[ic.., pc..] (mc x kc) into panels of MR rows: panel p holds for each k the MR values */
+/* The packing loops read the source in its own row order, straight through. Reading a panel
+   down its k direction instead would step one row (often a power of two: 4 KiB) per element: a new
+   page and the same cache set each time, with no prefetcher to help; that made packing a third
+   of the GEMM at the sizes of a training step. */
 static void dpar__pack_a(dpar_trans ta, const float *A, int lda, int ic, int pc, int mc, int kc, float *dst)
 {
     int p, k, i;
-    for (p = 0; p < mc; p += DPAR__MR) {
-        int mr = mc - p < DPAR__MR ? mc - p : DPAR__MR;
+    if (ta) { /* op(A) = A^T: row pc+k of A holds, side by side, the k-th values of every panel */
         for (k = 0; k < kc; k++) {
-            for (i = 0; i < mr; i++)
-                dst[i] = ta ? A[(size_t)(pc + k) * lda + ic + p + i] : A[(size_t)(ic + p + i) * lda + pc + k];
-            for (; i < DPAR__MR; i++) dst[i] = 0.0f;
-            dst += DPAR__MR;
+            const float *a = A + (size_t)(pc + k) * lda + ic;
+            for (p = 0; p < mc; p += DPAR__MR) {
+                float *d = dst + (size_t)p * kc + (size_t)k * DPAR__MR;
+                int mr = mc - p < DPAR__MR ? mc - p : DPAR__MR;
+                for (i = 0; i < mr; i++) d[i] = a[p + i];
+                for (; i < DPAR__MR; i++) d[i] = 0.0f;
+            }
         }
+        return;
+    }
+    for (p = 0; p < mc; p += DPAR__MR, dst += (size_t)DPAR__MR * kc) { /* row ic+p+i is panel p's i-th */
+        int mr = mc - p < DPAR__MR ? mc - p : DPAR__MR;
+        for (i = 0; i < mr; i++) {
+            const float *a = A + (size_t)(ic + p + i) * lda + pc;
+            for (k = 0; k < kc; k++) dst[(size_t)k * DPAR__MR + i] = a[k];
+        }
+        for (; i < DPAR__MR; i++)
+            for (k = 0; k < kc; k++) dst[(size_t)k * DPAR__MR + i] = 0.0f;
     }
 }
 
@@ -4357,33 +4381,46 @@ static void dpar__pack_a(dpar_trans ta, const float *A, int lda, int ic, int pc,
 static void dpar__pack_b(dpar_trans tb, const float *B, int ldb, int pc, int jc, int kc, int nc, float *dst)
 {
     int p, k, j;
-    for (p = 0; p < nc; p += DPAR__NR) {
-        int nr = nc - p < DPAR__NR ? nc - p : DPAR__NR;
+    if (!tb) { /* row pc+k of B holds, side by side, the k-th values of every panel */
         for (k = 0; k < kc; k++) {
-            if (!tb && nr == DPAR__NR) {
-                memcpy(dst, B + (size_t)(pc + k) * ldb + jc + p, DPAR__NR * sizeof(float));
-            } else {
-                for (j = 0; j < nr; j++)
-                    dst[j] = tb ? B[(size_t)(jc + p + j) * ldb + pc + k] : B[(size_t)(pc + k) * ldb + jc + p + j];
-                for (; j < DPAR__NR; j++) dst[j] = 0.0f;
+            const float *b = B + (size_t)(pc + k) * ldb + jc;
+            for (p = 0; p + DPAR__NR <= nc; p += DPAR__NR)
+                memcpy(dst + (size_t)p * kc + (size_t)k * DPAR__NR, b + p, DPAR__NR * sizeof(float));
+            if (p < nc) {
+                float *d = dst + (size_t)p * kc + (size_t)k * DPAR__NR;
+                for (j = 0; j < nc - p; j++) d[j] = b[p + j];
+                for (; j < DPAR__NR; j++) d[j] = 0.0f;
             }
-            dst += DPAR__NR;
         }
+        return;
+    }
+    for (p = 0; p < nc; p += DPAR__NR, dst += (size_t)DPAR__NR * kc) { /* op(B) = B^T: row jc+p+j is column j */
+        int nr = nc - p < DPAR__NR ? nc - p : DPAR__NR;
+        for (j = 0; j < nr; j++) {
+            const float *b = B + (size_t)(jc + p + j) * ldb + pc;
+            for (k = 0; k < kc; k++) dst[(size_t)k * DPAR__NR + j] = b[k];
+        }
+        for (; j < DPAR__NR; j++)
+            for (k = 0; k < kc; k++) dst[(size_t)k * DPAR__NR + j] = 0.0f;
     }
 }
 
 /* C (mr x nr tile at c) += alpha * acc (MR x NR, row-major) */
-static void dpar__tile_add(float *c, int ldc, const float *acc, int mr, int nr, float alpha)
+static void dpar__tile_add(float *c, int ldc, const float *acc, int mr, int nr, float alpha, int store)
 {
     int i, j;
     for (i = 0; i < mr; i++)
-        for (j = 0; j < nr; j++) c[(size_t)i * ldc + j] += alpha * acc[i * DPAR__NR + j];
+        for (j = 0; j < nr; j++)
+            c[(size_t)i * ldc + j] = alpha * acc[i * DPAR__NR + j] + (store ? 0.0f : c[(size_t)i * ldc + j]);
 }
 
-/* ---- micro-kernels: acc (MR x NR) = sum over k of a[k] (MR) outer b[k] (NR) ---- */
+/* ---- micro-kernels: acc (MR x NR) = sum over k of a[k] (MR) outer b[k] (NR); then the mr x nr
+   tile of C gets C += alpha acc, or C = alpha acc when `store` (the first K block with beta = 0:
+   C is never read, and never cleared beforehand) ---- */
 #if DPAR__SIMD
 /* portable: 16-byte vectors, 6 x 4 of them (compilers with 32 vector registers keep them all) */
-static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr)
+static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr,
+                                  int store)
 {
     dpar__v4f acc[DPAR__MR][4], bv[4];
     float out[DPAR__MR * DPAR__NR];
@@ -4400,10 +4437,11 @@ static void dpar__ukernel_generic(int kc, const float *a, const float *b, float 
     }
     for (i = 0; i < DPAR__MR; i++)
         for (j = 0; j < 4; j++) memcpy(out + i * DPAR__NR + 4 * j, &acc[i][j], sizeof acc[i][j]);
-    dpar__tile_add(c, ldc, out, mr, nr, alpha);
+    dpar__tile_add(c, ldc, out, mr, nr, alpha, store);
 }
 #else
-static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr)
+static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr,
+                                  int store)
 {
     float out[DPAR__MR * DPAR__NR];
     int k, i, j;
@@ -4411,7 +4449,7 @@ static void dpar__ukernel_generic(int kc, const float *a, const float *b, float 
     for (k = 0; k < kc; k++, a += DPAR__MR, b += DPAR__NR)
         for (i = 0; i < DPAR__MR; i++)
             for (j = 0; j < DPAR__NR; j++) out[i * DPAR__NR + j] += a[i] * b[j];
-    dpar__tile_add(c, ldc, out, mr, nr, alpha);
+    dpar__tile_add(c, ldc, out, mr, nr, alpha, store);
 }
 #endif
 
@@ -4419,11 +4457,17 @@ static void dpar__ukernel_generic(int kc, const float *a, const float *b, float 
 #include <immintrin.h>
 #define DPAR__AVX2 1
 __attribute__((target("avx2,fma"))) static void dpar__ukernel_avx2(int kc, const float *a, const float *b, float *c,
-                                                                   int ldc, float alpha, int mr, int nr)
+                                                                   int ldc, float alpha, int mr, int nr, int store)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, b0, b1, av;
     int k;
+    /* ask for the C tile now, so it is in cache when the k loop ends: C's rows are ldc apart, often a
+       power of two, a stride the hardware prefetchers do not follow */
+    for (k = 0; k < mr; k++) {
+        _mm_prefetch((const char *)(c + (size_t)k * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + (size_t)k * ldc + DPAR__NR - 1), _MM_HINT_T0);
+    }
     for (k = 0; k < kc; k++) {
         b0 = _mm256_load_ps(b);
         b1 = _mm256_load_ps(b + 8);
@@ -4436,7 +4480,19 @@ __attribute__((target("avx2,fma"))) static void dpar__ukernel_avx2(int kc, const
         a += DPAR__MR;
         b += DPAR__NR;
     }
-    if (mr == DPAR__MR && nr == DPAR__NR) { /* a whole tile: C += alpha * acc in place */
+    if (mr == DPAR__MR && nr == DPAR__NR && store) { /* a whole tile: C = alpha * acc */
+        __m256 al = _mm256_set1_ps(alpha);
+#define DPAR__ROW(i, x0, x1)                                                  \
+    _mm256_storeu_ps(c + (size_t)(i) * ldc, _mm256_mul_ps(al, x0)); \
+    _mm256_storeu_ps(c + (size_t)(i) * ldc + 8, _mm256_mul_ps(al, x1))
+        DPAR__ROW(0, c00, c01);
+        DPAR__ROW(1, c10, c11);
+        DPAR__ROW(2, c20, c21);
+        DPAR__ROW(3, c30, c31);
+        DPAR__ROW(4, c40, c41);
+        DPAR__ROW(5, c50, c51);
+#undef DPAR__ROW
+    } else if (mr == DPAR__MR && nr == DPAR__NR) { /* a whole tile: C += alpha * acc in place */
         __m256 al = _mm256_set1_ps(alpha);
 #define DPAR__ROW(i, x0, x1)                                                                                \
     _mm256_storeu_ps(c + (size_t)(i) * ldc, _mm256_fmadd_ps(al, x0, _mm256_loadu_ps(c + (size_t)(i) * ldc))); \
@@ -4456,7 +4512,7 @@ __attribute__((target("avx2,fma"))) static void dpar__ukernel_avx2(int kc, const
         _mm256_storeu_ps(out + 48, c30); _mm256_storeu_ps(out + 56, c31);
         _mm256_storeu_ps(out + 64, c40); _mm256_storeu_ps(out + 72, c41);
         _mm256_storeu_ps(out + 80, c50); _mm256_storeu_ps(out + 88, c51);
-        dpar__tile_add(c, ldc, out, mr, nr, alpha);
+        dpar__tile_add(c, ldc, out, mr, nr, alpha, store);
     }
 }
 static int dpar__have_avx2(void)
@@ -4500,10 +4556,10 @@ DPAR_API dpar_status dpar_sgemm_builtin(dpar_trans ta, dpar_trans tb, int M, int
 {
     float *apack, *bpack;
     int i, j, jc, pc, ic, jr, ir;
-    void (*kernel)(int, const float *, const float *, float *, int, float, int, int) = dpar__ukernel_generic;
+    void (*kernel)(int, const float *, const float *, float *, int, float, int, int, int) = dpar__ukernel_generic;
     DPAR__TRY(dpar__gemm_check("dpar_sgemm_builtin", ta, tb, M, N, K, A, lda, B, ldb, C, ldc));
     if (M == 0 || N == 0) return DPAR_OK;
-    if (beta != 1.0f) /* C = beta C first; beta 0 clears (also NaN and Inf, as BLAS does) */
+    if (beta != 1.0f && (beta != 0.0f || K == 0 || alpha == 0.0f)) /* C = beta C first; beta 0 clears (NaN too, as BLAS) */
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
     if (K == 0 || alpha == 0.0f) return DPAR_OK;
@@ -4524,7 +4580,8 @@ DPAR_API dpar_status dpar_sgemm_builtin(dpar_trans ta, dpar_trans tb, int M, int
                     for (ir = 0; ir < mc; ir += DPAR__MR)
                         kernel(kc, apack + (size_t)ir * kc, bpack + (size_t)jr * kc,
                                C + (size_t)(ic + ir) * ldc + jc + jr, ldc, alpha,
-                               mc - ir < DPAR__MR ? mc - ir : DPAR__MR, nc - jr < DPAR__NR ? nc - jr : DPAR__NR);
+                               mc - ir < DPAR__MR ? mc - ir : DPAR__MR, nc - jr < DPAR__NR ? nc - jr : DPAR__NR,
+                               pc == 0 && beta == 0.0f);
             }
         }
     }

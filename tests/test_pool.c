@@ -61,6 +61,9 @@ static void test_last_error_is_per_thread(void)
     pthread_join(t, NULL);
     CHECK(seen && !strcmp(seen, "empty"));
     CHECK(!strcmp(dpar_last_error(), "main says hello"));
+    /* a message may quote the previous one: "outer: " + the old text, not a garble of both */
+    dpar_set_error(DPAR_EIO, "outer (%s): %s", "x", dpar_last_error());
+    CHECK(!strcmp(dpar_last_error(), "outer (x): main says hello"));
     dpar_clear_error();
     CHECK(!strcmp(dpar_last_error(), ""));
 }
