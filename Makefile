@@ -1,6 +1,6 @@
 # dpar - make demo | test | check | bench | cuda | install | clean
 #
-#   make demo    build and run the demo
+#   make demo    build and run the demo (a char-level language model, data-parallel)
 #   make test    compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
 #   make check   the test programs under AddressSanitizer+UBSan, then ThreadSanitizer
 #   make bench   benchmarks, one machine-readable line per figure
@@ -36,7 +36,7 @@ MPITEST := $(if $(and $(MPICC),$(MPIRUN)),$(BUILD)/test_mpi)
 MPIASAN := $(if $(MPITEST),$(BUILD)/asan/test_mpi)
 
 .PHONY: all demo test check bench cuda install clean
-all: $(TESTS) $(BUILD)/pool_demo
+all: $(TESTS) $(BUILD)/pool_demo $(BUILD)/char_lm
 
 $(BUILD):
 	@mkdir -p $(BUILD) $(BUILD)/asan $(BUILD)/tsan
@@ -70,6 +70,13 @@ $(BUILD)/tsan/test_%: tests/test_%.c $(HEADERS) | $(BUILD)
 $(BUILD)/pool_demo: examples/pool_demo.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/char_lm: demo/char_lm.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
+# the training benchmark runs the example as it is (the built-in GEMM)
+$(BUILD)/data_parallel: examples/data_parallel.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
@@ -86,8 +93,9 @@ $(BUILD)/bench_mpi: bench/bench_mpi.c dpar.h | $(BUILD)
 $(BUILD)/bench_comm: bench/bench_comm.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O3 -I. $< -o $@ $(LDLIBS)
 
-demo: $(BUILD)/pool_demo
-	./$(BUILD)/pool_demo
+# the trainer demo: about 20 s on 2 cores; its checkpoint goes to build/
+demo: $(BUILD)/char_lm
+	./$(BUILD)/char_lm --ckpt $(BUILD)/char_lm.ckpt
 
 VARIANTS := $(BUILD)/nofutex_test_pool $(BUILD)/noavx2_test_gemm $(if $(OPENBLAS),$(BUILD)/openblas_test_gemm)
 
@@ -105,7 +113,7 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
+bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 else
@@ -113,6 +121,7 @@ else
 endif
 	./$(BUILD)/bench_comm
 	./$(BUILD)/bench_pipe
+	bench/bench_train.sh ./$(BUILD)/data_parallel
 ifneq ($(OPENBLAS),)
 	./$(BUILD)/bench_gemm
 else

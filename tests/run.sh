@@ -93,6 +93,66 @@ examples() {
     done
 }
 
+# the demo trainer (demo/char_lm.c), built with its own Build: line in a scratch copy: the default run
+# (what `make demo` shows) must bring the loss well down; a run stopped and resumed must end with
+# the same parameters, bit for bit, as one that never stopped; Ctrl-C must save a checkpoint that
+# resumes; bad input must give one line on stderr and a non-zero exit.
+demo() {
+    local d="$tmp/demo" build first last crc1 crc2 pid rc n
+    build=$(head -5 demo/char_lm.c | sed -n 's/^ *Build: *//p')
+    rm -rf "$d" && mkdir -p "$d"
+    for p in dpar.h demo data; do ln -s "$ROOT/$p" "$d/$p"; done
+    if [ -z "$build" ] || ! (cd "$d" && sh -c "$build") >"$tmp/out" 2>&1; then bad "demo: build with '$build'"; return; fi
+    ok "demo: $build"
+    (cd "$d" && timeout 300 ./char_lm --ckpt full.ckpt) >"$tmp/out" 2>&1
+    rc=$?
+    first=$(sed -nE 's/.*loss ([0-9.]+) \(first step\) -> ([0-9.]+).*/\1/p' "$tmp/out")
+    last=$(sed -nE 's/.*loss ([0-9.]+) \(first step\) -> ([0-9.]+).*/\2/p' "$tmp/out")
+    if [ $rc = 0 ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 3.5 && b < 1.8) }' &&
+        grep -q 'replicas are identical' "$tmp/out" && grep -q -A1 '^sample' "$tmp/out"; then
+        ok "demo: the default run: loss $first -> $last, replicas identical, a sample"
+    else
+        bad "demo: the default run (want exit 0, loss from above 3.5 to below 1.8, a sample)"
+    fi
+    (cd "$d" && ./char_lm --steps 40 --batch 64 --sample 0 --ckpt a.ckpt && ./char_lm --steps 40 --batch 64 --sample 0 \
+        --ckpt b.ckpt --stop-at 17 && ./char_lm --steps 40 --batch 64 --sample 0 --ckpt b.ckpt --resume) >"$tmp/out" 2>&1
+    crc1=$(grep crc32 "$tmp/out" | sed -n 1p | sed 's/.*crc32 //')
+    crc2=$(grep crc32 "$tmp/out" | sed -n 3p | sed 's/.*crc32 //')
+    if [ -n "$crc1" ] && [ "$crc1" = "$crc2" ] && grep -q 'stopped at step 17' "$tmp/out" && grep -q 'trained steps 18..40' "$tmp/out"; then
+        ok "demo: stopped at 17 and resumed to 40 = 40 straight (parameters crc32 $crc1)"
+    else
+        bad "demo: stop and resume must equal the uninterrupted run ($crc1 vs $crc2)"
+    fi
+    (cd "$d" && exec ./char_lm --steps 100000000 --batch 32 --sample 0 --ckpt int.ckpt) >"$tmp/out" 2>&1 &
+    pid=$!
+    sleep 2
+    kill -INT $pid
+    wait $pid
+    rc=$?
+    n=$(sed -nE 's/^interrupted at step ([0-9]+).*/\1/p' "$tmp/out")
+    if [ $rc = 130 ] && [ -n "$n" ] && (cd "$d" && ./char_lm --steps $((n + 3)) --batch 32 --sample 20 --ckpt int.ckpt --resume) >>"$tmp/out" 2>&1 &&
+        grep -q "trained steps $((n + 1))..$((n + 3))" "$tmp/out"; then
+        ok "demo: Ctrl-C at step $n saved a checkpoint that resumes"
+    else
+        bad "demo: Ctrl-C (exit $rc, want 130 and a checkpoint that resumes)"
+    fi
+    if (cd "$d" && ./char_lm --help) >"$tmp/out" 2>&1 && [ "$(grep -c -- '^  --' "$tmp/out")" -ge 12 ]; then
+        ok "demo: --help"; else bad "demo: --help"; fi
+    (cd "$d" && ./char_lm --steps 3 --sample 0 --ckpt t.ckpt --trace t.json) >"$tmp/out" 2>&1
+    if [ $? = 0 ] && grep -q '"name":"forward"' "$d/t.json" && grep -q '"name":"allreduce"' "$d/t.json" && tail -c 3 "$d/t.json" | grep -q ']'; then
+        ok "demo: --trace writes forward/backward/allreduce spans"; else cat "$d/t.json" >>"$tmp/out"; bad "demo: --trace"; fi
+    printf 'abcabcabcabcabcabcabcabcabcabcabcabcabcabc\n' >"$d/abc.txt"
+    for args in "--bogus" "--steps" "--steps -3" "--threads 0" "--batch 7 --threads 2" "--lr x" "--data nonexistent.txt" \
+        "--data ." "--data /dev/null" "--resume --ckpt nothing.ckpt" "--ckpt no/such/dir/c.ckpt" "--data abc.txt --resume --ckpt a.ckpt"; do
+        (cd "$d" && ./char_lm $args --steps 2 --sample 0 >/dev/null 2>"$tmp/err"; echo $? >"$tmp/rc")
+        if [ "$(cat "$tmp/rc")" != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q '^char_lm: ' "$tmp/err"; then
+            ok "demo: $args -> $(cat "$tmp/err")"
+        else
+            cp "$tmp/err" "$tmp/out"; bad "demo: $args must print one error line and exit non-zero (exit $(cat "$tmp/rc"))"
+        fi
+    done
+}
+
 # program NAME COMMAND...: a test program; its own summary line is added to the total
 program() {
     local name=$1 rc summary p f s
@@ -160,6 +220,7 @@ if [ "${1:-}" = "--matrix" ]; then
     matrix
     mpi_compile
     examples
+    demo
 fi
 for bin in "$@"; do program "$bin" "$bin"; done
 if [ -n "${MPITEST:-}" ] && [ -n "${MPIASAN:-}" ]; then export ASAN_OPTIONS=detect_leaks=0; fi

@@ -1,0 +1,315 @@
+/* pipeline.c - an 8-layer MLP cut into pipeline stages on thread ranks, trained with the 1F1B schedule.
+   Build: cc -std=c99 -O2 -I. examples/pipeline.c -o pipeline -pthread -lm
+   Run:   ./pipeline            (./pipeline --stages 2 --micro 16)
+   Check: ^stage 0 +\|F0
+   Check: ^bubble: predicted 0\.[0-9]+ .*measured [0-9.]+
+   Check: ^pipeline: 1F1B p=[0-9]+ m=[0-9]+ matches sequential training
+
+   Pipeline parallelism gives each rank (a stage) a contiguous run of layers; the activations flow
+   forward from stage to stage and their gradients flow back. Run naively, one batch at a time, only
+   one stage would work at a time. So the batch is cut into m micro-batches and the stages work on
+   different micro-batches at once; the gradients of all micro-batches add up before the optimizer
+   step, so the result is the same as training on the whole batch. The schedule says in which order
+   each stage runs its forwards and backwards: 1F1B (PipeDream-flush) does p - s - 1 forwards on
+   stage s to fill the pipe, then alternates one forward with one backward, so a stage never holds
+   more than p stashed activations (GPipe holds all m). The idle time at the start and the end is the
+   bubble, (p - 1) / (m + p - 1) of the run. dpar builds the schedule as data (printed below), and
+   dpar_pipe runs it: it calls this program's forward and backward for each (micro-batch, chunk)
+   and moves the activations over the comm. Each stage stashes its own layer inputs per micro-batch
+   for the backward. At the end the program trains the same model on one thread, the same
+   micro-batches one after another (gradient accumulation), and checks that the pipeline produced the
+   same parameters: it does the same arithmetic in the same order, so they agree to the bit. (Against
+   whole-batch steps they would agree only to rounding, since float sums in another order differ in
+   the last bits, and over hundreds of steps of a deep ReLU network such differences grow.) */
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define LAYERS 8
+#define IN 8
+#define H 128  /* hidden width: every activation crossing a stage boundary is (rows x H) */
+#define OUT 4
+#define B 64   /* the global batch */
+#define MAX_STEPS 200
+#define LR 0.05f
+static const int dims[LAYERS + 1] = {IN, H, H, H, H, H, H, H, OUT};
+
+typedef struct job job;
+typedef struct stage { /* one stage: layers [lo, hi), micro-batches of `rows` rows */
+    const job *j;
+    int lo, hi, m, rows;
+    dpar_linear L[LAYERS];
+    float *acts, *pre, *g, *gx; /* per micro-batch: each layer's input and its output before the ReLU */
+    double loss;                /* the last stage: the loss summed over the step's micro-batches */
+} stage;
+
+struct job {
+    int p, m, steps;
+    float w[LAYERS][H * H], b[LAYERS][H]; /* the starting model */
+    float x[B * IN], t[B * OUT];
+    float loss[MAX_STEPS];
+    double bubble_sum;
+    dpar_pipe_stats stats;
+    dpar_pipe_schedule *S;
+    dpar_group *group;
+    stage *stages;
+};
+
+static float *act(stage *st, int micro, int l) { return st->acts + ((size_t)micro * (LAYERS + 1) + l) * st->rows * H; }
+static float *pre(stage *st, int micro, int l) { return st->pre + ((size_t)micro * LAYERS + l) * st->rows * H; }
+
+static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
+{
+    dpar_status rc;
+    int l;
+    memset(st, 0, sizeof *st);
+    st->j = j;
+    st->lo = lo;
+    st->hi = hi;
+    st->m = m;
+    st->rows = B / m;
+    st->acts = (float *)calloc((size_t)m * (LAYERS + 1) * st->rows * H, sizeof(float));
+    st->pre = (float *)calloc((size_t)m * LAYERS * st->rows * H, sizeof(float));
+    st->g = (float *)calloc((size_t)st->rows * H * 2, sizeof(float));
+    st->gx = st->g + st->rows * H;
+    if (!st->acts || !st->pre || !st->g) return dpar_set_error(DPAR_ENOMEM, "stage_init: out of memory");
+    for (l = lo; l < hi; l++) {
+        if ((rc = dpar_linear_init(&st->L[l], DPAR_LINEAR_FULL, dims[l], dims[l + 1], 1, NULL, NULL, NULL)) != DPAR_OK) return rc;
+        if ((rc = dpar_linear_set_weights(&st->L[l], j->w[l], j->b[l])) != DPAR_OK) return rc;
+    }
+    return DPAR_OK;
+}
+
+static void stage_free(stage *st)
+{
+    int l;
+    for (l = st->lo; l < st->hi; l++) dpar_linear_free(&st->L[l]);
+    free(st->acts);
+    free(st->pre);
+    free(st->g);
+}
+
+/* forward of one micro-batch through my layers; `in` NULL: read the batch; `out` NULL: the loss */
+static dpar_status stage_forward(void *user, int micro, int chunk, const void *in, void *out)
+{
+    stage *st = (stage *)user;
+    const float *x = in ? (const float *)in : st->j->x + (size_t)micro * st->rows * IN;
+    int l, i, n = st->rows * dims[st->hi];
+    dpar_status rc;
+    (void)chunk; /* one chunk per stage with 1F1B */
+    memcpy(act(st, micro, st->lo), x, (size_t)st->rows * dims[st->lo] * sizeof(float));
+    for (l = st->lo; l < st->hi; l++) {
+        if ((rc = dpar_linear_forward(&st->L[l], act(st, micro, l), pre(st, micro, l), st->rows)) != DPAR_OK) return rc;
+        if (l < LAYERS - 1) /* ReLU between layers: the next layer's input */
+            for (i = 0; i < st->rows * dims[l + 1]; i++) act(st, micro, l + 1)[i] = fmaxf(pre(st, micro, l)[i], 0.0f);
+    }
+    if (out) memcpy(out, act(st, micro, st->hi), (size_t)n * sizeof(float));
+    else { /* the last stage: mean squared error against this micro-batch's targets */
+        const float *y = pre(st, micro, LAYERS - 1), *t = st->j->t + (size_t)micro * st->rows * OUT;
+        for (i = 0; i < n; i++) st->loss += (double)(y[i] - t[i]) * (y[i] - t[i]);
+    }
+    return DPAR_OK;
+}
+
+/* backward of one micro-batch: parameter gradients add up (+=) over the micro-batches */
+static dpar_status stage_backward(void *user, int micro, int chunk, const void *in, const void *grad_out, void *grad_in)
+{
+    stage *st = (stage *)user;
+    int l, i;
+    dpar_status rc;
+    (void)chunk;
+    (void)in; /* the stage stashed every layer's input itself */
+    if (grad_out) memcpy(st->g, grad_out, (size_t)st->rows * H * sizeof(float));
+    else { /* the last stage: d loss / d y, normalised by the whole batch so micro-batches add up to it */
+        const float *y = pre(st, micro, LAYERS - 1), *t = st->j->t + (size_t)micro * st->rows * OUT;
+        for (i = 0; i < st->rows * OUT; i++) st->g[i] = 2.0f * (y[i] - t[i]) / (B * OUT);
+    }
+    for (l = st->hi - 1; l >= st->lo; l--) {
+        float *dx = l > st->lo ? st->gx : (float *)grad_in; /* NULL on the first stage: not needed */
+        if (l < LAYERS - 1)                                 /* through the ReLU after layer l */
+            for (i = 0; i < st->rows * dims[l + 1]; i++)
+                if (pre(st, micro, l)[i] <= 0) st->g[i] = 0;
+        if ((rc = dpar_linear_backward(&st->L[l], act(st, micro, l), st->g, dx, st->rows)) != DPAR_OK) return rc;
+        if (l > st->lo) memcpy(st->g, st->gx, (size_t)st->rows * dims[l] * sizeof(float));
+    }
+    return DPAR_OK;
+}
+
+static void stage_sgd(stage *st)
+{
+    int l, i;
+    for (l = st->lo; l < st->hi; l++) {
+        for (i = 0; i < dims[l] * dims[l + 1]; i++) st->L[l].w[i] -= LR * st->L[l].dw[i];
+        for (i = 0; i < dims[l + 1]; i++) st->L[l].b[i] -= LR * st->L[l].db[i];
+        dpar_linear_zero_grad(&st->L[l]);
+    }
+}
+
+static dpar_status rank_main(void *user, int rank, int n)
+{
+    job *j = (job *)user;
+    stage *st = &j->stages[rank];
+    dpar_comm *c = NULL;
+    dpar_pipe *pipe = NULL;
+    dpar_pipe_desc pd;
+    dpar_pipe_stats ps;
+    dpar_status rc;
+    int step;
+    if ((rc = dpar_comm_create(j->group, rank, &c)) != DPAR_OK) {
+        fprintf(stderr, "stage %d: dpar_comm_create: %s\n", rank, dpar_last_error());
+        return rc;
+    }
+    rc = stage_init(st, j, rank * LAYERS / n, (rank + 1) * LAYERS / n, j->m);
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = j->S;
+    pd.comm = c;
+    pd.act_bytes = (size_t)st->rows * H * sizeof(float);
+    pd.forward = stage_forward;
+    pd.backward = stage_backward;
+    pd.user = st;
+    if (rc == DPAR_OK) rc = dpar_pipe_create(&pd, &pipe);
+    for (step = 0; step < j->steps && rc == DPAR_OK; step++) {
+        st->loss = 0;
+        if ((rc = dpar_pipe_run(pipe, &ps)) != DPAR_OK) break; /* every op of this stage, in order */
+        stage_sgd(st);                                         /* all m micro-batches have added up */
+        if (rank == n - 1) j->loss[step] = (float)(st->loss / (B * OUT));
+        if (rank == 0 && step > 0) j->bubble_sum += ps.measured_bubble; /* step 0 warms the buffers up */
+        if (rank == 0) j->stats = ps;
+    }
+    if (rc != DPAR_OK) {
+        fprintf(stderr, "stage %d: %s\n", rank, dpar_last_error());
+        dpar_comm_abort(c);
+    }
+    dpar_pipe_destroy(pipe);
+    dpar_comm_destroy(c);
+    return rc;
+}
+
+static double rel_diff(const float *a, const float *b, int n) /* max |a - b| / max |b| */
+{
+    double num = 0, den = 0;
+    int i;
+    for (i = 0; i < n; i++) {
+        if (fabs((double)a[i] - b[i]) > num) num = fabs((double)a[i] - b[i]);
+        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
+    }
+    return den > 0 ? num / den : num;
+}
+
+int main(int argc, char **argv)
+{
+    static job j;
+    stage ref;
+    dpar_pool_desc pd;
+    dpar_comm_desc cd;
+    dpar_pool *pool = NULL;
+    dpar_status rc;
+    char *text, how[64];
+    size_t len;
+    double worst = 0, seq_loss = 0, d;
+    int i, k, l, r, s, ok, cpus;
+    unsigned long long seed = 7;
+    j.p = 4;
+    j.m = 8;
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--stages") && i + 1 < argc) j.p = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--micro") && i + 1 < argc) j.m = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--stages P] [--micro M]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (j.p < 1 || j.p > LAYERS || j.m < 1 || j.m > B || B % j.m) {
+        fprintf(stderr, "pipeline: --stages must be 1..%d and --micro divide the batch of %d\n", LAYERS, B);
+        return 2;
+    }
+    j.steps = getenv("DPAR_TEST_QUICK") ? 40 : MAX_STEPS;
+
+    /* the model (uniform, scaled by sqrt(6 / fan-in)) and the task: t = sin(3 x_k) x_{k+4} */
+    for (l = 0; l < LAYERS; l++)
+        for (i = 0; i < dims[l] * dims[l + 1]; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            j.w[l][i] = (float)(((double)(seed >> 40) / 16777216.0 * 2 - 1) * sqrt(6.0 / dims[l]));
+        }
+    for (i = 0; i < B * IN; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        j.x[i] = (float)((double)(seed >> 40) / 16777216.0 * 2 - 1);
+    }
+    for (i = 0; i < B; i++)
+        for (k = 0; k < OUT; k++) j.t[i * OUT + k] = sinf(3.0f * j.x[i * IN + k]) * j.x[i * IN + k + 4];
+
+    if ((rc = dpar_pipe_schedule_make(j.p, j.m, 1, DPAR_PIPE_1F1B, NULL, &j.S)) != DPAR_OK) {
+        fprintf(stderr, "pipeline: %s\n", dpar_last_error());
+        return 1;
+    }
+    len = dpar_pipe_schedule_format(j.S, NULL, 0) + 1; /* like snprintf: first ask for the length */
+    if ((text = (char *)malloc(len)) != NULL) {
+        dpar_pipe_schedule_format(j.S, text, len);
+        printf("pipeline: %d layers on %d stages, batch %d in %d micro-batches of %d rows; the schedule "
+               "(F = forward, B = backward, . = idle):\n%s", LAYERS, j.p, B, j.m, B / j.m, text);
+        free(text);
+    }
+
+    /* the pipeline: one thread rank per stage */
+    j.stages = (stage *)calloc((size_t)j.p, sizeof(stage));
+    memset(&pd, 0, sizeof pd);
+    memset(&cd, 0, sizeof cd);
+    pd.num_threads = cd.size = j.p;
+    if (!j.stages) rc = dpar_set_error(DPAR_ENOMEM, "out of memory");
+    else if ((rc = dpar_pool_create(&pd, &pool)) == DPAR_OK && (rc = dpar_group_create(&cd, &j.group)) == DPAR_OK)
+        rc = dpar_pool_run(pool, rank_main, &j);
+    if (rc != DPAR_OK) {
+        fprintf(stderr, "pipeline: %s\n", dpar_last_error());
+        return 1;
+    }
+    dpar_group_destroy(j.group);
+    dpar_pool_destroy(pool);
+
+    /* the reference: the whole model on this thread, the same micro-batches one after another
+       (gradient accumulation): the same arithmetic in the same order, without the overlap */
+    if ((rc = stage_init(&ref, &j, 0, LAYERS, j.m)) != DPAR_OK) {
+        fprintf(stderr, "pipeline: %s\n", dpar_last_error());
+        return 1;
+    }
+    for (s = 0; s < j.steps; s++) {
+        ref.loss = 0;
+        for (k = 0; k < j.m && rc == DPAR_OK; k++) rc = stage_forward(&ref, k, 0, NULL, NULL);
+        for (k = 0; k < j.m && rc == DPAR_OK; k++) rc = stage_backward(&ref, k, 0, NULL, NULL, NULL);
+        if (rc != DPAR_OK) {
+            fprintf(stderr, "pipeline: %s\n", dpar_last_error());
+            return 1;
+        }
+        stage_sgd(&ref);
+        seq_loss = ref.loss / (B * OUT);
+        if (s % (j.steps / 5) == 0 || s == j.steps - 1) printf("step %3d  loss %.6f\n", s, j.loss[s]);
+    }
+    for (r = 0; r < j.p; r++) {
+        stage *st = &j.stages[r];
+        for (l = st->lo; l < st->hi; l++) {
+            if ((d = rel_diff(st->L[l].w, ref.L[l].w, dims[l] * dims[l + 1])) > worst) worst = d;
+            if ((d = rel_diff(st->L[l].b, ref.L[l].b, dims[l + 1])) > worst) worst = d;
+        }
+        stage_free(st);
+    }
+    stage_free(&ref);
+    cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    printf("bubble: predicted %.3f (the schedule, simulated), measured %.3f (mean of %d steps): the measured one "
+           "also counts the stages' messages", j.stats.predicted_bubble, j.steps > 1 ? j.bubble_sum / (j.steps - 1) : 0.0,
+           j.steps - 1);
+    if (cpus > 0 && cpus < j.p) printf(", and with %d stages on %d CPUs at most %d compute at once (at least %.3f idle)",
+                                       j.p, cpus, cpus, 1.0 - (double)cpus / j.p);
+    printf("\n");
+    snprintf(how, sizeof how, worst == 0 ? "bitwise equal" : "within %.1e (relative)", worst);
+    ok = worst <= 1e-5 && j.loss[j.steps - 1] < 0.5f * j.loss[0];
+    printf("pipeline: 1F1B p=%d m=%d %s sequential training: loss %.6f -> %.6f (sequential %.6f), parameters "
+           "%s, %s\n", j.p, j.m, ok ? "matches" : "DOES NOT MATCH", j.loss[0], j.loss[j.steps - 1], seq_loss, how,
+           ok ? "OK" : "FAILED");
+    free(j.stages);
+    dpar_pipe_schedule_free(j.S);
+    return ok ? 0 : 1;
+}
