@@ -153,6 +153,25 @@ demo() {
     done
 }
 
+# examples/data_parallel.c on IDX files (the MNIST format) that this test writes: 256 images of 8 x 8
+# bytes, the label a function of the pixels, so that the loss can fall; and a truncated file, which
+# must give a clear error, not a crash.
+idx_example() {
+    local d="$tmp/idx"
+    rm -rf "$d" && mkdir -p "$d"
+    if ! command -v perl >/dev/null; then skip "example data_parallel.c on IDX files" "perl (which writes the files) is not installed"; return; fi
+    perl -e 'srand(5); open(I, ">", $ARGV[0]); open(L, ">", $ARGV[1]); binmode I; binmode L;
+        print I pack("N4", 0x803, 256, 8, 8); print L pack("N2", 0x801, 256);
+        for (1..256) { my @p = map { int rand 256 } 1..64; print I pack("C*", @p); print L pack("C", int($p[0] * 10 / 256)); }' \
+        "$d/images" "$d/labels"
+    head -c 1000 "$d/images" >"$d/short"
+    step "example data_parallel.c on IDX files: the loss falls" sh -c "cc -std=c99 -O2 -I. examples/data_parallel.c -o '$d/dp' -pthread -lm &&
+        '$d/dp' --images '$d/images' --labels '$d/labels' --layers 64,32,10 --batch 32 --steps 60 --lr 0.1 > '$d/out' 2>&1; rc=\$?; cat '$d/out';
+        [ \$rc = 0 ] && grep -q 'samples ($d/images)' '$d/out' && grep -Eq '^loss .*: falls' '$d/out'"
+    step "example data_parallel.c on a truncated IDX file: one clear error" sh -c "'$d/dp' --images '$d/short' --labels '$d/labels' --layers 64,32,10 > '$d/out' 2>&1; rc=\$?; cat '$d/out';
+        [ \$rc != 0 ] && grep -q 'truncated' '$d/out'"
+}
+
 # program NAME COMMAND...: a test program; its own summary line is added to the total
 program() {
     local name=$1 rc summary p f s
@@ -220,6 +239,7 @@ if [ "${1:-}" = "--matrix" ]; then
     matrix
     mpi_compile
     examples
+    idx_example
     demo
 fi
 for bin in "$@"; do program "$bin" "$bin"; done
