@@ -327,6 +327,12 @@ static void test_checkpoint_over_ranks(void)
         CHECK(mkdtemp(dir) != NULL);
         snprintf(j.path, sizeof j.path, "%s/run", dir);
         CHECK(run_world(n, ckpt_rank, &j) == 0);
+        if (n > 1) { /* a checkpoint of n ranks does not load into one */
+            float back[100];
+            dpar_ckpt_item in;
+            in.name = "shard", in.data = back, in.bytes = sizeof back;
+            CHECK(dpar_checkpoint_load(NULL, j.path, &in, 1) == DPAR_ECORRUPT && strstr(dpar_last_error(), "shards, this job 1 ranks"));
+        }
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         CHECK(system(cmd) == 0);
     }
