@@ -61,32 +61,34 @@ static void gemm(double *ns, dpar_trans ta, dpar_trans tb, int M, int N, int K, 
     *ns += (double)(dpar_time_ns() - t0);
 }
 
+#define TRY(call) do { if ((st = (call)) != DPAR_OK) goto out; } while (0)
+
 static dpar_status rank_main(void *user, int rank, int nranks)
 {
     job *j = (job *)user;
     int L = j->nl, b = j->batch / nranks, l, i, k, step;
-    float lr = j->lr, *p = j->params[rank], *g, *act[MAXL + 1], *delta[MAXL + 1], loss = 0;
+    float lr = j->lr, *p = j->params[rank], *g, *act[MAXL + 1] = {0}, *delta[MAXL + 1] = {0}, loss = 0;
     double gemm_ns = 0, first = 0;
     uint64_t t_start = 0, overlap = 0;
     size_t pos, per;
     uint64_t epoch = 0;
     const size_t *mine;
-    dpar_sampler sampler;
+    dpar_sampler sampler = {0};
     dpar_buckets *buckets = NULL;
     dpar_comm *comm;
     dpar_status st;
     if ((st = dpar_comm_create(j->group, rank, &comm)) != DPAR_OK) return st;
     g = (float *)calloc(j->np, sizeof(float));
-    for (l = 0; l <= L; l++) { /* activations and their gradients, allocated once */
+    for (l = 0, k = g != NULL; l <= L; l++) { /* activations and their gradients, allocated once */
         act[l] = (float *)malloc(sizeof(float) * b * j->width[l]);
         delta[l] = (float *)malloc(sizeof(float) * b * j->width[l]);
-        if (!act[l] || !delta[l]) return dpar_set_error(DPAR_ENOMEM, "out of memory");
+        k &= act[l] && delta[l];
     }
-    if (!g) return dpar_set_error(DPAR_ENOMEM, "out of memory");
+    if (!k) TRY(dpar_set_error(DPAR_ENOMEM, "out of memory"));
     /* the same starting weights everywhere, then each rank its own share of the data */
-    if ((st = dpar_broadcast(comm, p, p, j->np, DPAR_F32, 0)) != DPAR_OK) return st;
-    if ((st = dpar_sampler_init(&sampler, j->n, nranks, rank, 7, 1, NULL)) != DPAR_OK) return st;
-    if ((st = dpar_buckets_create(comm, g, j->np, 1 << 20, DPAR_AVG, &buckets)) != DPAR_OK) return st;
+    TRY(dpar_broadcast(comm, p, p, j->np, DPAR_F32, 0));
+    TRY(dpar_sampler_init(&sampler, j->n, nranks, rank, 7, 1, NULL));
+    TRY(dpar_buckets_create(comm, g, j->np, 1 << 20, DPAR_AVG, &buckets));
     per = dpar_sampler_epoch(&sampler, 0, &mine);
     pos = 0;
     for (step = 0; step < j->steps; step++) {
@@ -126,17 +128,17 @@ static dpar_status rank_main(void *user, int rank, int nranks)
             memset(gb, 0, sizeof(float) * out);
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) gb[k] += delta[l + 1][(size_t)i * out + k];
-            if ((st = dpar_buckets_ready(buckets, j->woff[l], (size_t)in * out + out)) != DPAR_OK) return st;
+            TRY(dpar_buckets_ready(buckets, j->woff[l], (size_t)in * out + out));
             if (l == 0) break; /* the input needs no gradient */
             gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_TRANS, b, in, out, delta[l + 1], out, p + j->woff[l], out, 0, delta[l], in);
             relu_backward(delta[l], act[l], (size_t)b * in);
         }
-        if ((st = dpar_buckets_wait(buckets)) != DPAR_OK) return st;
+        TRY(dpar_buckets_wait(buckets));
         overlap += dpar_buckets_overlap_ns(buckets);
         for (size_t q = 0, np = j->np; q < np; q++) p[q] -= lr * g[q]; /* the same step on every replica */
         if (step == 0 || step == j->steps - 1 || (j->steps >= 5 && (step + 1) % (j->steps / 5) == 0)) {
             float mean = loss; /* the global batch's loss: the mean over the ranks */
-            if ((st = dpar_allreduce(comm, &mean, &mean, 1, DPAR_F32, DPAR_AVG)) != DPAR_OK) return st;
+            TRY(dpar_allreduce(comm, &mean, &mean, 1, DPAR_F32, DPAR_AVG));
             if (step == 0) first = mean;
             if (rank == 0) printf("step %4d  loss %.4f\n", step + 1, mean);
             loss = mean;
@@ -146,11 +148,14 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         j->seconds = (double)(dpar_time_ns() - t_start) * 1e-9;
         j->gemm_ns = gemm_ns, j->overlap_ns = (double)overlap, j->first_loss = first, j->final_loss = loss;
     }
+out: /* on an error, abort the comm: the other ranks return at once instead of waiting for us */
+    if (st != DPAR_OK) dpar_comm_abort(comm);
     dpar_buckets_destroy(buckets);
     dpar_sampler_free(&sampler);
     for (l = 0; l <= L; l++) free(act[l]), free(delta[l]);
     free(g);
-    return dpar_comm_destroy(comm);
+    dpar_comm_destroy(comm);
+    return st;
 }
 
 /* synthetic data: inputs in [0, 1), labels from a random linear "teacher": learnable, not trivial */
