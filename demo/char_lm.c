@@ -44,6 +44,7 @@ typedef struct {              /* what every rank shares */
     float first_loss, last_loss; /* rank 0's view: the first step's loss, a running mean of the last ~50 */
     dpar_group *group;
     double t_start;
+    int tty;                  /* stdout is a terminal: one refreshing progress line */
 } trainer;
 
 static volatile sig_atomic_t interrupted;
@@ -110,7 +111,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     char name[32];
     uint64_t tick = 0;
     int64_t step;
-    if (dpar_comm_create(t->group, rank, &comm) != DPAR_OK) return DPAR_ENOMEM;
+    if ((st = dpar_comm_create(t->group, rank, &comm)) != DPAR_OK) return st;
     snprintf(name, sizeof name, "rank %d", rank);
     dpar_trace_set_thread_name(name);
     w.p = t->params[rank];
@@ -182,7 +183,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
             if (step == t->step0) t->first_loss = t->last_loss = g[np];
             t->last_loss += (g[np] - t->last_loss) / (done < 50 ? (float)done : 50.0f);
             t->step = step + 1;
-            if (isatty(1)) {
+            if (t->tty) {
                 uint64_t now_tick = (uint64_t)(el * 10);
                 if (now_tick != tick || left == 0) {
                     int bar = (int)(30 * (step + 1) / o->steps);
@@ -388,12 +389,13 @@ int main(int argc, char **argv)
         return fprintf(stderr, "char_lm: %s\n", dpar_last_error()), 1;
     if (o->trace && dpar_trace_start(o->trace) != DPAR_OK) return fprintf(stderr, "char_lm: --trace: %s\n", dpar_last_error()), 1;
     signal(SIGINT, on_sigint);
+    t.tty = isatty(1);
     t.step = t.step0;
     t.t_start = (double)dpar_time_ns() * 1e-9;
     st = t.step0 < o->steps ? dpar_pool_run(pool, rank_main, &t) : DPAR_OK;
     secs = (double)dpar_time_ns() * 1e-9 - t.t_start;
     signal(SIGINT, SIG_DFL);
-    if (isatty(1) && t.step > t.step0) printf("\n");
+    if (t.tty && t.step > t.step0) printf("\n");
     if (o->trace) dpar_trace_stop();
     dpar_group_destroy(t.group);
     dpar_pool_destroy(pool);

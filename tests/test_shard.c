@@ -198,12 +198,40 @@ static void test_tensor_parallel_layers_match_whole_layer(void)
 }
 
 /* finite differences: L = sum(y * R); dL/dW and dL/db and dL/dx against the layer's backward */
+typedef struct { dpar_linear *l; const float *x, *R; float *y; } fd_loss;
+static double fd_eval(const fd_loss *f)
+{
+    double out = 0;
+    int q;
+    dpar_linear_forward(f->l, f->x, f->y, BATCH);
+    for (q = 0; q < BATCH * OUT; q++) out += (double)f->y[q] * f->R[q];
+    return out;
+}
+/* central differences of L in every `stride`-th element of v against grad: how many differ */
+static int fd_count_bad(const fd_loss *f, float *v, const float *grad, int n, int stride)
+{
+    const double h = 1e-2;
+    int i, bad = 0;
+    for (i = 0; i < n; i += stride) {
+        double lp, lm, num;
+        float keep = v[i];
+        v[i] = keep + (float)h;
+        lp = fd_eval(f);
+        v[i] = keep - (float)h;
+        lm = fd_eval(f);
+        v[i] = keep;
+        num = (lp - lm) / (2 * h);
+        bad += fabs(num - grad[i]) > 1e-3 * (1 + fabs(num));
+    }
+    return bad;
+}
+
 static void test_layer_gradient_by_finite_differences(void)
 {
     dpar_linear l;
     float x[BATCH * IN], R[BATCH * OUT], y[BATCH * OUT], dx[BATCH * IN];
-    int i, bad = 0;
-    double h = 1e-2;
+    fd_loss f;
+    int bad;
     frandom(x, BATCH * IN);
     frandom(R, BATCH * OUT);
     CHECK(dpar_linear_init(&l, DPAR_LINEAR_FULL, IN, OUT, 1, NULL, NULL, NULL) == DPAR_OK);
@@ -211,47 +239,8 @@ static void test_layer_gradient_by_finite_differences(void)
     frandom(l.b, OUT);
     CHECK(dpar_linear_forward(&l, x, y, BATCH) == DPAR_OK);
     CHECK(dpar_linear_backward(&l, x, R, dx, BATCH) == DPAR_OK); /* dy = dL/dy = R */
-#define LOSS(out)                                                      \
-    do {                                                               \
-        int q_;                                                        \
-        dpar_linear_forward(&l, x, y, BATCH);                          \
-        (out) = 0;                                                     \
-        for (q_ = 0; q_ < BATCH * OUT; q_++) (out) += (double)y[q_] * R[q_]; \
-    } while (0)
-    for (i = 0; i < IN * OUT; i += 3) {
-        double lp, lm, num;
-        float keep = l.w[i];
-        l.w[i] = keep + (float)h;
-        LOSS(lp);
-        l.w[i] = keep - (float)h;
-        LOSS(lm);
-        l.w[i] = keep;
-        num = (lp - lm) / (2 * h);
-        bad += fabs(num - l.dw[i]) > 1e-3 * (1 + fabs(num));
-    }
-    for (i = 0; i < OUT; i++) {
-        double lp, lm, num;
-        float keep = l.b[i];
-        l.b[i] = keep + (float)h;
-        LOSS(lp);
-        l.b[i] = keep - (float)h;
-        LOSS(lm);
-        l.b[i] = keep;
-        num = (lp - lm) / (2 * h);
-        bad += fabs(num - l.db[i]) > 1e-3 * (1 + fabs(num));
-    }
-    for (i = 0; i < BATCH * IN; i += 2) {
-        double lp, lm, num;
-        float keep = x[i];
-        x[i] = keep + (float)h;
-        LOSS(lp);
-        x[i] = keep - (float)h;
-        LOSS(lm);
-        x[i] = keep;
-        num = (lp - lm) / (2 * h);
-        bad += fabs(num - dx[i]) > 1e-3 * (1 + fabs(num));
-    }
-#undef LOSS
+    f.l = &l, f.x = x, f.R = R, f.y = y;
+    bad = fd_count_bad(&f, l.w, l.dw, IN * OUT, 3) + fd_count_bad(&f, l.b, l.db, OUT, 1) + fd_count_bad(&f, x, dx, BATCH * IN, 2);
     CHECK_MSG(bad == 0, "%d gradients differ from finite differences", bad);
     dpar_linear_free(&l);
 }
