@@ -838,6 +838,20 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
 /* dpar_buckets_wait: wait for every bucket; DPAR_EINVAL (naming the range) if some gradients were
    never marked, then nothing is reduced. Starts the next step. Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
+/* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style, so that each
+   rank makes 1/N of the optimizer step instead of all of it. A full bucket is then reduce-scattered
+   instead of allreduced; on the comm's progress thread update(user, offset, count) is called for this
+   rank's block of the bucket, where grads[offset, offset + count) hold the reduced values: it applies
+   the optimizer to params[offset, offset + count) (and to its own state for that range); then the
+   bucket's params are all-gathered. The comm moves the same bytes as the allreduce. After
+   dpar_buckets_wait every rank holds the same updated params; grads are reduced only in this rank's
+   blocks. Since a parameter may change as soon as its gradient is marked ready, mark a layer ready
+   only once backward no longer reads its weights (compute its input gradient first). update runs
+   beside the rank's thread: it must touch only its range. params: count floats, not overlapping
+   grads. Call between steps (DPAR_EBUSY while gradients of this step are marked); update NULL turns it
+   off. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
+                                             void (*update)(void *user, size_t offset, size_t count), void *user);
 /* dpar_buckets_count: how many buckets; dpar_buckets_overlap_ns: of the last step, how long
    buckets were in flight before dpar_buckets_wait was called (the communication hidden behind
    backward). Thread safety: the rank's thread. */
@@ -2760,6 +2774,13 @@ struct dpar_request {
     dpar_status status;
     char error[DPAR__ERROR_TEXT];
     dpar_request *next;
+    /* a chained request (dpar_buckets with an update): after a reduce-scatter, on the progress thread,
+       then(then_user, then_base + my block's offset, its length), then an all-gather of gather */
+    void (*then)(void *user, size_t offset, size_t count);
+    void *then_user;
+    size_t then_base;
+    float *gather;
+    uint64_t seq2;
 };
 
 struct dpar_comm {
@@ -3621,6 +3642,15 @@ static void *dpar__progress_main(void *arg)
             k.seq = q->seq;
             dpar_clear_error();
             st = dpar__execute(c, &k);
+            if (st == DPAR_OK && q->then) { /* update my block, then gather everyone's */
+                size_t off, len;
+                dpar_block_range(q->count, c->size, c->rank, &off, &len);
+                q->then(q->then_user, q->then_base + off, len);
+                k = dpar__call_make(DPAR_COLL_ALLGATHER, q->gather + off, q->gather, q->count, DPAR_F32, DPAR_SUM, 0,
+                                    q->file, q->line);
+                k.seq = q->seq2;
+                st = dpar__execute(c, &k);
+            }
             dpar__request_finish(q, st);
             if (DPAR__SUB(&c->pending, 1, DPAR__SEQ_CST) == 1) dpar__wake(&c->pending, &c->pending_sleepers, INT_MAX);
             continue;
@@ -3631,7 +3661,8 @@ static void *dpar__progress_main(void *arg)
     return NULL;
 }
 
-static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_request **req, const char *api)
+static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_request **req, const char *api,
+                                     const dpar_request *then)
 {
     dpar_request *q;
     dpar_status st;
@@ -3663,6 +3694,13 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_reques
     q->file = k->file;
     q->line = k->line;
     q->seq = ++comm->seq;
+    if (then) {
+        q->then = then->then;
+        q->then_user = then->then_user;
+        q->then_base = then->then_base;
+        q->gather = then->gather;
+        q->seq2 = ++comm->seq;
+    }
     if (!comm->thread_started) {
         int e = pthread_create(&comm->thread, NULL, dpar__progress_main, comm);
         if (e != 0) {
@@ -3696,19 +3734,19 @@ DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void 
                                         dpar_op op, dpar_request **req, const char *file, int line)
 {
     dpar__call k = dpar__call_make(DPAR_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, file, line);
-    return dpar__icollective(comm, &k, req, "dpar_iallreduce");
+    return dpar__icollective(comm, &k, req, "dpar_iallreduce", NULL);
 }
 DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                              dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file, int line)
 {
     dpar__call k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
-    return dpar__icollective(comm, &k, req, "dpar_ireduce_scatter");
+    return dpar__icollective(comm, &k, req, "dpar_ireduce_scatter", NULL);
 }
 DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                         dpar_request **req, const char *file, int line)
 {
     dpar__call k = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
-    return dpar__icollective(comm, &k, req, "dpar_iallgather");
+    return dpar__icollective(comm, &k, req, "dpar_iallgather", NULL);
 }
 
 static dpar_status dpar__request_release(dpar_request *q)
@@ -5822,6 +5860,9 @@ struct dpar_buckets {
     size_t *marks;       /* marked ranges this step, sorted: [2 k] start, [2 k + 1] end */
     size_t nmarks, capmarks;
     uint64_t first_launch, overlap;
+    float *params;       /* with an update (dpar_buckets_set_update) */
+    void (*update)(void *user, size_t offset, size_t count);
+    void *user;
 };
 
 DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
@@ -5891,7 +5932,23 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
         size_t s0 = offset > bs ? offset : bs, e0 = end < be ? end : be;
         b->filled[i] += e0 - s0;
         if (b->filled[i] == be - bs) {
-            dpar_status st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
+            dpar_status st;
+            if (b->update) { /* reduce-scatter, update my block, all-gather the params: one chained request */
+                dpar_request then;
+                size_t off;
+                dpar__call k;
+                dpar_block_range(be - bs, b->comm->size, b->comm->rank, &off, NULL);
+                k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, b->grads + bs, b->grads + bs + off, be - bs, DPAR_F32,
+                                    b->op, 0, __FILE__, __LINE__);
+                memset(&then, 0, sizeof then);
+                then.then = b->update;
+                then.then_user = b->user;
+                then.then_base = bs;
+                then.gather = b->params + bs;
+                st = dpar__icollective(b->comm, &k, &b->req[i], "dpar_buckets_ready", &then);
+            } else {
+                st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
+            }
             if (st != DPAR_OK) return st;
             if (!b->first_launch) b->first_launch = dpar_time_ns();
         }
@@ -5923,6 +5980,20 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     b->nmarks = 0;
     b->first_launch = 0;
     return st;
+}
+
+DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
+                                             void (*update)(void *user, size_t offset, size_t count), void *user)
+{
+    if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: buckets is NULL");
+    if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: gradients of this step are marked ready");
+    if (update && b->count && !params) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params is NULL");
+    if (update && dpar__overlap(params, b->count * sizeof(float), b->grads, b->count * sizeof(float)))
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params overlaps the gradients");
+    b->params = update ? params : NULL;
+    b->update = update;
+    b->user = update ? user : NULL;
+    return DPAR_OK;
 }
 
 DPAR_API int dpar_buckets_count(const dpar_buckets *b) { return b ? b->nb : 0; }

@@ -1,5 +1,5 @@
 /* data_parallel.c - an MLP classifier trained data-parallel over thread ranks: the sampler deals
-   each rank its share of every epoch, and gradient buckets are allreduced while backward runs.
+   each rank its share of every epoch, and gradient buckets are reduced while backward runs.
    Build: cc -std=c99 -O2 -I. examples/data_parallel.c -o data_parallel -pthread -lm
    Run:   ./data_parallel              (--images train-images-idx3-ubyte --labels train-labels-idx1-ubyte)
    Check: ^loss [0-9.]+ -> [0-9.]+: falls$
@@ -7,11 +7,14 @@
    Check: ^train samples_per_s=[0-9.]+ final_loss=[0-9.]+$
 
    Every rank holds the whole model and trains on batch/threads samples of each global batch. In
-   backward the last layer's gradients are final first: each layer, once its weight gradient is
-   computed, tells its gradient buckets (dpar_buckets_ready); a full bucket is allreduced on the
-   comm's progress thread at once, while this rank goes on with the layers below. After
-   dpar_buckets_wait every rank holds the same averaged gradient and takes the same SGD step: the
-   replicas stay identical, which the program checks at the end. Options: --layers 784,1024,1024,10
+   backward the last layer's gradients are final first: each layer, once its gradients are
+   computed, tells its gradient buckets (dpar_buckets_ready); on the comm's progress thread a full
+   bucket is reduce-scattered, each rank applies SGD to its 1/N of the bucket (sgd below), and the
+   updated weights are all-gathered, while this rank goes on with the layers below (ZeRO-1's split of
+   the optimizer step, with the bytes of one allreduce). So backward computes a layer's input
+   gradient before its weight gradient: once marked ready, the weights may change. After
+   dpar_buckets_wait every replica holds the same new weights, which the program checks at the end.
+   Options: --layers 784,1024,1024,10
    --batch 256 (global) --steps 30 --threads 2 --lr 0.05 --images F --labels F (IDX files, e.g. MNIST;
    synthetic data without them). Add -DDPAR_OPENBLAS and -lopenblas to use OpenBLAS's GEMM. */
 #define DPAR_IMPLEMENTATION
@@ -61,6 +64,15 @@ static void gemm(double *ns, dpar_trans ta, dpar_trans tb, int M, int N, int K, 
     *ns += (double)(dpar_time_ns() - t0);
 }
 
+/* this rank's share of the SGD step, called by the buckets for each reduced block of gradients */
+typedef struct { float *p, *g, lr; } sgd_state;
+static void sgd(void *user, size_t offset, size_t count)
+{
+    sgd_state *s = (sgd_state *)user;
+    float *p = s->p + offset, *g = s->g + offset, lr = s->lr;
+    for (size_t q = 0; q < count; q++) p[q] -= lr * g[q];
+}
+
 #define TRY(call) do { if ((st = (call)) != DPAR_OK) goto out; } while (0)
 
 static dpar_status rank_main(void *user, int rank, int nranks)
@@ -75,6 +87,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     const size_t *mine;
     dpar_sampler sampler = {0};
     dpar_buckets *buckets = NULL;
+    sgd_state opt;
     dpar_comm *comm;
     dpar_status st;
     if ((st = dpar_comm_create(j->group, rank, &comm)) != DPAR_OK) return st;
@@ -89,6 +102,8 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     TRY(dpar_broadcast(comm, p, p, j->np, DPAR_F32, 0));
     TRY(dpar_sampler_init(&sampler, j->n, nranks, rank, 7, 1, NULL));
     TRY(dpar_buckets_create(comm, g, j->np, 1 << 20, DPAR_AVG, &buckets));
+    opt.p = p, opt.g = g, opt.lr = lr;
+    TRY(dpar_buckets_set_update(buckets, p, sgd, &opt));
     per = dpar_sampler_epoch(&sampler, 0, &mine);
     pos = 0;
     for (step = 0; step < j->steps; step++) {
@@ -124,18 +139,17 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         for (l = L - 1; l >= 0; l--) {
             int in = j->width[l], out = j->width[l + 1];
             float *gb = g + j->boff[l];
+            if (l > 0) /* the input gradient first (the input of layer 0 needs none): it reads W_l */
+                gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_TRANS, b, in, out, delta[l + 1], out, p + j->woff[l], out, 0, delta[l], in);
             gemm(&gemm_ns, DPAR_TRANS, DPAR_NO_TRANS, in, out, b, act[l], in, delta[l + 1], out, 0, g + j->woff[l], out);
             memset(gb, 0, sizeof(float) * out);
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) gb[k] += delta[l + 1][(size_t)i * out + k];
-            TRY(dpar_buckets_ready(buckets, j->woff[l], (size_t)in * out + out));
-            if (l == 0) break; /* the input needs no gradient */
-            gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_TRANS, b, in, out, delta[l + 1], out, p + j->woff[l], out, 0, delta[l], in);
-            relu_backward(delta[l], act[l], (size_t)b * in);
+            TRY(dpar_buckets_ready(buckets, j->woff[l], (size_t)in * out + out)); /* W_l and b_l may change now */
+            if (l > 0) relu_backward(delta[l], act[l], (size_t)b * in);
         }
-        TRY(dpar_buckets_wait(buckets));
+        TRY(dpar_buckets_wait(buckets)); /* every replica has taken the same SGD step */
         overlap += dpar_buckets_overlap_ns(buckets);
-        for (size_t q = 0, np = j->np; q < np; q++) p[q] -= lr * g[q]; /* the same step on every replica */
         if (step == 0 || step == j->steps - 1 || (j->steps >= 5 && (step + 1) % (j->steps / 5) == 0)) {
             float mean = loss; /* the global batch's loss: the mean over the ranks */
             TRY(dpar_allreduce(comm, &mean, &mean, 1, DPAR_F32, DPAR_AVG));
@@ -265,7 +279,7 @@ int main(int argc, char **argv)
     printf("loss %.4f -> %.4f: %s\n", j.first_loss, j.final_loss, j.final_loss < j.first_loss ? "falls" : "DOES NOT FALL");
     printf("replicas identical: %s\n", same ? "yes" : "NO");
     if (j.steps > 1)
-        printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (allreduce in flight during backward)\n",
+        printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight during backward)\n",
                j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds, j.overlap_ns * 1e-6 / (j.steps - 1));
     printf("train samples_per_s=%.1f final_loss=%.4f\n", j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0,
            j.final_loss);

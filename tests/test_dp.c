@@ -1,5 +1,6 @@
 /* test_dp.c - the data-parallel helpers and checkpoints: the sampler against its promises, gradient
-   buckets against a plain allreduce, the IDX reader on good, truncated and malformed files, and
+   buckets against a plain allreduce (and, updating the parameters themselves, against allreduce and
+   a full optimizer step), the IDX reader on good, truncated and malformed files, and
    checkpoints round trip, detect damage, and survive a crash between shard and manifest. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -115,6 +116,94 @@ static void test_buckets_match_allreduce(void)
         CHECK(run_world(n, bucket_rank, &j) == 0);
         CHECK(j.nb == (int)((j.n + 16383) / 16384)); /* 64 KiB buckets of floats */
         if (n > 1) CHECK(j.overlap[0] > 0);          /* buckets were in flight during "backward" */
+    }
+}
+
+/* ---- buckets with an update (ZeRO-1 split of the SGD step): against one allreduce + a full step ---- */
+typedef struct { size_t n; int *hits[4]; float lr; } update_job;
+typedef struct { float *p, *g, lr; int *hits; } update_state;
+
+static void sgd_block(void *user, size_t offset, size_t count)
+{
+    update_state *u = (update_state *)user;
+    size_t q;
+    for (q = offset; q < offset + count; q++) {
+        u->p[q] -= u->lr * u->g[q];
+        u->hits[q]++;
+    }
+}
+
+static void update_rank(world *w, dpar_comm *c, int r)
+{
+    update_job *j = (update_job *)w->user;
+    size_t n = j->n, i, layer = n / 5;
+    float *g = (float *)malloc(n * sizeof(float)), *rg = (float *)malloc(n * sizeof(float));
+    float *p = (float *)malloc(n * sizeof(float)), *rp = (float *)malloc(n * sizeof(float));
+    update_state u;
+    dpar_buckets *b;
+    int step;
+    u.p = p, u.g = g, u.lr = j->lr, u.hits = j->hits[r];
+    for (i = 0; i < n; i++) p[i] = rp[i] = (float)(i % 1000) * 0.001f; /* the same start on every rank */
+    expect_ok(w, dpar_buckets_create(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
+    expect_ok(w, dpar_buckets_set_update(b, p, sgd_block, &u), "buckets_set_update", r);
+    for (step = 0; step < 3; step++) {
+        size_t end = n, bs, off, len, per = 16384;
+        /* integer gradients: their sums are exact, so any order of reduction gives the same bits */
+        for (i = 0; i < n; i++) g[i] = rg[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
+        while (end > 0) {
+            size_t start = end > layer ? end - layer : 0;
+            expect_ok(w, dpar_buckets_ready(b, start, end - start), "buckets_ready", r);
+            end = start;
+        }
+        expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
+        expect_ok(w, dpar_allreduce(c, rg, rg, n, DPAR_F32, DPAR_AVG), "allreduce", r); /* the reference step */
+        for (i = 0; i < n; i++) rp[i] -= j->lr * rg[i];
+        if (memcmp(p, rp, n * sizeof(float))) note(w, "step %d rank %d: params differ from allreduce + a full step", step, r);
+        for (bs = 0; bs < n; bs += per) { /* my block of each bucket holds the reduced gradients */
+            dpar_block_range(n - bs < per ? n - bs : per, w->n, r, &off, &len);
+            if (memcmp(g + bs + off, rg + bs + off, len * sizeof(float))) note(w, "rank %d: block at %zu not reduced", r, bs + off);
+        }
+    }
+    if (r == 0) { /* mistakes */
+        if (dpar_buckets_set_update(NULL, p, sgd_block, &u) != DPAR_EINVAL) note(w, "NULL buckets accepted");
+        if (dpar_buckets_set_update(b, NULL, sgd_block, &u) != DPAR_EINVAL) note(w, "NULL params accepted");
+        if (dpar_buckets_set_update(b, g + 1, sgd_block, &u) != DPAR_EINVAL || !strstr(dpar_last_error(), "overlaps"))
+            note(w, "params overlapping the gradients accepted");
+    }
+    if (w->n == 1) { /* mid-step: refused; then off again: a plain allreduce */
+        expect_ok(w, dpar_buckets_ready(b, 0, n), "buckets_ready", r);
+        if (dpar_buckets_set_update(b, NULL, NULL, NULL) != DPAR_EBUSY) note(w, "set_update mid-step accepted");
+        expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
+        expect_ok(w, dpar_buckets_set_update(b, NULL, NULL, NULL), "buckets_set_update off", r);
+        memcpy(rp, p, n * sizeof(float));
+        expect_ok(w, dpar_buckets_ready(b, 0, n), "buckets_ready", r);
+        expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
+        if (memcmp(p, rp, n * sizeof(float))) note(w, "params changed with the update off");
+    }
+    dpar_buckets_destroy(b);
+    free(g), free(rg), free(p), free(rp);
+}
+
+static void test_buckets_update_split(void)
+{
+    int n, r;
+    size_t i;
+    for (n = 1; n <= 4; n++) {
+        update_job j;
+        int bad = 0;
+        memset(&j, 0, sizeof j);
+        j.n = 300007;
+        j.lr = 0.125f;
+        for (r = 0; r < n; r++) j.hits[r] = (int *)calloc(j.n, sizeof(int));
+        CHECK(run_world(n, update_rank, &j) == 0);
+        for (i = 0; i < j.n; i++) { /* every parameter updated by exactly one rank, once a step */
+            int h = 0;
+            for (r = 0; r < n; r++) h += j.hits[r][i];
+            bad += h != 3 + (n == 1); /* one rank also runs a step with the update refused mid-step */
+        }
+        CHECK(bad == 0);
+        if (n == 2) CHECK(j.hits[0][0] == 3 && j.hits[1][0] == 0); /* each rank its own block */
+        for (r = 0; r < n; r++) free(j.hits[r]);
     }
 }
 
@@ -343,6 +432,7 @@ int main(int argc, char **argv)
     DT_MAIN_BEGIN(argc, argv);
     RUN(test_sampler);
     RUN(test_buckets_match_allreduce);
+    RUN(test_buckets_update_split);
     RUN(test_idx_reader);
     RUN(test_checkpoint_single);
     RUN(test_checkpoint_over_ranks);

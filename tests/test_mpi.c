@@ -326,9 +326,39 @@ static void mesh_proc(world *w, dpar_comm *c, int r)
     dpar_mesh_destroy(&m);
 }
 
+/* gradient buckets that update the parameters (reduce-scatter, update, all-gather on the progress
+   thread) against allreduce + the full update; integer gradients, so the sums are exact */
+static void sgd_half(void *user, size_t offset, size_t count)
+{
+    float **pg = (float **)user;
+    size_t q;
+    for (q = offset; q < offset + count; q++) pg[0][q] -= 0.5f * pg[1][q];
+}
+
+static void buckets_proc(world *w, dpar_comm *c, int r)
+{
+    size_t n = 100003, i;
+    float *g = (float *)malloc(n * sizeof(float)), *p = (float *)malloc(n * sizeof(float));
+    float *rg = (float *)malloc(n * sizeof(float)), *rp = (float *)malloc(n * sizeof(float)), *pg[2];
+    dpar_buckets *b = NULL;
+    pg[0] = p, pg[1] = g;
+    for (i = 0; i < n; i++) g[i] = rg[i] = (float)((r * 13 + (int)i) % 32), p[i] = rp[i] = (float)(i % 100);
+    expect_ok(w, dpar_buckets_create(c, g, n, 40000, DPAR_SUM, &b), "buckets_create", r);
+    expect_ok(w, dpar_buckets_set_update(b, p, sgd_half, pg), "buckets_set_update", r);
+    expect_ok(w, dpar_buckets_ready(b, n / 2, n - n / 2), "buckets_ready", r);
+    expect_ok(w, dpar_buckets_ready(b, 0, n / 2), "buckets_ready", r);
+    expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
+    expect_ok(w, dpar_allreduce(c, rg, rg, n, DPAR_F32, DPAR_SUM), "allreduce", r);
+    for (i = 0; i < n; i++) rp[i] -= 0.5f * rg[i];
+    if (memcmp(p, rp, n * sizeof(float))) note(w, "rank %d: buckets' update differs from allreduce + update", r);
+    dpar_buckets_destroy(b);
+    free(g), free(p), free(rg), free(rp);
+}
+
 static void test_async_split_mesh_over_mpi(void)
 {
     CHECK(run_proc(NULL, async_proc, NULL) == 0);
+    CHECK(run_proc(NULL, buckets_proc, NULL) == 0);
     CHECK(run_proc(NULL, mesh_proc, NULL) == 0);
 }
 
