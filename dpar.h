@@ -504,7 +504,9 @@ DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *r
 
 /* Asynchronous allreduce, reduce-scatter and all-gather: *req is set at once; the buffers belong to
    dpar until dpar_request_wait returns, or dpar_request_test says done. Requests of one comm run in
-   the order they were made, on a progress thread of the rank. Thread safety: the comm's thread. */
+   the order they were made, on a progress thread of the rank; on a comm of one rank, at once, on the
+   calling thread (there is nothing to wait for, and no thread is started). Thread safety: the comm's
+   thread. */
 DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                         dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
                                         int line);
@@ -840,8 +842,8 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
 /* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style, so that each
    rank makes 1/N of the optimizer step instead of all of it. A full bucket is then reduce-scattered
-   instead of allreduced; on the comm's progress thread update(user, offset, count) is called for this
-   rank's block of the bucket, where grads[offset, offset + count) hold the reduced values: it applies
+   instead of allreduced; on the comm's progress thread (on a comm of one rank: in dpar_buckets_ready)
+   update(user, offset, count) is called for this rank's block of the bucket, where grads[offset, offset + count) hold the reduced values: it applies
    the optimizer to params[offset, offset + count) (and to its own state for that range); then the
    bucket's params are all-gathered. The comm moves the same bytes as the allreduce. After
    dpar_buckets_wait every rank holds the same updated params; grads are reduced only in this rank's
@@ -3619,6 +3621,25 @@ static void dpar__request_finish(dpar_request *q, dpar_status st)
     dpar__wake(&q->done, &q->done_sleepers, INT_MAX);
 }
 
+/* run a request: its collective, and for a chained one the update and the all-gather */
+static dpar_status dpar__request_run(dpar_comm *c, dpar_request *q)
+{
+    dpar__call k = dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file, q->line);
+    dpar_status st;
+    k.seq = q->seq;
+    st = dpar__execute(c, &k);
+    if (st == DPAR_OK && q->then) { /* update my block, then gather everyone's */
+        size_t off, len;
+        dpar_block_range(q->count, c->size, c->rank, &off, &len);
+        q->then(q->then_user, q->then_base + off, len);
+        k = dpar__call_make(DPAR_COLL_ALLGATHER, q->gather + off, q->gather, q->count, DPAR_F32, DPAR_SUM, 0, q->file,
+                            q->line);
+        k.seq = q->seq2;
+        st = dpar__execute(c, &k);
+    }
+    return st;
+}
+
 static void *dpar__progress_main(void *arg)
 {
     dpar_comm *c = (dpar_comm *)arg;
@@ -3636,21 +3657,9 @@ static void *dpar__progress_main(void *arg)
         }
         pthread_mutex_unlock(&c->qlock);
         if (q) {
-            dpar__call k = dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file,
-                                           q->line);
             dpar_status st;
-            k.seq = q->seq;
             dpar_clear_error();
-            st = dpar__execute(c, &k);
-            if (st == DPAR_OK && q->then) { /* update my block, then gather everyone's */
-                size_t off, len;
-                dpar_block_range(q->count, c->size, c->rank, &off, &len);
-                q->then(q->then_user, q->then_base + off, len);
-                k = dpar__call_make(DPAR_COLL_ALLGATHER, q->gather + off, q->gather, q->count, DPAR_F32, DPAR_SUM, 0,
-                                    q->file, q->line);
-                k.seq = q->seq2;
-                st = dpar__execute(c, &k);
-            }
+            st = dpar__request_run(c, q);
             dpar__request_finish(q, st);
             if (DPAR__SUB(&c->pending, 1, DPAR__SEQ_CST) == 1) dpar__wake(&c->pending, &c->pending_sleepers, INT_MAX);
             continue;
@@ -3700,6 +3709,11 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_reques
         q->then_base = then->then_base;
         q->gather = then->gather;
         q->seq2 = ++comm->seq;
+    }
+    if (comm->size == 1) { /* nothing to wait for: run it now, on this thread (no progress thread) */
+        dpar__request_finish(q, dpar__request_run(comm, q));
+        *req = q;
+        return DPAR_OK;
     }
     if (!comm->thread_started) {
         int e = pthread_create(&comm->thread, NULL, dpar__progress_main, comm);

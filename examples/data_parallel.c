@@ -26,6 +26,7 @@
 #include <string.h>
 
 #define MAXL 8
+#define BUCKET ((size_t)1 << 18) /* gradients per bucket (1 MiB) */
 
 typedef struct {
     int nl, width[MAXL + 1], batch, steps, threads;
@@ -101,7 +102,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     /* the same starting weights everywhere, then each rank its own share of the data */
     TRY(dpar_broadcast(comm, p, p, j->np, DPAR_F32, 0));
     TRY(dpar_sampler_init(&sampler, j->n, nranks, rank, 7, 1, NULL));
-    TRY(dpar_buckets_create(comm, g, j->np, 1 << 20, DPAR_AVG, &buckets));
+    TRY(dpar_buckets_create(comm, g, j->np, BUCKET * sizeof(float), DPAR_AVG, &buckets));
     opt.p = p, opt.g = g, opt.lr = lr;
     TRY(dpar_buckets_set_update(buckets, p, sgd, &opt));
     per = dpar_sampler_epoch(&sampler, 0, &mine);
@@ -137,15 +138,22 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         pos += (size_t)b;
         /* backward, last layer first; each layer's gradients go to the buckets as soon as they are final */
         for (l = L - 1; l >= 0; l--) {
-            int in = j->width[l], out = j->width[l + 1];
+            int in = j->width[l], out = j->width[l + 1], r0, rows = (int)(BUCKET / out) > 1 ? (int)(BUCKET / out) : 1;
             float *gb = g + j->boff[l];
             if (l > 0) /* the input gradient first (the input of layer 0 needs none): it reads W_l */
                 gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_TRANS, b, in, out, delta[l + 1], out, p + j->woff[l], out, 0, delta[l], in);
-            gemm(&gemm_ns, DPAR_TRANS, DPAR_NO_TRANS, in, out, b, act[l], in, delta[l + 1], out, 0, g + j->woff[l], out);
+            /* the weight gradient in blocks of rows, each handed to the buckets at once: a full bucket
+               starts while the next block is computed (W_l's rows may change from then on) */
+            for (r0 = 0; r0 < in; r0 += rows) {
+                int nr = in - r0 < rows ? in - r0 : rows;
+                gemm(&gemm_ns, DPAR_TRANS, DPAR_NO_TRANS, nr, out, b, act[l] + r0, in, delta[l + 1], out, 0,
+                     g + j->woff[l] + (size_t)r0 * out, out);
+                TRY(dpar_buckets_ready(buckets, j->woff[l] + (size_t)r0 * out, (size_t)nr * out));
+            }
             memset(gb, 0, sizeof(float) * out);
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) gb[k] += delta[l + 1][(size_t)i * out + k];
-            TRY(dpar_buckets_ready(buckets, j->woff[l], (size_t)in * out + out)); /* W_l and b_l may change now */
+            TRY(dpar_buckets_ready(buckets, j->boff[l], (size_t)out));
             if (l > 0) relu_backward(delta[l], act[l], (size_t)b * in);
         }
         TRY(dpar_buckets_wait(buckets)); /* every replica has taken the same SGD step */

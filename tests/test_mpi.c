@@ -582,9 +582,11 @@ int main(int argc, char **argv)
         MRUN(test_ring_bytes_over_mpi);
         MRUN(test_bitwise_reproducible_over_mpi);
         MRUN(test_deterministic_mode_over_mpi);
-        MRUN(test_mismatch_timeout_abort_over_mpi);
         MRUN(test_async_split_mesh_over_mpi);
         MRUN(test_pipeline_over_mpi);
+        /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
+           MPI_Comm_split_type (mca_pml_ob1_add_comm) in some runs (docs/mpi.md) */
+        MRUN(test_mismatch_timeout_abort_over_mpi);
     }
     if (me == 0) {
         if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
