@@ -558,7 +558,9 @@ DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_c
 /* A dp x tp x pp mesh of a world comm of N = dp * tp * pp ranks, Megatron's order: tensor-parallel
    ranks are neighbours, then data-parallel, pipeline outermost:
        world = (pp_rank * dp + dp_rank) * tp + tp_rank.
-   Collective over `world`. Thread safety: the comm's thread. */
+   The sub-comms are named after the world ("comm.dp", "comm.tp", "comm.pp" for a world named
+   "comm"), in their messages and trace tracks. Collective over `world`. Thread safety: the comm's
+   thread. */
 typedef struct dpar_mesh {
     int dp, tp, pp;
     int dp_rank, tp_rank, pp_rank;
@@ -2796,6 +2798,7 @@ struct dpar_comm {
     size_t segment_bytes;
     dpar__spin spin;
     char name[32];
+    const char *split_suffix; /* set by dpar_mesh_create around its splits: the new comm is "name.suffix" */
     uint64_t seq;      /* collectives issued by this rank */
     void *scratch;     /* grown on demand, kept: no allocation per call once warm */
     size_t scratch_bytes;
@@ -3945,9 +3948,14 @@ DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, 
     out->tp_rank = w % tp;
     out->dp_rank = (w / tp) % dp;
     out->pp_rank = w / (tp * dp);
+    /* the sub-comms are named after the world: "comm.tp", "comm.dp", "comm.pp" */
+    world->split_suffix = "tp";
     st = dpar_comm_split(world, out->pp_rank * dp + out->dp_rank, out->tp_rank, &out->tp_comm);
+    world->split_suffix = "dp";
     if (st == DPAR_OK) st = dpar_comm_split(world, out->pp_rank * tp + out->tp_rank, out->dp_rank, &out->dp_comm);
+    world->split_suffix = "pp";
     if (st == DPAR_OK) st = dpar_comm_split(world, out->dp_rank * tp + out->tp_rank, out->pp_rank, &out->pp_comm);
+    world->split_suffix = NULL;
     if (st != DPAR_OK) dpar_mesh_destroy(out);
     return st;
 }
@@ -4239,8 +4247,13 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
     /* the leader (lowest old rank of the color) makes the group and hands it over in g->handover */
     if (color >= 0 && leader == r) {
         dpar_comm_desc d = g->desc;
+        char name[sizeof g->name];
         d.size = members;
         d.name = g->name;
+        if (c->split_suffix) {
+            snprintf(name, sizeof name, "%.28s.%.2s", c->name, c->split_suffix); /* fits: 28 + 3 */
+            d.name = name;
+        }
         st = dpar_group_create(&d, &mine);
         if (st != DPAR_OK) return dpar__t_poison(c, st, dpar_last_error());
         DPAR__STORE(&g->handover[r], mine, DPAR__RELEASE);
@@ -5666,6 +5679,15 @@ static dpar_status dpar__pipe_send(dpar_pipe *pp, dpar__ctx *x, int dir, int pee
     return DPAR_OK;
 }
 
+/* the pipeline's messages count in the comm's counters as sends and receives (dpar_comm_stats_get) */
+static void dpar__pipe_count(dpar_comm *c, dpar_coll coll, size_t bytes, uint64_t t0)
+{
+    dpar_comm_counters *s = &c->stats.by_coll[coll];
+    DPAR__ADD(&s->calls, 1, DPAR__RELAXED);
+    DPAR__ADD(coll == DPAR_COLL_SEND ? &s->bytes_sent : &s->bytes_received, (uint64_t)bytes, DPAR__RELAXED);
+    DPAR__ADD(&s->time_ns, dpar_time_ns() - t0, DPAR__RELAXED);
+}
+
 /* the run failed on this stage: every stage must hear of it */
 static dpar_status dpar__pipe_fail(dpar_pipe *pp, dpar_status st, const char *what, int micro, int chunk)
 {
@@ -5743,6 +5765,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             x.fp.coll = DPAR_COLL_SEND;
             x.fp.tag = (op->code << 24) | (pc << 16) | op->micro;
             st = dpar__pipe_send(pp, &x, dir, peer, pp->pending[u]);
+            if (st == DPAR_OK) dpar__pipe_count(pp->d.comm, DPAR_COLL_SEND, pp->d.act_bytes, t0);
             pp->pending[u] = NULL;
             snprintf(name, sizeof name, "send %s %d", dir ? "grad" : "act", op->micro);
             dpar_trace_event(name, "pipe", t0, dpar_time_ns(), NULL);
@@ -5755,6 +5778,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             x.fp.coll = DPAR_COLL_RECV;
             x.fp.tag = ((op->code - 1) << 24) | (op->chunk << 16) | op->micro; /* the sender's SEND code */
             st = dpar__recv_into(&x, peer, buf, pp->d.act_bytes);
+            if (st == DPAR_OK) dpar__pipe_count(pp->d.comm, DPAR_COLL_RECV, pp->d.act_bytes, t0);
             if (dir == 0) pp->stash[u] = buf;
             else pp->grad_out[u] = buf;
             snprintf(name, sizeof name, "recv %s %d", dir ? "grad" : "act", op->micro);
@@ -6957,6 +6981,7 @@ static dpar_status dpar__m_split(dpar__ctx *x, int color, int key, dpar_comm **o
     dpar__mpi *m = DPAR__M(c);
     MPI_Comm nc;
     dpar_comm_desc d;
+    char name[sizeof c->name];
     int rc;
     if (m->T != 1)
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_split: not supported on a hybrid comm yet (split the MPI "
@@ -6972,6 +6997,10 @@ static dpar_status dpar__m_split(dpar__ctx *x, int color, int key, dpar_comm **o
     d.segment_bytes = c->segment_bytes;
     d.spin_us = c->spin.spin_ns ? (int)(c->spin.spin_ns / 1000u) : -1;
     d.name = c->name;
+    if (c->split_suffix) {
+        snprintf(name, sizeof name, "%.28s.%.2s", c->name, c->split_suffix); /* fits: 28 + 3 */
+        d.name = name;
+    }
     d.allocator = c->allocator;
     d.native = m->native;
     return dpar__m_make(nc, 1, &d, 1, 0, dpar__m_node_procs(nc), out);

@@ -618,6 +618,14 @@ static void mesh_rank(world *w, dpar_comm *c, int r)
     if (dpar_comm_rank(m.tp_comm) != m.tp_rank || dpar_comm_rank(m.dp_comm) != m.dp_rank ||
         dpar_comm_rank(m.pp_comm) != m.pp_rank || dpar_comm_size(m.tp_comm) != 2)
         note(w, "mesh comm ranks of %d", r);
+    { /* named after the world, so that their messages and trace tracks tell them apart */
+        dpar_comm_desc dw, dd, dt, dpp;
+        dpar_comm_query(c, &dw), dpar_comm_query(m.dp_comm, &dd), dpar_comm_query(m.tp_comm, &dt);
+        dpar_comm_query(m.pp_comm, &dpp);
+        if (strcmp(dw.name, "comm") || strcmp(dd.name, "comm.dp") || strcmp(dt.name, "comm.tp") ||
+            strcmp(dpp.name, "comm.pp"))
+            note(w, "mesh comm names on %d: %s %s %s %s", r, dw.name, dd.name, dt.name, dpp.name);
+    }
     /* tp partners differ in bit 0, dp in bit 1, pp in bit 2 of the world rank */
     s = v;
     expect_ok(w, dpar_allreduce(m.tp_comm, &s, &s, 1, DPAR_I64, DPAR_SUM), "tp allreduce", r);

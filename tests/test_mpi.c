@@ -319,6 +319,12 @@ static void mesh_proc(world *w, dpar_comm *c, int r)
     expect_ok(w, dpar_mesh_create(c, dp, tp, 1, &m), "mesh", r);
     if (m.tp_rank != r % tp || m.dp_rank != r / tp || dpar_comm_size(m.dp_comm) != dp)
         note(w, "mesh coordinates of %d", r);
+    {
+        dpar_comm_desc dw, dt;
+        dpar_comm_query(c, &dw), dpar_comm_query(m.tp_comm, &dt);
+        if (strncmp(dt.name, dw.name, strlen(dw.name)) || strcmp(dt.name + strlen(dw.name), ".tp"))
+            note(w, "tp comm of %d is named '%s' (world '%s')", r, dt.name, dw.name);
+    }
     v = r;
     expect_ok(w, dpar_allreduce(m.tp_comm, &v, &v, 1, DPAR_I64, DPAR_SUM), "tp allreduce", r);
     for (want = 0, q = (r / tp) * tp; q < (r / tp + 1) * tp; q++) want += q;

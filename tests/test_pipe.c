@@ -248,7 +248,8 @@ static void reuse_rank(world *w, dpar_comm *c, int r)
     dpar_pipe_desc d;
     dpar_pipe *pp;
     dpar_pipe_stats s;
-    int k;
+    dpar_comm_stats cs;
+    int k, sends = 0, recvs = 0;
     memset(&d, 0, sizeof d);
     d.schedule = j->S;
     d.comm = c;
@@ -256,10 +257,24 @@ static void reuse_rank(world *w, dpar_comm *c, int r)
     d.forward = sleepy_forward;
     d.backward = sleepy_backward;
     expect_ok(w, dpar_pipe_create(&d, &pp), "pipe_create", r);
+    expect_ok(w, dpar_comm_stats_reset(c), "stats_reset", r);
     for (k = 0; k < 3; k++) {
         expect_ok(w, dpar_pipe_run(pp, &s), "pipe_run", r);
         j->buffers[r][k] = s.buffers;
     }
+    /* the messages show in the comm's counters: one send or receive per op of the schedule */
+    for (k = 0; k < j->S->num_ops[r]; k++) {
+        sends += j->S->ops[r][k].code == DPAR_PIPE_SEND_ACT || j->S->ops[r][k].code == DPAR_PIPE_SEND_GRAD;
+        recvs += j->S->ops[r][k].code == DPAR_PIPE_RECV_ACT || j->S->ops[r][k].code == DPAR_PIPE_RECV_GRAD;
+    }
+    expect_ok(w, dpar_comm_stats_get(c, &cs), "stats_get", r);
+    if (cs.by_coll[DPAR_COLL_SEND].calls != (uint64_t)(3 * sends) ||
+        cs.by_coll[DPAR_COLL_SEND].bytes_sent != (uint64_t)(3 * sends * 64) ||
+        cs.by_coll[DPAR_COLL_RECV].calls != (uint64_t)(3 * recvs) ||
+        cs.by_coll[DPAR_COLL_RECV].bytes_received != (uint64_t)(3 * recvs * 64))
+        note(w, "stage %d: counters say %llu sends, %llu receives; the schedule %d, %d per run", r,
+             (unsigned long long)cs.by_coll[DPAR_COLL_SEND].calls, (unsigned long long)cs.by_coll[DPAR_COLL_RECV].calls,
+             sends, recvs);
     dpar_pipe_destroy(pp);
 }
 
