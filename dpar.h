@@ -2867,6 +2867,14 @@ static void dpar__fp_describe(const dpar__fp *f, char *buf, size_t n)
         snprintf(buf + k, n - (size_t)k, " at %s:%d", f->file ? f->file : "?", f->line);
 }
 
+/* a call's description gets " on NAME" when its comm has a name of its own (not the default "comm"),
+   so that messages about a mesh's sub-comms say which one */
+static void dpar__on_comm(const dpar_comm *c, char *buf, size_t n)
+{
+    size_t k = strlen(buf);
+    if (strcmp(c->name, "comm") != 0 && k < n) snprintf(buf + k, n - k, " on %s", c->name);
+}
+
 /* Does the fingerprint `theirs` (from a message) fit the call `x` makes? Writes the mismatch story. */
 static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t their_bytes, size_t my_bytes,
                           char *msg, size_t n)
@@ -2884,6 +2892,7 @@ static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t the
     if (same && their_bytes == my_bytes) return 1;
     dpar__fp_describe(theirs, a, sizeof a);
     dpar__fp_describe(mine, b, sizeof b);
+    dpar__on_comm(x->c, b, sizeof b);
     if (same) /* only possible with no_check, or a bug: never read past the buffer */
         snprintf(msg, n, "rank %d offered %zu bytes where rank %d expected %zu (%s vs %s)", theirs->rank, their_bytes,
                  mine->rank, my_bytes, a, b);
@@ -4088,6 +4097,7 @@ static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
     char me[200], msg[DPAR__ERROR_TEXT];
     int k, i;
     dpar__fp_describe(&x->fp, me, sizeof me);
+    dpar__on_comm(x->c, me, sizeof me);
     k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s, waiting for rank %d to %s", x->c->rank,
                  (unsigned long long)(x->c->timeout_ns / 1000000u), me, peer, what);
     for (i = 0; i < g->size && k > 0 && (size_t)k < sizeof msg; i++) {
@@ -6699,8 +6709,9 @@ static dpar_status dpar__m_wait(dpar__ctx *x, MPI_Request *req, MPI_Status *stat
         now = dpar_time_ns();
         if (x->deadline && now >= x->deadline) {
             char me[200], msg[DPAR__ERROR_TEXT];
-            dpar__fp_describe(&x->fp, me, sizeof me);
             int k;
+            dpar__fp_describe(&x->fp, me, sizeof me);
+            dpar__on_comm(c, me, sizeof me);
             if (peer >= 0)
                 k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s, waiting for rank %d to %s",
                              c->rank, (unsigned long long)(c->timeout_ns / 1000000u), me, peer, what);

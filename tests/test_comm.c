@@ -501,6 +501,7 @@ static void test_mismatches_are_caught_on_every_rank(void)
         memset(&d, 0, sizeof d);
         m.kind = kind;
         d.timeout_ms = kind == 8 ? 300 : 5000;
+        d.name = kind == 0 || kind == 8 ? "grid" : NULL; /* a named comm says its name; the default does not */
         run_world_desc(3, &d, mismatch_rank, &m, NULL, 0);
         for (r = 0; r < 3; r++) {
             if (kind == 8 && r == 2) continue;
@@ -510,6 +511,8 @@ static void test_mismatches_are_caught_on_every_rank(void)
             CHECK_MSG(strstr(m.msg[r], want[kind].a) && strstr(m.msg[r], want[kind].b), "kind %d rank %d: '%s'", kind, r,
                       m.msg[r]);
             CHECK_MSG(m.seconds[r] < (kind == 8 ? 2.0 : 1.5), "kind %d rank %d took %.2f s", kind, r, m.seconds[r]);
+            if (kind == 0 || kind == 8) CHECK_MSG(strstr(m.msg[r], " on grid"), "kind %d rank %d: '%s'", kind, r, m.msg[r]);
+            else CHECK_MSG(!strstr(m.msg[r], " on comm"), "kind %d rank %d: '%s'", kind, r, m.msg[r]);
         }
         if (kind == 0) printf("    e.g. %s\n", m.msg[0]);
         if (kind == 8) printf("    e.g. %s\n", m.msg[0]);
