@@ -37,7 +37,7 @@ typedef struct {
     dpar_idx images_file;                  /* when x comes from an IDX file */
     int *y;                                /* labels */
     dpar_group *group;
-    double seconds, first_loss, final_loss, gemm_ns, overlap_ns;
+    double seconds, first_loss, final_loss, gemm_ns, overlap_ns, wait_ns;
 } job;
 
 static uint64_t rng_next(uint64_t *s) { *s = *s * 6364136223846793005ull + 1442695040888963407ull; return *s >> 11; }
@@ -82,7 +82,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     int L = j->nl, b = j->batch / nranks, l, i, k, step;
     float lr = j->lr, *p = j->params[rank], *g, *act[MAXL + 1] = {0}, *delta[MAXL + 1] = {0}, loss = 0;
     double gemm_ns = 0, first = 0;
-    uint64_t t_start = 0, overlap = 0;
+    uint64_t t_start = 0, overlap = 0, waited = 0, t_wait;
     size_t pos, per;
     uint64_t epoch = 0;
     const size_t *mine;
@@ -108,7 +108,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     per = dpar_sampler_epoch(&sampler, 0, &mine);
     pos = 0;
     for (step = 0; step < j->steps; step++) {
-        if (step == 1) t_start = dpar_time_ns(), gemm_ns = 0, overlap = 0; /* step 0 warms up: not timed */
+        if (step == 1) t_start = dpar_time_ns(), gemm_ns = 0, overlap = 0, waited = 0; /* step 0 warms up: not timed */
         if (pos + (size_t)b > per) per = dpar_sampler_epoch(&sampler, ++epoch, &mine), pos = 0;
         for (i = 0; i < b; i++) memcpy(act[0] + (size_t)i * j->width[0], j->x + mine[pos + i] * j->width[0], sizeof(float) * j->width[0]);
         /* forward: act[l+1] = relu(act[l] W_l + b_l); the last layer's are logits */
@@ -156,7 +156,9 @@ static dpar_status rank_main(void *user, int rank, int nranks)
             TRY(dpar_buckets_ready(buckets, j->boff[l], (size_t)out));
             if (l > 0) relu_backward(delta[l], act[l], (size_t)b * in);
         }
+        t_wait = dpar_time_ns();
         TRY(dpar_buckets_wait(buckets)); /* every replica has taken the same SGD step */
+        waited += dpar_time_ns() - t_wait;
         overlap += dpar_buckets_overlap_ns(buckets);
         if (step == 0 || step == j->steps - 1 || (j->steps >= 5 && (step + 1) % (j->steps / 5) == 0)) {
             float mean = loss; /* the global batch's loss: the mean over the ranks */
@@ -168,7 +170,8 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     }
     if (rank == 0) {
         j->seconds = (double)(dpar_time_ns() - t_start) * 1e-9;
-        j->gemm_ns = gemm_ns, j->overlap_ns = (double)overlap, j->first_loss = first, j->final_loss = loss;
+        j->gemm_ns = gemm_ns, j->overlap_ns = (double)overlap, j->wait_ns = (double)waited;
+        j->first_loss = first, j->final_loss = loss;
     }
 out: /* on an error, abort the comm: the other ranks return at once instead of waiting for us */
     if (st != DPAR_OK) dpar_comm_abort(comm);
@@ -287,8 +290,9 @@ int main(int argc, char **argv)
     printf("loss %.4f -> %.4f: %s\n", j.first_loss, j.final_loss, j.final_loss < j.first_loss ? "falls" : "DOES NOT FALL");
     printf("replicas identical: %s\n", same ? "yes" : "NO");
     if (j.steps > 1)
-        printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight during backward)\n",
-               j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds, j.overlap_ns * 1e-6 / (j.steps - 1));
+        printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight during "
+               "backward) wait_ms=%.2f (then waited for)\n", j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds,
+               j.overlap_ns * 1e-6 / (j.steps - 1), j.wait_ns * 1e-6 / (j.steps - 1));
     printf("train samples_per_s=%.1f final_loss=%.4f\n", j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0,
            j.final_loss);
     for (r = 0; r < j.threads; r++) free(j.params[r]);
