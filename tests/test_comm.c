@@ -643,6 +643,45 @@ static void mesh_rank(world *w, dpar_comm *c, int r)
     if (dpar_mesh_create(c, 3, 1, 1, &m) != DPAR_EINVAL) note(w, "a mesh of the wrong size was accepted");
 }
 
+/* a comm of one rank runs its async requests at once, on the caller: no progress thread */
+static int count_threads(void)
+{
+    int n = -1;
+#ifdef __linux__
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Threads:", 8)) n = atoi(line + 8);
+    if (f) fclose(f);
+#endif
+    return n;
+}
+
+static void test_async_on_one_rank_runs_inline(void)
+{
+    dpar_comm_desc d;
+    dpar_group *g;
+    dpar_comm *c;
+    dpar_request *req;
+    float x[5] = {1, 2, 3, 4, 5}, y[5];
+    int before, done = 0, i;
+    if (count_threads() < 0) {
+        printf("    skipped: no /proc/self/status thread count here\n");
+        return;
+    }
+    memset(&d, 0, sizeof d);
+    d.size = 1;
+    CHECK(dpar_group_create(&d, &g) == DPAR_OK);
+    CHECK(dpar_comm_create(g, 0, &c) == DPAR_OK);
+    before = count_threads();
+    CHECK(dpar_iallreduce(c, x, y, 5, DPAR_F32, DPAR_SUM, &req) == DPAR_OK);
+    CHECK(dpar_request_test(req, &done) == DPAR_OK && done == 1); /* finished before it was asked */
+    for (i = 0; i < 5; i++) CHECK(y[i] == x[i]);
+    CHECK_MSG(count_threads() == before, "%d threads before the request, %d after", before, count_threads());
+    CHECK(dpar_comm_destroy(c) == DPAR_OK);
+    dpar_group_destroy(g);
+}
+
 static void test_split_and_mesh(void)
 {
     int ni;
@@ -789,6 +828,7 @@ int main(int argc, char **argv)
     RUN(test_10000_mixed_collectives);
     RUN(test_mismatches_are_caught_on_every_rank);
     RUN(test_async_requests);
+    RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);
     RUN(test_trace_has_collectives_with_bytes);
     pools_free();
