@@ -845,9 +845,10 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
 /* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style, so that each
    rank makes 1/N of the optimizer step instead of all of it. A full bucket is then reduce-scattered
    instead of allreduced; on the comm's progress thread (on a comm of one rank: in dpar_buckets_ready)
-   update(user, offset, count) is called for this rank's block of the bucket, where grads[offset, offset + count) hold the reduced values: it applies
-   the optimizer to params[offset, offset + count) (and to its own state for that range); then the
-   bucket's params are all-gathered. The comm moves the same bytes as the allreduce. After
+   update(user, offset, count) is called for this rank's block of the bucket, where
+   grads[offset, offset + count) hold the reduced values: it applies the optimizer to
+   params[offset, offset + count) (and to its own state for that range); then the bucket's params
+   are all-gathered. The comm moves the same bytes as the allreduce. After
    dpar_buckets_wait every rank holds the same updated params; grads are reduced only in this rank's
    blocks. Since a parameter may change as soon as its gradient is marked ready, mark a layer ready
    only once backward no longer reads its weights (compute its input gradient first). update runs
@@ -2762,6 +2763,15 @@ struct dpar__ctx {
 };
 
 /* an asynchronous request, from the comm's free list */
+/* A chained request (dpar_buckets with an update): after its reduce-scatter, on the progress thread,
+   fn(user, base + this rank's block offset, its length), then an all-gather of gather's count floats. */
+typedef struct dpar__then {
+    void (*fn)(void *user, size_t offset, size_t count);
+    void *user;
+    size_t base;
+    float *gather;
+} dpar__then;
+
 struct dpar_request {
     dpar_comm *comm;
     int coll;
@@ -2778,13 +2788,8 @@ struct dpar_request {
     dpar_status status;
     char error[DPAR__ERROR_TEXT];
     dpar_request *next;
-    /* a chained request (dpar_buckets with an update): after a reduce-scatter, on the progress thread,
-       then(then_user, then_base + my block's offset, its length), then an all-gather of gather */
-    void (*then)(void *user, size_t offset, size_t count);
-    void *then_user;
-    size_t then_base;
-    float *gather;
-    uint64_t seq2;
+    dpar__then then; /* fn NULL: a plain request */
+    uint64_t seq2;   /* the chained all-gather's call number */
 };
 
 struct dpar_comm {
@@ -3543,16 +3548,20 @@ static void dpar__p2p_ctx(dpar__ctx *x, dpar_comm *c, dpar_coll coll, size_t cou
     x->deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
 }
 
-static void dpar__p2p_done(dpar_comm *c, dpar_coll coll, const dpar__ctx *x, uint64_t t0, dpar_status st)
+/* one point-to-point call (or pipeline message) into the comm's counters */
+static void dpar__p2p_count(dpar_comm *c, dpar_coll coll, uint64_t sent, uint64_t received, uint64_t t0)
 {
     dpar_comm_counters *s = &c->stats.by_coll[coll];
-    uint64_t dt;
-    if (st != DPAR_OK && c->tp->quiesce) c->tp->quiesce(c);
-    dt = dpar_time_ns() - t0;
     DPAR__ADD(&s->calls, 1, DPAR__RELAXED);
-    DPAR__ADD(&s->bytes_sent, x->sent, DPAR__RELAXED);
-    DPAR__ADD(&s->bytes_received, x->received, DPAR__RELAXED);
-    DPAR__ADD(&s->time_ns, dt, DPAR__RELAXED);
+    DPAR__ADD(&s->bytes_sent, sent, DPAR__RELAXED);
+    DPAR__ADD(&s->bytes_received, received, DPAR__RELAXED);
+    DPAR__ADD(&s->time_ns, dpar_time_ns() - t0, DPAR__RELAXED);
+}
+
+static void dpar__p2p_done(dpar_comm *c, dpar_coll coll, const dpar__ctx *x, uint64_t t0, dpar_status st)
+{
+    if (st != DPAR_OK && c->tp->quiesce) c->tp->quiesce(c);
+    dpar__p2p_count(c, coll, x->sent, x->received, t0);
     if (dpar_trace_enabled())
         dpar__trace_span(dpar_coll_name(coll), "comm", t0, "\"bytes\":%llu,\"tag\":%d",
                          (unsigned long long)(x->sent + x->received), x->fp.tag);
@@ -3640,12 +3649,12 @@ static dpar_status dpar__request_run(dpar_comm *c, dpar_request *q)
     dpar_status st;
     k.seq = q->seq;
     st = dpar__execute(c, &k);
-    if (st == DPAR_OK && q->then) { /* update my block, then gather everyone's */
+    if (st == DPAR_OK && q->then.fn) { /* update my block, then gather everyone's */
         size_t off, len;
         dpar_block_range(q->count, c->size, c->rank, &off, &len);
-        q->then(q->then_user, q->then_base + off, len);
-        k = dpar__call_make(DPAR_COLL_ALLGATHER, q->gather + off, q->gather, q->count, DPAR_F32, DPAR_SUM, 0, q->file,
-                            q->line);
+        q->then.fn(q->then.user, q->then.base + off, len);
+        k = dpar__call_make(DPAR_COLL_ALLGATHER, q->then.gather + off, q->then.gather, q->count, DPAR_F32, DPAR_SUM, 0,
+                            q->file, q->line);
         k.seq = q->seq2;
         st = dpar__execute(c, &k);
     }
@@ -3683,7 +3692,7 @@ static void *dpar__progress_main(void *arg)
 }
 
 static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_request **req, const char *api,
-                                     const dpar_request *then)
+                                     const dpar__then *then)
 {
     dpar_request *q;
     dpar_status st;
@@ -3716,10 +3725,7 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_reques
     q->line = k->line;
     q->seq = ++comm->seq;
     if (then) {
-        q->then = then->then;
-        q->then_user = then->then_user;
-        q->then_base = then->then_base;
-        q->gather = then->gather;
+        q->then = *then;
         q->seq2 = ++comm->seq;
     }
     if (comm->size == 1) { /* nothing to wait for: run it now, on this thread (no progress thread) */
@@ -5689,15 +5695,6 @@ static dpar_status dpar__pipe_send(dpar_pipe *pp, dpar__ctx *x, int dir, int pee
     return DPAR_OK;
 }
 
-/* the pipeline's messages count in the comm's counters as sends and receives (dpar_comm_stats_get) */
-static void dpar__pipe_count(dpar_comm *c, dpar_coll coll, size_t bytes, uint64_t t0)
-{
-    dpar_comm_counters *s = &c->stats.by_coll[coll];
-    DPAR__ADD(&s->calls, 1, DPAR__RELAXED);
-    DPAR__ADD(coll == DPAR_COLL_SEND ? &s->bytes_sent : &s->bytes_received, (uint64_t)bytes, DPAR__RELAXED);
-    DPAR__ADD(&s->time_ns, dpar_time_ns() - t0, DPAR__RELAXED);
-}
-
 /* the run failed on this stage: every stage must hear of it */
 static dpar_status dpar__pipe_fail(dpar_pipe *pp, dpar_status st, const char *what, int micro, int chunk)
 {
@@ -5775,7 +5772,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             x.fp.coll = DPAR_COLL_SEND;
             x.fp.tag = (op->code << 24) | (pc << 16) | op->micro;
             st = dpar__pipe_send(pp, &x, dir, peer, pp->pending[u]);
-            if (st == DPAR_OK) dpar__pipe_count(pp->d.comm, DPAR_COLL_SEND, pp->d.act_bytes, t0);
+            if (st == DPAR_OK) dpar__p2p_count(pp->d.comm, DPAR_COLL_SEND, pp->d.act_bytes, 0, t0); /* in the stats */
             pp->pending[u] = NULL;
             snprintf(name, sizeof name, "send %s %d", dir ? "grad" : "act", op->micro);
             dpar_trace_event(name, "pipe", t0, dpar_time_ns(), NULL);
@@ -5788,7 +5785,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             x.fp.coll = DPAR_COLL_RECV;
             x.fp.tag = ((op->code - 1) << 24) | (op->chunk << 16) | op->micro; /* the sender's SEND code */
             st = dpar__recv_into(&x, peer, buf, pp->d.act_bytes);
-            if (st == DPAR_OK) dpar__pipe_count(pp->d.comm, DPAR_COLL_RECV, pp->d.act_bytes, t0);
+            if (st == DPAR_OK) dpar__p2p_count(pp->d.comm, DPAR_COLL_RECV, 0, pp->d.act_bytes, t0);
             if (dir == 0) pp->stash[u] = buf;
             else pp->grad_out[u] = buf;
             snprintf(name, sizeof name, "recv %s %d", dir ? "grad" : "act", op->micro);
@@ -5908,9 +5905,7 @@ struct dpar_buckets {
     size_t *marks;       /* marked ranges this step, sorted: [2 k] start, [2 k + 1] end */
     size_t nmarks, capmarks;
     uint64_t first_launch, overlap;
-    float *params;       /* with an update (dpar_buckets_set_update) */
-    void (*update)(void *user, size_t offset, size_t count);
-    void *user;
+    dpar__then update;   /* dpar_buckets_set_update: fn, user, gather = the params (base: per bucket) */
 };
 
 DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
@@ -5981,18 +5976,15 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
         b->filled[i] += e0 - s0;
         if (b->filled[i] == be - bs) {
             dpar_status st;
-            if (b->update) { /* reduce-scatter, update my block, all-gather the params: one chained request */
-                dpar_request then;
+            if (b->update.fn) { /* reduce-scatter, update my block, all-gather the params: one chained request */
+                dpar__then then = b->update;
                 size_t off;
                 dpar__call k;
                 dpar_block_range(be - bs, b->comm->size, b->comm->rank, &off, NULL);
                 k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, b->grads + bs, b->grads + bs + off, be - bs, DPAR_F32,
                                     b->op, 0, __FILE__, __LINE__);
-                memset(&then, 0, sizeof then);
-                then.then = b->update;
-                then.then_user = b->user;
-                then.then_base = bs;
-                then.gather = b->params + bs;
+                then.base = bs;
+                then.gather += bs;
                 st = dpar__icollective(b->comm, &k, &b->req[i], "dpar_buckets_ready", &then);
             } else {
                 st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
@@ -6038,9 +6030,12 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
     if (update && b->count && !params) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params is NULL");
     if (update && dpar__overlap(params, b->count * sizeof(float), b->grads, b->count * sizeof(float)))
         return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params overlaps the gradients");
-    b->params = update ? params : NULL;
-    b->update = update;
-    b->user = update ? user : NULL;
+    memset(&b->update, 0, sizeof b->update);
+    if (update) {
+        b->update.fn = update;
+        b->update.user = user;
+        b->update.gather = params;
+    }
     return DPAR_OK;
 }
 
