@@ -853,8 +853,11 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
    blocks. Since a parameter may change as soon as its gradient is marked ready, mark a layer ready
    only once backward no longer reads its weights (compute its input gradient first). update runs
    beside the rank's thread: it must touch only its range. params: count floats, not overlapping
-   grads. Call between steps (DPAR_EBUSY while gradients of this step are marked); update NULL turns it
-   off. Thread safety: the rank's thread. */
+   grads. Thread ranks of one process may share one params array (the same pointer on every rank):
+   each rank updates its block in place, the all-gather then copies nothing (the ranks still meet,
+   so after dpar_buckets_wait every block is updated) and the model is in memory once. Call between
+   steps (DPAR_EBUSY while gradients of this step are marked); update NULL turns it off. Thread
+   safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
                                              void (*update)(void *user, size_t offset, size_t count), void *user);
 /* dpar_buckets_count: how many buckets; dpar_buckets_overlap_ns: of the last step, how long
@@ -3051,7 +3054,9 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
 }
 
 /* all-gather: rank r's block is at `mine` (zero-copy source); every block ends in recv. The
-   blocks are dpar_block_range's, or offs/lens when given (a shard plan's uneven rows). */
+   blocks are dpar_block_range's, or offs/lens when given (a shard plan's uneven rows). Thread
+   ranks whose recv is one shared buffer copy nothing: a fetched block already at its place is left
+   (dpar__recv_into), and the ranks only meet. */
 static dpar_status dpar__ring_allgather(dpar__ctx *x, const char *mine, char *recv, size_t count, size_t es,
                                         const size_t *offs, const size_t *lens)
 {

@@ -3,20 +3,23 @@
    Build: cc -std=c99 -O2 -I. examples/data_parallel.c -o data_parallel -pthread -lm
    Run:   ./data_parallel              (--images train-images-idx3-ubyte --labels train-labels-idx1-ubyte)
    Check: ^loss [0-9.]+ -> [0-9.]+: falls$
-   Check: ^replicas identical: yes
+   Check: ^weights: (one copy shared by [0-9]+ ranks|[0-9]+ replicas, identical), crc32 [0-9a-f]{8}$
    Check: ^train samples_per_s=[0-9.]+ final_loss=[0-9.]+$
 
-   Every rank holds the whole model and trains on batch/threads samples of each global batch. In
+   Every rank uses the whole model and trains on batch/threads samples of each global batch. In
    backward the last layer's gradients are final first: each layer, once its gradients are
    computed, tells its gradient buckets (dpar_buckets_ready); on the comm's progress thread a full
    bucket is reduce-scattered, each rank applies SGD to its 1/N of the bucket (sgd below), and the
    updated weights are all-gathered, while this rank goes on with the layers below (ZeRO-1's split of
    the optimizer step, with the bytes of one allreduce). So backward computes a layer's input
-   gradient before its weight gradient: once marked ready, the weights may change. After
-   dpar_buckets_wait every replica holds the same new weights, which the program checks at the end.
-   Options: --layers 784,1024,1024,10
-   --batch 256 (global) --steps 30 --threads 2 --lr 0.05 --images F --labels F (IDX files, e.g. MNIST;
-   synthetic data without them). Add -DDPAR_OPENBLAS and -lopenblas to use OpenBLAS's GEMM. */
+   gradient before its weight gradient: once marked ready, the weights may change. Thread ranks share
+   memory, so by default they share one copy of the weights: each updates its block in place and
+   the all-gather has nothing to copy. With --replicas each rank keeps its own copy, as processes
+   must (examples/mpi_data_parallel.c); after dpar_buckets_wait every replica holds the same new
+   weights, which the program checks at the end. Both train bit for bit alike (same crc32).
+   Options: --layers 784,1024,1024,10 --batch 256 (global) --steps 30 --threads 2 --lr 0.05 --replicas
+   --images F --labels F (IDX files, e.g. MNIST; synthetic data without them). Add -DDPAR_OPENBLAS
+   and -lopenblas to use OpenBLAS's GEMM. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -29,11 +32,11 @@
 #define BUCKET ((size_t)1 << 18) /* gradients per bucket (1 MiB) */
 
 typedef struct {
-    int nl, width[MAXL + 1], batch, steps, threads;
+    int nl, width[MAXL + 1], batch, steps, threads, replicas;
     float lr;
     const char *images, *labels;
     size_t n, woff[MAXL], boff[MAXL], np; /* samples; offsets of each layer's W and b in the flat arrays */
-    float *x, *params[64];                 /* inputs n x width[0]; each rank's replica */
+    float *x, *params[64];                 /* inputs n x width[0]; the weights (each rank's replica) */
     dpar_idx images_file;                  /* when x comes from an IDX file */
     int *y;                                /* labels */
     dpar_group *group;
@@ -43,8 +46,8 @@ typedef struct {
 static uint64_t rng_next(uint64_t *s) { *s = *s * 6364136223846793005ull + 1442695040888963407ull; return *s >> 11; }
 static float uniform(uint64_t *s) { return (float)((double)rng_next(s) / 9007199254740992.0); }
 
-/* relu and its backward without a branch: on random signs a branch mispredicts half the time, and
-   compilers turn both `v > 0 ? v : 0` and `v * (v > 0)` into one. (v + |v|) / 2 is exact. */
+/* relu and its backward without a branch (on random signs one mispredicts half the time, and
+   compilers make a branch of both `v > 0 ? v : 0` and `v * (v > 0)`); (v + |v|) / 2 is exact */
 static float relu(float v) { return 0.5f * (v + fabsf(v)); }
 static void relu_backward(float *d, const float *a, size_t n) /* d = a > 0 ? d : 0 */
 {
@@ -80,7 +83,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
 {
     job *j = (job *)user;
     int L = j->nl, b = j->batch / nranks, l, i, k, step;
-    float lr = j->lr, *p = j->params[rank], *g, *act[MAXL + 1] = {0}, *delta[MAXL + 1] = {0}, loss = 0;
+    float lr = j->lr, *p = j->params[j->replicas ? rank : 0], *g, *act[MAXL + 1] = {0}, *delta[MAXL + 1] = {0}, loss = 0;
     double gemm_ns = 0, first = 0;
     uint64_t t_start = 0, overlap = 0, waited = 0, t_wait;
     size_t pos, per;
@@ -100,7 +103,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     }
     if (!k) TRY(dpar_set_error(DPAR_ENOMEM, "out of memory"));
     /* the same starting weights everywhere, then each rank its own share of the data */
-    TRY(dpar_broadcast(comm, p, p, j->np, DPAR_F32, 0));
+    if (j->replicas) TRY(dpar_broadcast(comm, p, p, j->np, DPAR_F32, 0));
     TRY(dpar_sampler_init(&sampler, j->n, nranks, rank, 7, 1, NULL));
     TRY(dpar_buckets_create(comm, g, j->np, BUCKET * sizeof(float), DPAR_AVG, &buckets));
     opt.p = p, opt.g = g, opt.lr = lr;
@@ -157,7 +160,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
             if (l > 0) relu_backward(delta[l], act[l], (size_t)b * in);
         }
         t_wait = dpar_time_ns();
-        TRY(dpar_buckets_wait(buckets)); /* every replica has taken the same SGD step */
+        TRY(dpar_buckets_wait(buckets)); /* every block of the weights has taken the SGD step */
         waited += dpar_time_ns() - t_wait;
         overlap += dpar_buckets_overlap_ns(buckets);
         if (step == 0 || step == j->steps - 1 || (j->steps >= 5 && (step + 1) % (j->steps / 5) == 0)) {
@@ -230,7 +233,7 @@ static int load_idx(job *j)
 static int usage(const char *why)
 {
     fprintf(stderr, "data_parallel: %s\nusage: data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] [--threads 2]"
-                    " [--lr 0.05] [--images FILE --labels FILE]\n", why);
+                    " [--lr 0.05] [--replicas] [--images FILE --labels FILE]\n", why);
     return 2;
 }
 
@@ -245,8 +248,10 @@ int main(int argc, char **argv)
     int a, l, r, same = 1;
     j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 12 : 30, j.threads = 2, j.lr = 0.05f;
     for (a = 1; a < argc; a++) {
-        const char *o = argv[a], *v = a + 1 < argc ? argv[++a] : NULL;
+        const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
+        if (!strcmp(o, "--replicas")) { j.replicas = 1; continue; }
         if (!v) return usage("an option without its value");
+        a++;
         if (!strcmp(o, "--layers")) layers = v;
         else if (!strcmp(o, "--batch")) j.batch = atoi(v);
         else if (!strcmp(o, "--steps")) j.steps = atoi(v);
@@ -273,9 +278,9 @@ int main(int argc, char **argv)
         j.boff[l] = j.np + (size_t)j.width[l] * j.width[l + 1];
         j.np = j.boff[l] + j.width[l + 1];
     }
-    for (r = 0; r < j.threads; r++)
+    for (r = 0; r < (j.replicas ? j.threads : 1); r++)
         if (!(j.params[r] = (float *)calloc(j.np, sizeof(float)))) return fprintf(stderr, "data_parallel: out of memory\n"), 1;
-    for (l = 0; l < j.nl; l++) /* He initialisation on rank 0; the ranks start from its copy */
+    for (l = 0; l < j.nl; l++) /* He initialisation; replicas start from a broadcast of this copy */
         for (size_t q = 0; q < (size_t)j.width[l] * j.width[l + 1]; q++)
             j.params[0][j.woff[l] + q] = (2 * uniform(&s) - 1) * sqrtf(6.0f / (float)j.width[l]);
     printf("data_parallel: layers %s (%zu parameters), %zu samples (%s), %d thread ranks x %d samples per step\n", layers,
@@ -286,16 +291,18 @@ int main(int argc, char **argv)
         return fprintf(stderr, "data_parallel: %s\n", dpar_last_error()), 1;
     dpar_group_destroy(j.group);
     dpar_pool_destroy(pool);
-    for (r = 1; r < j.threads; r++) same &= !memcmp(j.params[r], j.params[0], j.np * sizeof(float));
+    for (r = 1; r < j.threads && j.replicas; r++) same &= !memcmp(j.params[r], j.params[0], j.np * sizeof(float));
     printf("loss %.4f -> %.4f: %s\n", j.first_loss, j.final_loss, j.final_loss < j.first_loss ? "falls" : "DOES NOT FALL");
-    printf("replicas identical: %s\n", same ? "yes" : "NO");
+    if (j.replicas) printf("weights: %d replicas, %s, ", j.threads, same ? "identical" : "NOT IDENTICAL");
+    else printf("weights: one copy shared by %d ranks, ", j.threads);
+    printf("crc32 %08x\n", (unsigned)dpar_crc32(0, j.params[0], j.np * sizeof(float)));
     if (j.steps > 1)
         printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight during "
                "backward) wait_ms=%.2f (then waited for)\n", j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds,
                j.overlap_ns * 1e-6 / (j.steps - 1), j.wait_ns * 1e-6 / (j.steps - 1));
     printf("train samples_per_s=%.1f final_loss=%.4f\n", j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0,
            j.final_loss);
-    for (r = 0; r < j.threads; r++) free(j.params[r]);
+    for (r = 0; r < 64; r++) free(j.params[r]);
     if (j.images) dpar_idx_free(&j.images_file);
     else free(j.x);
     free(j.y);

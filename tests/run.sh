@@ -90,6 +90,11 @@ examples() {
         for p in dpar.h dpar_cuda.h examples data; do [ -e "$p" ] && ln -s "$ROOT/$p" "$tmp/ex/$p"; done
         head -30 "$f" | sed -n 's/^ *Check: *//p' >"$tmp/checks"
         step "example $name: $build && $run" sh -c "cd '$tmp/ex' && $build && DPAR_TEST_QUICK=1 timeout 300 $run > out.txt 2>&1; rc=\$?; cat out.txt; [ \$rc = 0 ] || exit \$rc; while IFS= read -r re; do grep -Eq \"\$re\" out.txt || { echo \"the output does not match the example's Check: \$re\"; exit 1; }; done < '$tmp/checks'"
+        if [ "$name" = data_parallel.c ]; then # its claim: one shared copy of the weights = separate replicas
+            step "example $name: weights shared by 3 ranks end bit for bit as 3 replicas (--replicas)" sh -c "cd '$tmp/ex' &&
+                ./data_parallel --threads 3 --batch 96 --steps 6 > s.txt && ./data_parallel --threads 3 --batch 96 --steps 6 --replicas > r.txt &&
+                grep -h crc32 s.txt r.txt && [ \"\$(sed -n 's/.*crc32 //p' s.txt)\" = \"\$(sed -n 's/.*crc32 //p' r.txt)\" ]"
+        fi
     done
 }
 

@@ -120,7 +120,7 @@ static void test_buckets_match_allreduce(void)
 }
 
 /* ---- buckets with an update (ZeRO-1 split of the SGD step): against one allreduce + a full step ---- */
-typedef struct { size_t n; int *hits[4]; float lr; } update_job;
+typedef struct { size_t n; int *hits[4]; float lr; float *shared; } update_job; /* shared: one params for all ranks */
 typedef struct { float *p, *g, lr; int *hits; } update_state;
 
 static void sgd_block(void *user, size_t offset, size_t count)
@@ -138,12 +138,13 @@ static void update_rank(world *w, dpar_comm *c, int r)
     update_job *j = (update_job *)w->user;
     size_t n = j->n, i, layer = n / 5;
     float *g = (float *)malloc(n * sizeof(float)), *rg = (float *)malloc(n * sizeof(float));
-    float *p = (float *)malloc(n * sizeof(float)), *rp = (float *)malloc(n * sizeof(float));
+    float *p = j->shared ? j->shared : (float *)malloc(n * sizeof(float)), *rp = (float *)malloc(n * sizeof(float));
     update_state u;
     dpar_buckets *b;
     int step;
     u.p = p, u.g = g, u.lr = j->lr, u.hits = j->hits[r];
-    for (i = 0; i < n; i++) p[i] = rp[i] = (float)(i % 1000) * 0.001f; /* the same start on every rank */
+    for (i = 0; i < n; i++) rp[i] = (float)(i % 1000) * 0.001f; /* the same start on every rank */
+    if (!j->shared) memcpy(p, rp, n * sizeof(float));
     expect_ok(w, dpar_buckets_create(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
     expect_ok(w, dpar_buckets_set_update(b, p, sgd_block, &u), "buckets_set_update", r);
     for (step = 0; step < 3; step++) {
@@ -181,19 +182,27 @@ static void update_rank(world *w, dpar_comm *c, int r)
         if (memcmp(p, rp, n * sizeof(float))) note(w, "params changed with the update off");
     }
     dpar_buckets_destroy(b);
-    free(g), free(rg), free(p), free(rp);
+    if (!j->shared) free(p);
+    free(g), free(rg), free(rp);
 }
 
+/* each rank its own params, then (shared = 1) one params array for all the thread ranks: every rank
+   updates its block in place and the all-gather has nothing to copy; the same result either way */
 static void test_buckets_update_split(void)
 {
-    int n, r;
+    int n, r, shared;
     size_t i;
+    for (shared = 0; shared <= 1; shared++)
     for (n = 1; n <= 4; n++) {
         update_job j;
         int bad = 0;
         memset(&j, 0, sizeof j);
         j.n = 300007;
         j.lr = 0.125f;
+        if (shared) {
+            j.shared = (float *)malloc(j.n * sizeof(float));
+            for (i = 0; i < j.n; i++) j.shared[i] = (float)(i % 1000) * 0.001f;
+        }
         for (r = 0; r < n; r++) j.hits[r] = (int *)calloc(j.n, sizeof(int));
         CHECK(run_world(n, update_rank, &j) == 0);
         for (i = 0; i < j.n; i++) { /* every parameter updated by exactly one rank, once a step */
@@ -204,6 +213,7 @@ static void test_buckets_update_split(void)
         CHECK(bad == 0);
         if (n == 2) CHECK(j.hits[0][0] == 3 && j.hits[1][0] == 0); /* each rank its own block */
         for (r = 0; r < n; r++) free(j.hits[r]);
+        free(j.shared);
     }
 }
 
