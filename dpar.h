@@ -860,6 +860,20 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
    safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
                                              void (*update)(void *user, size_t offset, size_t count), void *user);
+/* dpar_buckets_set_direct: on a comm of thread ranks, reduce the buckets through shared memory on the
+   ranks' own threads instead of with messages on the progress thread. A rank that marks a bucket
+   full says so; whichever rank's dpar_buckets_ready (or dpar_buckets_wait) next finds that every rank
+   has, reduces its own block of it, reading the other ranks' gradients where they lie, and runs the
+   update on it (dpar_buckets_set_update); the other blocks are then copied from their owners
+   (gradients without an update, params when they are not shared). No rank ever waits for another
+   before dpar_buckets_wait, and no thread is woken per bucket: the better choice when the ranks
+   have no spare cores for progress threads (the progress thread overlaps better when they do).
+   After dpar_buckets_wait no other rank reads this rank's memory. Results as without it (the
+   reduction order may differ). Collective: every rank calls it with the same `on`, between steps,
+   after dpar_buckets_set_update (which is DPAR_EBUSY while direct is on). DPAR_EUNSUPPORTED on an MPI
+   comm; DPAR_EINVAL when the ranks' counts or updates differ. Not counted in dpar_comm_stats, not
+   seen by the contract checker. on 0 turns it off. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on);
 /* dpar_buckets_count: how many buckets; dpar_buckets_overlap_ns: of the last step, how long
    buckets were in flight before dpar_buckets_wait was called (the communication hidden behind
    backward). Thread safety: the rank's thread. */
@@ -2594,14 +2608,16 @@ static float dpar__apply_f32(float x, float y, dpar_op op, int div)
     }
 }
 
-/* The hot case, f32/f64 sum and product, in explicit 16-byte vectors (GCC/Clang vector extensions):
-   gcc -O2 does not vectorize the plain loop, and this must be fast whatever the user's flags.
-   Loads come before stores in each step, so out == a or out == b is fine. */
+/* The hot case, f32/f64 sum, average and product, in explicit 16-byte vectors (GCC/Clang vector
+   extensions): gcc -O2 does not vectorize the plain loop, and this must be fast whatever the user's
+   flags. VPOST/SPOST follow the op in the vector and the scalar tail (the average's division: the
+   same correctly rounded (x + y) / div as the plain loop, 4 at a time instead of a scalar divide per
+   element). Loads come before stores in each step, so out == a or out == b is fine. */
 #if defined(__GNUC__) || defined(__clang__)
 #define DPAR__SIMD 1
 typedef float dpar__v4f __attribute__((vector_size(16)));
 typedef double dpar__v2d __attribute__((vector_size(16)));
-#define DPAR__VLOOP(T, V, PER, OPER)                                                     \
+#define DPAR__VLOOP(T, V, PER, OPER, VPOST, SPOST)                                       \
     do {                                                                                 \
         T *o_ = (T *)out;                                                                \
         const T *a_ = (const T *)a, *b_ = (const T *)b;                                  \
@@ -2612,12 +2628,12 @@ typedef double dpar__v2d __attribute__((vector_size(16)));
             memcpy(&x1, a_ + i_ + (PER), sizeof x1);                                     \
             memcpy(&y0, b_ + i_, sizeof y0);                                             \
             memcpy(&y1, b_ + i_ + (PER), sizeof y1);                                     \
-            x0 = x0 OPER y0;                                                             \
-            x1 = x1 OPER y1;                                                             \
+            x0 = (x0 OPER y0) VPOST;                                                     \
+            x1 = (x1 OPER y1) VPOST;                                                     \
             memcpy(o_ + i_, &x0, sizeof x0);                                             \
             memcpy(o_ + i_ + (PER), &x1, sizeof x1);                                     \
         }                                                                                \
-        for (; i_ < n; i_++) o_[i_] = a_[i_] OPER b_[i_];                                \
+        for (; i_ < n; i_++) o_[i_] = (a_[i_] OPER b_[i_]) SPOST;                        \
     } while (0)
 #else
 #define DPAR__SIMD 0
@@ -2627,10 +2643,22 @@ static void dpar__reduce(void *out, const void *a, const void *b, size_t n, dpar
 {
     size_t i;
 #if DPAR__SIMD
-    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, +); return; }
-    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, +); return; }
-    if (op == DPAR_PROD && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, *); return; }
-    if (op == DPAR_PROD && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, *); return; }
+    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, +, , ); return; }
+    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, +, , ); return; }
+    if (op == DPAR_AVG && t == DPAR_F32) {
+        const float f = (float)div;
+        const dpar__v4f d = {f, f, f, f};
+        DPAR__VLOOP(float, dpar__v4f, 4, +, / d, / f);
+        return;
+    }
+    if (op == DPAR_AVG && t == DPAR_F64) {
+        const double f = (double)div;
+        const dpar__v2d d = {f, f};
+        DPAR__VLOOP(double, dpar__v2d, 2, +, / d, / f);
+        return;
+    }
+    if (op == DPAR_PROD && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, *, , ); return; }
+    if (op == DPAR_PROD && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, *, , ); return; }
 #endif
     switch (t) {
     case DPAR_F32: DPAR__RED_FLOAT(float); break;
@@ -5911,7 +5939,26 @@ struct dpar_buckets {
     size_t nmarks, capmarks;
     uint64_t first_launch, overlap;
     dpar__then update;   /* dpar_buckets_set_update: fn, user, gather = the params (base: per bucket) */
+    /* dpar_buckets_set_direct: flags shared by the ranks, everyone's grads and params, my buckets in
+       progress (pend, in marking order) and where each is (0 idle, 1 marked, 2 reduced, 3 done) */
+    struct dpar__direct *direct;
+    float **dgrads, **dparams;
+    int *pend, npend;
+    unsigned char *dstate;
+    int dcopy;           /* blocks to copy from the other ranks: no update, or params not shared */
+    uint32_t gen;        /* steps made since direct was set: this step's flags say gen + 1 */
 };
+
+/* Direct buckets (thread ranks): flag[phase][bucket][rank] = the step (gen + 1) in which that rank
+   finished that phase of that bucket: marked all its gradients ready, reduced (and updated) its
+   block, copied the other blocks (without an update). Each flag has one writer; readers wait on
+   their doorbell, which the writer rings. */
+typedef struct dpar__direct {
+    int refs; /* ranks still using it; the last one frees it */
+    dpar_allocator allocator;
+    uint32_t flags[1];
+} dpar__direct;
+enum { DPAR__D_MARKED, DPAR__D_REDUCED, DPAR__D_COPIED };
 
 DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
                                          dpar_buckets **out)
@@ -5939,6 +5986,95 @@ DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t c
         return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
     }
     *out = b;
+    return DPAR_OK;
+}
+
+static uint32_t *dpar__dflag(dpar_buckets *b, int phase, int k, int r)
+{
+    return &b->direct->flags[((size_t)phase * (size_t)b->nb + (size_t)k) * (size_t)b->comm->size + (size_t)r];
+}
+
+static void dpar__dset(dpar_buckets *b, int phase, int k) /* I finished phase of bucket k: tell everyone */
+{
+    dpar_comm *c = b->comm;
+    int q;
+    DPAR__STORE(dpar__dflag(b, phase, k, c->rank), b->gen + 1, DPAR__RELEASE);
+    for (q = 0; q < c->size; q++)
+        if (q != c->rank) dpar__ring_bell(c->group, q);
+}
+
+/* *all: has every rank finished phase of bucket k this step? block: wait until it has (or the comm's
+   timeout, or its poison) */
+static dpar_status dpar__dall(dpar_buckets *b, int phase, int k, int block, int *all)
+{
+    static const char *const what[] = {"mark its gradients of a bucket ready", "reduce its block of a bucket",
+                                       "copy the blocks of a bucket"};
+    dpar_comm *c = b->comm;
+    dpar__ctx x;
+    int q;
+    *all = 0;
+    for (q = 0; q < c->size; q++) {
+        const uint32_t *f = dpar__dflag(b, phase, k, q);
+        if ((int32_t)(DPAR__LOAD(f, DPAR__ACQUIRE) - (b->gen + 1)) >= 0) continue;
+        if (!block) return DPAR_OK;
+        memset(&x, 0, sizeof x);
+        x.c = c;
+        x.lane = DPAR__LANE_P2P;
+        x.fp.coll = b->update.fn ? DPAR_COLL_REDUCE_SCATTER : DPAR_COLL_ALLREDUCE;
+        x.fp.count = b->count;
+        x.fp.rank = c->rank;
+        x.fp.file = "dpar_buckets_wait";
+        x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+        c->tp->enter(&x);
+        DPAR__TRY(dpar__t_wait(&x, f, b->gen + 1, q, what[phase]));
+    }
+    *all = 1;
+    return DPAR_OK;
+}
+
+static void dpar__dbucket(const dpar_buckets *b, int k, int rank, size_t *lo, size_t *len)
+{
+    size_t bs = (size_t)k * b->per, be = bs + b->per < b->count ? bs + b->per : b->count, off;
+    dpar_block_range(be - bs, b->comm->size, rank, &off, len);
+    *lo = bs + off;
+}
+
+/* my buckets in progress, in order: reduce my block of each one every rank has marked (reading their
+   gradients where they are), update it; then copy the other blocks once their owners are done */
+static dpar_status dpar__dpoll(dpar_buckets *b, int block)
+{
+    dpar_comm *c = b->comm;
+    int i, w = 0, all, q, N = c->size;
+    size_t lo, len;
+    for (i = 0; i < b->npend; i++) {
+        int k = b->pend[i];
+        if (b->dstate[k] == 1) {
+            DPAR__TRY(dpar__dall(b, DPAR__D_MARKED, k, block, &all));
+            if (all) {
+                dpar__dbucket(b, k, c->rank, &lo, &len);
+                for (q = 1; q < N && len; q++) /* ((mine op next) op next) ... in ring order, into mine */
+                    dpar__reduce(b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32, b->op,
+                                 q == N - 1 && b->op == DPAR_AVG ? N : 0);
+                if (b->update.fn) b->update.fn(b->update.user, lo, len);
+                dpar__dset(b, DPAR__D_REDUCED, k);
+                b->dstate[k] = b->dcopy ? 2 : 3;
+            }
+        }
+        if (b->dstate[k] == 2) {
+            DPAR__TRY(dpar__dall(b, DPAR__D_REDUCED, k, block, &all));
+            if (all) {
+                float **from = b->update.fn ? b->dparams : b->dgrads, *to = b->update.fn ? b->update.gather : b->grads;
+                for (q = 0; q < N; q++) {
+                    dpar__dbucket(b, k, q, &lo, &len);
+                    if (q != c->rank && from[q] != to && len) memcpy(to + lo, from[q] + lo, len * sizeof(float));
+                }
+                dpar__dset(b, DPAR__D_COPIED, k);
+                b->dstate[k] = 3;
+            }
+        }
+        if (b->dstate[k] != 3) b->pend[w++] = k;
+    }
+    b->npend = w;
     return DPAR_OK;
 }
 
@@ -5981,7 +6117,12 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
         b->filled[i] += e0 - s0;
         if (b->filled[i] == be - bs) {
             dpar_status st;
-            if (b->update.fn) { /* reduce-scatter, update my block, all-gather the params: one chained request */
+            if (b->direct) { /* marked here; reduced by whoever polls once all are */
+                dpar__dset(b, DPAR__D_MARKED, i);
+                b->dstate[i] = 1;
+                b->pend[b->npend++] = i;
+                st = DPAR_OK;
+            } else if (b->update.fn) { /* reduce-scatter, update my block, all-gather the params: one chained request */
                 dpar__then then = b->update;
                 size_t off;
                 dpar__call k;
@@ -5998,7 +6139,7 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
             if (!b->first_launch) b->first_launch = dpar_time_ns();
         }
     }
-    return DPAR_OK;
+    return b->direct ? dpar__dpoll(b, 0) : DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
@@ -6017,6 +6158,16 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     if (st == DPAR_OK && at < b->count)
         st = dpar__err(DPAR_EINVAL, "dpar_buckets_wait: gradients [%zu, %zu) were never marked ready", at, b->count);
     if (st != DPAR_OK) st = dpar__bad_call(b->comm, st); /* the other ranks must not wait for us */
+    if (st == DPAR_OK && b->direct) { /* my buckets, then everyone's: no rank reads my memory after this */
+        int all;
+        st = dpar__dpoll(b, 1);
+        for (i = 0; i < b->nb && st == DPAR_OK; i++) st = dpar__dall(b, b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, 1, &all);
+    }
+    if (b->direct) {
+        b->gen++;
+        b->npend = 0;
+        memset(b->dstate, 0, (size_t)b->nb);
+    }
     for (i = 0; i < b->nb; i++) {
         if (b->req[i] && (w = dpar_request_wait(b->req[i])) != DPAR_OK && st == DPAR_OK) st = w;
         b->req[i] = NULL;
@@ -6032,6 +6183,7 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
 {
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: buckets is NULL");
     if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: gradients of this step are marked ready");
+    if (b->direct) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: direct buckets are on (turn them off first)");
     if (update && b->count && !params) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params is NULL");
     if (update && dpar__overlap(params, b->count * sizeof(float), b->grads, b->count * sizeof(float)))
         return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params overlaps the gradients");
@@ -6044,6 +6196,88 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
     return DPAR_OK;
 }
 
+static void dpar__direct_off(dpar_buckets *b)
+{
+    dpar_allocator *a = &b->comm->allocator;
+    if (b->direct && __atomic_sub_fetch(&b->direct->refs, 1, DPAR__ACQ_REL) == 0) {
+        dpar_allocator mine = b->direct->allocator;
+        dpar__free(&mine, b->direct);
+    }
+    b->direct = NULL;
+    dpar__free(a, b->dgrads);
+    dpar__free(a, b->dparams);
+    dpar__free(a, b->pend);
+    dpar__free(a, b->dstate);
+    b->dgrads = b->dparams = NULL;
+    b->pend = NULL;
+    b->dstate = NULL;
+    b->npend = 0;
+}
+
+DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
+{
+    dpar_comm *c;
+    dpar__direct *d = NULL;
+    uint64_t *v; /* per rank: grads, params, the flags (rank 0's), ok, count, has an update */
+    dpar_status st;
+    int N, r, q, ok;
+    if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
+    c = b->comm;
+    if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_direct: gradients of this step are marked ready");
+    if (on && c->tp != &dpar__threads_transport)
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
+                         "read the other ranks' memory)", c->name);
+    dpar__direct_off(b);
+    if (!on) return DPAR_OK;
+    N = c->size;
+    r = c->rank;
+    v = (uint64_t *)dpar__calloc(&c->allocator, 6 * (size_t)N, sizeof(uint64_t));
+    b->dgrads = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
+    b->dparams = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
+    b->pend = (int *)dpar__calloc(&c->allocator, (size_t)b->nb + 1, sizeof(int));
+    b->dstate = (unsigned char *)dpar__calloc(&c->allocator, (size_t)b->nb + 1, 1);
+    if (r == 0) {
+        d = (dpar__direct *)dpar__calloc(&c->allocator, 1, sizeof *d + 3 * (size_t)b->nb * (size_t)N * sizeof(uint32_t));
+        if (d) d->refs = N, d->allocator = c->allocator;
+    }
+    ok = v && b->dgrads && b->dparams && b->pend && b->dstate && (r != 0 || d);
+    if (!v) { /* cannot even say so: fail the others' allgather too */
+        dpar__direct_off(b);
+        dpar__free(&c->allocator, d);
+        return dpar__bad_call(c, dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory"));
+    }
+    v[6 * r] = (uint64_t)(uintptr_t)b->grads;
+    v[6 * r + 1] = (uint64_t)(uintptr_t)(b->update.fn ? b->update.gather : NULL);
+    v[6 * r + 2] = (uint64_t)(uintptr_t)d;
+    v[6 * r + 3] = (uint64_t)ok;
+    v[6 * r + 4] = (uint64_t)b->count;
+    v[6 * r + 5] = (uint64_t)(b->update.fn != NULL);
+    st = dpar_allgather(c, v + 6 * r, v, 6 * (size_t)N, DPAR_I64);
+    for (q = 0; q < N && st == DPAR_OK; q++) {
+        if (!v[6 * q + 3]) st = dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory on rank %d", q);
+        else if (v[6 * q + 4] != v[4] || v[6 * q + 5] != v[5])
+            st = dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: rank %d has %llu gradients %s an update, rank 0 %llu %s",
+                           q, (unsigned long long)v[6 * q + 4], v[6 * q + 5] ? "with" : "without",
+                           (unsigned long long)v[4], v[5] ? "with" : "without");
+    }
+    if (st != DPAR_OK) {
+        dpar__direct_off(b);
+        dpar__free(&c->allocator, d);
+        dpar__free(&c->allocator, v);
+        return st;
+    }
+    b->direct = (dpar__direct *)(uintptr_t)v[2];
+    b->dcopy = !b->update.fn;
+    for (q = 0; q < N; q++) {
+        b->dgrads[q] = (float *)(uintptr_t)v[6 * q];
+        b->dparams[q] = (float *)(uintptr_t)v[6 * q + 1];
+        b->dcopy |= v[6 * q + 1] != v[6 * r + 1];
+    }
+    b->gen = 0;
+    dpar__free(&c->allocator, v);
+    return DPAR_OK;
+}
+
 DPAR_API int dpar_buckets_count(const dpar_buckets *b) { return b ? b->nb : 0; }
 DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b) { return b ? b->overlap : 0; }
 
@@ -6053,6 +6287,7 @@ DPAR_API void dpar_buckets_destroy(dpar_buckets *b)
     if (!b) return;
     for (i = 0; i < b->nb && b->req; i++)
         if (b->req[i]) dpar_request_wait(b->req[i]);
+    dpar__direct_off(b);
     dpar__free(&b->comm->allocator, b->filled);
     dpar__free(&b->comm->allocator, b->req);
     dpar__free(&b->comm->allocator, b->marks);

@@ -108,6 +108,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     TRY(dpar_buckets_create(comm, g, j->np, BUCKET * sizeof(float), DPAR_AVG, &buckets));
     opt.p = p, opt.g = g, opt.lr = lr;
     TRY(dpar_buckets_set_update(buckets, p, sgd, &opt));
+    TRY(dpar_buckets_set_direct(buckets, 1)); /* thread ranks: reduce in shared memory, between our GEMMs */
     per = dpar_sampler_epoch(&sampler, 0, &mine);
     pos = 0;
     for (step = 0; step < j->steps; step++) {

@@ -64,7 +64,7 @@ static void test_sampler(void)
 }
 
 /* ---- buckets: backward marks layers from the last to the first; compare with one allreduce ---- */
-typedef struct { size_t n; int errors_case; uint64_t overlap[8]; int nb; } bucket_job;
+typedef struct { size_t n; int errors_case; uint64_t overlap[8]; int nb, direct; } bucket_job;
 
 static void bucket_rank(world *w, dpar_comm *c, int r)
 {
@@ -74,12 +74,13 @@ static void bucket_rank(world *w, dpar_comm *c, int r)
     dpar_buckets *b;
     int step;
     expect_ok(w, dpar_buckets_create(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
+    if (j->direct) expect_ok(w, dpar_buckets_set_direct(b, 1), "buckets_set_direct", r);
     for (step = 0; step < 3; step++) {
         size_t end = n;
         for (i = 0; i < n; i++) g[i] = ref[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
         while (end > 0) { /* backward: the last layer's gradients are final first */
             size_t start = end > layer ? end - layer : 0;
-            usleep(200); /* the layer's backward */
+            usleep(200 + (unsigned)((r * 137 + step * 59 + (int)(end % 97)) % 300)); /* the layer's backward */
             expect_ok(w, dpar_buckets_ready(b, start, end - start), "buckets_ready", r);
             end = start;
         }
@@ -106,13 +107,16 @@ static void bucket_rank(world *w, dpar_comm *c, int r)
     free(ref);
 }
 
+/* direct = 1: the same through shared memory (dpar_buckets_set_direct), no messages */
 static void test_buckets_match_allreduce(void)
 {
-    int n;
+    int n, direct;
+    for (direct = 0; direct <= 1; direct++)
     for (n = 1; n <= 4; n++) {
         bucket_job j;
         memset(&j, 0, sizeof j);
         j.n = 300007;
+        j.direct = direct;
         CHECK(run_world(n, bucket_rank, &j) == 0);
         CHECK(j.nb == (int)((j.n + 16383) / 16384)); /* 64 KiB buckets of floats */
         if (n > 1) CHECK(j.overlap[0] > 0);          /* buckets were in flight during "backward" */
@@ -120,13 +124,14 @@ static void test_buckets_match_allreduce(void)
 }
 
 /* ---- buckets with an update (ZeRO-1 split of the SGD step): against one allreduce + a full step ---- */
-typedef struct { size_t n; int *hits[4]; float lr; float *shared; } update_job; /* shared: one params for all ranks */
-typedef struct { float *p, *g, lr; int *hits; } update_state;
+typedef struct { size_t n; int *hits[4]; float lr; float *shared; int direct; } update_job; /* shared: one params for all ranks */
+typedef struct { float *p, *g, lr; int *hits, slow; } update_state;
 
 static void sgd_block(void *user, size_t offset, size_t count)
 {
     update_state *u = (update_state *)user;
     size_t q;
+    if (u->slow) usleep(300); /* a rank late with its update: the others' waits must wait for it */
     for (q = offset; q < offset + count; q++) {
         u->p[q] -= u->lr * u->g[q];
         u->hits[q]++;
@@ -142,36 +147,46 @@ static void update_rank(world *w, dpar_comm *c, int r)
     update_state u;
     dpar_buckets *b;
     int step;
-    u.p = p, u.g = g, u.lr = j->lr, u.hits = j->hits[r];
+    u.p = p, u.g = g, u.lr = j->lr, u.hits = j->hits[r], u.slow = r == 1;
     for (i = 0; i < n; i++) rp[i] = (float)(i % 1000) * 0.001f; /* the same start on every rank */
     if (!j->shared) memcpy(p, rp, n * sizeof(float));
     expect_ok(w, dpar_buckets_create(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
     expect_ok(w, dpar_buckets_set_update(b, p, sgd_block, &u), "buckets_set_update", r);
+    if (j->direct) {
+        expect_ok(w, dpar_buckets_set_direct(b, 1), "buckets_set_direct", r);
+        if (dpar_buckets_set_update(b, p, sgd_block, &u) != DPAR_EBUSY) note(w, "set_update accepted with direct on");
+    }
     for (step = 0; step < 3; step++) {
         size_t end = n, bs, off, len, per = 16384;
         /* integer gradients: their sums are exact, so any order of reduction gives the same bits */
-        for (i = 0; i < n; i++) g[i] = rg[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
+        for (i = 0; i < n; i++) { /* and the reference: their average, computed here (no collective to wait at) */
+            int q, sum = 0;
+            for (q = 0; q < w->n; q++) sum += (q * 31 + (int)i * 7 + step * 3) % 64;
+            g[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
+            rg[i] = (float)sum / (float)w->n;
+        }
         while (end > 0) {
             size_t start = end > layer ? end - layer : 0;
+            if (j->direct && (r + step) % 2) usleep(300); /* ranks out of step: some wait, some poll */
             expect_ok(w, dpar_buckets_ready(b, start, end - start), "buckets_ready", r);
             end = start;
         }
         expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
-        expect_ok(w, dpar_allreduce(c, rg, rg, n, DPAR_F32, DPAR_AVG), "allreduce", r); /* the reference step */
-        for (i = 0; i < n; i++) rp[i] -= j->lr * rg[i];
+        for (i = 0; i < n; i++) rp[i] -= j->lr * rg[i]; /* the reference step */
         if (memcmp(p, rp, n * sizeof(float))) note(w, "step %d rank %d: params differ from allreduce + a full step", step, r);
         for (bs = 0; bs < n; bs += per) { /* my block of each bucket holds the reduced gradients */
             dpar_block_range(n - bs < per ? n - bs : per, w->n, r, &off, &len);
             if (memcmp(g + bs + off, rg + bs + off, len * sizeof(float))) note(w, "rank %d: block at %zu not reduced", r, bs + off);
         }
     }
-    if (r == 0) { /* mistakes */
+    if (r == 0 && !j->direct) { /* mistakes */
         if (dpar_buckets_set_update(NULL, p, sgd_block, &u) != DPAR_EINVAL) note(w, "NULL buckets accepted");
         if (dpar_buckets_set_update(b, NULL, sgd_block, &u) != DPAR_EINVAL) note(w, "NULL params accepted");
         if (dpar_buckets_set_update(b, g + 1, sgd_block, &u) != DPAR_EINVAL || !strstr(dpar_last_error(), "overlaps"))
             note(w, "params overlapping the gradients accepted");
     }
     if (w->n == 1) { /* mid-step: refused; then off again: a plain allreduce */
+        if (j->direct) expect_ok(w, dpar_buckets_set_direct(b, 0), "buckets_set_direct off", r);
         expect_ok(w, dpar_buckets_ready(b, 0, n), "buckets_ready", r);
         if (dpar_buckets_set_update(b, NULL, NULL, NULL) != DPAR_EBUSY) note(w, "set_update mid-step accepted");
         expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
@@ -187,18 +202,21 @@ static void update_rank(world *w, dpar_comm *c, int r)
 }
 
 /* each rank its own params, then (shared = 1) one params array for all the thread ranks: every rank
-   updates its block in place and the all-gather has nothing to copy; the same result either way */
+   updates its block in place and the all-gather has nothing to copy; the same result either way.
+   Both again with direct buckets (dpar_buckets_set_direct: through shared memory, no messages). */
 static void test_buckets_update_split(void)
 {
-    int n, r, shared;
+    int n, r, shared, mode;
     size_t i;
-    for (shared = 0; shared <= 1; shared++)
+    for (mode = 0; mode < 4; mode++)
     for (n = 1; n <= 4; n++) {
         update_job j;
         int bad = 0;
         memset(&j, 0, sizeof j);
         j.n = 300007;
         j.lr = 0.125f;
+        shared = mode & 1;
+        j.direct = mode >> 1;
         if (shared) {
             j.shared = (float *)malloc(j.n * sizeof(float));
             for (i = 0; i < j.n; i++) j.shared[i] = (float)(i % 1000) * 0.001f;
@@ -215,6 +233,42 @@ static void test_buckets_update_split(void)
         for (r = 0; r < n; r++) free(j.hits[r]);
         free(j.shared);
     }
+}
+
+/* ---- direct buckets: what is refused, and a rank's mistake ends the others' wait ---- */
+static void direct_errors_rank(world *w, dpar_comm *c, int r)
+{
+    size_t n = 5000;
+    float *g = (float *)calloc(n, sizeof(float)), *p = (float *)calloc(n, sizeof(float));
+    update_state u;
+    dpar_buckets *b;
+    dpar_status st;
+    int hits[5000];
+    memset(hits, 0, sizeof hits);
+    u.p = p, u.g = g, u.lr = 0.5f, u.hits = hits;
+    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_SUM, &b), "buckets_create", r);
+    if (dpar_buckets_set_direct(NULL, 1) != DPAR_EINVAL) note(w, "NULL buckets accepted");
+    /* rank 0 with an update, the others without: refused on every rank, saying why */
+    if (r == 0) expect_ok(w, dpar_buckets_set_update(b, p, sgd_block, &u), "set_update", r);
+    st = dpar_buckets_set_direct(b, 1);
+    if (st != DPAR_EINVAL || !strstr(dpar_last_error(), "update")) note(w, "rank %d: mixed updates: %s", r, dpar_last_error());
+    if (r == 0) expect_ok(w, dpar_buckets_set_update(b, NULL, NULL, NULL), "set_update off", r);
+    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    expect_ok(w, dpar_buckets_ready(b, 0, 10), "buckets_ready", r);
+    if (dpar_buckets_set_direct(b, 0) != DPAR_EBUSY) note(w, "set_direct mid-step accepted");
+    /* rank 1 never marks the rest: its wait says so and poisons the comm, so the others' waits end */
+    if (r != 1) expect_ok(w, dpar_buckets_ready(b, 10, n - 10), "buckets_ready", r);
+    st = dpar_buckets_wait(b);
+    if (st == DPAR_OK) note(w, "rank %d: a step with gradients never marked went through", r);
+    if (r == 1 && !strstr(dpar_last_error(), "never marked ready")) note(w, "rank 1: %s", dpar_last_error());
+    dpar_buckets_destroy(b);
+    free(g), free(p);
+}
+
+static void test_buckets_direct_errors(void)
+{
+    int n;
+    for (n = 2; n <= 3; n++) CHECK(run_world(n, direct_errors_rank, NULL) == 0);
 }
 
 /* ---- IDX ---- */
@@ -443,6 +497,7 @@ int main(int argc, char **argv)
     RUN(test_sampler);
     RUN(test_buckets_match_allreduce);
     RUN(test_buckets_update_split);
+    RUN(test_buckets_direct_errors);
     RUN(test_idx_reader);
     RUN(test_checkpoint_single);
     RUN(test_checkpoint_over_ranks);

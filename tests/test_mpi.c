@@ -351,6 +351,8 @@ static void buckets_proc(world *w, dpar_comm *c, int r)
     for (i = 0; i < n; i++) g[i] = rg[i] = (float)((r * 13 + (int)i) % 32), p[i] = rp[i] = (float)(i % 100);
     expect_ok(w, dpar_buckets_create(c, g, n, 40000, DPAR_SUM, &b), "buckets_create", r);
     expect_ok(w, dpar_buckets_set_update(b, p, sgd_half, pg), "buckets_set_update", r);
+    if (dpar_buckets_set_direct(b, 1) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "thread ranks"))
+        note(w, "rank %d: direct buckets over MPI processes accepted: %s", r, dpar_last_error());
     expect_ok(w, dpar_buckets_ready(b, n / 2, n - n / 2), "buckets_ready", r);
     expect_ok(w, dpar_buckets_ready(b, 0, n / 2), "buckets_ready", r);
     expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
