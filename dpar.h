@@ -842,6 +842,13 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
 /* dpar_buckets_wait: wait for every bucket; DPAR_EINVAL (naming the range) if some gradients were
    never marked, then nothing is reduced. Starts the next step. Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
+/* dpar_buckets_wait_range: wait only for the buckets that hold [offset, offset + count): on return
+   those gradients are reduced (with an update: those params updated, on every rank). It does not end
+   the step: dpar_buckets_wait still must, before the next step's first dpar_buckets_ready. So the next
+   forward can start on the first layer while the last buckets are still being reduced. DPAR_EINVAL
+   when the range is outside the gradients or a bucket holding it is not full yet (it would never
+   finish). Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, size_t count);
 /* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style, so that each
    rank makes 1/N of the optimizer step instead of all of it. A full bucket is then reduce-scattered
    instead of allreduced; on the comm's progress thread (on a comm of one rank: in dpar_buckets_ready)
@@ -6022,8 +6029,11 @@ static dpar_status dpar__dall(dpar_buckets *b, int phase, int k, int block, int 
         x.lane = DPAR__LANE_P2P;
         x.fp.coll = b->update.fn ? DPAR_COLL_REDUCE_SCATTER : DPAR_COLL_ALLREDUCE;
         x.fp.count = b->count;
+        x.fp.dtype = (int)DPAR_F32;
+        x.fp.op = (int)b->op;
         x.fp.rank = c->rank;
-        x.fp.file = "dpar_buckets_wait";
+        x.fp.file = __FILE__;
+        x.fp.line = __LINE__;
         x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
         c->tp->enter(&x);
         DPAR__TRY(dpar__t_wait(&x, f, b->gen + 1, q, what[phase]));
@@ -6040,14 +6050,15 @@ static void dpar__dbucket(const dpar_buckets *b, int k, int rank, size_t *lo, si
 }
 
 /* my buckets in progress, in order: reduce my block of each one every rank has marked (reading their
-   gradients where they are), update it; then copy the other blocks once their owners are done */
-static dpar_status dpar__dpoll(dpar_buckets *b, int block)
+   gradients where they are), update it; then copy the other blocks once their owners are done.
+   Buckets block_from..block_to are waited for; the others are only taken if ready. */
+static dpar_status dpar__dpoll(dpar_buckets *b, int block_from, int block_to)
 {
     dpar_comm *c = b->comm;
     int i, w = 0, all, q, N = c->size;
     size_t lo, len;
     for (i = 0; i < b->npend; i++) {
-        int k = b->pend[i];
+        int k = b->pend[i], block = k >= block_from && k <= block_to; /* wait for these; the rest if ready */
         if (b->dstate[k] == 1) {
             DPAR__TRY(dpar__dall(b, DPAR__D_MARKED, k, block, &all));
             if (all) {
@@ -6139,7 +6150,7 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
             if (!b->first_launch) b->first_launch = dpar_time_ns();
         }
     }
-    return b->direct ? dpar__dpoll(b, 0) : DPAR_OK;
+    return b->direct ? dpar__dpoll(b, 1, 0) : DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
@@ -6160,7 +6171,7 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     if (st != DPAR_OK) st = dpar__bad_call(b->comm, st); /* the other ranks must not wait for us */
     if (st == DPAR_OK && b->direct) { /* my buckets, then everyone's: no rank reads my memory after this */
         int all;
-        st = dpar__dpoll(b, 1);
+        st = dpar__dpoll(b, 0, b->nb - 1);
         for (i = 0; i < b->nb && st == DPAR_OK; i++) st = dpar__dall(b, b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, 1, &all);
     }
     if (b->direct) {
@@ -6175,6 +6186,38 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     }
     b->nmarks = 0;
     b->first_launch = 0;
+    return st;
+}
+
+DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, size_t count)
+{
+    dpar_status st = DPAR_OK;
+    int first, last, i, all;
+    if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_wait_range: buckets is NULL");
+    if (count == 0) return DPAR_OK;
+    if (offset > b->count || count > b->count - offset)
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_wait_range: [%zu, %zu) is outside the %zu gradients", offset,
+                         offset + count, b->count);
+    first = (int)(offset / b->per);
+    last = (int)((offset + count - 1) / b->per);
+    for (i = first; i <= last; i++) {
+        size_t bs = (size_t)i * b->per, be = bs + b->per < b->count ? bs + b->per : b->count;
+        if (b->filled[i] != be - bs)
+            return dpar__err(DPAR_EINVAL, "dpar_buckets_wait_range: the bucket [%zu, %zu) holding part of [%zu, %zu) is not "
+                             "full (%zu of %zu gradients marked ready this step)", bs, be, offset, offset + count,
+                             b->filled[i], be - bs);
+    }
+    if (b->direct) {
+        st = dpar__dpoll(b, first, last);
+        for (i = first; i <= last && st == DPAR_OK; i++)
+            st = dpar__dall(b, b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, 1, &all);
+        return st;
+    }
+    for (i = first; i <= last; i++) {
+        dpar_status w = b->req[i] ? dpar_request_wait(b->req[i]) : DPAR_OK;
+        b->req[i] = NULL;
+        if (w != DPAR_OK && st == DPAR_OK) st = w;
+    }
     return st;
 }
 

@@ -6,17 +6,14 @@
    Check: ^weights: (one copy shared by [0-9]+ ranks|[0-9]+ replicas, identical), crc32 [0-9a-f]{8}$
    Check: ^train samples_per_s=[0-9.]+ final_loss=[0-9.]+$
 
-   Every rank uses the whole model and trains on batch/threads samples of each global batch. In
-   backward the last layer's gradients are final first: each layer, once its gradients are
-   computed, tells its gradient buckets (dpar_buckets_ready); on the comm's progress thread a full
-   bucket is reduce-scattered, each rank applies SGD to its 1/N of the bucket (sgd below), and the
-   updated weights are all-gathered, while this rank goes on with the layers below (ZeRO-1's split of
-   the optimizer step, with the bytes of one allreduce). So backward computes a layer's input
-   gradient before its weight gradient: once marked ready, the weights may change. Thread ranks share
-   memory, so by default they share one copy of the weights: each updates its block in place and
-   the all-gather has nothing to copy. With --replicas each rank keeps its own copy, as processes
-   must (examples/mpi_data_parallel.c); after dpar_buckets_wait every replica holds the same new
-   weights, which the program checks at the end. Both train bit for bit alike (same crc32).
+   Each rank trains on batch/threads samples of each global batch. Backward computes every input
+   gradient first (they read the weights), then the weight gradients from the first layer up, each
+   block handed to the gradient buckets once final (after that the weights may change): a full
+   bucket is reduced and each rank applies SGD to its 1/N of it (ZeRO-1's split of the step), in
+   shared memory between the ranks' GEMMs (dpar_buckets_set_direct), to one copy of the weights that
+   the thread ranks share. The next forward waits for a layer's weights only when it gets there
+   (dpar_buckets_wait_range). --replicas gives each rank its own copy, as processes must, checked
+   identical at the end; both train bit for bit alike (same crc32).
    Options: --layers 784,1024,1024,10 --batch 256 (global) --steps 30 --threads 2 --lr 0.05 --replicas
    --images F --labels F (IDX files, e.g. MNIST; synthetic data without them). Add -DDPAR_OPENBLAS
    and -lopenblas to use OpenBLAS's GEMM. */
@@ -78,6 +75,7 @@ static void sgd(void *user, size_t offset, size_t count)
 }
 
 #define TRY(call) do { if ((st = (call)) != DPAR_OK) goto out; } while (0)
+#define WAIT(call) do { uint64_t t0_ = dpar_time_ns(); TRY(call); waited += dpar_time_ns() - t0_; } while (0)
 
 static dpar_status rank_main(void *user, int rank, int nranks)
 {
@@ -85,9 +83,8 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     int L = j->nl, b = j->batch / nranks, l, i, k, step;
     float lr = j->lr, *p = j->params[j->replicas ? rank : 0], *g, *act[MAXL + 1] = {0}, *delta[MAXL + 1] = {0}, loss = 0;
     double gemm_ns = 0, first = 0;
-    uint64_t t_start = 0, overlap = 0, waited = 0, t_wait;
+    uint64_t t_start = 0, overlap = 0, waited = 0, epoch = 0;
     size_t pos, per;
-    uint64_t epoch = 0;
     const size_t *mine;
     dpar_sampler sampler = {0};
     dpar_buckets *buckets = NULL;
@@ -115,10 +112,12 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         if (step == 1) t_start = dpar_time_ns(), gemm_ns = 0, overlap = 0, waited = 0; /* step 0 warms up: not timed */
         if (pos + (size_t)b > per) per = dpar_sampler_epoch(&sampler, ++epoch, &mine), pos = 0;
         for (i = 0; i < b; i++) memcpy(act[0] + (size_t)i * j->width[0], j->x + mine[pos + i] * j->width[0], sizeof(float) * j->width[0]);
-        /* forward: act[l+1] = relu(act[l] W_l + b_l); the last layer's are logits */
+        /* forward: act[l+1] = relu(act[l] W_l + b_l); the last layer's are logits. Each layer first
+           waits for its own weights to have taken the last step, not for all of them */
         for (l = 0; l < L; l++) {
             int in = j->width[l], out = j->width[l + 1];
             const float *bias = p + j->boff[l];
+            if (step > 0) WAIT(dpar_buckets_wait_range(buckets, j->woff[l], j->boff[l] + (size_t)out - j->woff[l]));
             gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, act[l], in, p + j->woff[l], out, 0, act[l + 1], out);
             for (i = 0; i < b; i++) {
                 float *a = act[l + 1] + (size_t)i * out;
@@ -140,12 +139,18 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         }
         loss /= (float)b;
         pos += (size_t)b;
-        /* backward, last layer first; each layer's gradients go to the buckets as soon as they are final */
-        for (l = L - 1; l >= 0; l--) {
+        if (step > 0) WAIT(dpar_buckets_wait(buckets)); /* the last step ends: all its buckets were waited for above */
+        /* backward: first every input gradient, last layer first (they read the weights: the input of
+           layer 0 needs none), then the weight gradients from the first layer up, each going to the
+           buckets as soon as it is final: the next forward's first layer gets its weights first */
+        for (l = L - 1; l > 0; l--) {
+            gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_TRANS, b, j->width[l], j->width[l + 1], delta[l + 1], j->width[l + 1],
+                 p + j->woff[l], j->width[l + 1], 0, delta[l], j->width[l]);
+            relu_backward(delta[l], act[l], (size_t)b * j->width[l]);
+        }
+        for (l = 0; l < L; l++) {
             int in = j->width[l], out = j->width[l + 1], r0, rows = (int)(BUCKET / out) > 1 ? (int)(BUCKET / out) : 1;
             float *gb = g + j->boff[l];
-            if (l > 0) /* the input gradient first (the input of layer 0 needs none): it reads W_l */
-                gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_TRANS, b, in, out, delta[l + 1], out, p + j->woff[l], out, 0, delta[l], in);
             /* the weight gradient in blocks of rows, each handed to the buckets at once: a full bucket
                starts while the next block is computed (W_l's rows may change from then on) */
             for (r0 = 0; r0 < in; r0 += rows) {
@@ -158,12 +163,8 @@ static dpar_status rank_main(void *user, int rank, int nranks)
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) gb[k] += delta[l + 1][(size_t)i * out + k];
             TRY(dpar_buckets_ready(buckets, j->boff[l], (size_t)out));
-            if (l > 0) relu_backward(delta[l], act[l], (size_t)b * in);
         }
-        t_wait = dpar_time_ns();
-        TRY(dpar_buckets_wait(buckets)); /* every block of the weights has taken the SGD step */
-        waited += dpar_time_ns() - t_wait;
-        overlap += dpar_buckets_overlap_ns(buckets);
+        overlap += step > 0 ? dpar_buckets_overlap_ns(buckets) : 0;
         if (step == 0 || step == j->steps - 1 || (j->steps >= 5 && (step + 1) % (j->steps / 5) == 0)) {
             float mean = loss; /* the global batch's loss: the mean over the ranks */
             TRY(dpar_allreduce(comm, &mean, &mean, 1, DPAR_F32, DPAR_AVG));
@@ -172,6 +173,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
             loss = mean;
         }
     }
+    WAIT(dpar_buckets_wait(buckets)); /* the last step's weights */
     if (rank == 0) {
         j->seconds = (double)(dpar_time_ns() - t_start) * 1e-9;
         j->gemm_ns = gemm_ns, j->overlap_ns = (double)overlap, j->wait_ns = (double)waited;
@@ -298,8 +300,8 @@ int main(int argc, char **argv)
     else printf("weights: one copy shared by %d ranks, ", j.threads);
     printf("crc32 %08x\n", (unsigned)dpar_crc32(0, j.params[0], j.np * sizeof(float)));
     if (j.steps > 1)
-        printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight during "
-               "backward) wait_ms=%.2f (then waited for)\n", j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds,
+        printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight before "
+               "the step's end) wait_ms=%.2f (then waited for)\n", j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds,
                j.overlap_ns * 1e-6 / (j.steps - 1), j.wait_ns * 1e-6 / (j.steps - 1));
     printf("train samples_per_s=%.1f final_loss=%.4f\n", j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0,
            j.final_loss);

@@ -165,14 +165,17 @@ static void update_rank(world *w, dpar_comm *c, int r)
             g[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
             rg[i] = (float)sum / (float)w->n;
         }
+        for (i = 0; i < n; i++) rp[i] -= j->lr * rg[i]; /* the reference step */
         while (end > 0) {
             size_t start = end > layer ? end - layer : 0;
             if (j->direct && (r + step) % 2) usleep(300); /* ranks out of step: some wait, some poll */
             expect_ok(w, dpar_buckets_ready(b, start, end - start), "buckets_ready", r);
             end = start;
         }
+        /* the first "layer" alone: its params have taken the step (the rest may still be on the way) */
+        expect_ok(w, dpar_buckets_wait_range(b, 10, layer - 10), "buckets_wait_range", r);
+        if (memcmp(p + 10, rp + 10, (layer - 10) * sizeof(float))) note(w, "step %d rank %d: wait_range returned early", step, r);
         expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
-        for (i = 0; i < n; i++) rp[i] -= j->lr * rg[i]; /* the reference step */
         if (memcmp(p, rp, n * sizeof(float))) note(w, "step %d rank %d: params differ from allreduce + a full step", step, r);
         for (bs = 0; bs < n; bs += per) { /* my block of each bucket holds the reduced gradients */
             dpar_block_range(n - bs < per ? n - bs : per, w->n, r, &off, &len);
@@ -255,8 +258,14 @@ static void direct_errors_rank(world *w, dpar_comm *c, int r)
     if (r == 0) expect_ok(w, dpar_buckets_set_update(b, NULL, NULL, NULL), "set_update off", r);
     expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
     expect_ok(w, dpar_buckets_ready(b, 0, 10), "buckets_ready", r);
+    if (dpar_buckets_wait_range(b, 0, 5) != DPAR_EINVAL || !strstr(dpar_last_error(), "not full"))
+        note(w, "rank %d: wait_range on a bucket not full: %s", r, dpar_last_error());
+    if (dpar_buckets_wait_range(b, n - 1, 2) != DPAR_EINVAL) note(w, "wait_range outside accepted");
     if (dpar_buckets_set_direct(b, 0) != DPAR_EBUSY) note(w, "set_direct mid-step accepted");
+    expect_ok(w, dpar_buckets_ready(b, 10, n - 10), "buckets_ready", r);
+    expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r); /* everyone is past set_direct's allgather */
     /* rank 1 never marks the rest: its wait says so and poisons the comm, so the others' waits end */
+    expect_ok(w, dpar_buckets_ready(b, 0, 10), "buckets_ready", r);
     if (r != 1) expect_ok(w, dpar_buckets_ready(b, 10, n - 10), "buckets_ready", r);
     st = dpar_buckets_wait(b);
     if (st == DPAR_OK) note(w, "rank %d: a step with gradients never marked went through", r);
@@ -265,10 +274,35 @@ static void direct_errors_rank(world *w, dpar_comm *c, int r)
     free(g), free(p);
 }
 
+/* a rank that never comes: the others' waits time out, naming it and what it did not do */
+static void direct_timeout_rank(world *w, dpar_comm *c, int r)
+{
+    size_t n = 3000;
+    float *g = (float *)calloc(n, sizeof(float));
+    dpar_buckets *b;
+    dpar_status st;
+    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_AVG, &b), "buckets_create", r);
+    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    if (r == 1) {
+        usleep(400 * 1000); /* the others time out meanwhile */
+    } else {
+        expect_ok(w, dpar_buckets_ready(b, 0, n), "buckets_ready", r);
+        st = dpar_buckets_wait(b);
+        if (st != DPAR_ETIMEDOUT || !strstr(dpar_last_error(), "waiting for rank 1 to mark its gradients"))
+            note(w, "rank %d: %s: %s", r, dpar_status_string(st), dpar_last_error());
+    }
+    dpar_buckets_destroy(b);
+    free(g);
+}
+
 static void test_buckets_direct_errors(void)
 {
+    dpar_comm_desc d;
     int n;
     for (n = 2; n <= 3; n++) CHECK(run_world(n, direct_errors_rank, NULL) == 0);
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 100;
+    CHECK(run_world_desc(2, &d, direct_timeout_rank, NULL, NULL, 0) == 0);
 }
 
 /* ---- IDX ---- */
