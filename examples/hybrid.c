@@ -4,19 +4,16 @@
    Check: ^ +7 +1 +1 +1
    Check: ^hybrid: dp=2 tp=2 pp=2, .*replicas bitwise identical, within .* of one-thread training, OK
 
-   Large models combine the three ways of splitting training. The 8 ranks form a mesh (Megatron's
-   order, dpar_mesh_create): world rank = (pp * 2 + dp) * 2 + tp. The model is two Megatron MLP
-   blocks (column-parallel, GeLU, row-parallel); pipeline parallelism puts block 1 on stage 0 and
-   block 2 on stage 1 (dpar_pipe, 1F1B, over mesh.pp_comm); inside each stage, tensor parallelism
-   cuts the block over the 2 ranks of mesh.tp_comm (one allreduce forward, one backward); and the
-   whole pipeline exists twice, one copy per data-parallel replica, each training on its own half of
-   every batch, so after the backward each rank averages its gradients with its twin in the other
-   replica (dpar_allreduce DPAR_AVG over mesh.dp_comm; the twin holds the same slice of the same
-   layer). Every comm connects the ranks that need it and no others: tp partners talk most (every
-   micro-batch), pp partners pass activations, dp partners meet once per step. At the end the two
-   replicas must hold bitwise identical parameters (checked by comparing the MIN and the MAX of every
-   parameter over the dp comm), and every rank's slices must equal, to rounding, the same model
-   trained on one thread on the whole batch. */
+   The 8 ranks form a mesh (Megatron's order, dpar_mesh_create): world rank = (pp * 2 + dp) * 2 + tp.
+   The model is two Megatron MLP blocks (column-parallel, GeLU, row-parallel); pipeline parallelism
+   puts block 1 on stage 0 and block 2 on stage 1 (dpar_pipe, 1F1B, over mesh.pp_comm); tensor
+   parallelism cuts each block over the 2 ranks of mesh.tp_comm (one allreduce forward, one
+   backward); and the pipeline exists twice, one per data-parallel replica, each on its half of
+   every batch, so after backward each rank averages its gradients with its twin in the other
+   replica (dpar_allreduce over mesh.dp_comm). tp partners talk every micro-batch, pp partners pass
+   activations, dp partners meet once per step. At the end the replicas must be bitwise identical
+   (the MIN and the MAX of every parameter over the dp comm agree), and every rank's slices must
+   equal, to rounding, the same model trained on one thread on the whole batch. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -65,10 +62,7 @@ static float gelu_grad(float v)
 }
 
 static float urand(unsigned long long *s) /* uniform in [-1, 1) */
-{
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(*s >> 40) / 8388608.0 - 1.0);
-}
+{ *s = *s * 6364136223846793005ull + 1442695040888963407ull; return (float)((double)(*s >> 40) / 8388608.0 - 1.0); }
 
 /* my replica's rows of the global batch, micro-batch `micro` */
 static size_t first_row(const rank_state *r, int micro) { return (size_t)r->mesh.dp_rank * LB + (size_t)micro * ROWS; }
@@ -135,31 +129,21 @@ static double slice_diff(const dpar_linear *l, const dpar_linear *whole_layer)
     return num / den;
 }
 
-#define TRY(call)                                                               \
-    do {                                                                        \
-        if ((st = (call)) != DPAR_OK) {                                         \
-            fprintf(stderr, "rank %d: %s: %s\n", wr, #call, dpar_last_error()); \
-            goto done;                                                          \
-        }                                                                       \
-    } while (0)
+#define TRY(call) do { if ((st = (call)) != DPAR_OK) { fprintf(stderr, "rank %d: %s: %s\n", wr, #call, dpar_last_error()); goto done; } } while (0)
 
 static dpar_status train(rank_state *r, dpar_comm *world, int wr)
 {
     job *j = r->j;
-    dpar_linear *L[2];
+    dpar_linear *L[2] = {&r->up, &r->down};
     dpar_pipe *pipe = NULL;
     dpar_pipe_desc pd;
     dpar_comm_stats s[2];
     dpar_status st = DPAR_OK;
     float lo[D * F], hi[D * F];
     int step, k, n, pp;
-    L[0] = &r->up;
-    L[1] = &r->down;
     TRY(dpar_mesh_create(world, DP, TP, PP, &r->mesh));
     pp = r->mesh.pp_rank;
-    j->coords[wr][0] = r->mesh.dp_rank;
-    j->coords[wr][1] = r->mesh.tp_rank;
-    j->coords[wr][2] = pp;
+    j->coords[wr][0] = r->mesh.dp_rank, j->coords[wr][1] = r->mesh.tp_rank, j->coords[wr][2] = pp;
     TRY(dpar_linear_init(&r->up, DPAR_LINEAR_COLUMN, D, F, 1, r->mesh.tp_comm, NULL, NULL));
     TRY(dpar_linear_init(&r->down, DPAR_LINEAR_ROW, F, D, 1, r->mesh.tp_comm, NULL, NULL));
     TRY(dpar_linear_set_weights(&r->up, j->w1[pp], j->b1[pp])); /* my stage's block, my tp slice */
@@ -213,18 +197,16 @@ done:
 static dpar_status rank_main(void *user, int wr, int n)
 {
     rank_state *r = (rank_state *)calloc(1, sizeof *r);
-    dpar_comm *world = NULL, *mine[4];
+    dpar_comm *world = NULL;
     dpar_status st;
     int k;
     (void)n;
     if (!r) return dpar_set_error(DPAR_ENOMEM, "rank %d: out of memory", wr);
     r->j = (job *)user;
     if ((st = dpar_comm_create(r->j->group, wr, &world)) == DPAR_OK) {
+        dpar_comm *mine[4];
         st = train(r, world, wr);
-        mine[0] = world;
-        mine[1] = r->mesh.tp_comm;
-        mine[2] = r->mesh.pp_comm;
-        mine[3] = r->mesh.dp_comm;
+        mine[0] = world, mine[1] = r->mesh.tp_comm, mine[2] = r->mesh.pp_comm, mine[3] = r->mesh.dp_comm;
         for (k = 0; k < 4 && st != DPAR_OK; k++) /* wake every rank that waits for me, on every comm of mine */
             if (mine[k]) dpar_comm_abort(mine[k]);
         if (r->mesh.tp_comm) dpar_mesh_destroy(&r->mesh);
