@@ -869,17 +869,23 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
                                              void (*update)(void *user, size_t offset, size_t count), void *user);
 /* dpar_buckets_set_direct: on a comm of thread ranks, reduce the buckets through shared memory on the
    ranks' own threads instead of with messages on the progress thread. A rank that marks a bucket
-   full says so; whichever rank's dpar_buckets_ready (or dpar_buckets_wait) next finds that every rank
-   has, reduces its own block of it, reading the other ranks' gradients where they lie, and runs the
-   update on it (dpar_buckets_set_update); the other blocks are then copied from their owners
-   (gradients without an update, params when they are not shared). No rank ever waits for another
-   before dpar_buckets_wait, and no thread is woken per bucket: the better choice when the ranks
-   have no spare cores for progress threads (the progress thread overlaps better when they do).
-   After dpar_buckets_wait no other rank reads this rank's memory. Results as without it (the
-   reduction order may differ). Collective: every rank calls it with the same `on`, between steps,
-   after dpar_buckets_set_update (which is DPAR_EBUSY while direct is on). DPAR_EUNSUPPORTED on an MPI
-   comm; DPAR_EINVAL when the ranks' counts or updates differ. Not counted in dpar_comm_stats, not
-   seen by the contract checker. on 0 turns it off. Thread safety: the rank's thread. */
+   full says so; whichever rank's dpar_buckets_ready (or wait, or wait_range) next finds that every
+   rank has, reduces its own block of it, reading the other ranks' gradients where they lie, and runs
+   the update on it (dpar_buckets_set_update); the other blocks are then copied from their owners
+   (gradients without an update, params when they are not shared). A rank does its share only inside
+   those three calls, and never waits before dpar_buckets_wait or _wait_range, where it goes on doing
+   its share of every bucket while it waits; so ranks must not block each other in between: call the
+   waits at the same points, relative to the comm's other collectives, on every rank. No thread is
+   woken per bucket: the better choice when the ranks have no spare cores for progress threads (the
+   progress thread overlaps better when they do). After dpar_buckets_wait and dpar_buckets_destroy,
+   whatever they return, no other rank reads this rank's memory (a rank leaving mid-step or on an
+   error poisons the comm, then waits for its readers). Results as without it (the reduction order
+   may differ). Collective: every rank calls it with the same `on`, between steps, after
+   dpar_buckets_set_update (which is DPAR_EBUSY while direct is on); params are shared by all ranks
+   or by none. DPAR_EUNSUPPORTED on an MPI comm; DPAR_EINVAL on every rank when their
+   counts, bucket sizes, ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the
+   comm is poisoned, the others must not wait). Not counted in dpar_comm_stats, not seen by the
+   contract checker. on 0 turns it off. Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on);
 /* dpar_buckets_count: how many buckets; dpar_buckets_overlap_ns: of the last step, how long
    buckets were in flight before dpar_buckets_wait was called (the communication hidden behind
@@ -5953,6 +5959,7 @@ struct dpar_buckets {
     int *pend, npend;
     unsigned char *dstate;
     int dcopy;           /* blocks to copy from the other ranks: no update, or params not shared */
+    dpar_status failed;  /* this step: a bucket that could not start, or an error wait_range saw */
     uint32_t gen;        /* steps made since direct was set: this step's flags say gen + 1 */
 };
 
@@ -6000,6 +6007,11 @@ static uint32_t *dpar__dflag(dpar_buckets *b, int phase, int k, int r)
 {
     return &b->direct->flags[((size_t)phase * (size_t)b->nb + (size_t)k) * (size_t)b->comm->size + (size_t)r];
 }
+/* rank r is reading the other ranks' memory right now (after the flags: one word per rank) */
+static uint32_t *dpar__dreading(dpar_buckets *b, int r)
+{
+    return &b->direct->flags[3 * (size_t)b->nb * (size_t)b->comm->size + (size_t)r];
+}
 
 static void dpar__dset(dpar_buckets *b, int phase, int k) /* I finished phase of bucket k: tell everyone */
 {
@@ -6010,36 +6022,41 @@ static void dpar__dset(dpar_buckets *b, int phase, int k) /* I finished phase of
         if (q != c->rank) dpar__ring_bell(c->group, q);
 }
 
-/* *all: has every rank finished phase of bucket k this step? block: wait until it has (or the comm's
-   timeout, or its poison) */
-static dpar_status dpar__dall(dpar_buckets *b, int phase, int k, int block, int *all)
+/* the first rank that has not finished phase of bucket k this step, or -1 */
+static int dpar__dmissing(dpar_buckets *b, int phase, int k)
 {
-    static const char *const what[] = {"mark its gradients of a bucket ready", "reduce its block of a bucket",
-                                       "copy the blocks of a bucket"};
-    dpar_comm *c = b->comm;
-    dpar__ctx x;
     int q;
-    *all = 0;
-    for (q = 0; q < c->size; q++) {
-        const uint32_t *f = dpar__dflag(b, phase, k, q);
-        if ((int32_t)(DPAR__LOAD(f, DPAR__ACQUIRE) - (b->gen + 1)) >= 0) continue;
-        if (!block) return DPAR_OK;
-        memset(&x, 0, sizeof x);
-        x.c = c;
-        x.lane = DPAR__LANE_P2P;
-        x.fp.coll = b->update.fn ? DPAR_COLL_REDUCE_SCATTER : DPAR_COLL_ALLREDUCE;
-        x.fp.count = b->count;
-        x.fp.dtype = (int)DPAR_F32;
-        x.fp.op = (int)b->op;
-        x.fp.rank = c->rank;
-        x.fp.file = __FILE__;
-        x.fp.line = __LINE__;
-        x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
-        c->tp->enter(&x);
-        DPAR__TRY(dpar__t_wait(&x, f, b->gen + 1, q, what[phase]));
+    for (q = 0; q < b->comm->size; q++)
+        if ((int32_t)(DPAR__LOAD(dpar__dflag(b, phase, k, q), DPAR__ACQUIRE) - (b->gen + 1)) < 0) return q;
+    return -1;
+}
+
+/* About to read the other ranks' memory: "reading now", then one more look at the poison (a Dekker
+   pair with dpar__dquiesce, as dpar__t_fetch with dpar__t_quiesce): either this rank sees that a
+   peer left on an error, or that peer sees this reader and waits before it returns. */
+static dpar_status dpar__dread_begin(dpar_buckets *b)
+{
+    DPAR__STORE(dpar__dreading(b, b->comm->rank), 1u, DPAR__SEQ_CST);
+    if (DPAR__LOAD(&b->comm->group->poison, DPAR__SEQ_CST)) {
+        DPAR__STORE(dpar__dreading(b, b->comm->rank), 0u, DPAR__SEQ_CST);
+        return dpar__t_poisoned(b->comm);
     }
-    *all = 1;
     return DPAR_OK;
+}
+static void dpar__dread_end(dpar_buckets *b) { DPAR__STORE(dpar__dreading(b, b->comm->rank), 0u, DPAR__SEQ_CST); }
+
+/* Leaving a step on an error: poison the group (the others must not wait for this rank, nor start
+   reading its memory), then wait until no rank is still reading it, so the caller may free it. */
+static void dpar__dquiesce(dpar_buckets *b)
+{
+    uint64_t give_up = dpar_time_ns() + 5000000000u;
+    int q;
+    if (!b->direct) return;
+    if (!DPAR__LOAD(&b->comm->group->poison, DPAR__SEQ_CST))
+        dpar__t_poison(b->comm, DPAR_EINVAL, "dpar_buckets: a rank left its direct buckets in the middle of a step");
+    for (q = 0; q < b->comm->size; q++)
+        while (q != b->comm->rank && DPAR__LOAD(dpar__dreading(b, q), DPAR__SEQ_CST) && dpar_time_ns() < give_up)
+            sched_yield();
 }
 
 static void dpar__dbucket(const dpar_buckets *b, int k, int rank, size_t *lo, size_t *len)
@@ -6049,39 +6066,37 @@ static void dpar__dbucket(const dpar_buckets *b, int k, int rank, size_t *lo, si
     *lo = bs + off;
 }
 
-/* my buckets in progress, in order: reduce my block of each one every rank has marked (reading their
-   gradients where they are), update it; then copy the other blocks once their owners are done.
-   Buckets block_from..block_to are waited for; the others are only taken if ready. */
-static dpar_status dpar__dpoll(dpar_buckets *b, int block_from, int block_to)
+/* my buckets in progress, in order, never waiting: reduce my block of each one every rank has marked
+   (reading their gradients where they are), update it; then copy the other blocks once their owners
+   are done */
+static dpar_status dpar__dpoll(dpar_buckets *b)
 {
     dpar_comm *c = b->comm;
-    int i, w = 0, all, q, N = c->size;
+    int i, w = 0, q, N = c->size;
     size_t lo, len;
     for (i = 0; i < b->npend; i++) {
-        int k = b->pend[i], block = k >= block_from && k <= block_to; /* wait for these; the rest if ready */
-        if (b->dstate[k] == 1) {
-            DPAR__TRY(dpar__dall(b, DPAR__D_MARKED, k, block, &all));
-            if (all) {
-                dpar__dbucket(b, k, c->rank, &lo, &len);
-                for (q = 1; q < N && len; q++) /* ((mine op next) op next) ... in ring order, into mine */
-                    dpar__reduce(b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32, b->op,
-                                 q == N - 1 && b->op == DPAR_AVG ? N : 0);
-                if (b->update.fn) b->update.fn(b->update.user, lo, len);
-                dpar__dset(b, DPAR__D_REDUCED, k);
-                b->dstate[k] = b->dcopy ? 2 : 3;
-            }
+        int k = b->pend[i];
+        if (b->dstate[k] == 1 && dpar__dmissing(b, DPAR__D_MARKED, k) < 0) {
+            DPAR__TRY(dpar__dread_begin(b));
+            dpar__dbucket(b, k, c->rank, &lo, &len);
+            for (q = 1; q < N && len; q++) /* ((mine op next) op next) ... in ring order, into mine */
+                dpar__reduce(b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32, b->op,
+                             q == N - 1 && b->op == DPAR_AVG ? N : 0);
+            dpar__dread_end(b);
+            if (b->update.fn) b->update.fn(b->update.user, lo, len);
+            dpar__dset(b, DPAR__D_REDUCED, k);
+            b->dstate[k] = b->dcopy ? 2 : 3;
         }
-        if (b->dstate[k] == 2) {
-            DPAR__TRY(dpar__dall(b, DPAR__D_REDUCED, k, block, &all));
-            if (all) {
-                float **from = b->update.fn ? b->dparams : b->dgrads, *to = b->update.fn ? b->update.gather : b->grads;
-                for (q = 0; q < N; q++) {
-                    dpar__dbucket(b, k, q, &lo, &len);
-                    if (q != c->rank && from[q] != to && len) memcpy(to + lo, from[q] + lo, len * sizeof(float));
-                }
-                dpar__dset(b, DPAR__D_COPIED, k);
-                b->dstate[k] = 3;
+        if (b->dstate[k] == 2 && dpar__dmissing(b, DPAR__D_REDUCED, k) < 0) {
+            float **from = b->update.fn ? b->dparams : b->dgrads, *to = b->update.fn ? b->update.gather : b->grads;
+            DPAR__TRY(dpar__dread_begin(b));
+            for (q = 0; q < N; q++) {
+                dpar__dbucket(b, k, q, &lo, &len);
+                if (q != c->rank && from[q] != to && len) memcpy(to + lo, from[q] + lo, len * sizeof(float));
             }
+            dpar__dread_end(b);
+            dpar__dset(b, DPAR__D_COPIED, k);
+            b->dstate[k] = 3;
         }
         if (b->dstate[k] != 3) b->pend[w++] = k;
     }
@@ -6089,10 +6104,56 @@ static dpar_status dpar__dpoll(dpar_buckets *b, int block_from, int block_to)
     return DPAR_OK;
 }
 
+/* Wait until buckets first..last are finished on every rank, doing this rank's part of every bucket
+   in progress meanwhile: never blocked on one bucket while a peer waits for this rank's part of
+   another (so ranks may call dpar_buckets_wait_range for different ranges). Sleeps on the doorbell. */
+static dpar_status dpar__dfinish(dpar_buckets *b, int first, int last)
+{
+    static const char *const what[] = {"mark its gradients of a bucket ready", "reduce its block of a bucket",
+                                       "copy the blocks of a bucket"};
+    dpar_comm *c = b->comm;
+    dpar_group *g = c->group;
+    dpar__slot *me = &g->slots[c->rank];
+    int fin = b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, entered = 0;
+    dpar__ctx x;
+    memset(&x, 0, sizeof x);
+    x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+    for (;;) {
+        uint32_t bell = DPAR__LOAD(&me->bell, DPAR__ACQUIRE);
+        int phase = 0, q = -1, k = -1;
+        DPAR__TRY(dpar__dpoll(b));
+        for (i = first; i <= last && q < 0 && k < 0; i++) {
+            phase = b->dstate[i] == 1 ? DPAR__D_MARKED : b->dstate[i] == 2 ? DPAR__D_REDUCED : fin;
+            q = dpar__dmissing(b, phase, i);
+            if (q >= 0 || b->dstate[i] != 3) k = i; /* waiting for rank q, or (q < 0) mine to do: poll again */
+        }
+        if (k < 0) return DPAR_OK;
+        if (q < 0) continue;
+        if (DPAR__LOAD(&g->poison, DPAR__ACQUIRE)) return dpar__t_poisoned(c);
+        if (!entered) { /* where this rank waits, for the others' timeout messages */
+            size_t bs = (size_t)k * b->per;
+            x.c = c;
+            x.lane = DPAR__LANE_P2P;
+            x.fp.coll = b->update.fn ? DPAR_COLL_REDUCE_SCATTER : DPAR_COLL_ALLREDUCE;
+            x.fp.count = b->count - bs < b->per ? b->count - bs : b->per; /* the bucket's */
+            x.fp.dtype = (int)DPAR_F32;
+            x.fp.op = (int)b->op;
+            x.fp.rank = c->rank;
+            x.fp.file = __FILE__;
+            x.fp.line = __LINE__;
+            c->tp->enter(&x);
+            entered = 1;
+        }
+        if (x.deadline && dpar_time_ns() >= x.deadline) return dpar__t_timeout(&x, q, what[phase]);
+        dpar__wait_while(&me->bell, bell, &me->bell_sleepers, c->spin, x.deadline, NULL);
+    }
+}
+
 DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t count)
 {
     size_t lo = 0, hi, end = offset + count;
     int first, last, i;
+    dpar_status st0 = DPAR_OK;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: buckets is NULL");
     if (count == 0) return DPAR_OK;
     if (offset > b->count || count > b->count - offset)
@@ -6146,11 +6207,15 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
             } else {
                 st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
             }
-            if (st != DPAR_OK) return st;
+            if (st != DPAR_OK) { /* the bucket never starts: the others must not wait for it, nor this rank's wait pass */
+                b->failed = st = dpar__bad_call(b->comm, st);
+                return st;
+            }
             if (!b->first_launch) b->first_launch = dpar_time_ns();
         }
     }
-    return b->direct ? dpar__dpoll(b, 1, 0) : DPAR_OK;
+    if (b->direct && (st0 = dpar__dpoll(b)) != DPAR_OK) dpar__dquiesce(b); /* no peer reads my memory after this */
+    return st0;
 }
 
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
@@ -6169,11 +6234,9 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     if (st == DPAR_OK && at < b->count)
         st = dpar__err(DPAR_EINVAL, "dpar_buckets_wait: gradients [%zu, %zu) were never marked ready", at, b->count);
     if (st != DPAR_OK) st = dpar__bad_call(b->comm, st); /* the other ranks must not wait for us */
-    if (st == DPAR_OK && b->direct) { /* my buckets, then everyone's: no rank reads my memory after this */
-        int all;
-        st = dpar__dpoll(b, 0, b->nb - 1);
-        for (i = 0; i < b->nb && st == DPAR_OK; i++) st = dpar__dall(b, b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, 1, &all);
-    }
+    if (st == DPAR_OK && b->failed) st = b->failed;     /* a bucket that never started, or failed in wait_range */
+    if (st == DPAR_OK && b->direct) st = dpar__dfinish(b, 0, b->nb - 1); /* mine, then everyone's */
+    if (st != DPAR_OK && b->direct) dpar__dquiesce(b); /* either way no rank reads my memory after this */
     if (b->direct) {
         b->gen++;
         b->npend = 0;
@@ -6186,13 +6249,14 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     }
     b->nmarks = 0;
     b->first_launch = 0;
+    b->failed = DPAR_OK;
     return st;
 }
 
 DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, size_t count)
 {
     dpar_status st = DPAR_OK;
-    int first, last, i, all;
+    int first, last, i;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_wait_range: buckets is NULL");
     if (count == 0) return DPAR_OK;
     if (offset > b->count || count > b->count - offset)
@@ -6208,15 +6272,14 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
                              b->filled[i], be - bs);
     }
     if (b->direct) {
-        st = dpar__dpoll(b, first, last);
-        for (i = first; i <= last && st == DPAR_OK; i++)
-            st = dpar__dall(b, b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, 1, &all);
+        if ((st = dpar__dfinish(b, first, last)) != DPAR_OK) dpar__dquiesce(b);
         return st;
     }
+    if (b->failed) return b->failed;
     for (i = first; i <= last; i++) {
         dpar_status w = b->req[i] ? dpar_request_wait(b->req[i]) : DPAR_OK;
         b->req[i] = NULL;
-        if (w != DPAR_OK && st == DPAR_OK) st = w;
+        if (w != DPAR_OK && st == DPAR_OK) b->failed = st = w; /* dpar_buckets_wait says it again */
     }
     return st;
 }
@@ -6242,6 +6305,8 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
 static void dpar__direct_off(dpar_buckets *b)
 {
     dpar_allocator *a = &b->comm->allocator;
+    if (b->direct && (b->nmarks || DPAR__LOAD(&b->comm->group->poison, DPAR__ACQUIRE)))
+        dpar__dquiesce(b); /* left mid-step, or after an error: nobody may still read our memory */
     if (b->direct && __atomic_sub_fetch(&b->direct->refs, 1, DPAR__ACQ_REL) == 0) {
         dpar_allocator mine = b->direct->allocator;
         dpar__free(&mine, b->direct);
@@ -6259,28 +6324,32 @@ static void dpar__direct_off(dpar_buckets *b)
 
 DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
 {
+    enum { V_GRADS, V_PARAMS, V_FLAGS, V_OK, V_COUNT, V_UPDATE, V_PER, V_OP, V_N };
     dpar_comm *c;
     dpar__direct *d = NULL;
-    uint64_t *v; /* per rank: grads, params, the flags (rank 0's), ok, count, has an update */
+    uint64_t *v; /* V_N words per rank */
     dpar_status st;
-    int N, r, q, ok;
+    int N, r, q, ok, shared = 0;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
     c = b->comm;
-    if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_direct: gradients of this step are marked ready");
-    if (on && c->tp != &dpar__threads_transport)
+    if (on && c->tp != &dpar__threads_transport) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
                          "read the other ranks' memory)", c->name);
+    if (b->nmarks) {
+        dpar__err(DPAR_EBUSY, "dpar_buckets_set_direct: gradients of this step are marked ready");
+        return on ? dpar__bad_call(c, DPAR_EBUSY) : DPAR_EBUSY; /* turning on is collective: the others must not wait */
+    }
     dpar__direct_off(b);
     if (!on) return DPAR_OK;
     N = c->size;
     r = c->rank;
-    v = (uint64_t *)dpar__calloc(&c->allocator, 6 * (size_t)N, sizeof(uint64_t));
+    v = (uint64_t *)dpar__calloc(&c->allocator, V_N * (size_t)N, sizeof(uint64_t));
     b->dgrads = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
     b->dparams = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
     b->pend = (int *)dpar__calloc(&c->allocator, (size_t)b->nb + 1, sizeof(int));
     b->dstate = (unsigned char *)dpar__calloc(&c->allocator, (size_t)b->nb + 1, 1);
-    if (r == 0) {
-        d = (dpar__direct *)dpar__calloc(&c->allocator, 1, sizeof *d + 3 * (size_t)b->nb * (size_t)N * sizeof(uint32_t));
+    if (r == 0) { /* the flags, then one "reading" word per rank */
+        d = (dpar__direct *)dpar__calloc(&c->allocator, 1, sizeof *d + (3 * (size_t)b->nb + 1) * (size_t)N * sizeof(uint32_t));
         if (d) d->refs = N, d->allocator = c->allocator;
     }
     ok = v && b->dgrads && b->dparams && b->pend && b->dstate && (r != 0 || d);
@@ -6289,34 +6358,51 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
         dpar__free(&c->allocator, d);
         return dpar__bad_call(c, dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory"));
     }
-    v[6 * r] = (uint64_t)(uintptr_t)b->grads;
-    v[6 * r + 1] = (uint64_t)(uintptr_t)(b->update.fn ? b->update.gather : NULL);
-    v[6 * r + 2] = (uint64_t)(uintptr_t)d;
-    v[6 * r + 3] = (uint64_t)ok;
-    v[6 * r + 4] = (uint64_t)b->count;
-    v[6 * r + 5] = (uint64_t)(b->update.fn != NULL);
-    st = dpar_allgather(c, v + 6 * r, v, 6 * (size_t)N, DPAR_I64);
-    for (q = 0; q < N && st == DPAR_OK; q++) {
-        if (!v[6 * q + 3]) st = dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory on rank %d", q);
-        else if (v[6 * q + 4] != v[4] || v[6 * q + 5] != v[5])
-            st = dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: rank %d has %llu gradients %s an update, rank 0 %llu %s",
-                           q, (unsigned long long)v[6 * q + 4], v[6 * q + 5] ? "with" : "without",
-                           (unsigned long long)v[4], v[5] ? "with" : "without");
+    v[V_N * r + V_GRADS] = (uint64_t)(uintptr_t)b->grads;
+    v[V_N * r + V_PARAMS] = (uint64_t)(uintptr_t)(b->update.fn ? b->update.gather : NULL);
+    v[V_N * r + V_FLAGS] = (uint64_t)(uintptr_t)d;
+    v[V_N * r + V_OK] = (uint64_t)ok;
+    v[V_N * r + V_COUNT] = (uint64_t)b->count;
+    v[V_N * r + V_UPDATE] = (uint64_t)(b->update.fn != NULL);
+    v[V_N * r + V_PER] = (uint64_t)b->per;
+    v[V_N * r + V_OP] = (uint64_t)b->op;
+    if ((st = dpar_allgather(c, v + V_N * r, v, V_N * (size_t)N, DPAR_I64)) != DPAR_OK) {
+        /* some rank may have got the flags all the same: never free them (the comm is unusable now) */
+        dpar__direct_off(b);
+        dpar__free(&c->allocator, v);
+        return st;
     }
-    if (st != DPAR_OK) {
+    for (q = 0; q < N; q++) { /* the same count on every rank: how many ranks share rank 0's or an earlier rank's params */
+        int e;
+        for (e = 0; e < q && v[V_N * e + V_PARAMS] != v[V_N * q + V_PARAMS]; e++) {}
+        shared += e < q;
+    }
+    for (q = 0; q < N && st == DPAR_OK; q++) {
+        const uint64_t *w = v + V_N * q;
+        if (!w[V_OK]) st = dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory on rank %d", q);
+        else if (w[V_COUNT] != v[V_COUNT] || w[V_UPDATE] != v[V_UPDATE] || w[V_PER] != v[V_PER] || w[V_OP] != v[V_OP])
+            st = dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: rank %d has %llu gradients in buckets of %llu, op %s, %s "
+                           "an update; rank 0 %llu, %llu, %s, %s", q, (unsigned long long)w[V_COUNT],
+                           (unsigned long long)w[V_PER], dpar_op_name((dpar_op)w[V_OP]), w[V_UPDATE] ? "with" : "without",
+                           (unsigned long long)v[V_COUNT], (unsigned long long)v[V_PER], dpar_op_name((dpar_op)v[V_OP]),
+                           v[V_UPDATE] ? "with" : "without");
+    }
+    if (st == DPAR_OK && v[V_UPDATE] && shared != 0 && shared != N - 1) /* all share one, or none shares */
+        st = dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: some ranks share their params and some do not (all or none)");
+    if (st != DPAR_OK) { /* every rank saw the same words: nobody keeps the flags */
         dpar__direct_off(b);
         dpar__free(&c->allocator, d);
         dpar__free(&c->allocator, v);
         return st;
     }
-    b->direct = (dpar__direct *)(uintptr_t)v[2];
-    b->dcopy = !b->update.fn;
+    b->direct = (dpar__direct *)(uintptr_t)v[V_FLAGS];
+    b->dcopy = !b->update.fn || shared == 0;
     for (q = 0; q < N; q++) {
-        b->dgrads[q] = (float *)(uintptr_t)v[6 * q];
-        b->dparams[q] = (float *)(uintptr_t)v[6 * q + 1];
-        b->dcopy |= v[6 * q + 1] != v[6 * r + 1];
+        b->dgrads[q] = (float *)(uintptr_t)v[V_N * q + V_GRADS];
+        b->dparams[q] = (float *)(uintptr_t)v[V_N * q + V_PARAMS];
     }
     b->gen = 0;
+    b->failed = DPAR_OK;
     dpar__free(&c->allocator, v);
     return DPAR_OK;
 }

@@ -295,6 +295,88 @@ static void direct_timeout_rank(world *w, dpar_comm *c, int r)
     free(g);
 }
 
+/* ranks that disagree: bucket size, op, params shared by some ranks only, one rank mid-step */
+static float two_share[4096];
+static void direct_disagree_rank(world *w, dpar_comm *c, int r)
+{
+    size_t n = 4096;
+    float *g = (float *)calloc(n, sizeof(float)), *p = (float *)calloc(n, sizeof(float));
+    update_state u;
+    dpar_buckets *b;
+    dpar_status st;
+    int k, hits[4096];
+    u.p = p, u.g = g, u.lr = 0.5f, u.hits = hits, u.slow = 0;
+    for (k = 0; k < (w->user ? 4 : 3); k++) { /* case 3 poisons the comm: a world of its own */
+        if (w->user && k < 3) continue;
+        size_t per = k == 0 && r == 1 ? 256 : 1024;
+        expect_ok(w, dpar_buckets_create(c, g, n, per * sizeof(float), k == 1 && r == 1 ? DPAR_AVG : DPAR_SUM, &b), "create", r);
+        if (k == 2) expect_ok(w, dpar_buckets_set_update(b, r == 2 ? p : two_share, sgd_block, &u), "set_update", r);
+        if (k == 3 && r == 0) expect_ok(w, dpar_buckets_ready(b, 0, 10), "ready", r); /* mid-step on rank 0 only */
+        st = dpar_buckets_set_direct(b, 1);
+        if (k < 3 && (st != DPAR_EINVAL || !strstr(dpar_last_error(), k < 2 ? "buckets of" : "share")))
+            note(w, "case %d rank %d: %s: %s", k, r, dpar_status_string(st), dpar_last_error());
+        if (k == 3 && (st == DPAR_OK || (r == 0 && st != DPAR_EBUSY))) /* the others learn it, they do not hang */
+            note(w, "mid-step on rank 0: rank %d got %s", r, dpar_status_string(st));
+        dpar_buckets_destroy(b);
+    }
+    free(g), free(p);
+}
+
+/* one rank waits early for a range the other fills last, the other for a range the first fills
+   first: both must finish (each does its own part of every bucket while it waits) */
+static void direct_cross_rank(world *w, dpar_comm *c, int r)
+{
+    size_t n = 2048, i;
+    float *g = (float *)malloc(n * sizeof(float));
+    dpar_buckets *b;
+    int step;
+    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_SUM, &b), "create", r);
+    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    for (step = 0; step < 3; step++) {
+        for (i = 0; i < n; i++) g[i] = (float)(r + 1);
+        if (r == 0) {
+            expect_ok(w, dpar_buckets_ready(b, 0, 1024), "ready 0", r);
+            expect_ok(w, dpar_buckets_ready(b, 1024, 1024), "ready 1", r);
+            expect_ok(w, dpar_buckets_wait_range(b, 1024, 1024), "wait_range 1", r);
+        } else {
+            usleep(20000); /* rank 0 already waits for bucket 1 */
+            expect_ok(w, dpar_buckets_ready(b, 0, 1024), "ready 0", r);
+            expect_ok(w, dpar_buckets_wait_range(b, 0, 1024), "wait_range 0", r);
+            expect_ok(w, dpar_buckets_ready(b, 1024, 1024), "ready 1", r);
+        }
+        expect_ok(w, dpar_buckets_wait(b), "wait", r);
+        for (i = 0; i < n && g[i] == 3.0f; i++) {}
+        if (i < n) note(w, "step %d rank %d: g[%zu] = %g, not 1 + 2", step, r, i, g[i]);
+    }
+    dpar_buckets_destroy(b);
+    free(g);
+}
+
+/* a rank that leaves on an error frees its gradients at once: the others must not read them after */
+static int left_and_freed;
+static void direct_leave_rank(world *w, dpar_comm *c, int r)
+{
+    size_t n = 2048;
+    float *g = (float *)calloc(n, sizeof(float));
+    dpar_buckets *b;
+    dpar_status st;
+    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_SUM, &b), "create", r);
+    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    if (r == 1) {
+        expect_ok(w, dpar_buckets_ready(b, 0, 1024), "ready", r);
+        if (dpar_buckets_wait(b) == DPAR_OK) note(w, "a step with gradients never marked went through"); /* poisons */
+        dpar_buckets_destroy(b);
+        free(g); /* under ASan, a read of it by rank 0 is a use after free */
+        __atomic_store_n(&left_and_freed, 1, __ATOMIC_SEQ_CST);
+        return;
+    }
+    while (!__atomic_load_n(&left_and_freed, __ATOMIC_SEQ_CST)) usleep(1000);
+    st = dpar_buckets_ready(b, 0, 1024); /* bucket 0 is full on both: it must not be reduced now */
+    if (st == DPAR_OK) note(w, "rank 0 reduced a bucket of a rank that had left");
+    dpar_buckets_destroy(b);
+    free(g);
+}
+
 static void test_buckets_direct_errors(void)
 {
     dpar_comm_desc d;
@@ -303,6 +385,11 @@ static void test_buckets_direct_errors(void)
     memset(&d, 0, sizeof d);
     d.timeout_ms = 100;
     CHECK(run_world_desc(2, &d, direct_timeout_rank, NULL, NULL, 0) == 0);
+    d.timeout_ms = 5000; /* a hang fails in 5 s, not 30 */
+    CHECK(run_world_desc(3, &d, direct_disagree_rank, NULL, NULL, 0) == 0);
+    CHECK(run_world_desc(3, &d, direct_disagree_rank, &d, NULL, 0) == 0);
+    CHECK(run_world_desc(2, &d, direct_cross_rank, NULL, NULL, 0) == 0);
+    CHECK(run_world_desc(2, &d, direct_leave_rank, NULL, NULL, 0) == 0);
 }
 
 /* ---- IDX ---- */
