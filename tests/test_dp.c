@@ -274,6 +274,15 @@ static void direct_errors_rank(world *w, dpar_comm *c, int r)
     free(g), free(p);
 }
 
+/* direct buckets of 1024 floats over g */
+static dpar_buckets *direct_buckets(world *w, dpar_comm *c, int r, float *g, size_t n, dpar_op op)
+{
+    dpar_buckets *b = NULL;
+    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), op, &b), "buckets_create", r);
+    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    return b;
+}
+
 /* a rank that never comes: the others' waits time out, naming it and what it did not do */
 static void direct_timeout_rank(world *w, dpar_comm *c, int r)
 {
@@ -281,8 +290,7 @@ static void direct_timeout_rank(world *w, dpar_comm *c, int r)
     float *g = (float *)calloc(n, sizeof(float));
     dpar_buckets *b;
     dpar_status st;
-    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_AVG, &b), "buckets_create", r);
-    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    b = direct_buckets(w, c, r, g, n, DPAR_AVG);
     if (r == 1) {
         usleep(400 * 1000); /* the others time out meanwhile */
     } else {
@@ -330,8 +338,7 @@ static void direct_cross_rank(world *w, dpar_comm *c, int r)
     float *g = (float *)malloc(n * sizeof(float));
     dpar_buckets *b;
     int step;
-    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_SUM, &b), "create", r);
-    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    b = direct_buckets(w, c, r, g, n, DPAR_SUM);
     for (step = 0; step < 3; step++) {
         for (i = 0; i < n; i++) g[i] = (float)(r + 1);
         if (r == 0) {
@@ -360,8 +367,7 @@ static void direct_leave_rank(world *w, dpar_comm *c, int r)
     float *g = (float *)calloc(n, sizeof(float));
     dpar_buckets *b;
     dpar_status st;
-    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_SUM, &b), "create", r);
-    expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
+    b = direct_buckets(w, c, r, g, n, DPAR_SUM);
     if (r == 1) {
         expect_ok(w, dpar_buckets_ready(b, 0, 1024), "ready", r);
         if (dpar_buckets_wait(b) == DPAR_OK) note(w, "a step with gradients never marked went through"); /* poisons */
