@@ -6003,6 +6003,12 @@ DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t c
     return DPAR_OK;
 }
 
+static size_t dpar__bucket_end(const dpar_buckets *b, int k) /* bucket k is [k per, this) */
+{
+    size_t bs = (size_t)k * b->per;
+    return bs + b->per < b->count ? bs + b->per : b->count;
+}
+
 static uint32_t *dpar__dflag(dpar_buckets *b, int phase, int k, int r)
 {
     return &b->direct->flags[((size_t)phase * (size_t)b->nb + (size_t)k) * (size_t)b->comm->size + (size_t)r];
@@ -6061,7 +6067,7 @@ static void dpar__dquiesce(dpar_buckets *b)
 
 static void dpar__dbucket(const dpar_buckets *b, int k, int rank, size_t *lo, size_t *len)
 {
-    size_t bs = (size_t)k * b->per, be = bs + b->per < b->count ? bs + b->per : b->count, off;
+    size_t bs = (size_t)k * b->per, be = dpar__bucket_end(b, k), off;
     dpar_block_range(be - bs, b->comm->size, rank, &off, len);
     *lo = bs + off;
 }
@@ -6115,9 +6121,10 @@ static dpar_status dpar__dfinish(dpar_buckets *b, int first, int last)
     dpar_group *g = c->group;
     dpar__slot *me = &g->slots[c->rank];
     int fin = b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, entered = 0;
-    dpar__ctx x;
-    memset(&x, 0, sizeof x);
-    x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+    dpar__ctx x; /* for the timeout: this wait, described as the collective it stands for, on bucket `first` */
+    dpar__p2p_ctx(&x, c, b->update.fn ? DPAR_COLL_REDUCE_SCATTER : DPAR_COLL_ALLREDUCE,
+                  dpar__bucket_end(b, first) - (size_t)first * b->per, DPAR_F32, 0, __FILE__, __LINE__);
+    x.fp.op = (int)b->op;
     for (;;) {
         uint32_t bell = DPAR__LOAD(&me->bell, DPAR__ACQUIRE);
         int phase = 0, q = -1, k = -1;
@@ -6130,20 +6137,7 @@ static dpar_status dpar__dfinish(dpar_buckets *b, int first, int last)
         if (k < 0) return DPAR_OK;
         if (q < 0) continue;
         if (DPAR__LOAD(&g->poison, DPAR__ACQUIRE)) return dpar__t_poisoned(c);
-        if (!entered) { /* where this rank waits, for the others' timeout messages */
-            size_t bs = (size_t)k * b->per;
-            x.c = c;
-            x.lane = DPAR__LANE_P2P;
-            x.fp.coll = b->update.fn ? DPAR_COLL_REDUCE_SCATTER : DPAR_COLL_ALLREDUCE;
-            x.fp.count = b->count - bs < b->per ? b->count - bs : b->per; /* the bucket's */
-            x.fp.dtype = (int)DPAR_F32;
-            x.fp.op = (int)b->op;
-            x.fp.rank = c->rank;
-            x.fp.file = __FILE__;
-            x.fp.line = __LINE__;
-            c->tp->enter(&x);
-            entered = 1;
-        }
+        if (!entered) c->tp->enter(&x), entered = 1; /* where this rank waits, for the others' timeout messages */
         if (x.deadline && dpar_time_ns() >= x.deadline) return dpar__t_timeout(&x, q, what[phase]);
         dpar__wait_while(&me->bell, bell, &me->bell_sleepers, c->spin, x.deadline, NULL);
     }
@@ -6184,7 +6178,7 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
     first = (int)(offset / b->per);
     last = (int)((end - 1) / b->per);
     for (i = first; i <= last; i++) {
-        size_t bs = (size_t)i * b->per, be = bs + b->per < b->count ? bs + b->per : b->count;
+        size_t bs = (size_t)i * b->per, be = dpar__bucket_end(b, i);
         size_t s0 = offset > bs ? offset : bs, e0 = end < be ? end : be;
         b->filled[i] += e0 - s0;
         if (b->filled[i] == be - bs) {
@@ -6265,7 +6259,7 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
     first = (int)(offset / b->per);
     last = (int)((offset + count - 1) / b->per);
     for (i = first; i <= last; i++) {
-        size_t bs = (size_t)i * b->per, be = bs + b->per < b->count ? bs + b->per : b->count;
+        size_t bs = (size_t)i * b->per, be = dpar__bucket_end(b, i);
         if (b->filled[i] != be - bs)
             return dpar__err(DPAR_EINVAL, "dpar_buckets_wait_range: the bucket [%zu, %zu) holding part of [%zu, %zu) is not "
                              "full (%zu of %zu gradients marked ready this step)", bs, be, offset, offset + count,
