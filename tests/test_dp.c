@@ -1,6 +1,6 @@
 /* test_dp.c - the data-parallel helpers and checkpoints: the sampler against its promises, gradient
-   buckets against a plain allreduce (and, updating the parameters themselves, against allreduce and
-   a full optimizer step), the IDX reader on good, truncated and malformed files, and
+   buckets against a plain allreduce (and, updating the parameters themselves, against the average
+   and a full optimizer step), the IDX reader on good, truncated and malformed files, and
    checkpoints round trip, detect damage, and survive a crash between shard and manifest. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -123,7 +123,7 @@ static void test_buckets_match_allreduce(void)
     }
 }
 
-/* ---- buckets with an update (ZeRO-1 split of the SGD step): against one allreduce + a full step ---- */
+/* ---- buckets with an update (ZeRO-1 split of the SGD step): against a full step on the averaged gradients ---- */
 typedef struct { size_t n; int *hits[4]; float lr; float *shared; int direct; } update_job; /* shared: one params for all ranks */
 typedef struct { float *p, *g, lr; int *hits, slow; } update_state;
 
@@ -176,7 +176,7 @@ static void update_rank(world *w, dpar_comm *c, int r)
         expect_ok(w, dpar_buckets_wait_range(b, 10, layer - 10), "buckets_wait_range", r);
         if (memcmp(p + 10, rp + 10, (layer - 10) * sizeof(float))) note(w, "step %d rank %d: wait_range returned early", step, r);
         expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
-        if (memcmp(p, rp, n * sizeof(float))) note(w, "step %d rank %d: params differ from allreduce + a full step", step, r);
+        if (memcmp(p, rp, n * sizeof(float))) note(w, "step %d rank %d: params differ from a full step on the averaged gradients", step, r);
         for (bs = 0; bs < n; bs += per) { /* my block of each bucket holds the reduced gradients */
             dpar_block_range(n - bs < per ? n - bs : per, w->n, r, &off, &len);
             if (memcmp(g + bs + off, rg + bs + off, len * sizeof(float))) note(w, "rank %d: block at %zu not reduced", r, bs + off);
