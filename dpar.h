@@ -894,6 +894,44 @@ DPAR_API int dpar_buckets_count(const dpar_buckets *b);
 DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b);
 DPAR_API void dpar_buckets_destroy(dpar_buckets *b);
 
+/* Work stealing between thread ranks (>>steal): a straggler's work finished by the ranks ahead of it.
+   Synchronous data parallelism goes at the pace of the slowest rank, and ranks that share cores
+   with other work (a VM, a busy machine) are often unequal. In each round every rank calls
+   dpar_steal_run with its work as a list of tasks and runs them from the front; a rank that has run
+   out of its own takes tasks from the back of the list with the most left, and runs them with their
+   owner's task and user pointer (thread ranks share memory). The owner's `done` sees each of its
+   tasks in order, on the owner's thread, as soon as it has run wherever it ran: the place to mark
+   gradients ready (dpar_buckets_ready). When a task's result does not depend on the thread that runs
+   it (dpar_sgemm's does not), the results are bitwise the same however the tasks were shared. */
+typedef struct dpar_steal dpar_steal;
+/* dpar_steal_create: collective over a comm of thread ranks; DPAR_EUNSUPPORTED (on every rank) on an
+   MPI or hybrid comm. max_tasks (1 to 1048575): the longest list this rank will run. On a comm of
+   one rank nothing is shared and the rounds cost nothing. Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_steal **out);
+/* dpar_steal_run: one round: run tasks 0..n-1 of this rank, task(user, i, by) for each i, by = the
+   rank whose thread runs it (for per-thread scratch and timers); then done(user, i) (may be NULL) on
+   this thread, in order of i, once tasks 0..i have all run. While others run its last tasks, and
+   after, this rank runs tasks of the others' lists of the same round; it returns once each of its
+   own tasks has run and been seen by done, and every rank has posted its list of the round and none
+   has a task left to take (its last tasks may still be running on their takers). Collective: every
+   rank calls it once per round (n may differ, 0 too); a rank that waits for another to post its
+   list honours the comm's timeout (DPAR_ETIMEDOUT naming that rank) and its poison. A task (or done)
+   that fails ends its list: no more of its tasks start, those running finish, and the owner's call
+   returns the first failure with the message of the thread it failed on. A task must not wait for
+   other ranks (no collectives in it) and must touch only its own part of the owner's memory: it runs
+   beside the owner's other tasks. DPAR_EINVAL for n outside 0..max_tasks or a NULL task (n > 0);
+   then the comm is poisoned, the others must not wait. Thread safety: the rank's thread; task on
+   any rank's thread, done on this one. */
+DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(void *user, int index, int by),
+                                    dpar_status (*done)(void *user, int index), void *user);
+/* dpar_steal_counts: since dpar_steal_create, how many tasks of other ranks this rank has run
+   (*taken) and how many of its own other ranks have run (*given); either may be NULL. Thread safety:
+   the rank's thread. */
+DPAR_API void dpar_steal_counts(const dpar_steal *s, uint64_t *taken, uint64_t *given);
+/* dpar_steal_destroy: after this rank's last dpar_steal_run (other ranks may still be in theirs).
+   Thread safety: the rank's thread. */
+DPAR_API void dpar_steal_destroy(dpar_steal *s);
+
 /* IDX files (the MNIST format: big-endian magic 0x0000TTDD, TT the type, DD the dimensions, then
    one big-endian u32 size per dimension, then the data). dpar_idx_load reads u8 (type 0x08) and
    f32 (0x0D) files into floats (u8 scaled by `scale`, e.g. 1/255), checking every size against
@@ -6415,6 +6453,244 @@ DPAR_API void dpar_buckets_destroy(dpar_buckets *b)
     dpar__free(&b->comm->allocator, b->req);
     dpar__free(&b->comm->allocator, b->marks);
     dpar__free(&b->comm->allocator, b);
+}
+
+/* ---- work stealing (>>steal) ---- */
+/* One list per rank, in a block the ranks share (the last to leave frees it). The word packs
+   (run << 40 | front << 20 | back): the owner takes task `front` and thieves task `back - 1`, each
+   with one compare-and-swap, so a task is taken exactly once; the run number (the owner's count of
+   its calls, 24 bits) keeps a thief's stale compare-and-swap from landing on a later list. The rest
+   is what a thief needs to run a task of the list; the owner writes it only while its list is empty. */
+typedef struct dpar__steal_list {
+    uint64_t word;
+    dpar_status (*task)(void *user, int index, int by);
+    void *user;
+    uint32_t *ran; /* [max]: 1 once a task taken by another rank has run (the owner clears them) */
+    int failing;   /* atomic: 1 once a task run by another rank has failed: that rank writes msg... */
+    int err;       /* atomic: ...then its status here (0: none), so whoever sees err may read msg */
+    char msg[DPAR__ERROR_TEXT];
+    char pad[DPAR__CACHE_LINE];
+} dpar__steal_list;
+typedef struct dpar__steal_shared {
+    int refs;
+    dpar_allocator allocator;
+    dpar__steal_list lists[1];
+} dpar__steal_shared;
+
+struct dpar_steal {
+    dpar_comm *comm;
+    dpar__steal_shared *sh;
+    uint32_t *ran;
+    int max;
+    uint64_t run, taken, given;
+};
+
+#define DPAR__STEAL_MASK 0xFFFFFu
+static uint64_t dpar__steal_word(uint64_t run, uint64_t front, uint64_t back)
+{
+    return (run & 0xFFFFFFu) << 40 | front << 20 | back;
+}
+
+DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_steal **out)
+{
+    dpar_steal *s;
+    dpar__steal_shared *sh = NULL;
+    uint64_t *v; /* per rank: ok, the shared block (rank 0's) */
+    dpar_status st;
+    int N, q, ok;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_steal_create: out is NULL");
+    *out = NULL;
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_steal_create: comm is NULL");
+    if (comm->tp != &dpar__threads_transport) /* the same on every rank: nobody waits */
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_steal_create: %s is not a comm of thread ranks (work stealing runs "
+                         "tasks on the other ranks' threads)", comm->name);
+    if (max_tasks < 1 || (unsigned)max_tasks > DPAR__STEAL_MASK)
+        return dpar__bad_call(comm, dpar__err(DPAR_EINVAL, "dpar_steal_create: max_tasks = %d (1 to %u)", max_tasks,
+                                              DPAR__STEAL_MASK));
+    N = comm->size;
+    s = (dpar_steal *)dpar__calloc(&comm->allocator, 1, sizeof *s);
+    v = (uint64_t *)dpar__calloc(&comm->allocator, 2 * (size_t)N, sizeof(uint64_t));
+    if (s) s->ran = (uint32_t *)dpar__calloc(&comm->allocator, (size_t)max_tasks, sizeof(uint32_t));
+    if (comm->rank == 0) {
+        sh = (dpar__steal_shared *)dpar__calloc(&comm->allocator, 1, sizeof *sh + (size_t)N * sizeof(dpar__steal_list));
+        if (sh) sh->refs = N, sh->allocator = comm->allocator;
+    }
+    ok = s && s->ran && (comm->rank != 0 || sh);
+    if (!v) { /* cannot even say so: fail the others' allgather too */
+        if (s) dpar__free(&comm->allocator, s->ran);
+        dpar__free(&comm->allocator, s);
+        dpar__free(&comm->allocator, sh);
+        return dpar__bad_call(comm, dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory"));
+    }
+    v[2 * comm->rank] = (uint64_t)ok;
+    v[2 * comm->rank + 1] = (uint64_t)(uintptr_t)sh;
+    st = dpar_allgather(comm, v + 2 * comm->rank, v, 2 * (size_t)N, DPAR_I64);
+    for (q = 0; q < N && st == DPAR_OK; q++)
+        if (!v[2 * q]) st = dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory on rank %d", q);
+    if (st == DPAR_OK) {
+        s->comm = comm;
+        s->max = max_tasks;
+        s->sh = (dpar__steal_shared *)(uintptr_t)v[1];
+        *out = s;
+    } else {
+        if (s) dpar__free(&comm->allocator, s->ran);
+        dpar__free(&comm->allocator, s);
+        dpar__free(&comm->allocator, sh); /* every rank saw the same words: nobody keeps it */
+    }
+    dpar__free(&comm->allocator, v);
+    return st;
+}
+
+/* Take a task of this round from the back of the list with the most left, and run it: 1. Else 0 when
+   every other rank has posted its list of this round (or is past it) and none has a task left; -1
+   when some rank has not posted it yet (*missing: the first such). */
+static int dpar__steal_one(dpar_steal *s, int *missing)
+{
+    dpar_comm *c = s->comm;
+    for (;;) {
+        int q, best = -1, late = -1;
+        uint64_t w = 0, most = 0, t0;
+        dpar__steal_list *l;
+        dpar_status st;
+        for (q = 0; q < c->size; q++) {
+            uint64_t x, f, b;
+            uint32_t d; /* its round - mine, mod 2^24: 0 the same, below 2^23 ahead of me, else behind */
+            if (q == c->rank) continue;
+            x = DPAR__LOAD(&s->sh->lists[q].word, DPAR__ACQUIRE);
+            d = (uint32_t)((x >> 40) - s->run) & 0xFFFFFFu;
+            f = x >> 20 & DPAR__STEAL_MASK, b = x & DPAR__STEAL_MASK;
+            if (d >= 0x800000u && late < 0) late = q;
+            if (d == 0 && b > f && b - f > most && !DPAR__LOAD(&s->sh->lists[q].failing, DPAR__RELAXED))
+                most = b - f, best = q, w = x;
+        }
+        if (best < 0) {
+            if (missing) *missing = late;
+            return late < 0 ? 0 : -1;
+        }
+        l = &s->sh->lists[best];
+        if (!__atomic_compare_exchange_n(&l->word, &w, w - 1, 0, DPAR__ACQ_REL, DPAR__ACQUIRE)) continue;
+        t0 = dpar_time_ns();
+        st = l->task(l->user, (int)(w & DPAR__STEAL_MASK) - 1, c->rank);
+        if (st != DPAR_OK && __atomic_exchange_n(&l->failing, 1, DPAR__ACQ_REL) == 0) {
+            snprintf(l->msg, sizeof l->msg, "task %d of rank %d (run on rank %d): %.440s", (int)(w & DPAR__STEAL_MASK) - 1,
+                     best, c->rank, dpar__tls_error);
+            DPAR__STORE(&l->err, (int)st, DPAR__RELEASE);
+        }
+        if (dpar_trace_enabled()) {
+            char args[64];
+            snprintf(args, sizeof args, "\"from_rank\":%d,\"task\":%d", best, (int)(w & DPAR__STEAL_MASK) - 1);
+            dpar_trace_event("steal", "dp", t0, dpar_time_ns(), args);
+        }
+        DPAR__STORE(&l->ran[(w & DPAR__STEAL_MASK) - 1], 1u, DPAR__RELEASE);
+        dpar__ring_bell(c->group, best);
+        s->taken++;
+        return 1;
+    }
+}
+
+DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(void *user, int index, int by),
+                                    dpar_status (*done)(void *user, int index), void *user)
+{
+    dpar__steal_list *me;
+    dpar__slot *slot;
+    dpar_comm *c;
+    dpar_status st = DPAR_OK;
+    uint64_t w, deadline;
+    int i, q, tail;
+    if (!s) return dpar__err(DPAR_EINVAL, "dpar_steal_run: s is NULL");
+    c = s->comm;
+    if (n < 0 || n > s->max || (n > 0 && !task)) /* the others would wait for this round's list: poison */
+        return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "dpar_steal_run: %s (n = %d, max_tasks = %d)",
+                                           n < 0 || n > s->max ? "n is outside 0 to max_tasks" : "task is NULL", n, s->max));
+    me = &s->sh->lists[c->rank];
+    slot = &c->group->slots[c->rank];
+    /* post this round's list (nobody takes from it before the word says so) and wake the ranks
+       waiting for it */
+    me->task = task;
+    me->user = user;
+    me->ran = s->ran;
+    DPAR__STORE(&me->failing, 0, DPAR__RELAXED);
+    DPAR__STORE(&me->err, 0, DPAR__RELAXED);
+    for (i = 0; i < n; i++) DPAR__STORE(&s->ran[i], 0u, DPAR__RELAXED);
+    s->run++;
+    DPAR__STORE(&me->word, dpar__steal_word(s->run, 0, (uint64_t)n), DPAR__RELEASE);
+    for (q = 0; q < c->size; q++)
+        if (q != c->rank) dpar__ring_bell(c->group, q);
+    /* my tasks from the front, each handed to done at once */
+    for (;;) {
+        uint64_t f, b;
+        w = DPAR__LOAD(&me->word, DPAR__ACQUIRE);
+        f = w >> 20 & DPAR__STEAL_MASK, b = w & DPAR__STEAL_MASK;
+        if (f >= b) break;
+        if (st == DPAR_OK && DPAR__LOAD(&me->err, DPAR__ACQUIRE)) /* a task failed on another rank */
+            st = dpar__err((dpar_status)me->err, "dpar_steal_run: %s", me->msg);
+        if (st != DPAR_OK) { /* a failure: close the list (what others took still runs) */
+            if (__atomic_compare_exchange_n(&me->word, &w, dpar__steal_word(s->run, b, b), 0, DPAR__ACQ_REL,
+                                            DPAR__ACQUIRE))
+                break;
+            continue;
+        }
+        if (!__atomic_compare_exchange_n(&me->word, &w, w + ((uint64_t)1 << 20), 0, DPAR__ACQ_REL, DPAR__ACQUIRE))
+            continue;
+        if ((st = task(user, (int)f, c->rank)) != DPAR_OK)
+            dpar__err(st, "dpar_steal_run: task %d of rank %d: %s", (int)f, c->rank, dpar__tls_error);
+        else if (done && (st = done(user, (int)f)) != DPAR_OK)
+            dpar__err(st, "dpar_steal_run: done(%d) of rank %d: %s", (int)f, c->rank, dpar__tls_error);
+    }
+    tail = (int)(DPAR__LOAD(&me->word, DPAR__ACQUIRE) & DPAR__STEAL_MASK); /* [tail, n) were taken by others */
+    s->given += (uint64_t)(n - tail);
+    /* the tasks others took, in order: wait until each has run (it writes our memory, and a task
+       never waits for its owner, so it finishes), helping the others meanwhile; after a failure
+       only wait (a task run for another rank could fail too and overwrite this thread's message) */
+    for (i = tail; i < n; i++) {
+        for (;;) {
+            uint32_t bell = DPAR__LOAD(&slot->bell, DPAR__ACQUIRE);
+            if (DPAR__LOAD(&s->ran[i], DPAR__ACQUIRE)) break;
+            if (st == DPAR_OK && dpar__steal_one(s, NULL) > 0) continue;
+            dpar__wait_while(&slot->bell, bell, &slot->bell_sleepers, c->spin, 0, NULL);
+        }
+        if (st != DPAR_OK) continue;
+        if (DPAR__LOAD(&me->err, DPAR__ACQUIRE))
+            st = dpar__err((dpar_status)me->err, "dpar_steal_run: %s", me->msg);
+        else if (done && (st = done(user, i)) != DPAR_OK)
+            dpar__err(st, "dpar_steal_run: done(%d) of rank %d: %s", i, c->rank, dpar__tls_error);
+    }
+    /* then the others' tasks of this round, until every rank has posted its list and none is left
+       (waiting for a rank that has not posted yet: time out, or see the comm poisoned, as any call) */
+    deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+    while (st == DPAR_OK) {
+        uint32_t bell = DPAR__LOAD(&slot->bell, DPAR__ACQUIRE);
+        int got = dpar__steal_one(s, &q);
+        char msg[160];
+        if (got > 0) continue;
+        if (got == 0) break;
+        if ((st = dpar__t_poisoned(c)) != DPAR_OK) break;
+        if (dpar__wait_while(&slot->bell, bell, &slot->bell_sleepers, c->spin, deadline, NULL) == DPAR_OK) continue;
+        snprintf(msg, sizeof msg, "dpar_steal_run: rank %d timed out after %llu ms waiting for rank %d to start its "
+                 "tasks of round %llu on %s", c->rank, (unsigned long long)(c->timeout_ns / 1000000u), q,
+                 (unsigned long long)s->run, c->name);
+        st = dpar__t_poison(c, DPAR_ETIMEDOUT, msg);
+    }
+    return st;
+}
+
+DPAR_API void dpar_steal_counts(const dpar_steal *s, uint64_t *taken, uint64_t *given)
+{
+    if (taken) *taken = s ? s->taken : 0;
+    if (given) *given = s ? s->given : 0;
+}
+
+DPAR_API void dpar_steal_destroy(dpar_steal *s)
+{
+    dpar_allocator a;
+    if (!s) return;
+    a = s->comm->allocator;
+    if (__atomic_sub_fetch(&s->sh->refs, 1, DPAR__ACQ_REL) == 0) {
+        dpar_allocator mine = s->sh->allocator;
+        dpar__free(&mine, s->sh);
+    }
+    dpar__free(&a, s->ran);
+    dpar__free(&a, s);
 }
 
 /* ---- IDX files ---- */

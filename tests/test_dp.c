@@ -398,6 +398,211 @@ static void test_buckets_direct_errors(void)
     CHECK(run_world_desc(2, &d, direct_leave_rank, NULL, NULL, 0) == 0);
 }
 
+/* ---- work stealing: every task runs once, done sees them in order on the owner's thread, a stuck
+   rank's tasks are taken by the others, a failure ends the list with its message, and GEMM blocks
+   come out bitwise as computed serially ---- */
+#define ST_TASKS 24
+typedef struct {
+    int hits[4][ST_TASKS];    /* atomic: how often each task ran */
+    int value[4][ST_TASKS];   /* what it computed */
+    int seen[4];              /* done: the next index expected */
+    int last_started;         /* atomic: rank 1's last task has started (on some thread) */
+    int fail_task, fail_done; /* on rank 1: a task / a done index that fails (-1: none) */
+    uint64_t taken[4], given[4];
+    pthread_t owner[4];
+} steal_job;
+typedef struct { steal_job *j; world *w; int rank; } steal_user;
+
+static int steal_value(int r, int i) { return r * 1000 + i * 7 + 1; }
+
+static dpar_status steal_task(void *user, int i, int by)
+{
+    steal_user *u = (steal_user *)user;
+    steal_job *j = u->j;
+    int r = u->rank, k;
+    if (r == 1 && i == ST_TASKS - 1) __atomic_store_n(&j->last_started, 1, __ATOMIC_RELEASE);
+    if (r == 1 && i == 0) /* the straggler: stuck in its first task until another rank has taken its last */
+        for (k = 0; k < 5000 && !__atomic_load_n(&j->last_started, __ATOMIC_ACQUIRE); k++) usleep(1000);
+    if (r == 1 && i == j->fail_task) return dpar_set_error(DPAR_EINVAL, "bad task %d", i);
+    if (by < 0 || by >= u->w->n) note(u->w, "task %d of rank %d: by = %d", i, r, by);
+    j->value[r][i] = steal_value(r, i);
+    __atomic_fetch_add(&j->hits[r][i], 1, __ATOMIC_ACQ_REL);
+    return DPAR_OK;
+}
+
+static dpar_status steal_done(void *user, int i)
+{
+    steal_user *u = (steal_user *)user;
+    steal_job *j = u->j;
+    int r = u->rank;
+    if (!pthread_equal(pthread_self(), j->owner[r])) note(u->w, "rank %d: done(%d) on another thread", r, i);
+    if (i != j->seen[r]) note(u->w, "rank %d: done(%d), expected done(%d)", r, i, j->seen[r]);
+    if (j->value[r][i] != steal_value(r, i)) note(u->w, "rank %d: done(%d) before its task ran", r, i);
+    j->seen[r] = i + 1;
+    if (r == 1 && i == j->fail_done) return dpar_set_error(DPAR_EIO, "done refuses %d", i);
+    return DPAR_OK;
+}
+
+static void steal_rank(world *w, dpar_comm *c, int r)
+{
+    steal_job *j = (steal_job *)w->user;
+    steal_user u;
+    dpar_steal *s = NULL, *s2 = NULL;
+    dpar_status st;
+    u.j = j, u.w = w, u.rank = r;
+    j->owner[r] = pthread_self();
+    expect_ok(w, dpar_steal_create(c, ST_TASKS, &s), "steal_create", r);
+    if (!s) return;
+    st = dpar_steal_run(s, ST_TASKS, steal_task, steal_done, &u);
+    if (r == 1 && j->fail_task >= 0) { /* the last task fails, on the rank that took it */
+        if (st != DPAR_EINVAL || !strstr(dpar_last_error(), "task 23 of rank 1 (run on rank") ||
+            !strstr(dpar_last_error(), "bad task 23"))
+            note(w, "rank 1: a failing task gave %s: %s", dpar_status_string(st), dpar_last_error());
+    } else if (r == 1 && j->fail_done >= 0) {
+        if (st != DPAR_EIO || !strstr(dpar_last_error(), "done(3) of rank 1: done refuses 3"))
+            note(w, "rank 1: a failing done gave %s: %s", dpar_status_string(st), dpar_last_error());
+        if (j->seen[1] != 4) note(w, "rank 1: done went on after failing (it saw %d)", j->seen[1]);
+    } else {
+        expect_ok(w, st, "steal_run", r);
+        if (j->seen[r] != ST_TASKS) note(w, "rank %d: done saw %d of %d tasks", r, j->seen[r], ST_TASKS);
+    }
+    expect_ok(w, dpar_steal_run(s, r == 0 ? 1 : 0, steal_task, NULL, &u), "a round of rank 0's task 0 again", r);
+    dpar_steal_counts(s, &j->taken[r], &j->given[r]);
+    if (w->n == 1) { /* refused (and the comm poisoned, so only here) */
+        if (dpar_steal_run(s, ST_TASKS + 1, steal_task, NULL, &u) != DPAR_EINVAL || !strstr(dpar_last_error(), "max_tasks"))
+            note(w, "a list longer than max_tasks accepted: %s", dpar_last_error());
+        if (dpar_steal_run(s, 1, NULL, NULL, &u) != DPAR_EINVAL || !strstr(dpar_last_error(), "task is NULL"))
+            note(w, "a NULL task accepted: %s", dpar_last_error());
+        if (dpar_steal_create(c, 0, &s2) != DPAR_EINVAL || s2) note(w, "max_tasks 0 accepted");
+    }
+    dpar_steal_counts(s, &j->taken[r], &j->given[r]);
+    dpar_steal_destroy(s);
+}
+
+static void test_steal(void)
+{
+    int n, mode, r, i;
+    for (mode = 0; mode < 3; mode++) /* all fine; rank 1's last task fails; rank 1's done(3) fails */
+        for (n = mode ? 2 : 1; n <= 4; n++) {
+            steal_job j;
+            uint64_t taken = 0, given = 0;
+            memset(&j, 0, sizeof j);
+            j.fail_task = mode == 1 ? ST_TASKS - 1 : -1;
+            j.fail_done = mode == 2 ? 3 : -1;
+            CHECK(run_world(n, steal_rank, &j) == 0);
+            for (r = 0; r < n; r++) {
+                taken += j.taken[r], given += j.given[r];
+                for (i = 0; i < ST_TASKS; i++) {
+                    int h = j.hits[r][i] - (r == 0 && i == 0), ok = r != 1 || mode == 0 ? h == 1 : h <= 1;
+                    CHECK_MSG(ok, "n=%d mode %d: task %d of rank %d ran %d times", n, mode, i, r, h);
+                    if (h) CHECK(j.value[r][i] == steal_value(r, i));
+                }
+            }
+            CHECK_MSG(taken == given, "n=%d: %llu tasks taken, %llu given", n, (unsigned long long)taken,
+                      (unsigned long long)given);
+            if (n > 1) CHECK_MSG(j.given[1] > 0, "n=%d mode %d: the stuck rank's tasks were not taken", n, mode);
+            else CHECK(taken == 0 && given == 0);
+        }
+}
+
+/* a rank that refuses its round poisons the comm: the others' rounds end with its message; a rank
+   that never comes: the others time out, naming it */
+static void steal_absent_rank(world *w, dpar_comm *c, int r)
+{
+    int mode = *(int *)w->user;
+    dpar_steal *s = NULL;
+    dpar_status st;
+    expect_ok(w, dpar_steal_create(c, 4, &s), "steal_create", r);
+    if (!s) return;
+    /* every rank's create is done before rank 1 poisons (the barrier may see the poison too) */
+    if (dpar_barrier(c) != DPAR_OK && mode == 1) note(w, "rank %d: barrier: %s", r, dpar_last_error());
+    if (r == 1) {
+        if (mode == 0 && dpar_steal_run(s, 5, steal_task, NULL, NULL) != DPAR_EINVAL) note(w, "rank 1: n = 5 accepted");
+        if (mode == 1) usleep(400 * 1000); /* the others time out meanwhile */
+    } else {
+        st = dpar_steal_run(s, 0, NULL, NULL, NULL);
+        if (mode == 0 && (st != DPAR_EINVAL || !strstr(dpar_last_error(), "n is outside 0 to max_tasks (n = 5")))
+            note(w, "rank %d: after rank 1 refused its round: %s: %s", r, dpar_status_string(st), dpar_last_error());
+        if (mode == 1 && (st != DPAR_ETIMEDOUT || !strstr(dpar_last_error(), "waiting for rank 1 to start its tasks of round 1")))
+            note(w, "rank %d: with rank 1 absent: %s: %s", r, dpar_status_string(st), dpar_last_error());
+    }
+    dpar_steal_destroy(s);
+}
+
+static void test_steal_refused_and_absent(void)
+{
+    dpar_comm_desc d;
+    int mode, n;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 100;
+    for (mode = 0; mode < 2; mode++)
+        for (n = 2; n <= 3; n++) CHECK(run_world_desc(n, &d, steal_absent_rank, &mode, NULL, 0) == 0);
+}
+
+/* GEMM blocks as tasks, the example's use: C_r = A_r^T D_r in blocks of 16 rows, rank 1 slow; the
+   result is bitwise the one of the same calls made one after the other */
+#define SG_M 200
+#define SG_N 96
+#define SG_K 64
+#define SG_TASKS ((SG_M + 15) / 16)
+typedef struct { float *A[4], *D[4], *C[4]; uint64_t given[4]; } gemm_steal_job;
+typedef struct { gemm_steal_job *j; int rank; } gemm_steal_user;
+
+static dpar_status gemm_block(float *A, float *D, float *C, int i)
+{
+    int r0 = 16 * i, nr = SG_M - r0 < 16 ? SG_M - r0 : 16;
+    return dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, nr, SG_N, SG_K, 1.0f, A + r0, SG_M, D, SG_N, 0.0f,
+                      C + (size_t)r0 * SG_N, SG_N);
+}
+
+static dpar_status gemm_steal_task(void *user, int i, int by)
+{
+    gemm_steal_user *u = (gemm_steal_user *)user;
+    if (u->rank == 1) usleep(2000); /* a slow rank */
+    (void)by;
+    return gemm_block(u->j->A[u->rank], u->j->D[u->rank], u->j->C[u->rank], i);
+}
+
+static void gemm_steal_rank(world *w, dpar_comm *c, int r)
+{
+    gemm_steal_job *j = (gemm_steal_job *)w->user;
+    gemm_steal_user u;
+    dpar_steal *s = NULL;
+    u.j = j, u.rank = r;
+    expect_ok(w, dpar_steal_create(c, SG_TASKS, &s), "steal_create", r);
+    if (!s) return;
+    expect_ok(w, dpar_steal_run(s, SG_TASKS, gemm_steal_task, NULL, &u), "steal_run", r);
+    dpar_steal_counts(s, NULL, &j->given[r]);
+    dpar_steal_destroy(s);
+}
+
+static void test_steal_gemm_bitwise(void)
+{
+    int n, r, i;
+    uint64_t seed = 5;
+    gemm_steal_job j;
+    float *ref = (float *)malloc(sizeof(float) * SG_M * SG_N);
+    memset(&j, 0, sizeof j);
+    for (r = 0; r < 4; r++) {
+        j.A[r] = (float *)malloc(sizeof(float) * SG_K * SG_M);
+        j.D[r] = (float *)malloc(sizeof(float) * SG_K * SG_N);
+        j.C[r] = (float *)malloc(sizeof(float) * SG_M * SG_N);
+        for (i = 0; i < SG_K * SG_M; i++) j.A[r][i] = (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 8388608.0f - 1.0f;
+        for (i = 0; i < SG_K * SG_N; i++) j.D[r][i] = (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 8388608.0f - 1.0f;
+    }
+    for (n = 1; n <= 4; n++) {
+        for (r = 0; r < 4; r++) memset(j.C[r], 0xff, sizeof(float) * SG_M * SG_N); /* NaN: nothing left from before */
+        CHECK(run_world(n, gemm_steal_rank, &j) == 0);
+        for (r = 0; r < n; r++) {
+            for (i = 0; i < SG_TASKS; i++) CHECK(gemm_block(j.A[r], j.D[r], ref, i) == DPAR_OK);
+            CHECK_MSG(!memcmp(ref, j.C[r], sizeof(float) * SG_M * SG_N), "n=%d: rank %d's blocks differ from the serial "
+                      "calls (%llu of its %d tasks run by other ranks)", n, r, (unsigned long long)j.given[r], SG_TASKS);
+        }
+    }
+    for (r = 0; r < 4; r++) free(j.A[r]), free(j.D[r]), free(j.C[r]);
+    free(ref);
+}
+
 /* ---- IDX ---- */
 static void put_be32(unsigned char *p, uint32_t v)
 {
@@ -625,6 +830,9 @@ int main(int argc, char **argv)
     RUN(test_buckets_match_allreduce);
     RUN(test_buckets_update_split);
     RUN(test_buckets_direct_errors);
+    RUN(test_steal);
+    RUN(test_steal_refused_and_absent);
+    RUN(test_steal_gemm_bitwise);
     RUN(test_idx_reader);
     RUN(test_checkpoint_single);
     RUN(test_checkpoint_over_ranks);

@@ -354,6 +354,11 @@ static void buckets_proc(world *w, dpar_comm *c, int r)
     expect_ok(w, dpar_buckets_set_update(b, p, sgd_half, pg), "buckets_set_update", r);
     if (dpar_buckets_set_direct(b, 1) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "thread ranks"))
         note(w, "rank %d: direct buckets over MPI processes accepted: %s", r, dpar_last_error());
+    {
+        dpar_steal *s = NULL; /* work stealing runs tasks on other ranks' threads: not across processes */
+        if (dpar_steal_create(c, 4, &s) != DPAR_EUNSUPPORTED || s || !strstr(dpar_last_error(), "thread ranks"))
+            note(w, "rank %d: work stealing over MPI processes accepted: %s", r, dpar_last_error());
+    }
     for (i = 0; i < n; i++) { /* the reference, here: the sum over the ranks is exact */
         int q, sum = 0;
         for (q = 0; q < w->n; q++) sum += (q * 13 + (int)i) % 32;
