@@ -7,13 +7,13 @@
    Check: ^train samples_per_s=[0-9.]+ final_loss=[0-9.]+$
 
    Each rank trains on batch/threads samples of each global batch. Backward computes every input
-   gradient first (they read the weights), then the weight gradients from the first layer up, each
-   block handed to the gradient buckets once final (after that the weights may change): a full
-   bucket is reduced and each rank applies SGD to its 1/N of it (ZeRO-1's split of the step), in
-   shared memory between the ranks' GEMMs (dpar_buckets_set_direct), to one copy of the weights that
-   the thread ranks share. The next forward waits for a layer's weights only when it gets there
-   (dpar_buckets_wait_range). --replicas gives each rank its own copy, as processes must, checked
-   identical at the end; both train bit for bit alike (same crc32).
+   gradient first (they read the weights), then the weight gradients from the first layer up as
+   tasks of one bucket each (dpar_steal: a rank ahead runs a slower one's last tasks, same bits),
+   each handed to the buckets once final: a full bucket is reduced and each rank applies SGD to its
+   1/N of it (ZeRO-1's split of the step), in shared memory between the ranks' GEMMs
+   (dpar_buckets_set_direct), to one copy of the weights that the ranks share. The next forward
+   waits for a layer's weights only when it gets there (dpar_buckets_wait_range). --replicas gives
+   each rank its own copy, as processes must, checked identical; both train bit for bit alike.
    Options: --layers 784,1024,1024,10 --batch 256 (global) --steps 30 --threads 2 --lr 0.05 --replicas
    --images F --labels F (IDX files, e.g. MNIST; synthetic data without them). Add -DDPAR_OPENBLAS
    and -lopenblas to use OpenBLAS's GEMM. */
@@ -26,6 +26,7 @@
 #include <string.h>
 
 #define MAXL 8
+#define MAXT 256 /* weight-gradient tasks */
 #define BUCKET ((size_t)1 << 18) /* gradients per bucket (1 MiB) */
 
 typedef struct {
@@ -37,7 +38,8 @@ typedef struct {
     dpar_idx images_file;                  /* when x comes from an IDX file */
     int *y;                                /* labels */
     dpar_group *group;
-    double seconds, first_loss, final_loss, gemm_ns, overlap_ns, wait_ns;
+    double seconds, first_loss, final_loss, gemm_ns, overlap_ns, wait_ns, task_ns[64]; /* task_ns: by the thread */
+    uint64_t given;                        /* rank 0's tasks that another rank ran */
 } job;
 
 static uint64_t rng_next(uint64_t *s) { *s = *s * 6364136223846793005ull + 1442695040888963407ull; return *s >> 11; }
@@ -74,6 +76,23 @@ static void sgd(void *user, size_t offset, size_t count)
     for (size_t q = 0; q < count; q++) p[q] -= lr * g[q];
 }
 
+/* one rank's weight gradients as tasks (dpar_steal): task i is rows r0..r0+nr of layer l's, on any rank's thread */
+typedef struct { job *j; float **act, **delta, *g; dpar_buckets *buckets; int b, n, l[MAXT], r0[MAXT], nr[MAXT]; } wgrad;
+static dpar_status wgrad_task(void *user, int i, int by)
+{
+    wgrad *w = (wgrad *)user;
+    int l = w->l[i], in = w->j->width[l], out = w->j->width[l + 1];
+    gemm(&w->j->task_ns[by], DPAR_TRANS, DPAR_NO_TRANS, w->nr[i], out, w->b, w->act[l] + w->r0[i], in, w->delta[l + 1], out,
+         0, w->g + w->j->woff[l] + (size_t)w->r0[i] * out, out);
+    return DPAR_OK;
+}
+static dpar_status wgrad_done(void *user, int i) /* on the owner's thread, in order: to the buckets */
+{
+    wgrad *w = (wgrad *)user;
+    size_t out = (size_t)w->j->width[w->l[i] + 1];
+    return dpar_buckets_ready(w->buckets, w->j->woff[w->l[i]] + (size_t)w->r0[i] * out, (size_t)w->nr[i] * out);
+}
+
 #define TRY(call) do { if ((st = (call)) != DPAR_OK) goto out; } while (0)
 #define WAIT(call) do { uint64_t t0_ = dpar_time_ns(); TRY(call); waited += dpar_time_ns() - t0_; } while (0)
 
@@ -88,6 +107,8 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     const size_t *mine;
     dpar_sampler sampler = {0};
     dpar_buckets *buckets = NULL;
+    dpar_steal *steal = NULL;
+    wgrad wg = {0};
     sgd_state opt;
     dpar_comm *comm;
     dpar_status st;
@@ -106,26 +127,27 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     opt.p = p, opt.g = g, opt.lr = lr;
     TRY(dpar_buckets_set_update(buckets, p, sgd, &opt));
     TRY(dpar_buckets_set_direct(buckets, 1)); /* thread ranks: reduce in shared memory, between our GEMMs */
-    per = dpar_sampler_epoch(&sampler, 0, &mine);
-    pos = 0;
+    wg.j = j, wg.act = act, wg.delta = delta, wg.g = g, wg.buckets = buckets, wg.b = b;
+    for (l = 0; l < L; l++) /* the weight-gradient tasks, layer by layer from the first */
+        for (k = 0, i = (int)(BUCKET / j->width[l + 1]) > 1 ? (int)(BUCKET / j->width[l + 1]) : 1; k < j->width[l]; k += i) {
+            if (wg.n == MAXT) TRY(dpar_set_error(DPAR_EINVAL, "more than %d weight-gradient tasks: a smaller model", MAXT));
+            wg.l[wg.n] = l, wg.r0[wg.n] = k, wg.nr[wg.n++] = j->width[l] - k < i ? j->width[l] - k : i;
+        }
+    TRY(dpar_steal_create(comm, wg.n, &steal));
+    per = dpar_sampler_epoch(&sampler, 0, &mine), pos = 0;
     for (step = 0; step < j->steps; step++) {
-        if (step == 1) t_start = dpar_time_ns(), gemm_ns = 0, overlap = 0, waited = 0; /* step 0 warms up: not timed */
+        if (step == 1) t_start = dpar_time_ns(), gemm_ns = j->task_ns[rank] = 0, overlap = 0, waited = 0; /* step 0 warms up */
         if (pos + (size_t)b > per) per = dpar_sampler_epoch(&sampler, ++epoch, &mine), pos = 0;
         for (i = 0; i < b; i++) memcpy(act[0] + (size_t)i * j->width[0], j->x + mine[pos + i] * j->width[0], sizeof(float) * j->width[0]);
         /* forward: act[l+1] = relu(act[l] W_l + b_l); the last layer's are logits. Each layer first
            waits for its own weights to have taken the last step, not for all of them */
         for (l = 0; l < L; l++) {
             int in = j->width[l], out = j->width[l + 1];
-            const float *bias = p + j->boff[l];
+            float *bias = p + j->boff[l], *a;
             if (step > 0) WAIT(dpar_buckets_wait_range(buckets, j->woff[l], j->boff[l] + (size_t)out - j->woff[l]));
             gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, act[l], in, p + j->woff[l], out, 0, act[l + 1], out);
-            for (i = 0; i < b; i++) {
-                float *a = act[l + 1] + (size_t)i * out;
-                if (l + 1 < L)
-                    for (k = 0; k < out; k++) a[k] = relu(a[k] + bias[k]);
-                else
-                    for (k = 0; k < out; k++) a[k] += bias[k];
-            }
+            for (i = 0; i < b; i++) /* + bias, then relu (not on the logits) */
+                for (k = 0, a = act[l + 1] + (size_t)i * out; k < out; k++) a[k] = l + 1 < L ? relu(a[k] + bias[k]) : a[k] + bias[k];
         }
         /* softmax cross-entropy; delta[L] = (softmax - onehot) / b */
         loss = 0;
@@ -141,29 +163,21 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         pos += (size_t)b;
         if (step > 0) WAIT(dpar_buckets_wait(buckets)); /* the last step ends: all its buckets were waited for above */
         /* backward: first every input gradient, last layer first (they read the weights: the input of
-           layer 0 needs none), then the weight gradients from the first layer up, each going to the
-           buckets as soon as it is final: the next forward's first layer gets its weights first */
+           layer 0 needs none), then the bias and weight gradients, from the first layer up */
         for (l = L - 1; l > 0; l--) {
             gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_TRANS, b, j->width[l], j->width[l + 1], delta[l + 1], j->width[l + 1],
                  p + j->woff[l], j->width[l + 1], 0, delta[l], j->width[l]);
             relu_backward(delta[l], act[l], (size_t)b * j->width[l]);
         }
         for (l = 0; l < L; l++) {
-            int in = j->width[l], out = j->width[l + 1], r0, rows = (int)(BUCKET / out) > 1 ? (int)(BUCKET / out) : 1;
+            int out = j->width[l + 1];
             float *gb = g + j->boff[l];
-            /* the weight gradient in blocks of rows, each handed to the buckets at once: a full bucket
-               starts while the next block is computed (W_l's rows may change from then on) */
-            for (r0 = 0; r0 < in; r0 += rows) {
-                int nr = in - r0 < rows ? in - r0 : rows;
-                gemm(&gemm_ns, DPAR_TRANS, DPAR_NO_TRANS, nr, out, b, act[l] + r0, in, delta[l + 1], out, 0,
-                     g + j->woff[l] + (size_t)r0 * out, out);
-                TRY(dpar_buckets_ready(buckets, j->woff[l] + (size_t)r0 * out, (size_t)nr * out));
-            }
             memset(gb, 0, sizeof(float) * out);
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) gb[k] += delta[l + 1][(size_t)i * out + k];
             TRY(dpar_buckets_ready(buckets, j->boff[l], (size_t)out));
         }
+        TRY(dpar_steal_run(steal, wg.n, wgrad_task, wgrad_done, &wg));
         overlap += step > 0 ? dpar_buckets_overlap_ns(buckets) : 0;
         if (step == 0 || step == j->steps - 1 || (j->steps >= 5 && (step + 1) % (j->steps / 5) == 0)) {
             float mean = loss; /* the global batch's loss: the mean over the ranks */
@@ -176,11 +190,13 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     WAIT(dpar_buckets_wait(buckets)); /* the last step's weights */
     if (rank == 0) {
         j->seconds = (double)(dpar_time_ns() - t_start) * 1e-9;
-        j->gemm_ns = gemm_ns, j->overlap_ns = (double)overlap, j->wait_ns = (double)waited;
+        j->gemm_ns = gemm_ns + j->task_ns[0], j->overlap_ns = (double)overlap, j->wait_ns = (double)waited;
+        dpar_steal_counts(steal, NULL, &j->given);
         j->first_loss = first, j->final_loss = loss;
     }
 out: /* on an error, abort the comm: the other ranks return at once instead of waiting for us */
     if (st != DPAR_OK) dpar_comm_abort(comm);
+    dpar_steal_destroy(steal);
     dpar_buckets_destroy(buckets);
     dpar_sampler_free(&sampler);
     for (l = 0; l <= L; l++) free(act[l]), free(delta[l]);
@@ -301,13 +317,13 @@ int main(int argc, char **argv)
     printf("crc32 %08x\n", (unsigned)dpar_crc32(0, j.params[0], j.np * sizeof(float)));
     if (j.steps > 1)
         printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight before "
-               "the step's end) wait_ms=%.2f (then waited for)\n", j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds,
-               j.overlap_ns * 1e-6 / (j.steps - 1), j.wait_ns * 1e-6 / (j.steps - 1));
+               "the step's end) wait_ms=%.2f (then waited for) stolen=%.1f (rank 0's tasks per step run by another rank)\n",
+               j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds, j.overlap_ns * 1e-6 / (j.steps - 1),
+               j.wait_ns * 1e-6 / (j.steps - 1), (double)j.given / j.steps);
     printf("train samples_per_s=%.1f final_loss=%.4f\n", j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0,
            j.final_loss);
     for (r = 0; r < 64; r++) free(j.params[r]);
-    if (j.images) dpar_idx_free(&j.images_file);
-    else free(j.x);
+    j.images ? dpar_idx_free(&j.images_file) : free(j.x);
     free(j.y);
     return same && j.final_loss < j.first_loss ? 0 : 1;
 }
