@@ -80,6 +80,9 @@ $(BUILD)/data_parallel: examples/data_parallel.c dpar.h | $(BUILD)
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/bench_cores: bench/bench_cores.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
+
 $(BUILD)/bench_pipe: bench/bench_pipe.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
 
@@ -113,7 +116,7 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
+bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 else
@@ -121,7 +124,7 @@ else
 endif
 	./$(BUILD)/bench_comm
 	./$(BUILD)/bench_pipe
-	bench/bench_train.sh ./$(BUILD)/data_parallel
+	bench/bench_train.sh ./$(BUILD)/data_parallel ./$(BUILD)/bench_cores
 ifneq ($(OPENBLAS),)
 	./$(BUILD)/bench_gemm
 else

@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/bench_train.sh BINARY - the data-parallel training benchmark of examples/data_parallel.c:
+# bench/bench_train.sh BINARY [BENCH_CORES] - the data-parallel training benchmark of examples/data_parallel.c:
 # 784-1024-1024-10, global batch 256, on 1 and on 2 thread ranks, alternating (1 2 1 2 ...) so both
 # see the same machine; the median of seven runs each. Prints
 #   bench=train layers=784,1024,1024,10 batch=256 threads=T samples_per_s=X gemm_frac=F
@@ -7,9 +7,13 @@
 # The reference for that speed-up, measured in the same rounds: two independent 1-rank processes
 # at batch 128 each, run at once (bench=train_ceiling): the same work split in two with no
 # communication, each with its own copy of the weights (the example's ranks share one, so they
-# can beat it).
+# can beat it). Each round's 2-rank run over the 1-rank run just before it gives a paired ratio;
+# their median is paired_speedup (robust to the machine's speed drifting between rounds).
+# With BENCH_CORES (bench/bench_cores.c), the machine's own 2-thread ceiling is measured too, after
+# the rounds: register-only FMAs and the step's GEMMs alone (of_gemm_ceiling = speedup over it).
 set -u
 bin=$1
+cores=${2:-}
 steps=${BENCH_TRAIN_STEPS:-30}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -19,7 +23,9 @@ for round in 1 2 3 4 5 6 7; do
         sps=$(sed -n 's/^train samples_per_s=\([0-9.]*\) .*/\1/p' "$tmp/out")
         frac=$(sed -n 's/^time: .*gemm_frac=\([0-9.]*\).*/\1/p' "$tmp/out")
         echo "$sps $frac" >>"$tmp/t$t"
+        [ "$t" = 1 ] && one=$sps
     done
+    awk -v a="$one" -v b="$sps" 'BEGIN { print b / a }' >>"$tmp/pair"
     "$bin" --layers 784,1024,1024,10 --batch 128 --steps "$steps" --threads 1 >"$tmp/c1" 2>&1 &
     "$bin" --layers 784,1024,1024,10 --batch 128 --steps "$steps" --threads 1 >"$tmp/c2" 2>&1 || { cat "$tmp/c2"; exit 1; }
     wait $! || { cat "$tmp/c1"; exit 1; }
@@ -33,6 +39,13 @@ done
 read -r s1 f1 <"$tmp/m1"
 read -r s2 f2 <"$tmp/m2"
 c=$(sort -n "$tmp/c" | sed -n 4p)
-awk -v a="$s1" -v b="$s2" -v c="$c" 'BEGIN {
+p=$(sort -n "$tmp/pair" | sed -n 4p)
+awk -v a="$s1" -v b="$s2" -v c="$c" -v p="$p" 'BEGIN {
     printf "bench=train_ceiling threads=2 samples_per_s=%.1f speedup=%.2f (two 1-rank processes, batch 128 each, no communication)\n", c, c / a
-    printf "bench=train_scaling threads=2 speedup=%.2f goal=1.80 of_ceiling=%.2f\n", b / a, b / c }'
+    printf "bench=train_scaling threads=2 speedup=%.2f paired_speedup=%.2f goal=1.80 of_ceiling=%.2f\n", b / a, p, b / c }'
+if [ -n "$cores" ]; then
+    line=$("$cores" 7) || exit 1
+    echo "$line"
+    g=$(echo "$line" | sed -n 's/.*gemm_speedup=\([0-9.]*\).*/\1/p')
+    awk -v p="$p" -v g="$g" 'BEGIN { printf "bench=train_of_machine threads=2 paired_speedup=%.2f gemm_speedup=%.2f of_gemm_ceiling=%.2f\n", p, g, p / g }'
+fi
