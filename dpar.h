@@ -57,7 +57,7 @@
      >>gemm      dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool
      >>shard     shard plans, tensor-parallel linear layers (Megatron), ZeRO-1 optimizer
      >>pipe      pipeline schedules (GPipe, 1F1B, interleaved) as checked data, the stage runner
-     >>dp        data-parallel helpers: sampler, gradient buckets, IDX (MNIST) files
+     >>dp        data-parallel helpers: sampler, gradient buckets, work stealing (>>steal), IDX files
      >>ckpt      checkpoints: sharded, CRC-checked, written atomically
      >>mpi       the MPI transport (DPAR_MPI) and the hybrid processes x threads comm
      >>impl      the implementation, in the same order
