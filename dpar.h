@@ -6517,20 +6517,19 @@ DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_stea
     }
     ok = s && s->ran && (comm->rank != 0 || sh);
     if (!v) { /* cannot even say so: fail the others' allgather too */
-        if (s) dpar__free(&comm->allocator, s->ran);
-        dpar__free(&comm->allocator, s);
-        dpar__free(&comm->allocator, sh);
-        return dpar__bad_call(comm, dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory"));
+        st = dpar__bad_call(comm, dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory"));
+    } else {
+        v[2 * comm->rank] = (uint64_t)ok;
+        v[2 * comm->rank + 1] = (uint64_t)(uintptr_t)sh;
+        st = dpar_allgather(comm, v + 2 * comm->rank, v, 2 * (size_t)N, DPAR_I64);
     }
-    v[2 * comm->rank] = (uint64_t)ok;
-    v[2 * comm->rank + 1] = (uint64_t)(uintptr_t)sh;
-    st = dpar_allgather(comm, v + 2 * comm->rank, v, 2 * (size_t)N, DPAR_I64);
     for (q = 0; q < N && st == DPAR_OK; q++)
         if (!v[2 * q]) st = dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory on rank %d", q);
     if (st == DPAR_OK) {
         s->comm = comm;
         s->max = max_tasks;
         s->sh = (dpar__steal_shared *)(uintptr_t)v[1];
+        s->sh->lists[comm->rank].ran = s->ran; /* the one field of my list that never changes */
         *out = s;
     } else {
         if (s) dpar__free(&comm->allocator, s->ran);
@@ -6548,7 +6547,7 @@ static int dpar__steal_one(dpar_steal *s, int *missing)
 {
     dpar_comm *c = s->comm;
     for (;;) {
-        int q, best = -1, late = -1;
+        int q, i, best = -1, late = -1;
         uint64_t w = 0, most = 0, t0;
         dpar__steal_list *l;
         dpar_status st;
@@ -6569,19 +6568,19 @@ static int dpar__steal_one(dpar_steal *s, int *missing)
         }
         l = &s->sh->lists[best];
         if (!__atomic_compare_exchange_n(&l->word, &w, w - 1, 0, DPAR__ACQ_REL, DPAR__ACQUIRE)) continue;
+        i = (int)(w & DPAR__STEAL_MASK) - 1; /* the task this rank took: the last */
         t0 = dpar_time_ns();
-        st = l->task(l->user, (int)(w & DPAR__STEAL_MASK) - 1, c->rank);
+        st = l->task(l->user, i, c->rank);
         if (st != DPAR_OK && __atomic_exchange_n(&l->failing, 1, DPAR__ACQ_REL) == 0) {
-            snprintf(l->msg, sizeof l->msg, "task %d of rank %d (run on rank %d): %.440s", (int)(w & DPAR__STEAL_MASK) - 1,
-                     best, c->rank, dpar__tls_error);
+            snprintf(l->msg, sizeof l->msg, "task %d of rank %d (run on rank %d): %.440s", i, best, c->rank, dpar__tls_error);
             DPAR__STORE(&l->err, (int)st, DPAR__RELEASE);
         }
         if (dpar_trace_enabled()) {
             char args[64];
-            snprintf(args, sizeof args, "\"from_rank\":%d,\"task\":%d", best, (int)(w & DPAR__STEAL_MASK) - 1);
+            snprintf(args, sizeof args, "\"from_rank\":%d,\"task\":%d", best, i);
             dpar_trace_event("steal", "dp", t0, dpar_time_ns(), args);
         }
-        DPAR__STORE(&l->ran[(w & DPAR__STEAL_MASK) - 1], 1u, DPAR__RELEASE);
+        DPAR__STORE(&l->ran[i], 1u, DPAR__RELEASE);
         dpar__ring_bell(c->group, best);
         s->taken++;
         return 1;
@@ -6608,7 +6607,6 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(vo
        waiting for it */
     me->task = task;
     me->user = user;
-    me->ran = s->ran;
     DPAR__STORE(&me->failing, 0, DPAR__RELAXED);
     DPAR__STORE(&me->err, 0, DPAR__RELAXED);
     for (i = 0; i < n; i++) DPAR__STORE(&s->ran[i], 0u, DPAR__RELAXED);
