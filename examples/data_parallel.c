@@ -72,8 +72,14 @@ typedef struct { float *p, *g, lr; } sgd_state;
 static void sgd(void *user, size_t offset, size_t count)
 {
     sgd_state *s = (sgd_state *)user;
-    float *p = s->p + offset, *g = s->g + offset, lr = s->lr;
-    for (size_t q = 0; q < count; q++) p[q] -= lr * g[q];
+    float *restrict p = s->p + offset, lr = s->lr;
+    const float *restrict g = s->g + offset;
+    size_t q = 0;
+    for (; q + 4 <= count; q += 4) { /* four at a time: cc -O2 makes it one SSE multiply and subtract */
+        float a = p[q] - lr * g[q], b = p[q + 1] - lr * g[q + 1], c = p[q + 2] - lr * g[q + 2], d = p[q + 3] - lr * g[q + 3];
+        p[q] = a, p[q + 1] = b, p[q + 2] = c, p[q + 3] = d;
+    }
+    for (; q < count; q++) p[q] -= lr * g[q];
 }
 
 /* one rank's weight gradients as tasks (dpar_steal): task i is rows r0..r0+nr of layer l's, on any rank's thread */
