@@ -2813,26 +2813,88 @@ typedef struct dpar__fp {
 typedef struct dpar__ctx dpar__ctx;
 struct dpar__call;
 
-/* A transport: the four primitives, plus the hooks that are not about moving bytes. */
+/* The transport interface. Everything above the transports (the ring algorithms, the comm front end,
+   the pipeline runner, direct buckets, work stealing, checkpoints, the hybrid MPI comm) reaches a
+   transport only through this table, by way of the dpar__tp_* wrappers below; a transport's own
+   state hangs off dpar_comm.tp_data and is defined and read only in its own section.
+
+   `x` is the call in progress (dpar__ctx): its comm, its lane (user point-to-point or collectives,
+   two independent message streams), the fingerprint of the call and its deadline. Every primitive is
+   called on the rank's own thread, or on its progress thread while the rank's thread waits for it
+   (never both at once). A primitive that fails has already poisoned the comm when the failure
+   concerns the others (mismatch, timeout), and sets dpar_last_error.
+
+   Moving bytes (required), called by the algorithms (>>ring) and the front end (>>comm):
+     post(x, peer, buf, bytes)    offer bytes to peer on x's lane; buf stays untouched until the peer
+                                  releases it. At most DPAR__QDEPTH offers per peer and lane are
+                                  unreleased; post waits while there are more.
+     fetch(x, peer, bytes, &p)    wait for peer's next offer on x's lane and check its fingerprint
+                                  against x's (DPAR_EMISMATCH, poisoning the comm, when they disagree);
+                                  p is readable until release. bytes must be what the peer offered.
+     release(x, peer)             done with the offer of peer fetched last
+     drain(x, peer, k)            wait until at most k of my offers to peer are unreleased
+   Local arithmetic (optional; NULL: the host loops of >>dtype), on buffers where this transport's
+   ranks keep their data (host memory for threads and MPI, device memory for a GPU transport):
+     reduce(x, out, a, b, n, dtype, op, div)  out = a op b elementwise, then / div when div > 1;
+                                  out may alias a or b. Called by the algorithms and direct buckets.
+     divide(x, out, in, n, dtype, div)        out = in / div (div <= 1: a copy); out may alias in
+     copy(x, dst, src, bytes)     dst = src, no overlap
+   Group state (required but quiesce):
+     enter(x)                     a call starts: publish where this rank is, for the others' timeout
+                                  messages
+     poisoned(c)                  the comm's error (its text in dpar_last_error), or DPAR_OK. Reads the
+                                  poison sequentially consistently, so a caller may pair it with a
+                                  store of its own (Dekker: "reading now", then "poisoned?").
+     poison(c, why, msg)          every current and later call of every rank returns `why` with msg;
+                                  the first poison wins and is what it returns. Any thread.
+     quiesce(c)                   leaving on an error: wait until no peer still reads this rank's
+                                  buffers, so the caller may free them (NULL: nothing can be reading)
+     split(x, color, key, out)    dpar_comm_split (a transport may run it on the ring algorithms)
+     destroy(c)                   leave the group; free this rank's transport state
+   Speed-ups (optional):
+     recv_into(x, peer, dst, bytes)  receive straight into dst (NULL: fetch + copy + release)
+     native(x, call, &done)       run the whole call with the transport's own collective; done = 0:
+                                  not taken, the ring runs it
+     prefetch(x, peer)            the next fetch will be from peer: start receiving it now
+   Shared memory (optional, all or none; without them direct buckets and dpar_steal return
+   DPAR_EUNSUPPORTED). Ranks that share memory synchronise through words in that memory and wait on a
+   per-rank doorbell: read the doorbell, test the condition, then sleep until the doorbell changes.
+     one_process                  1: the ranks are threads of one process, so every pointer (function
+                                  pointers too) means the same on every rank (dpar_steal runs one
+                                  rank's tasks on another's thread)
+     expose(x, bufs, n, peers)    collective: peers[q * n + i] is rank q's bufs[i] as this rank can read
+                                  and write it (NULL where q passed NULL); valid until the comm is
+                                  destroyed
+     doorbell(c)                  this rank's doorbell now (acquire)
+     wait_bell(c, seen, deadline) return once the doorbell differs from seen: DPAR_OK, or
+                                  DPAR_ETIMEDOUT at deadline (absolute ns, 0: none). Spins, then sleeps.
+     wake(c, peer)                ring peer's doorbell; call after the store the peer waits for
+     timeout(x, peer, what)       a wait for peer gave up at x's deadline: poison the comm with a
+                                  DPAR_ETIMEDOUT message naming the ranks that are behind, return it */
 typedef struct dpar__transport {
     const char *name;
     dpar_status (*post)(dpar__ctx *x, int peer, const void *buf, size_t bytes);
     dpar_status (*fetch)(dpar__ctx *x, int peer, size_t bytes, const void **data);
     dpar_status (*release)(dpar__ctx *x, int peer);
     dpar_status (*drain)(dpar__ctx *x, int peer, int max_outstanding);
-    void (*enter)(dpar__ctx *x);                    /* a call starts: note it for timeout messages */
-    dpar_status (*poisoned)(dpar_comm *c);          /* the group's error, or DPAR_OK */
+    void (*reduce)(dpar__ctx *x, void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op, int div);
+    void (*divide)(dpar__ctx *x, void *out, const void *in, size_t n, dpar_dtype t, int div);
+    void (*copy)(dpar__ctx *x, void *dst, const void *src, size_t bytes);
+    void (*enter)(dpar__ctx *x);
+    dpar_status (*poisoned)(dpar_comm *c);
     dpar_status (*poison)(dpar_comm *c, dpar_status why, const char *msg);
+    void (*quiesce)(dpar_comm *c);
     dpar_status (*split)(dpar__ctx *x, int color, int key, dpar_comm **out);
     void (*destroy)(dpar_comm *c);
-    /* optional: receive straight into dst (NULL: fetch + copy + release) */
     dpar_status (*recv_into)(dpar__ctx *x, int peer, void *dst, size_t bytes);
-    /* optional: run the call with the transport's own collective; *done = 0 to use the ring */
-    dpar_status (*native)(dpar__ctx *x, const struct dpar__call *k, int *done);
-    /* optional hint: the next fetch will be from peer again, start receiving it now */
+    dpar_status (*native)(dpar__ctx *x, const struct dpar__call *call, int *done);
     void (*prefetch)(dpar__ctx *x, int peer);
-    /* leaving with an error: wait until no peer is still reading this rank's buffers */
-    void (*quiesce)(dpar_comm *c);
+    int one_process;
+    dpar_status (*expose)(dpar__ctx *x, const void *const *bufs, int n, void **peers);
+    uint32_t (*doorbell)(dpar_comm *c);
+    dpar_status (*wait_bell)(dpar_comm *c, uint32_t seen, uint64_t deadline);
+    void (*wake)(dpar_comm *c, int peer);
+    dpar_status (*timeout)(dpar__ctx *x, int peer, const char *what);
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -2876,8 +2938,7 @@ struct dpar_request {
 
 struct dpar_comm {
     const dpar__transport *tp;
-    dpar_group *group; /* threads transport */
-    void *tp_data;     /* other transports */
+    void *tp_data; /* the transport's own state of this rank (its section alone reads it) */
     int rank, size;
     dpar_allocator allocator;
     uint64_t timeout_ns; /* 0: none */
@@ -3008,6 +3069,96 @@ static dpar_status dpar__fetch(dpar__ctx *x, int peer, size_t bytes, const void 
 static dpar_status dpar__release(dpar__ctx *x, int peer) { return x->c->tp->release(x, peer); }
 static dpar_status dpar__drain(dpar__ctx *x, int peer, int max) { return x->c->tp->drain(x, peer, max); }
 
+/* local arithmetic: the transport's, or the host loops */
+static void dpar__tp_reduce(dpar__ctx *x, void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op,
+                            int div)
+{
+    if (x->c->tp->reduce) x->c->tp->reduce(x, out, a, b, n, t, op, div);
+    else dpar__reduce(out, a, b, n, t, op, div);
+}
+static void dpar__tp_divide(dpar__ctx *x, void *out, const void *in, size_t n, dpar_dtype t, int div)
+{
+    if (x->c->tp->divide) x->c->tp->divide(x, out, in, n, t, div);
+    else dpar__divide(out, in, n, t, div);
+}
+static void dpar__tp_copy(dpar__ctx *x, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    if (x->c->tp->copy) x->c->tp->copy(x, dst, src, bytes);
+    else memcpy(dst, src, bytes);
+}
+
+/* group state */
+static dpar_status dpar__tp_poisoned(dpar_comm *c) { return c->tp->poisoned(c); }
+static dpar_status dpar__tp_poison(dpar_comm *c, dpar_status why, const char *msg) { return c->tp->poison(c, why, msg); }
+static void dpar__tp_quiesce(dpar_comm *c)
+{
+    if (c->tp->quiesce) c->tp->quiesce(c);
+}
+/* a rank fails a run it shares with the others: poison (they must not wait for it), then wait until
+   no peer still reads this rank's buffers */
+static dpar_status dpar__tp_fail(dpar_comm *c, dpar_status why, const char *msg)
+{
+    dpar_status st = dpar__tp_poison(c, why, msg);
+    dpar__tp_quiesce(c);
+    return st;
+}
+
+/* poison, leaving this thread's error text as it was (the caller's own error is the one to report) */
+static int dpar__tp_is_poisoned(dpar_comm *c) /* without touching this thread's error text */
+{
+    char keep[DPAR__ERROR_TEXT];
+    int poisoned;
+    memcpy(keep, dpar__tls_error, sizeof keep);
+    poisoned = dpar__tp_poisoned(c) != DPAR_OK;
+    memcpy(dpar__tls_error, keep, sizeof keep);
+    return poisoned;
+}
+static void dpar__tp_poison_quietly(dpar_comm *c, dpar_status why, const char *msg)
+{
+    char keep[DPAR__ERROR_TEXT];
+    memcpy(keep, dpar__tls_error, sizeof keep);
+    dpar__tp_poison(c, why, msg);
+    memcpy(dpar__tls_error, keep, sizeof keep);
+}
+
+/* shared memory: whether the comm has it, and the calls (only after dpar__tp_shares_memory said yes) */
+static int dpar__tp_shares_memory(const dpar_comm *c, int one_process)
+{
+    const dpar__transport *t = c->tp;
+    return t->expose && t->doorbell && t->wait_bell && t->wake && t->timeout && (!one_process || t->one_process);
+}
+static uint32_t dpar__tp_doorbell(dpar_comm *c) { return c->tp->doorbell(c); }
+static dpar_status dpar__tp_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
+{
+    return c->tp->wait_bell(c, seen, deadline);
+}
+static void dpar__tp_wake(dpar_comm *c, int peer) { c->tp->wake(c, peer); }
+static void dpar__tp_wake_all(dpar_comm *c) /* every rank but this one */
+{
+    int q;
+    for (q = 0; q < c->size; q++)
+        if (q != c->rank) c->tp->wake(c, q);
+}
+static dpar_status dpar__tp_timeout(dpar__ctx *x, int peer, const char *what) { return x->c->tp->timeout(x, peer, what); }
+
+/* the rest of a call's life */
+static void dpar__tp_enter(dpar__ctx *x) { x->c->tp->enter(x); }
+static void dpar__tp_prefetch(dpar__ctx *x, int peer)
+{
+    if (x->c->tp->prefetch) x->c->tp->prefetch(x, peer);
+}
+static dpar_status dpar__tp_native(dpar__ctx *x, const struct dpar__call *call, int *done)
+{
+    *done = 0;
+    return x->c->tp->native ? x->c->tp->native(x, call, done) : DPAR_OK;
+}
+static dpar_status dpar__tp_split(dpar__ctx *x, int color, int key, dpar_comm **out)
+{
+    return x->c->tp->split(x, color, key, out);
+}
+static void dpar__tp_destroy(dpar_comm *c) { c->tp->destroy(c); }
+
 #define DPAR__TRY(expr)                          \
     do {                                         \
         dpar_status st_ = (expr);                \
@@ -3124,8 +3275,8 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
                 dst = part[s % 2] + rlo * es;
             }
             /* the next segment streams in while this one is reduced (all but the very last) */
-            if (c->tp->prefetch && !(last && g + 1 == k.segs)) c->tp->prefetch(x, prev);
-            dpar__reduce(dst, send + ro * es, p, rl, t, op, last && op == DPAR_AVG ? N : 0);
+            if (!(last && g + 1 == k.segs)) dpar__tp_prefetch(x, prev);
+            dpar__tp_reduce(x, dst, send + ro * es, p, rl, t, op, last && op == DPAR_AVG ? N : 0);
             DPAR__TRY(dpar__release(x, prev));
         }
     }
@@ -3192,16 +3343,16 @@ static dpar_status dpar__allreduce_tree(dpar__ctx *x, const char *send, char *re
             DPAR__TRY(dpar__post(x, partner, src + (glo + go) * es, gl * es));
             DPAR__TRY(dpar__fetch(x, partner, kl * es, &p));
             if (lower)
-                dpar__reduce(recv + (klo + ko) * es, src + (klo + ko) * es, p, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
+                dpar__tp_reduce(x, recv + (klo + ko) * es, src + (klo + ko) * es, p, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
             else
-                dpar__reduce(recv + (klo + ko) * es, p, src + (klo + ko) * es, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
+                dpar__tp_reduce(x, recv + (klo + ko) * es, p, src + (klo + ko) * es, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
             DPAR__TRY(dpar__release(x, partner));
         }
         lo = klo;
         hi = khi;
     }
     for (k = 0; k < levels; k++) DPAR__TRY(dpar__drain(x, r ^ (1 << k), 0)); /* recv is rewritten below */
-    if (op == DPAR_AVG) dpar__divide(recv + lo * es, recv + lo * es, hi - lo, t, N);
+    if (op == DPAR_AVG) dpar__tp_divide(x, recv + lo * es, recv + lo * es, hi - lo, t, N);
     for (k = levels - 1; k >= 0; k--) {
         int partner = r ^ (1 << k);
         size_t plo = lo == los[k] ? hi : los[k], phi = lo == los[k] ? his[k] : lo, g;
@@ -3226,7 +3377,7 @@ static dpar_status dpar__broadcast_chain(dpar__ctx *x, const char *send, char *r
     int N = c->size, r = c->rank, pos = dpar__mod(r - root, N), next = (r + 1) % N, prev = (r + N - 1) % N;
     size_t seg = c->segment_bytes / es, o;
     if (seg < 1) seg = 1;
-    if (pos == 0 && send != recv && count) memcpy(recv, send, count * es);
+    if (pos == 0 && send != recv) dpar__tp_copy(x, recv, send, count * es);
     for (o = 0; o < count; o += seg) { /* count >= 1 here */
         size_t l = count - o < seg ? count - o : seg;
         if (pos > 0) DPAR__TRY(dpar__recv_into(x, prev, recv + o * es, l * es));
@@ -3254,7 +3405,7 @@ static dpar_status dpar__reduce_chain(dpar__ctx *x, const char *send, char *recv
             char *dst = pos == N - 1 ? recv + o * es : scr + (slot % DPAR__QDEPTH) * seg * es;
             if (pos < N - 1) DPAR__TRY(dpar__drain(x, next, DPAR__QDEPTH - 1)); /* the slot is free */
             DPAR__TRY(dpar__fetch(x, prev, l * es, &p));
-            dpar__reduce(dst, send + o * es, p, l, t, op, pos == N - 1 && op == DPAR_AVG ? N : 0);
+            dpar__tp_reduce(x, dst, send + o * es, p, l, t, op, pos == N - 1 && op == DPAR_AVG ? N : 0);
             DPAR__TRY(dpar__release(x, prev));
             if (pos < N - 1) DPAR__TRY(dpar__post(x, next, dst, l * es));
         }
@@ -3271,10 +3422,10 @@ static dpar_status dpar__alltoall_pairwise(dpar__ctx *x, const char *send, char 
     if (send == recv && block) { /* in place: the blocks I send are overwritten as others arrive */
         char *scr = NULL;
         DPAR__TRY(dpar__scratch(c, (size_t)N * block, &scr));
-        memcpy(scr, send, (size_t)N * block);
+        dpar__tp_copy(x, scr, send, (size_t)N * block);
         send = scr;
     }
-    if (block) memcpy(recv + (size_t)r * block, send + (size_t)r * block, block);
+    dpar__tp_copy(x, recv + (size_t)r * block, send + (size_t)r * block, block);
     for (i = 1; i < N; i++) {
         int dst = (r + i) % N, src = (r + N - i) % N;
         DPAR__TRY(dpar__post(x, dst, send + (size_t)dst * block, block));
@@ -3361,24 +3512,24 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
     x.fp.file = k->file;
     x.fp.line = k->line;
     x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
-    if ((st = c->tp->poisoned(c)) != DPAR_OK) return st;
-    c->tp->enter(&x);
+    if ((st = dpar__tp_poisoned(c)) != DPAR_OK) return st;
+    dpar__tp_enter(&x);
     if (N == 1) { /* nothing to meet: copies only */
         size_t bytes1 = k->count * es;
         switch (k->coll) {
         case DPAR_COLL_BROADCAST:
         case DPAR_COLL_ALLGATHER:
         case DPAR_COLL_ALLTOALL:
-            if (send != recv && bytes1) memcpy(recv, send, bytes1);
+            if (send != recv) dpar__tp_copy(&x, recv, send, bytes1);
             break;
         case DPAR_COLL_REDUCE:
         case DPAR_COLL_REDUCE_SCATTER:
         case DPAR_COLL_ALLREDUCE:
-            if (bytes1) dpar__divide(recv, send, k->count, k->dtype, 1);
+            if (bytes1) dpar__tp_divide(&x, recv, send, k->count, k->dtype, 1);
             break;
         default: break;
         }
-    } else if (c->tp->native && (st = c->tp->native(&x, k, &native)) != DPAR_OK) {
+    } else if ((st = dpar__tp_native(&x, k, &native)) != DPAR_OK) {
         /* the transport's own collective failed */
     } else if (native) {
         /* done by the transport's own collective */
@@ -3406,7 +3557,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
             } else {
                 dpar_block_range(k->count, N, c->rank, &off, &len);
             }
-            if (send != recv + off * es) memcpy(recv + off * es, send, len * es);
+            if (send != recv + off * es) dpar__tp_copy(&x, recv + off * es, send, len * es);
             st = dpar__ring_allgather(&x, send, recv, k->count, es, k->offs, k->lens);
             break;
         }
@@ -3418,7 +3569,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
         default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)k->coll); break;
         }
     }
-    if (st != DPAR_OK && c->tp->quiesce) c->tp->quiesce(c); /* no peer still reads our buffers */
+    if (st != DPAR_OK) dpar__tp_quiesce(c); /* no peer still reads our buffers */
     dt = dpar_time_ns() - t0;
     bytes = (uint64_t)k->count * es * (k->coll == DPAR_COLL_ALLTOALL ? (uint64_t)N : 1u);
     if (k->coll == DPAR_COLL_ALLREDUCE) factor = 2.0 * (N - 1) / N;
@@ -3455,7 +3606,7 @@ static dpar_status dpar__bad_call(dpar_comm *c, dpar_status st)
 {
     char msg[DPAR__ERROR_TEXT];
     snprintf(msg, sizeof msg, "%s", dpar__tls_error);
-    c->tp->poison(c, st, msg);
+    dpar__tp_poison(c, st, msg);
     return dpar__err(st, "%s", msg);
 }
 
@@ -3644,7 +3795,7 @@ static void dpar__p2p_count(dpar_comm *c, dpar_coll coll, uint64_t sent, uint64_
 
 static void dpar__p2p_done(dpar_comm *c, dpar_coll coll, const dpar__ctx *x, uint64_t t0, dpar_status st)
 {
-    if (st != DPAR_OK && c->tp->quiesce) c->tp->quiesce(c);
+    if (st != DPAR_OK) dpar__tp_quiesce(c);
     dpar__p2p_count(c, coll, x->sent, x->received, t0);
     if (dpar_trace_enabled())
         dpar__trace_span(dpar_coll_name(coll), "comm", t0, "\"bytes\":%llu,\"tag\":%d",
@@ -3661,9 +3812,9 @@ DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count
     if (peer == comm->rank)
         return dpar__err(DPAR_EDEADLK, "dpar_send at %s:%d: rank %d sends to itself; a synchronous send to oneself never "
                                        "completes (use dpar_sendrecv)", file, line, peer);
-    DPAR__TRY(comm->tp->poisoned(comm));
+    DPAR__TRY(dpar__tp_poisoned(comm));
     dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, count, dtype, tag, file, line);
-    comm->tp->enter(&x);
+    dpar__tp_enter(&x);
     st = dpar__post(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
     if (st == DPAR_OK) st = dpar__drain(&x, peer, 0);
     dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0, st);
@@ -3677,9 +3828,9 @@ DPAR_API dpar_status dpar_recv_at(dpar_comm *comm, void *buf, size_t count, dpar
     uint64_t t0 = dpar_time_ns();
     dpar_status st = dpar__p2p_check(comm, buf, count, dtype, peer, "dpar_recv", file, line);
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
-    DPAR__TRY(comm->tp->poisoned(comm));
+    DPAR__TRY(dpar__tp_poisoned(comm));
     dpar__p2p_ctx(&x, comm, DPAR_COLL_RECV, count, dtype, tag, file, line);
-    comm->tp->enter(&x);
+    dpar__tp_enter(&x);
     st = dpar__recv_into(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
     dpar__p2p_done(comm, DPAR_COLL_RECV, &x, t0, st);
     return st;
@@ -3697,10 +3848,10 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
     if (dst == comm->rank && src == comm->rank && sendcount && recvcount &&
         dpar__overlap(sendbuf, sendcount * dpar__dtype_sizes[dtype], recvbuf, recvcount * dpar__dtype_sizes[dtype]))
         return dpar__bad_call(comm, dpar__err(DPAR_EINVAL, "dpar_sendrecv at %s:%d: send and recv buffers overlap", file, line));
-    DPAR__TRY(comm->tp->poisoned(comm));
+    DPAR__TRY(dpar__tp_poisoned(comm));
     es = dpar__dtype_sizes[dtype];
     dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, sendcount, dtype, tag, file, line);
-    comm->tp->enter(&x);
+    dpar__tp_enter(&x);
     st = dpar__post(&x, dst, sendbuf, sendcount * es);
     if (st == DPAR_OK) {
         x.fp.coll = DPAR_COLL_RECV; /* what the message from src must match */
@@ -3710,6 +3861,44 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
     if (st == DPAR_OK) st = dpar__drain(&x, dst, 0);
     dpar__p2p_done(comm, DPAR_COLL_SEND, &x, t0, st);
     return st;
+}
+
+/* Point-to-point for the modules above the comm (the pipeline runner): messages of `bytes` bytes
+   named by `tag`, counted in the comm's stats as sends and receives (not traced: the caller traces
+   what they mean). dpar__send_posted returns once the message is offered: buf stays untouched until
+   the receiver has taken it, and a send waits while DPAR__QDEPTH of this rank's messages to peer are
+   not taken yet; dpar__send_flush waits until at most `keep` are left. `who` names the caller in the
+   contract checker's and the timeout's messages. */
+static void dpar__p2p_begin(dpar__ctx *x, dpar_comm *c, dpar_coll coll, size_t bytes, int tag, const char *who)
+{
+    dpar__p2p_ctx(x, c, coll, bytes, DPAR_U8, tag, who, 0);
+    dpar__tp_enter(x);
+}
+static dpar_status dpar__send_posted(dpar_comm *c, int peer, const void *buf, size_t bytes, int tag, const char *who)
+{
+    dpar__ctx x;
+    uint64_t t0 = dpar_time_ns();
+    dpar_status st;
+    dpar__p2p_begin(&x, c, DPAR_COLL_SEND, bytes, tag, who);
+    st = dpar__post(&x, peer, buf, bytes);
+    if (st == DPAR_OK) dpar__p2p_count(c, DPAR_COLL_SEND, bytes, 0, t0);
+    return st;
+}
+static dpar_status dpar__recv_tagged(dpar_comm *c, int peer, void *buf, size_t bytes, int tag, const char *who)
+{
+    dpar__ctx x;
+    uint64_t t0 = dpar_time_ns();
+    dpar_status st;
+    dpar__p2p_begin(&x, c, DPAR_COLL_RECV, bytes, tag, who);
+    st = dpar__recv_into(&x, peer, buf, bytes);
+    if (st == DPAR_OK) dpar__p2p_count(c, DPAR_COLL_RECV, 0, bytes, t0);
+    return st;
+}
+static dpar_status dpar__send_flush(dpar_comm *c, int peer, int keep, const char *who)
+{
+    dpar__ctx x;
+    dpar__p2p_begin(&x, c, DPAR_COLL_SEND, 0, 0, who);
+    return dpar__drain(&x, peer, keep);
 }
 
 /* ---- async: one progress thread per rank runs its requests in order ---- */
@@ -3947,7 +4136,7 @@ DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm)
         dpar__bump(&comm->qseq, &comm->qsleepers, INT_MAX);
         pthread_join(comm->thread, NULL);
     }
-    comm->tp->destroy(comm);
+    dpar__tp_destroy(comm);
     dpar__comm_free(comm);
     return DPAR_OK;
 }
@@ -3975,7 +4164,7 @@ DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm)
     char msg[200];
     if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_abort: comm is NULL");
     snprintf(msg, sizeof msg, "%s was aborted by dpar_comm_abort (called on rank %d)", comm->name, comm->rank);
-    return comm->tp->poison(comm, DPAR_EABORTED, msg);
+    return dpar__tp_poison(comm, DPAR_EABORTED, msg);
 }
 
 DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out)
@@ -4017,7 +4206,7 @@ DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_c
     if (out) *out = NULL;
     if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_split: comm or out is NULL");
     DPAR__TRY(dpar__comm_wait_async(comm));
-    DPAR__TRY(comm->tp->poisoned(comm));
+    DPAR__TRY(dpar__tp_poisoned(comm));
     memset(&x, 0, sizeof x);
     x.c = comm;
     x.lane = DPAR__LANE_COLL;
@@ -4026,9 +4215,34 @@ DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_c
     x.fp.rank = comm->rank;
     x.fp.file = "dpar_comm_split";
     x.deadline = comm->timeout_ns ? dpar_time_ns() + comm->timeout_ns : 0;
-    comm->tp->enter(&x);
-    st = comm->tp->split(&x, color, key, out);
+    dpar__tp_enter(&x);
+    st = dpar__tp_split(&x, color, key, out);
     return st;
+}
+
+/* Collective, for the modules that share memory between ranks (direct buckets, work stealing): each
+   rank passes n buffers (or NULLs); peers[q * n + i] gets rank q's buffer i as this rank may read and
+   write it. DPAR_EUNSUPPORTED (on every rank alike, nobody waits) where the transport has no shared
+   memory, or (one_process) its ranks are not threads of one process. */
+static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, void **peers, int one_process,
+                                const char *who)
+{
+    dpar__ctx x;
+    if (!dpar__tp_shares_memory(c, one_process))
+        return dpar__err(DPAR_EUNSUPPORTED, "%s: %s is not a comm of thread ranks (%s)", who, c->name,
+                         one_process ? "this runs tasks on the other ranks' threads" : "this reads the other ranks' memory");
+    DPAR__TRY(dpar__comm_wait_async(c));
+    DPAR__TRY(dpar__tp_poisoned(c));
+    memset(&x, 0, sizeof x);
+    x.c = c;
+    x.lane = DPAR__LANE_COLL;
+    x.fp.seq = ++c->seq;
+    x.fp.coll = DPAR_COLL_ALLGATHER;
+    x.fp.rank = c->rank;
+    x.fp.file = who;
+    x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+    dpar__tp_enter(&x);
+    return c->tp->expose(&x, bufs, n, peers);
 }
 
 DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out)
@@ -4113,6 +4327,9 @@ struct dpar_group {
     dpar_group **handover;
 };
 
+/* a thread rank's transport state is its group */
+#define DPAR__TG(c) ((dpar_group *)(c)->tp_data)
+
 static void dpar__group_unref(dpar_group *g)
 {
     if (DPAR__SUB(&g->refs, 1, DPAR__ACQ_REL) == 1) {
@@ -4147,8 +4364,8 @@ static void dpar__ring_bell(dpar_group *g, int rank)
 
 static dpar_status dpar__t_poisoned(dpar_comm *c)
 {
-    dpar_group *g = c->group;
-    int st = DPAR__LOAD(&g->poison, DPAR__ACQUIRE);
+    dpar_group *g = DPAR__TG(c);
+    int st = DPAR__LOAD(&g->poison, DPAR__SEQ_CST); /* callers pair it with stores of their own (Dekker) */
     if (!st) return DPAR_OK;
     pthread_mutex_lock(&g->lock);
     dpar__err((dpar_status)st, "%s", g->poison_msg);
@@ -4158,7 +4375,7 @@ static dpar_status dpar__t_poisoned(dpar_comm *c)
 
 static dpar_status dpar__t_poison(dpar_comm *c, dpar_status why, const char *msg)
 {
-    dpar_group *g = c->group;
+    dpar_group *g = DPAR__TG(c);
     int i;
     pthread_mutex_lock(&g->lock);
     if (!DPAR__LOAD(&g->poison, DPAR__RELAXED)) {
@@ -4172,7 +4389,7 @@ static dpar_status dpar__t_poison(dpar_comm *c, dpar_status why, const char *msg
 
 static void dpar__t_enter(dpar__ctx *x)
 {
-    dpar__slot *s = &x->c->group->slots[x->c->rank];
+    dpar__slot *s = &DPAR__TG(x->c)->slots[x->c->rank];
     DPAR__STORE(&s->at_coll, x->fp.coll, DPAR__RELAXED);
     DPAR__STORE(&s->at_file, x->fp.file, DPAR__RELAXED);
     DPAR__STORE(&s->at_line, x->fp.line, DPAR__RELAXED);
@@ -4183,7 +4400,7 @@ static void dpar__t_enter(dpar__ctx *x)
 /* The timeout story: which ranks never arrived where this one waits. Poisons the group with it. */
 static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
 {
-    dpar_group *g = x->c->group;
+    dpar_group *g = DPAR__TG(x->c);
     char me[200], msg[DPAR__ERROR_TEXT];
     int k, i;
     dpar__fp_describe(&x->fp, me, sizeof me);
@@ -4218,7 +4435,7 @@ static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
 static dpar_status dpar__t_wait(dpar__ctx *x, const uint32_t *ctr, uint32_t target, int peer, const char *what)
 {
     dpar_comm *c = x->c;
-    dpar_group *g = c->group;
+    dpar_group *g = DPAR__TG(c);
     dpar__slot *me = &g->slots[c->rank];
     int parked = 0, checked = 0;
     for (;;) {
@@ -4239,7 +4456,7 @@ static dpar_status dpar__t_wait(dpar__ctx *x, const uint32_t *ctr, uint32_t targ
 
 static dpar_status dpar__t_chan(dpar__ctx *x, int src, int dst, dpar__chan **out)
 {
-    *out = dpar__chan_get(x->c->group, src, dst, x->lane);
+    *out = dpar__chan_get(DPAR__TG(x->c), src, dst, x->lane);
     return *out ? DPAR_OK : dpar__err(DPAR_ENOMEM, "%s: out of memory for a channel", x->c->name);
 }
 
@@ -4254,7 +4471,7 @@ static dpar_status dpar__t_post(dpar__ctx *x, int peer, const void *buf, size_t 
     ch->q[n % DPAR__QDEPTH].bytes = bytes;
     ch->q[n % DPAR__QDEPTH].fp = x->fp;
     DPAR__STORE(&ch->posted, n + 1, DPAR__RELEASE);
-    dpar__ring_bell(x->c->group, peer);
+    dpar__ring_bell(DPAR__TG(x->c), peer);
     return DPAR_OK;
 }
 
@@ -4269,7 +4486,7 @@ static dpar_status dpar__t_fetch(dpar__ctx *x, int peer, size_t bytes, const voi
     /* "reading now", then one more look at the poison (a Dekker pair with dpar__t_quiesce): either
        a sender leaving on an error sees this reader and waits, or this reader sees the error */
     DPAR__STORE(&ch->fetched, n + 1, DPAR__SEQ_CST);
-    if (DPAR__LOAD(&x->c->group->poison, DPAR__SEQ_CST)) {
+    if (DPAR__LOAD(&DPAR__TG(x->c)->poison, DPAR__SEQ_CST)) {
         DPAR__STORE(&ch->fetched, n, DPAR__SEQ_CST);
         return dpar__t_poisoned(x->c);
     }
@@ -4286,7 +4503,7 @@ static dpar_status dpar__t_release(dpar__ctx *x, int peer)
     dpar__chan *ch;
     DPAR__TRY(dpar__t_chan(x, peer, x->c->rank, &ch));
     DPAR__STORE(&ch->released, DPAR__LOAD(&ch->released, DPAR__RELAXED) + 1, DPAR__SEQ_CST);
-    dpar__ring_bell(x->c->group, peer);
+    dpar__ring_bell(DPAR__TG(x->c), peer);
     return DPAR_OK;
 }
 
@@ -4303,7 +4520,7 @@ static dpar_status dpar__t_drain(dpar__ctx *x, int peer, int max)
    started reading see the poison and never will. */
 static void dpar__t_quiesce(dpar_comm *c)
 {
-    dpar_group *g = c->group;
+    dpar_group *g = DPAR__TG(c);
     int q, lane;
     uint64_t give_up = dpar_time_ns() + 5000000000u;
     for (q = 0; q < g->size; q++)
@@ -4324,7 +4541,7 @@ static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out);
 static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **out)
 {
     dpar_comm *c = x->c;
-    dpar_group *g = c->group, *mine = NULL;
+    dpar_group *g = DPAR__TG(c), *mine = NULL;
     int N = c->size, r = c->rank, i, members = 0, newrank = 0, leader = -1;
     int64_t *ck;
     char *scr = NULL;
@@ -4375,15 +4592,49 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
 
 static void dpar__t_destroy(dpar_comm *c)
 {
-    DPAR__STORE(&c->group->slots[c->rank].joined, 2, DPAR__RELEASE); /* left: it cannot join again */
-    dpar__group_unref(c->group);
+    DPAR__STORE(&DPAR__TG(c)->slots[c->rank].joined, 2, DPAR__RELEASE); /* left: it cannot join again */
+    dpar__group_unref(DPAR__TG(c));
 }
 
-static const dpar__transport dpar__threads_transport = {"threads",       dpar__t_post,     dpar__t_fetch,
-                                                        dpar__t_release, dpar__t_drain,    dpar__t_enter,
-                                                        dpar__t_poisoned, dpar__t_poison, dpar__t_split,
-                                                        dpar__t_destroy, NULL,            NULL,
-                                                        NULL,            dpar__t_quiesce};
+/* ---- shared memory: the ranks are threads, every pointer is valid on every rank ---- */
+static dpar_status dpar__t_expose(dpar__ctx *x, const void *const *bufs, int n, void **peers)
+{
+    dpar_comm *c = x->c;
+    size_t N = (size_t)c->size, i, words = N * (size_t)n;
+    uint64_t *all;
+    char *scr = NULL;
+    DPAR__TRY(dpar__scratch(c, words * sizeof(uint64_t), &scr));
+    all = (uint64_t *)(void *)scr;
+    for (i = 0; i < (size_t)n; i++) all[(size_t)c->rank * (size_t)n + i] = (uint64_t)(uintptr_t)bufs[i];
+    x->fp.count = words;
+    x->fp.dtype = DPAR_I64;
+    DPAR__TRY(dpar__ring_allgather(x, (const char *)(all + (size_t)c->rank * (size_t)n), (char *)all, words,
+                                   sizeof(uint64_t), NULL, NULL));
+    for (i = 0; i < words; i++) peers[i] = (void *)(uintptr_t)all[i];
+    return DPAR_OK;
+}
+
+static uint32_t dpar__t_doorbell(dpar_comm *c)
+{
+    return DPAR__LOAD(&DPAR__TG(c)->slots[c->rank].bell, DPAR__ACQUIRE);
+}
+
+static dpar_status dpar__t_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
+{
+    dpar__slot *me = &DPAR__TG(c)->slots[c->rank];
+    return dpar__wait_while(&me->bell, seen, &me->bell_sleepers, c->spin, deadline, NULL);
+}
+
+static void dpar__t_wake(dpar_comm *c, int peer) { dpar__ring_bell(DPAR__TG(c), peer); }
+
+static const dpar__transport dpar__threads_transport = {
+    "threads",
+    dpar__t_post, dpar__t_fetch, dpar__t_release, dpar__t_drain, /* moving bytes */
+    NULL, NULL, NULL,                                            /* local arithmetic: the host loops */
+    dpar__t_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__t_destroy,
+    NULL, NULL, NULL, /* recv_into, native, prefetch: zero-copy needs none */
+    1, dpar__t_expose, dpar__t_doorbell, dpar__t_wait_bell, dpar__t_wake, dpar__t_timeout, /* shared memory */
+};
 
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out)
 {
@@ -4450,7 +4701,7 @@ static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out)
     }
     dpar__comm_init(c, &g->desc, rank, g->size);
     c->tp = &dpar__threads_transport;
-    c->group = g;
+    c->tp_data = g;
     DPAR__ADD(&g->refs, 1, DPAR__ACQ_REL);
     dpar__cpu_note(&g->slots[rank].cpu);
     snprintf(name, sizeof name, "%s rank %d", c->name, rank);
@@ -5769,10 +6020,10 @@ DPAR_API void dpar_pipe_destroy(dpar_pipe *pp)
 
 /* post a made buffer to a neighbour; the buffer posted DPAR__QDEPTH messages ago is free again
    (post only returns once fewer than DPAR__QDEPTH of its messages wait unconsumed) */
-static dpar_status dpar__pipe_send(dpar_pipe *pp, dpar__ctx *x, int dir, int peer, void *buf)
+static dpar_status dpar__pipe_send(dpar_pipe *pp, int dir, int peer, int tag, void *buf)
 {
     uint32_t slot = pp->posted[dir] % DPAR__QDEPTH;
-    DPAR__TRY(dpar__post(x, peer, buf, pp->d.act_bytes));
+    DPAR__TRY(dpar__send_posted(pp->d.comm, peer, buf, pp->d.act_bytes, tag, "dpar_pipe_run"));
     if (pp->posted[dir] >= DPAR__QDEPTH) dpar__pipe_give(pp, pp->ring[dir][slot]);
     pp->ring[dir][slot] = buf;
     pp->posted[dir]++;
@@ -5785,16 +6036,13 @@ static dpar_status dpar__pipe_fail(dpar_pipe *pp, dpar_status st, const char *wh
     char msg[DPAR__ERROR_TEXT];
     snprintf(msg, sizeof msg, "pipeline stage %d: %s of micro-batch %d (chunk %d) failed: %.400s", pp->stage, what, micro, chunk,
              dpar__tls_error[0] ? dpar__tls_error : dpar_status_string(st));
-    st = pp->d.comm->tp->poison(pp->d.comm, st, msg);
-    if (pp->d.comm->tp->quiesce) pp->d.comm->tp->quiesce(pp->d.comm); /* our buffers may be freed now */
-    return st;
+    return dpar__tp_fail(pp->d.comm, st, msg); /* our buffers may be freed once it returns */
 }
 
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
 {
     dpar_pipe_schedule *S;
     dpar_comm *c;
-    dpar__ctx x;
     uint64_t t_start, busy = 0, t_end;
     dpar_status st = DPAR_OK;
     int k, p, dir;
@@ -5804,13 +6052,6 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
     p = S->p;
     DPAR__TRY(dpar_barrier(c)); /* a common start: the bubble is measured from here */
     t_start = dpar_time_ns();
-    memset(&x, 0, sizeof x);
-    x.c = c;
-    x.lane = DPAR__LANE_P2P;
-    x.fp.count = pp->d.act_bytes;
-    x.fp.dtype = DPAR_U8;
-    x.fp.rank = c->rank;
-    x.fp.file = "dpar_pipe_run";
     for (k = 0; k < S->num_ops[pp->stage] && st == DPAR_OK; k++) {
         dpar_pipe_op *op = &S->ops[pp->stage][k];
         size_t u = (size_t)op->micro * (size_t)S->v + (size_t)op->chunk;
@@ -5819,7 +6060,6 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         uint64_t t0 = dpar_time_ns(), t1;
         void *buf;
         char name[48];
-        x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
         /* the tag names the message: a mismatch is caught as EMISMATCH, never read as data */
         switch (op->code) {
         case DPAR_PIPE_FORWARD:
@@ -5853,10 +6093,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         case DPAR_PIPE_SEND_GRAD:
             dir = op->code == DPAR_PIPE_SEND_ACT ? 0 : 1;
             dpar__pipe_peer(S, pp->stage, op->chunk, !dir, &peer, &pc);
-            x.fp.coll = DPAR_COLL_SEND;
-            x.fp.tag = (op->code << 24) | (pc << 16) | op->micro;
-            st = dpar__pipe_send(pp, &x, dir, peer, pp->pending[u]);
-            if (st == DPAR_OK) dpar__p2p_count(pp->d.comm, DPAR_COLL_SEND, pp->d.act_bytes, 0, t0); /* in the stats */
+            st = dpar__pipe_send(pp, dir, peer, (op->code << 24) | (pc << 16) | op->micro, pp->pending[u]);
             pp->pending[u] = NULL;
             snprintf(name, sizeof name, "send %s %d", dir ? "grad" : "act", op->micro);
             dpar_trace_event(name, "pipe", t0, dpar_time_ns(), NULL);
@@ -5866,10 +6103,9 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             dpar__pipe_peer(S, pp->stage, op->chunk, dir, &peer, &pc);
             buf = dpar__pipe_take(pp);
             if (!buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
-            x.fp.coll = DPAR_COLL_RECV;
-            x.fp.tag = ((op->code - 1) << 24) | (op->chunk << 16) | op->micro; /* the sender's SEND code */
-            st = dpar__recv_into(&x, peer, buf, pp->d.act_bytes);
-            if (st == DPAR_OK) dpar__p2p_count(pp->d.comm, DPAR_COLL_RECV, 0, pp->d.act_bytes, t0);
+            /* the tag of the sender's SEND op */
+            st = dpar__recv_tagged(c, peer, buf, pp->d.act_bytes, ((op->code - 1) << 24) | (op->chunk << 16) | op->micro,
+                                   "dpar_pipe_run");
             if (dir == 0) pp->stash[u] = buf;
             else pp->grad_out[u] = buf;
             snprintf(name, sizeof name, "recv %s %d", dir ? "grad" : "act", op->micro);
@@ -5880,8 +6116,8 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
     /* every message delivered, every buffer back in the list */
     if (st == DPAR_OK && (pp->posted[0] || pp->posted[1])) {
         int next = (pp->stage + 1) % p, prev = (pp->stage + p - 1) % p;
-        st = dpar__drain(&x, next, 0);
-        if (st == DPAR_OK && prev != next) st = dpar__drain(&x, prev, 0);
+        st = dpar__send_flush(c, next, 0, "dpar_pipe_run");
+        if (st == DPAR_OK && prev != next) st = dpar__send_flush(c, prev, 0, "dpar_pipe_run");
         for (dir = 0; dir < 2 && st == DPAR_OK; dir++) {
             uint32_t i, n = pp->posted[dir] < DPAR__QDEPTH ? pp->posted[dir] : DPAR__QDEPTH;
             for (i = 0; i < n; i++) dpar__pipe_give(pp, pp->ring[dir][(pp->posted[dir] - 1 - i) % DPAR__QDEPTH]);
@@ -5889,7 +6125,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         }
     }
     if (st != DPAR_OK) {
-        if (c->tp->quiesce) c->tp->quiesce(c);
+        dpar__tp_quiesce(c);
         return st;
     }
     t_end = dpar_time_ns();
@@ -6059,11 +6295,8 @@ static uint32_t *dpar__dreading(dpar_buckets *b, int r)
 
 static void dpar__dset(dpar_buckets *b, int phase, int k) /* I finished phase of bucket k: tell everyone */
 {
-    dpar_comm *c = b->comm;
-    int q;
-    DPAR__STORE(dpar__dflag(b, phase, k, c->rank), b->gen + 1, DPAR__RELEASE);
-    for (q = 0; q < c->size; q++)
-        if (q != c->rank) dpar__ring_bell(c->group, q);
+    DPAR__STORE(dpar__dflag(b, phase, k, b->comm->rank), b->gen + 1, DPAR__RELEASE);
+    dpar__tp_wake_all(b->comm);
 }
 
 /* the first rank that has not finished phase of bucket k this step, or -1 */
@@ -6076,16 +6309,14 @@ static int dpar__dmissing(dpar_buckets *b, int phase, int k)
 }
 
 /* About to read the other ranks' memory: "reading now", then one more look at the poison (a Dekker
-   pair with dpar__dquiesce, as dpar__t_fetch with dpar__t_quiesce): either this rank sees that a
+   pair with dpar__dquiesce, as a transport's fetch with its quiesce): either this rank sees that a
    peer left on an error, or that peer sees this reader and waits before it returns. */
 static dpar_status dpar__dread_begin(dpar_buckets *b)
 {
+    dpar_status st;
     DPAR__STORE(dpar__dreading(b, b->comm->rank), 1u, DPAR__SEQ_CST);
-    if (DPAR__LOAD(&b->comm->group->poison, DPAR__SEQ_CST)) {
-        DPAR__STORE(dpar__dreading(b, b->comm->rank), 0u, DPAR__SEQ_CST);
-        return dpar__t_poisoned(b->comm);
-    }
-    return DPAR_OK;
+    if ((st = dpar__tp_poisoned(b->comm)) != DPAR_OK) DPAR__STORE(dpar__dreading(b, b->comm->rank), 0u, DPAR__SEQ_CST);
+    return st;
 }
 static void dpar__dread_end(dpar_buckets *b) { DPAR__STORE(dpar__dreading(b, b->comm->rank), 0u, DPAR__SEQ_CST); }
 
@@ -6096,8 +6327,8 @@ static void dpar__dquiesce(dpar_buckets *b)
     uint64_t give_up = dpar_time_ns() + 5000000000u;
     int q;
     if (!b->direct) return;
-    if (!DPAR__LOAD(&b->comm->group->poison, DPAR__SEQ_CST))
-        dpar__t_poison(b->comm, DPAR_EINVAL, "dpar_buckets: a rank left its direct buckets in the middle of a step");
+    /* the first poison wins: a no-op after an error */
+    dpar__tp_poison_quietly(b->comm, DPAR_EINVAL, "dpar_buckets: a rank left its direct buckets in the middle of a step");
     for (q = 0; q < b->comm->size; q++)
         while (q != b->comm->rank && DPAR__LOAD(dpar__dreading(b, q), DPAR__SEQ_CST) && dpar_time_ns() < give_up)
             sched_yield();
@@ -6118,14 +6349,17 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
     dpar_comm *c = b->comm;
     int i, w = 0, q, N = c->size;
     size_t lo, len;
+    dpar__ctx x; /* for the local arithmetic: the transport's own, on its memory */
+    memset(&x, 0, sizeof x);
+    x.c = c;
     for (i = 0; i < b->npend; i++) {
         int k = b->pend[i];
         if (b->dstate[k] == 1 && dpar__dmissing(b, DPAR__D_MARKED, k) < 0) {
             DPAR__TRY(dpar__dread_begin(b));
             dpar__dbucket(b, k, c->rank, &lo, &len);
             for (q = 1; q < N && len; q++) /* ((mine op next) op next) ... in ring order, into mine */
-                dpar__reduce(b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32, b->op,
-                             q == N - 1 && b->op == DPAR_AVG ? N : 0);
+                dpar__tp_reduce(&x, b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32, b->op,
+                                q == N - 1 && b->op == DPAR_AVG ? N : 0);
             dpar__dread_end(b);
             if (b->update.fn) b->update.fn(b->update.user, lo, len);
             dpar__dset(b, DPAR__D_REDUCED, k);
@@ -6136,7 +6370,7 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
             DPAR__TRY(dpar__dread_begin(b));
             for (q = 0; q < N; q++) {
                 dpar__dbucket(b, k, q, &lo, &len);
-                if (q != c->rank && from[q] != to && len) memcpy(to + lo, from[q] + lo, len * sizeof(float));
+                if (q != c->rank && from[q] != to) dpar__tp_copy(&x, to + lo, from[q] + lo, len * sizeof(float));
             }
             dpar__dread_end(b);
             dpar__dset(b, DPAR__D_COPIED, k);
@@ -6156,15 +6390,14 @@ static dpar_status dpar__dfinish(dpar_buckets *b, int first, int last)
     static const char *const what[] = {"mark its gradients of a bucket ready", "reduce its block of a bucket",
                                        "copy the blocks of a bucket"};
     dpar_comm *c = b->comm;
-    dpar_group *g = c->group;
-    dpar__slot *me = &g->slots[c->rank];
+    dpar_status st;
     int fin = b->dcopy ? DPAR__D_COPIED : DPAR__D_REDUCED, i, entered = 0;
     dpar__ctx x; /* for the timeout: this wait, described as the collective it stands for, on bucket `first` */
     dpar__p2p_ctx(&x, c, b->update.fn ? DPAR_COLL_REDUCE_SCATTER : DPAR_COLL_ALLREDUCE,
                   dpar__bucket_end(b, first) - (size_t)first * b->per, DPAR_F32, 0, __FILE__, __LINE__);
     x.fp.op = (int)b->op;
     for (;;) {
-        uint32_t bell = DPAR__LOAD(&me->bell, DPAR__ACQUIRE);
+        uint32_t bell = dpar__tp_doorbell(c);
         int phase = 0, q = -1, k = -1;
         DPAR__TRY(dpar__dpoll(b));
         for (i = first; i <= last && q < 0 && k < 0; i++) {
@@ -6174,10 +6407,10 @@ static dpar_status dpar__dfinish(dpar_buckets *b, int first, int last)
         }
         if (k < 0) return DPAR_OK;
         if (q < 0) continue;
-        if (DPAR__LOAD(&g->poison, DPAR__ACQUIRE)) return dpar__t_poisoned(c);
-        if (!entered) c->tp->enter(&x), entered = 1; /* where this rank waits, for the others' timeout messages */
-        if (x.deadline && dpar_time_ns() >= x.deadline) return dpar__t_timeout(&x, q, what[phase]);
-        dpar__wait_while(&me->bell, bell, &me->bell_sleepers, c->spin, x.deadline, NULL);
+        if ((st = dpar__tp_poisoned(c)) != DPAR_OK) return st;
+        if (!entered) dpar__tp_enter(&x), entered = 1; /* where this rank waits, for the others' timeout messages */
+        if (x.deadline && dpar_time_ns() >= x.deadline) return dpar__tp_timeout(&x, q, what[phase]);
+        dpar__tp_wait_bell(c, bell, x.deadline);
     }
 }
 
@@ -6337,7 +6570,7 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
 static void dpar__direct_off(dpar_buckets *b)
 {
     dpar_allocator *a = &b->comm->allocator;
-    if (b->direct && (b->nmarks || DPAR__LOAD(&b->comm->group->poison, DPAR__ACQUIRE)))
+    if (b->direct && (b->nmarks || dpar__tp_is_poisoned(b->comm)))
         dpar__dquiesce(b); /* left mid-step, or after an error: nobody may still read our memory */
     if (b->direct && __atomic_sub_fetch(&b->direct->refs, 1, DPAR__ACQ_REL) == 0) {
         dpar_allocator mine = b->direct->allocator;
@@ -6356,15 +6589,18 @@ static void dpar__direct_off(dpar_buckets *b)
 
 DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
 {
-    enum { V_GRADS, V_PARAMS, V_FLAGS, V_OK, V_COUNT, V_UPDATE, V_PER, V_OP, V_N };
+    enum { V_OK, V_COUNT, V_UPDATE, V_PER, V_OP, V_N };        /* what the ranks must agree on */
+    enum { S_GRADS, S_PARAMS, S_FLAGS, S_N };                  /* what they share */
     dpar_comm *c;
     dpar__direct *d = NULL;
-    uint64_t *v; /* V_N words per rank */
+    uint64_t *v = NULL; /* V_N words per rank */
+    void **peers = NULL;    /* S_N per rank */
+    const void *mine[S_N];
     dpar_status st;
     int N, r, q, ok, shared = 0;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
     c = b->comm;
-    if (on && c->tp != &dpar__threads_transport) /* the same on every rank: nobody waits */
+    if (on && !dpar__tp_shares_memory(c, 0)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
                          "read the other ranks' memory)", c->name);
     if (b->nmarks) {
@@ -6376,6 +6612,7 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     N = c->size;
     r = c->rank;
     v = (uint64_t *)dpar__calloc(&c->allocator, V_N * (size_t)N, sizeof(uint64_t));
+    peers = (void **)dpar__calloc(&c->allocator, S_N * (size_t)N, sizeof(void *));
     b->dgrads = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
     b->dparams = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
     b->pend = (int *)dpar__calloc(&c->allocator, (size_t)b->nb + 1, sizeof(int));
@@ -6384,31 +6621,19 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
         d = (dpar__direct *)dpar__calloc(&c->allocator, 1, sizeof *d + (3 * (size_t)b->nb + 1) * (size_t)N * sizeof(uint32_t));
         if (d) d->refs = N, d->allocator = c->allocator;
     }
-    ok = v && b->dgrads && b->dparams && b->pend && b->dstate && (r != 0 || d);
+    ok = peers && b->dgrads && b->dparams && b->pend && b->dstate && (r != 0 || d);
     if (!v) { /* cannot even say so: fail the others' allgather too */
         dpar__direct_off(b);
         dpar__free(&c->allocator, d);
+        dpar__free(&c->allocator, peers);
         return dpar__bad_call(c, dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory"));
     }
-    v[V_N * r + V_GRADS] = (uint64_t)(uintptr_t)b->grads;
-    v[V_N * r + V_PARAMS] = (uint64_t)(uintptr_t)(b->update.fn ? b->update.gather : NULL);
-    v[V_N * r + V_FLAGS] = (uint64_t)(uintptr_t)d;
     v[V_N * r + V_OK] = (uint64_t)ok;
     v[V_N * r + V_COUNT] = (uint64_t)b->count;
     v[V_N * r + V_UPDATE] = (uint64_t)(b->update.fn != NULL);
     v[V_N * r + V_PER] = (uint64_t)b->per;
     v[V_N * r + V_OP] = (uint64_t)b->op;
-    if ((st = dpar_allgather(c, v + V_N * r, v, V_N * (size_t)N, DPAR_I64)) != DPAR_OK) {
-        /* some rank may have got the flags all the same: never free them (the comm is unusable now) */
-        dpar__direct_off(b);
-        dpar__free(&c->allocator, v);
-        return st;
-    }
-    for (q = 0; q < N; q++) { /* the same count on every rank: how many ranks share rank 0's or an earlier rank's params */
-        int e;
-        for (e = 0; e < q && v[V_N * e + V_PARAMS] != v[V_N * q + V_PARAMS]; e++) {}
-        shared += e < q;
-    }
+    st = dpar_allgather(c, v + V_N * r, v, V_N * (size_t)N, DPAR_I64);
     for (q = 0; q < N && st == DPAR_OK; q++) {
         const uint64_t *w = v + V_N * q;
         if (!w[V_OK]) st = dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory on rank %d", q);
@@ -6419,24 +6644,35 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
                            (unsigned long long)v[V_COUNT], (unsigned long long)v[V_PER], dpar_op_name((dpar_op)v[V_OP]),
                            v[V_UPDATE] ? "with" : "without");
     }
+    if (st == DPAR_OK) { /* every rank agrees: share the buffers (once given, the flags are never freed on an error) */
+        mine[S_GRADS] = b->grads;
+        mine[S_PARAMS] = b->update.fn ? b->update.gather : NULL;
+        mine[S_FLAGS] = d;
+        if ((st = dpar__expose(c, mine, S_N, peers, 0, "dpar_buckets_set_direct")) != DPAR_OK) d = NULL;
+    }
+    for (q = 0; q < N && st == DPAR_OK; q++) { /* the same count on every rank: how many ranks share an earlier rank's params */
+        int e;
+        for (e = 0; e < q && peers[S_N * e + S_PARAMS] != peers[S_N * q + S_PARAMS]; e++) {}
+        shared += e < q;
+    }
     if (st == DPAR_OK && v[V_UPDATE] && shared != 0 && shared != N - 1) /* all share one, or none shares */
         st = dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: some ranks share their params and some do not (all or none)");
-    if (st != DPAR_OK) { /* every rank saw the same words: nobody keeps the flags */
+    if (st == DPAR_OK) {
+        b->direct = (dpar__direct *)peers[S_FLAGS]; /* rank 0's */
+        b->dcopy = !b->update.fn || shared == 0;
+        for (q = 0; q < N; q++) {
+            b->dgrads[q] = (float *)peers[S_N * q + S_GRADS];
+            b->dparams[q] = (float *)peers[S_N * q + S_PARAMS];
+        }
+        b->gen = 0;
+        b->failed = DPAR_OK;
+    } else { /* every rank saw the same words: nobody keeps the flags (unless the exposing failed) */
         dpar__direct_off(b);
         dpar__free(&c->allocator, d);
-        dpar__free(&c->allocator, v);
-        return st;
     }
-    b->direct = (dpar__direct *)(uintptr_t)v[V_FLAGS];
-    b->dcopy = !b->update.fn || shared == 0;
-    for (q = 0; q < N; q++) {
-        b->dgrads[q] = (float *)(uintptr_t)v[V_N * q + V_GRADS];
-        b->dparams[q] = (float *)(uintptr_t)v[V_N * q + V_PARAMS];
-    }
-    b->gen = 0;
-    b->failed = DPAR_OK;
     dpar__free(&c->allocator, v);
-    return DPAR_OK;
+    dpar__free(&c->allocator, peers);
+    return st;
 }
 
 DPAR_API int dpar_buckets_count(const dpar_buckets *b) { return b ? b->nb : 0; }
@@ -6495,13 +6731,15 @@ DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_stea
 {
     dpar_steal *s;
     dpar__steal_shared *sh = NULL;
-    uint64_t *v; /* per rank: ok, the shared block (rank 0's) */
+    uint64_t *v; /* per rank: ok */
+    void **peers = NULL; /* per rank: its shared block (rank 0's is the one) */
+    const void *mine;
     dpar_status st;
     int N, q, ok;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_steal_create: out is NULL");
     *out = NULL;
     if (!comm) return dpar__err(DPAR_EINVAL, "dpar_steal_create: comm is NULL");
-    if (comm->tp != &dpar__threads_transport) /* the same on every rank: nobody waits */
+    if (!dpar__tp_shares_memory(comm, 1)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_steal_create: %s is not a comm of thread ranks (work stealing runs "
                          "tasks on the other ranks' threads)", comm->name);
     if (max_tasks < 1 || (unsigned)max_tasks > DPAR__STEAL_MASK)
@@ -6509,26 +6747,30 @@ DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_stea
                                               DPAR__STEAL_MASK));
     N = comm->size;
     s = (dpar_steal *)dpar__calloc(&comm->allocator, 1, sizeof *s);
-    v = (uint64_t *)dpar__calloc(&comm->allocator, 2 * (size_t)N, sizeof(uint64_t));
+    v = (uint64_t *)dpar__calloc(&comm->allocator, (size_t)N, sizeof(uint64_t));
+    peers = (void **)dpar__calloc(&comm->allocator, (size_t)N, sizeof(void *));
     if (s) s->ran = (uint32_t *)dpar__calloc(&comm->allocator, (size_t)max_tasks, sizeof(uint32_t));
     if (comm->rank == 0) {
         sh = (dpar__steal_shared *)dpar__calloc(&comm->allocator, 1, sizeof *sh + (size_t)N * sizeof(dpar__steal_list));
         if (sh) sh->refs = N, sh->allocator = comm->allocator;
     }
-    ok = s && s->ran && (comm->rank != 0 || sh);
+    ok = s && s->ran && peers && (comm->rank != 0 || sh);
     if (!v) { /* cannot even say so: fail the others' allgather too */
         st = dpar__bad_call(comm, dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory"));
     } else {
-        v[2 * comm->rank] = (uint64_t)ok;
-        v[2 * comm->rank + 1] = (uint64_t)(uintptr_t)sh;
-        st = dpar_allgather(comm, v + 2 * comm->rank, v, 2 * (size_t)N, DPAR_I64);
+        v[comm->rank] = (uint64_t)ok;
+        st = dpar_allgather(comm, v + comm->rank, v, (size_t)N, DPAR_I64);
     }
     for (q = 0; q < N && st == DPAR_OK; q++)
-        if (!v[2 * q]) st = dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory on rank %d", q);
+        if (!v[q]) st = dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory on rank %d", q);
+    if (st == DPAR_OK) { /* every rank has its memory: share the block (once given, it is never freed on an error) */
+        mine = sh;
+        if ((st = dpar__expose(comm, &mine, 1, peers, 1, "dpar_steal_create")) != DPAR_OK) sh = NULL;
+    }
     if (st == DPAR_OK) {
         s->comm = comm;
         s->max = max_tasks;
-        s->sh = (dpar__steal_shared *)(uintptr_t)v[1];
+        s->sh = (dpar__steal_shared *)peers[0];
         s->sh->lists[comm->rank].ran = s->ran; /* the one field of my list that never changes */
         *out = s;
     } else {
@@ -6537,6 +6779,7 @@ DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_stea
         dpar__free(&comm->allocator, sh); /* every rank saw the same words: nobody keeps it */
     }
     dpar__free(&comm->allocator, v);
+    dpar__free(&comm->allocator, peers);
     return st;
 }
 
@@ -6581,7 +6824,7 @@ static int dpar__steal_one(dpar_steal *s, int *missing)
             dpar_trace_event("steal", "dp", t0, dpar_time_ns(), args);
         }
         DPAR__STORE(&l->ran[i], 1u, DPAR__RELEASE);
-        dpar__ring_bell(c->group, best);
+        dpar__tp_wake(c, best);
         s->taken++;
         return 1;
     }
@@ -6591,7 +6834,6 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(vo
                                     dpar_status (*done)(void *user, int index), void *user)
 {
     dpar__steal_list *me;
-    dpar__slot *slot;
     dpar_comm *c;
     dpar_status st = DPAR_OK;
     uint64_t w, deadline;
@@ -6602,7 +6844,6 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(vo
         return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "dpar_steal_run: %s (n = %d, max_tasks = %d)",
                                            n < 0 || n > s->max ? "n is outside 0 to max_tasks" : "task is NULL", n, s->max));
     me = &s->sh->lists[c->rank];
-    slot = &c->group->slots[c->rank];
     /* post this round's list (nobody takes from it before the word says so) and wake the ranks
        waiting for it */
     me->task = task;
@@ -6612,8 +6853,7 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(vo
     for (i = 0; i < n; i++) DPAR__STORE(&s->ran[i], 0u, DPAR__RELAXED);
     s->run++;
     DPAR__STORE(&me->word, dpar__steal_word(s->run, 0, (uint64_t)n), DPAR__RELEASE);
-    for (q = 0; q < c->size; q++)
-        if (q != c->rank) dpar__ring_bell(c->group, q);
+    dpar__tp_wake_all(c);
     /* my tasks from the front, each handed to done at once */
     for (;;) {
         uint64_t f, b;
@@ -6642,10 +6882,10 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(vo
        only wait (a task run for another rank could fail too and overwrite this thread's message) */
     for (i = tail; i < n; i++) {
         for (;;) {
-            uint32_t bell = DPAR__LOAD(&slot->bell, DPAR__ACQUIRE);
+            uint32_t bell = dpar__tp_doorbell(c);
             if (DPAR__LOAD(&s->ran[i], DPAR__ACQUIRE)) break;
             if (st == DPAR_OK && dpar__steal_one(s, NULL) > 0) continue;
-            dpar__wait_while(&slot->bell, bell, &slot->bell_sleepers, c->spin, 0, NULL);
+            dpar__tp_wait_bell(c, bell, 0);
         }
         if (st != DPAR_OK) continue;
         if (DPAR__LOAD(&me->err, DPAR__ACQUIRE))
@@ -6657,17 +6897,17 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(vo
        (waiting for a rank that has not posted yet: time out, or see the comm poisoned, as any call) */
     deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
     while (st == DPAR_OK) {
-        uint32_t bell = DPAR__LOAD(&slot->bell, DPAR__ACQUIRE);
+        uint32_t bell = dpar__tp_doorbell(c);
         int got = dpar__steal_one(s, &q);
         char msg[160];
         if (got > 0) continue;
         if (got == 0) break;
-        if ((st = dpar__t_poisoned(c)) != DPAR_OK) break;
-        if (dpar__wait_while(&slot->bell, bell, &slot->bell_sleepers, c->spin, deadline, NULL) == DPAR_OK) continue;
+        if ((st = dpar__tp_poisoned(c)) != DPAR_OK) break;
+        if (dpar__tp_wait_bell(c, bell, deadline) == DPAR_OK) continue;
         snprintf(msg, sizeof msg, "dpar_steal_run: rank %d timed out after %llu ms waiting for rank %d to start its "
                  "tasks of round %llu on %s", c->rank, (unsigned long long)(c->timeout_ns / 1000000u), q,
                  (unsigned long long)s->run, c->name);
-        st = dpar__t_poison(c, DPAR_ETIMEDOUT, msg);
+        st = dpar__tp_poison(c, DPAR_ETIMEDOUT, msg);
     }
     return st;
 }
@@ -7264,12 +7504,11 @@ static dpar_status dpar__m_watch(dpar_comm *c)
             DPAR__STORE(&m->poison, news.status, DPAR__RELEASE);
         }
         pthread_mutex_unlock(&m->lock);
-        if (m->local) dpar__t_poison(m->local, (dpar_status)news.status, news.msg); /* hybrid: wake the threads */
+        if (m->local) dpar__tp_poison(m->local, (dpar_status)news.status, news.msg); /* hybrid: wake the threads */
         return dpar__m_poisoned(c);
     }
     dpar__m_answer(m);
-    if (m->local && DPAR__LOAD(&m->local->group->poison, DPAR__ACQUIRE)) /* hybrid: a thread of ours saw it */
-        return dpar__t_poisoned(m->local);
+    if (m->local) return dpar__tp_poisoned(m->local); /* hybrid: a thread of ours saw it */
     return DPAR_OK;
 }
 
@@ -7568,7 +7807,7 @@ static dpar_status dpar__m_poisoned(dpar_comm *c)
     dpar__mpi *m = DPAR__M(c);
     int st = DPAR__LOAD(&m->poison, DPAR__ACQUIRE);
     if (!st) {
-        if (DPAR__LOAD(&m->abort, DPAR__ACQUIRE) || (m->local && DPAR__LOAD(&m->local->group->poison, DPAR__ACQUIRE)))
+        if (DPAR__LOAD(&m->abort, DPAR__ACQUIRE) || (m->local && dpar__tp_is_poisoned(m->local)))
             return dpar__m_watch(c);
         return DPAR_OK;
     }
@@ -7608,7 +7847,7 @@ static dpar_status dpar__m_poison(dpar_comm *c, dpar_status why, const char *msg
                 if (!flag) MPI_Request_free(&r);
             }
         }
-        if (m->local) dpar__t_poison(m->local, why, msg);
+        if (m->local) dpar__tp_poison(m->local, why, msg);
     }
     return dpar__m_poisoned(c);
 }
@@ -7971,11 +8210,14 @@ static void dpar__m_quiesce(dpar_comm *c)
         }
 }
 
-static const dpar__transport dpar__mpi_transport = {"mpi",           dpar__m_post,     dpar__m_fetch,
-                                                    dpar__m_release,  dpar__m_drain,    dpar__m_enter,
-                                                    dpar__m_poisoned, dpar__m_poison, dpar__m_split,
-                                                    dpar__m_destroy,  dpar__m_recv_into, dpar__m_native,
-                                                    dpar__m_prefetch, dpar__m_quiesce};
+static const dpar__transport dpar__mpi_transport = {
+    "mpi",
+    dpar__m_post, dpar__m_fetch, dpar__m_release, dpar__m_drain, /* moving bytes */
+    NULL, NULL, NULL,                                            /* local arithmetic: the host loops */
+    dpar__m_enter, dpar__m_poisoned, dpar__m_poison, dpar__m_quiesce, dpar__m_split, dpar__m_destroy,
+    dpar__m_recv_into, dpar__m_native, dpar__m_prefetch,
+    0, NULL, NULL, NULL, NULL, NULL, /* no shared memory between processes */
+};
 
 /* processes of mc on this node (collective over mc: one thread per process calls it) */
 static int dpar__m_node_procs(MPI_Comm mc)
