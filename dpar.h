@@ -45,22 +45,43 @@
      DPAR_TIMEOUT_MS=N     timeout of blocking comm calls whose description says 0 (-1: none)
      DPAR_LOG=error|warn|info|debug|off   log level (default warn)
 
-   SECTIONS (grep for the tag)            THREAD SAFETY, in short
-     >>config    portability, options      status, log, error: any thread; the error text is per thread
-     >>status    status codes, errors      trace: any thread; start/stop from one thread at a time
-     >>log       log levels and callback   pool: see below; every call says who may make it
-     >>trace     Chrome trace-event sink   comm: a comm belongs to its rank's thread; abort and the
-     >>pool      worker pool: parallel-for, SPMD run, barrier, task graph      queries: any thread
-     >>comm      communicator: point-to-point, collectives, async, split, mesh, counters
-     >>ring      the collective algorithms, written once for every transport
-     >>threads   the threads transport: zero-copy channels between thread ranks
-     >>gemm      dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool
-     >>shard     shard plans, tensor-parallel linear layers (Megatron), ZeRO-1 optimizer
-     >>pipe      pipeline schedules (GPipe, 1F1B, interleaved) as checked data, the stage runner
-     >>dp        data-parallel helpers: sampler, gradient buckets, work stealing (>>steal), IDX files
-     >>ckpt      checkpoints: sharded, CRC-checked, written atomically
-     >>mpi       the MPI transport (DPAR_MPI) and the hybrid processes x threads comm
-     >>impl      the implementation, in the same order
+   SECTIONS (grep for the tag). Declarations come first, then under DPAR_IMPLEMENTATION the code in
+   the same order; (impl) marks a section that has no declarations. "base" is config, status, log,
+   alloc, time and trace, which every later section may use; a section uses only those above it
+   (>>comm waits for >>async's requests and the MPI transport's table names >>hybrid's native
+   collectives, both through a declaration ahead).
+     tag          holds                                                            uses
+     >>config     options, portability; (impl) system headers, atomics, TLS        -
+     >>status     status codes, the per-thread error text                          config
+     >>log        log levels, the callback                                         config
+     >>alloc      the allocator hook                                               config
+     >>time       (impl) the clock, waits that spin then sleep, CPU placement      config
+     >>trace      the Chrome trace-event sink                                      status, log, time
+     >>pool       the pool: parallel-for, SPMD run, barrier; task declarations     base
+     >>task       (impl) the task graph                                            base, pool
+     >>workers    (impl) worker threads, pool create and destroy                   base, pool, task
+     >>dtype      element types, ops, block ranges, bf16/f16, reduction loops      status
+     >>transport  (impl) the transport interface and the comm object               base, dtype
+     >>ring       (impl) the collective algorithms, once for every transport       dtype, transport
+     >>comm       the communicator API; (impl) its front end                       base, transport, ring
+     >>async      (impl) asynchronous requests, the progress thread                base, transport, comm
+     >>threads    (impl) the threads transport: zero-copy channels, doorbells      base, transport, ring, comm
+     >>gemm       dpar_sgemm (OpenBLAS or built in), one GEMM over a pool          base, pool
+     >>shard      shard plans: scatter, gather, all-gather of blocks               base, comm
+     >>tp         tensor-parallel linear layers (Megatron)                         base, pool, gemm, shard
+     >>zero       ZeRO-1: sharded optimizer state                                  base, comm
+     >>pipe       pipeline schedules as checked data, the stage runner             base, comm
+     >>dp         data-parallel helpers: sampler, gradient buckets                 base, transport, comm, async
+     >>steal      work stealing between thread ranks                               base, transport, comm
+     >>idx        IDX data files                                                   base
+     >>ckpt       checkpoints: sharded, CRC-checked, written atomically            base, comm
+     >>mpi        the MPI transport (DPAR_MPI)                                     base, transport, ring, comm
+     >>hybrid     MPI's own collectives, the processes x threads comm              mpi, comm, threads' API
+     >>impl       where the implementation starts
+
+   THREAD SAFETY, in short: status, log, error: any thread (the error text is per thread); trace:
+   any thread, start/stop from one thread at a time; pool: every call says who may make it; comm: a
+   comm belongs to its rank's thread, abort and the queries may come from any thread.
 
    THE POOL
      A pool of T threads is the calling thread plus T-1 persistent workers. dpar_pool_for and
@@ -999,6 +1020,7 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
 #if defined(DPAR_IMPLEMENTATION) && !defined(DPAR__IMPLEMENTATION_DONE)
 #define DPAR__IMPLEMENTATION_DONE
 
+/* >>config: system headers, option defaults, thread-local storage, atomics ---------------------- */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1091,7 +1113,14 @@ static void dpar__cpu_relax(void)
 #endif
 }
 
-/* >>status ------------------------------------------------------------------------------------- */
+/* >>status: the error text, status strings ------------------------------------------------------ */
+/* return the status of a call that failed, as it is */
+#define DPAR__TRY(expr)                          \
+    do {                                         \
+        dpar_status st_ = (expr);                \
+        if (st_ != DPAR_OK) return st_;          \
+    } while (0)
+
 #define DPAR__ERROR_TEXT 512
 static DPAR__TLS char dpar__tls_error[DPAR__ERROR_TEXT];
 
@@ -1132,7 +1161,7 @@ DPAR_API dpar_status dpar_set_error(dpar_status status, const char *fmt, ...)
 /* dpar__err: set the error text and return the code, in one line at every failure site. */
 #define dpar__err dpar_set_error
 
-/* >>log ---------------------------------------------------------------------------------------- */
+/* >>log: the sink, levels, DPAR_LOG ------------------------------------------------------------- */
 static pthread_mutex_t dpar__log_mutex = PTHREAD_MUTEX_INITIALIZER;
 static dpar_log_fn dpar__log_fn = NULL;
 static void *dpar__log_user = NULL;
@@ -1198,7 +1227,7 @@ DPAR_API void dpar_log_message(dpar_log_level level, const char *file, int line,
 
 #define DPAR__LOG(level, ...) dpar_log_message((level), __FILE__, __LINE__, __VA_ARGS__)
 
-/* >>alloc -------------------------------------------------------------------------------------- */
+/* >>alloc: the allocator hook, aligned blocks --------------------------------------------------- */
 /* 64-byte aligned blocks from the user's allocator: the raw pointer sits just before the block. */
 static void *dpar__alloc(const dpar_allocator *a, size_t size)
 {
@@ -1241,7 +1270,7 @@ static dpar_status dpar__check_allocator(const char *fn, const dpar_allocator *a
     return DPAR_OK;
 }
 
-/* >>time, waits -------------------------------------------------------------------------------- */
+/* >>time: the clock; waits that spin, then sleep on a futex; CPU placement ---------------------- */
 DPAR_API uint64_t dpar_time_ns(void)
 {
     struct timespec ts;
@@ -1395,7 +1424,7 @@ static dpar__spin dpar__spin_make(int spin_us, int threads)
     return s;
 }
 
-/* >>trace -------------------------------------------------------------------------------------- */
+/* >>trace: the Chrome trace-event sink ---------------------------------------------------------- */
 static pthread_mutex_t dpar__trace_mutex = PTHREAD_MUTEX_INITIALIZER;
 static FILE *dpar__trace_file = NULL;
 static int dpar__trace_on = 0;          /* read relaxed on hot paths */
@@ -1545,7 +1574,7 @@ DPAR_API void dpar_trace_event(const char *name, const char *cat, uint64_t begin
     pthread_mutex_unlock(&dpar__trace_mutex);
 }
 
-/* >>pool --------------------------------------------------------------------------------------- */
+/* >>pool: the pool object, parallel-for, SPMD run, barrier -------------------------------------- */
 enum { DPAR__JOB_FOR_STATIC, DPAR__JOB_FOR_DYNAMIC, DPAR__JOB_RUN };
 enum { DPAR__TASK_PENDING, DPAR__TASK_READY, DPAR__TASK_RUNNING, DPAR__TASK_DONE, DPAR__TASK_FAILED,
        DPAR__TASK_CANCELLED };
@@ -1894,7 +1923,7 @@ DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool)
     return DPAR_OK;
 }
 
-/* ---- tasks ---- */
+/* >>task: the task graph: submit, dependencies, failure propagation, waits ---------------------- */
 /* Records and edges live in chunked slabs reused across epochs: no allocation per task once warm. A
    thread that runs a task pushes a frame, so a wait can tell which tasks sit below it on its stack. */
 typedef struct dpar__frame {
@@ -2314,7 +2343,7 @@ DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool)
     return st;
 }
 
-/* ---- workers, create, destroy ---- */
+/* >>workers: worker threads, pool create and destroy -------------------------------------------- */
 
 static void dpar__pin_self(int cpu)
 {
@@ -2496,29 +2525,7 @@ DPAR_API int dpar_pool_num_threads(const dpar_pool *pool) { return pool ? pool->
 
 DPAR_API int dpar_pool_thread_index(const dpar_pool *pool) { return dpar__in_pool(pool) ? dpar__tls_index : -1; }
 
-/* >>comm --------------------------------------------------------------------------------------- */
-/* The layering: the collective algorithms (>>ring) are written once over four primitives of a
-   transport (post, fetch, release, drain), so the ring reads in one place for every transport:
-
-     post(peer, buf, bytes)   offer my bytes to peer; buf stays untouched until the peer releases it
-     fetch(peer, bytes, &p)   wait for peer's next offer; p is readable until release
-     release(peer)            done with peer's offer
-     drain(peer, k)           wait until at most k of my offers to peer are unreleased
-
-   The threads transport (>>threads) makes these zero-copy: an offer is a pointer into the sender's
-   own buffer, and the receiver reduces straight out of it once a counter says it is there. MPI makes
-   them Isend / Recv into a staging buffer / nothing / Wait. Every message carries the fingerprint of
-   the call that sent it, so a rank that disagrees is caught at its neighbour's first fetch. */
-
-#ifndef DPAR_TIMEOUT_MS_DEFAULT
-#define DPAR_TIMEOUT_MS_DEFAULT 30000
-#endif
-#define DPAR__QDEPTH 4          /* offers in flight per channel */
-#define DPAR__LANE_P2P 0        /* user send/recv */
-#define DPAR__LANE_COLL 1       /* collectives */
-#define DPAR__LANES 2
-#define DPAR__SEGMENT_DEFAULT (128u * 1024u)
-
+/* >>dtype: element types: names and sizes, block ranges, bf16/f16, the reduction loops, the fixed tree --- */
 static const char *const dpar__dtype_names[] = {"f32", "f64", "i32", "i64", "bf16", "f16", "u8"};
 static const size_t dpar__dtype_sizes[] = {4, 8, 4, 8, 2, 2, 1};
 static const char *const dpar__op_names[] = {"sum", "avg", "min", "max", "prod"};
@@ -2801,7 +2808,17 @@ DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int 
     return DPAR_OK;
 }
 
-/* ---- fingerprints, comm state ---- */
+/* >>transport: the interface between the algorithms and the transports; the comm object --------- */
+#ifndef DPAR_TIMEOUT_MS_DEFAULT
+#define DPAR_TIMEOUT_MS_DEFAULT 30000
+#endif
+#define DPAR__QDEPTH 4          /* offers in flight per channel */
+#define DPAR__LANE_P2P 0        /* user send/recv */
+#define DPAR__LANE_COLL 1       /* collectives */
+#define DPAR__LANES 2
+#define DPAR__SEGMENT_DEFAULT (128u * 1024u)
+
+/* ---- fingerprints ---- */
 typedef struct dpar__fp {
     uint64_t seq;     /* collective number on this comm (0 for point-to-point) */
     uint64_t count;
@@ -2938,7 +2955,8 @@ struct dpar_request {
 
 struct dpar_comm {
     const dpar__transport *tp;
-    void *tp_data; /* the transport's own state of this rank (its section alone reads it) */
+    void *tp_data;       /* the transport's own state of this rank (its section alone reads it) */
+    dpar_comm_desc desc; /* as given when the comm was made (name: this comm's) */
     int rank, size;
     dpar_allocator allocator;
     uint64_t timeout_ns; /* 0: none */
@@ -3159,12 +3177,6 @@ static dpar_status dpar__tp_split(dpar__ctx *x, int color, int key, dpar_comm **
 }
 static void dpar__tp_destroy(dpar_comm *c) { c->tp->destroy(c); }
 
-#define DPAR__TRY(expr)                          \
-    do {                                         \
-        dpar_status st_ = (expr);                \
-        if (st_ != DPAR_OK) return st_;          \
-    } while (0)
-
 static int dpar__mod(long a, int n) { return (int)(((a % n) + n) % n); }
 
 /* fetch + copy + release, or the transport's direct receive */
@@ -3181,7 +3193,7 @@ static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t byt
     return dpar__release(x, peer);
 }
 
-/* >>ring --------------------------------------------------------------------------------------- */
+/* >>ring: the collective algorithms, written once over the transport interface ------------------ */
 /* The algorithms, for every transport. Rank r of N; chunks are the blocks of dpar_block_range.
    Ring reduce-scatter, step s = 0..N-2: send chunk r-s-1, receive chunk r-s-2 and reduce it into
    mine; after N-1 steps rank r holds chunk r complete. Ring all-gather, step s: send chunk r-s,
@@ -3474,6 +3486,7 @@ static dpar_status dpar__barrier(dpar__ctx *x)
     return dpar__dissemination(x);
 }
 
+/* >>comm: the front end: validation, running a call, collectives, point-to-point, comm life ----- */
 /* ---- running a call: validation, fingerprint, timeout, counters, trace ---- */
 typedef struct dpar__call { /* one collective call, as made */
     dpar_coll coll;
@@ -3901,7 +3914,211 @@ static dpar_status dpar__send_flush(dpar_comm *c, int peer, int keep, const char
     return dpar__drain(&x, peer, keep);
 }
 
-/* ---- async: one progress thread per rank runs its requests in order ---- */
+/* ---- comm life, queries, stats ---- */
+static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int rank, int size)
+{
+    uint64_t to = 0;
+    c->rank = rank;
+    c->size = size;
+    c->allocator = d->allocator;
+    if (d->timeout_ms > 0) {
+        to = (uint64_t)d->timeout_ms * 1000000u;
+    } else if (d->timeout_ms == 0) {
+        const char *env = getenv("DPAR_TIMEOUT_MS");
+        long ms = DPAR_TIMEOUT_MS_DEFAULT;
+        if (env && *env) {
+            char *end;
+            long v = strtol(env, &end, 10);
+            if (*end || v < -1)
+                DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
+                          DPAR_TIMEOUT_MS_DEFAULT);
+            else
+                ms = v;
+        }
+        to = ms > 0 ? (uint64_t)ms * 1000000u : 0;
+    }
+    c->timeout_ns = to;
+    c->check = !d->no_check;
+    c->det = d->deterministic != 0;
+    c->segment_bytes = d->segment_bytes ? d->segment_bytes : DPAR__SEGMENT_DEFAULT;
+    c->spin = dpar__spin_make(d->spin_us == 0 ? DPAR_SPIN_US : (d->spin_us < 0 ? 0 : d->spin_us), size);
+    snprintf(c->name, sizeof c->name, "%s", d->name && *d->name ? d->name : "comm");
+    c->desc = *d;
+    c->desc.name = c->name;
+    pthread_mutex_init(&c->qlock, NULL);
+    return DPAR_OK;
+}
+
+static void dpar__comm_free(dpar_comm *c)
+{
+    dpar_allocator a = c->allocator;
+    while (c->free_reqs) {
+        dpar_request *q = c->free_reqs;
+        c->free_reqs = q->next;
+        dpar__free(&a, q);
+    }
+    dpar__free(&a, c->scratch);
+    pthread_mutex_destroy(&c->qlock);
+    dpar__free(&a, c);
+}
+
+DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm)
+{
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_destroy: comm is NULL");
+    dpar__comm_wait_async(comm);
+    if (comm->thread_started) {
+        DPAR__STORE(&comm->stop, 1, DPAR__RELEASE);
+        dpar__bump(&comm->qseq, &comm->qsleepers, INT_MAX);
+        pthread_join(comm->thread, NULL);
+    }
+    dpar__tp_destroy(comm);
+    dpar__comm_free(comm);
+    return DPAR_OK;
+}
+
+DPAR_API int dpar_comm_rank(const dpar_comm *comm) { return comm ? comm->rank : -1; }
+DPAR_API int dpar_comm_size(const dpar_comm *comm) { return comm ? comm->size : 0; }
+
+DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used)
+{
+    if (!comm || !used) return dpar__err(DPAR_EINVAL, "dpar_comm_query: comm or used is NULL");
+    memset(used, 0, sizeof *used);
+    used->size = comm->size;
+    used->timeout_ms = comm->timeout_ns ? (int)(comm->timeout_ns / 1000000u) : -1;
+    used->no_check = !comm->check;
+    used->deterministic = comm->det;
+    used->segment_bytes = comm->segment_bytes;
+    used->spin_us = comm->spin.spin_ns ? (int)(comm->spin.spin_ns / 1000u) : -1;
+    used->name = comm->name;
+    used->allocator = comm->allocator;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm)
+{
+    char msg[200];
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_abort: comm is NULL");
+    snprintf(msg, sizeof msg, "%s was aborted by dpar_comm_abort (called on rank %d)", comm->name, comm->rank);
+    return dpar__tp_poison(comm, DPAR_EABORTED, msg);
+}
+
+DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out)
+{
+    int i;
+    if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_stats_get: comm or out is NULL");
+    for (i = 0; i < DPAR_COLL_COUNT; i++) {
+        const dpar_comm_counters *s = &comm->stats.by_coll[i];
+        out->by_coll[i].calls = DPAR__LOAD(&s->calls, DPAR__RELAXED);
+        out->by_coll[i].bytes_sent = DPAR__LOAD(&s->bytes_sent, DPAR__RELAXED);
+        out->by_coll[i].bytes_received = DPAR__LOAD(&s->bytes_received, DPAR__RELAXED);
+        out->by_coll[i].time_ns = DPAR__LOAD(&s->time_ns, DPAR__RELAXED);
+    }
+    out->last_coll = (dpar_coll)DPAR__LOAD(&comm->last_coll, DPAR__RELAXED);
+    out->last.calls = DPAR__LOAD(&comm->stats.last.calls, DPAR__RELAXED);
+    out->last.bytes_sent = DPAR__LOAD(&comm->stats.last.bytes_sent, DPAR__RELAXED);
+    out->last.bytes_received = DPAR__LOAD(&comm->stats.last.bytes_received, DPAR__RELAXED);
+    out->last.time_ns = DPAR__LOAD(&comm->stats.last.time_ns, DPAR__RELAXED);
+    {
+        uint64_t bits = DPAR__LOAD(&comm->last_busbw_bits, DPAR__RELAXED);
+        memcpy(&out->last_busbw_gbps, &bits, sizeof bits);
+    }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm)
+{
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_stats_reset: comm is NULL");
+    dpar__comm_wait_async(comm);
+    memset(&comm->stats, 0, sizeof comm->stats);
+    DPAR__STORE(&comm->last_busbw_bits, 0, DPAR__RELAXED);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out)
+{
+    dpar__ctx x;
+    dpar_status st;
+    if (out) *out = NULL;
+    if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_split: comm or out is NULL");
+    DPAR__TRY(dpar__comm_wait_async(comm));
+    DPAR__TRY(dpar__tp_poisoned(comm));
+    memset(&x, 0, sizeof x);
+    x.c = comm;
+    x.lane = DPAR__LANE_COLL;
+    x.fp.seq = ++comm->seq;
+    x.fp.coll = DPAR_COLL_SPLIT;
+    x.fp.rank = comm->rank;
+    x.fp.file = "dpar_comm_split";
+    x.deadline = comm->timeout_ns ? dpar_time_ns() + comm->timeout_ns : 0;
+    dpar__tp_enter(&x);
+    st = dpar__tp_split(&x, color, key, out);
+    return st;
+}
+
+/* Collective, for the modules that share memory between ranks (direct buckets, work stealing): each
+   rank passes n buffers (or NULLs); peers[q * n + i] gets rank q's buffer i as this rank may read and
+   write it. DPAR_EUNSUPPORTED (on every rank alike, nobody waits) where the transport has no shared
+   memory, or (one_process) its ranks are not threads of one process. */
+static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, void **peers, int one_process,
+                                const char *who)
+{
+    dpar__ctx x;
+    if (!dpar__tp_shares_memory(c, one_process))
+        return dpar__err(DPAR_EUNSUPPORTED, "%s: %s is not a comm of thread ranks (%s)", who, c->name,
+                         one_process ? "this runs tasks on the other ranks' threads" : "this reads the other ranks' memory");
+    DPAR__TRY(dpar__comm_wait_async(c));
+    DPAR__TRY(dpar__tp_poisoned(c));
+    memset(&x, 0, sizeof x);
+    x.c = c;
+    x.lane = DPAR__LANE_COLL;
+    x.fp.seq = ++c->seq;
+    x.fp.coll = DPAR_COLL_ALLGATHER;
+    x.fp.rank = c->rank;
+    x.fp.file = who;
+    x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+    dpar__tp_enter(&x);
+    return c->tp->expose(&x, bufs, n, peers);
+}
+
+DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out)
+{
+    int w;
+    dpar_status st;
+    if (!world || !out) return dpar__err(DPAR_EINVAL, "dpar_mesh_create: world or out is NULL");
+    memset(out, 0, sizeof *out);
+    if (dp < 1 || tp < 1 || pp < 1 || (long)dp * tp * pp != world->size)
+        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_create: dp %d x tp %d x pp %d is not the %d ranks of "
+                                                            "the world", dp, tp, pp, world->size));
+    w = world->rank;
+    out->dp = dp;
+    out->tp = tp;
+    out->pp = pp;
+    out->tp_rank = w % tp;
+    out->dp_rank = (w / tp) % dp;
+    out->pp_rank = w / (tp * dp);
+    /* the sub-comms are named after the world: "comm.tp", "comm.dp", "comm.pp" */
+    world->split_suffix = "tp";
+    st = dpar_comm_split(world, out->pp_rank * dp + out->dp_rank, out->tp_rank, &out->tp_comm);
+    world->split_suffix = "dp";
+    if (st == DPAR_OK) st = dpar_comm_split(world, out->pp_rank * tp + out->tp_rank, out->dp_rank, &out->dp_comm);
+    world->split_suffix = "pp";
+    if (st == DPAR_OK) st = dpar_comm_split(world, out->dp_rank * tp + out->tp_rank, out->pp_rank, &out->pp_comm);
+    world->split_suffix = NULL;
+    if (st != DPAR_OK) dpar_mesh_destroy(out);
+    return st;
+}
+
+DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh)
+{
+    if (!mesh) return dpar__err(DPAR_EINVAL, "dpar_mesh_destroy: mesh is NULL");
+    if (mesh->tp_comm) dpar_comm_destroy(mesh->tp_comm);
+    if (mesh->dp_comm) dpar_comm_destroy(mesh->dp_comm);
+    if (mesh->pp_comm) dpar_comm_destroy(mesh->pp_comm);
+    mesh->tp_comm = mesh->dp_comm = mesh->pp_comm = NULL;
+    return DPAR_OK;
+}
+
+/* >>async: asynchronous requests: one progress thread per rank runs them in order --------------- */
 static void dpar__request_finish(dpar_request *q, dpar_status st)
 {
     size_t n = strlen(dpar__tls_error);
@@ -4081,209 +4298,7 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done)
     return *done ? dpar__request_release(req) : DPAR_OK;
 }
 
-/* ---- comm life, queries, stats ---- */
-static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int rank, int size)
-{
-    uint64_t to = 0;
-    c->rank = rank;
-    c->size = size;
-    c->allocator = d->allocator;
-    if (d->timeout_ms > 0) {
-        to = (uint64_t)d->timeout_ms * 1000000u;
-    } else if (d->timeout_ms == 0) {
-        const char *env = getenv("DPAR_TIMEOUT_MS");
-        long ms = DPAR_TIMEOUT_MS_DEFAULT;
-        if (env && *env) {
-            char *end;
-            long v = strtol(env, &end, 10);
-            if (*end || v < -1)
-                DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
-                          DPAR_TIMEOUT_MS_DEFAULT);
-            else
-                ms = v;
-        }
-        to = ms > 0 ? (uint64_t)ms * 1000000u : 0;
-    }
-    c->timeout_ns = to;
-    c->check = !d->no_check;
-    c->det = d->deterministic != 0;
-    c->segment_bytes = d->segment_bytes ? d->segment_bytes : DPAR__SEGMENT_DEFAULT;
-    c->spin = dpar__spin_make(d->spin_us == 0 ? DPAR_SPIN_US : (d->spin_us < 0 ? 0 : d->spin_us), size);
-    snprintf(c->name, sizeof c->name, "%s", d->name && *d->name ? d->name : "comm");
-    pthread_mutex_init(&c->qlock, NULL);
-    return DPAR_OK;
-}
-
-static void dpar__comm_free(dpar_comm *c)
-{
-    dpar_allocator a = c->allocator;
-    while (c->free_reqs) {
-        dpar_request *q = c->free_reqs;
-        c->free_reqs = q->next;
-        dpar__free(&a, q);
-    }
-    dpar__free(&a, c->scratch);
-    pthread_mutex_destroy(&c->qlock);
-    dpar__free(&a, c);
-}
-
-DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm)
-{
-    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_destroy: comm is NULL");
-    dpar__comm_wait_async(comm);
-    if (comm->thread_started) {
-        DPAR__STORE(&comm->stop, 1, DPAR__RELEASE);
-        dpar__bump(&comm->qseq, &comm->qsleepers, INT_MAX);
-        pthread_join(comm->thread, NULL);
-    }
-    dpar__tp_destroy(comm);
-    dpar__comm_free(comm);
-    return DPAR_OK;
-}
-
-DPAR_API int dpar_comm_rank(const dpar_comm *comm) { return comm ? comm->rank : -1; }
-DPAR_API int dpar_comm_size(const dpar_comm *comm) { return comm ? comm->size : 0; }
-
-DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used)
-{
-    if (!comm || !used) return dpar__err(DPAR_EINVAL, "dpar_comm_query: comm or used is NULL");
-    memset(used, 0, sizeof *used);
-    used->size = comm->size;
-    used->timeout_ms = comm->timeout_ns ? (int)(comm->timeout_ns / 1000000u) : -1;
-    used->no_check = !comm->check;
-    used->deterministic = comm->det;
-    used->segment_bytes = comm->segment_bytes;
-    used->spin_us = comm->spin.spin_ns ? (int)(comm->spin.spin_ns / 1000u) : -1;
-    used->name = comm->name;
-    used->allocator = comm->allocator;
-    return DPAR_OK;
-}
-
-DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm)
-{
-    char msg[200];
-    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_abort: comm is NULL");
-    snprintf(msg, sizeof msg, "%s was aborted by dpar_comm_abort (called on rank %d)", comm->name, comm->rank);
-    return dpar__tp_poison(comm, DPAR_EABORTED, msg);
-}
-
-DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out)
-{
-    int i;
-    if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_stats_get: comm or out is NULL");
-    for (i = 0; i < DPAR_COLL_COUNT; i++) {
-        const dpar_comm_counters *s = &comm->stats.by_coll[i];
-        out->by_coll[i].calls = DPAR__LOAD(&s->calls, DPAR__RELAXED);
-        out->by_coll[i].bytes_sent = DPAR__LOAD(&s->bytes_sent, DPAR__RELAXED);
-        out->by_coll[i].bytes_received = DPAR__LOAD(&s->bytes_received, DPAR__RELAXED);
-        out->by_coll[i].time_ns = DPAR__LOAD(&s->time_ns, DPAR__RELAXED);
-    }
-    out->last_coll = (dpar_coll)DPAR__LOAD(&comm->last_coll, DPAR__RELAXED);
-    out->last.calls = DPAR__LOAD(&comm->stats.last.calls, DPAR__RELAXED);
-    out->last.bytes_sent = DPAR__LOAD(&comm->stats.last.bytes_sent, DPAR__RELAXED);
-    out->last.bytes_received = DPAR__LOAD(&comm->stats.last.bytes_received, DPAR__RELAXED);
-    out->last.time_ns = DPAR__LOAD(&comm->stats.last.time_ns, DPAR__RELAXED);
-    {
-        uint64_t bits = DPAR__LOAD(&comm->last_busbw_bits, DPAR__RELAXED);
-        memcpy(&out->last_busbw_gbps, &bits, sizeof bits);
-    }
-    return DPAR_OK;
-}
-
-DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm)
-{
-    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_stats_reset: comm is NULL");
-    dpar__comm_wait_async(comm);
-    memset(&comm->stats, 0, sizeof comm->stats);
-    DPAR__STORE(&comm->last_busbw_bits, 0, DPAR__RELAXED);
-    return DPAR_OK;
-}
-
-DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out)
-{
-    dpar__ctx x;
-    dpar_status st;
-    if (out) *out = NULL;
-    if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_split: comm or out is NULL");
-    DPAR__TRY(dpar__comm_wait_async(comm));
-    DPAR__TRY(dpar__tp_poisoned(comm));
-    memset(&x, 0, sizeof x);
-    x.c = comm;
-    x.lane = DPAR__LANE_COLL;
-    x.fp.seq = ++comm->seq;
-    x.fp.coll = DPAR_COLL_SPLIT;
-    x.fp.rank = comm->rank;
-    x.fp.file = "dpar_comm_split";
-    x.deadline = comm->timeout_ns ? dpar_time_ns() + comm->timeout_ns : 0;
-    dpar__tp_enter(&x);
-    st = dpar__tp_split(&x, color, key, out);
-    return st;
-}
-
-/* Collective, for the modules that share memory between ranks (direct buckets, work stealing): each
-   rank passes n buffers (or NULLs); peers[q * n + i] gets rank q's buffer i as this rank may read and
-   write it. DPAR_EUNSUPPORTED (on every rank alike, nobody waits) where the transport has no shared
-   memory, or (one_process) its ranks are not threads of one process. */
-static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, void **peers, int one_process,
-                                const char *who)
-{
-    dpar__ctx x;
-    if (!dpar__tp_shares_memory(c, one_process))
-        return dpar__err(DPAR_EUNSUPPORTED, "%s: %s is not a comm of thread ranks (%s)", who, c->name,
-                         one_process ? "this runs tasks on the other ranks' threads" : "this reads the other ranks' memory");
-    DPAR__TRY(dpar__comm_wait_async(c));
-    DPAR__TRY(dpar__tp_poisoned(c));
-    memset(&x, 0, sizeof x);
-    x.c = c;
-    x.lane = DPAR__LANE_COLL;
-    x.fp.seq = ++c->seq;
-    x.fp.coll = DPAR_COLL_ALLGATHER;
-    x.fp.rank = c->rank;
-    x.fp.file = who;
-    x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
-    dpar__tp_enter(&x);
-    return c->tp->expose(&x, bufs, n, peers);
-}
-
-DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out)
-{
-    int w;
-    dpar_status st;
-    if (!world || !out) return dpar__err(DPAR_EINVAL, "dpar_mesh_create: world or out is NULL");
-    memset(out, 0, sizeof *out);
-    if (dp < 1 || tp < 1 || pp < 1 || (long)dp * tp * pp != world->size)
-        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_create: dp %d x tp %d x pp %d is not the %d ranks of "
-                                                            "the world", dp, tp, pp, world->size));
-    w = world->rank;
-    out->dp = dp;
-    out->tp = tp;
-    out->pp = pp;
-    out->tp_rank = w % tp;
-    out->dp_rank = (w / tp) % dp;
-    out->pp_rank = w / (tp * dp);
-    /* the sub-comms are named after the world: "comm.tp", "comm.dp", "comm.pp" */
-    world->split_suffix = "tp";
-    st = dpar_comm_split(world, out->pp_rank * dp + out->dp_rank, out->tp_rank, &out->tp_comm);
-    world->split_suffix = "dp";
-    if (st == DPAR_OK) st = dpar_comm_split(world, out->pp_rank * tp + out->tp_rank, out->dp_rank, &out->dp_comm);
-    world->split_suffix = "pp";
-    if (st == DPAR_OK) st = dpar_comm_split(world, out->dp_rank * tp + out->tp_rank, out->pp_rank, &out->pp_comm);
-    world->split_suffix = NULL;
-    if (st != DPAR_OK) dpar_mesh_destroy(out);
-    return st;
-}
-
-DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh)
-{
-    if (!mesh) return dpar__err(DPAR_EINVAL, "dpar_mesh_destroy: mesh is NULL");
-    if (mesh->tp_comm) dpar_comm_destroy(mesh->tp_comm);
-    if (mesh->dp_comm) dpar_comm_destroy(mesh->dp_comm);
-    if (mesh->pp_comm) dpar_comm_destroy(mesh->pp_comm);
-    mesh->tp_comm = mesh->dp_comm = mesh->pp_comm = NULL;
-    return DPAR_OK;
-}
-
-/* >>threads ------------------------------------------------------------------------------------ */
+/* >>threads: the threads transport: zero-copy channels and doorbells between thread ranks ------- */
 /* The threads transport. A channel carries the offers of one rank to another on one lane: a queue
    of DPAR__QDEPTH (pointer, bytes, fingerprint) entries and two counters, `posted` (written by the
    sender) and `released` (written by the receiver), on separate cache lines. A rank waits for a
@@ -4718,7 +4733,7 @@ DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **o
     return dpar__t_join(group, rank, out);
 }
 
-/* >>gemm --------------------------------------------------------------------------------------- */
+/* >>gemm: dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool ------------- */
 /* dpar_sgemm: OpenBLAS's cblas_sgemm under DPAR_OPENBLAS, else the built-in kernel below, the
    Goto/BLIS structure: C is computed in blocks; op(A) is packed into panels of MR rows and op(B)
    into panels of NR columns (k-major, zero-padded), so the micro-kernel streams both with unit
@@ -5128,7 +5143,7 @@ DPAR_API dpar_status dpar_sgemm_pool(dpar_pool *pool, dpar_trans ta, dpar_trans 
     return DPAR_OK;
 }
 
-/* >>shard -------------------------------------------------------------------------------------- */
+/* >>shard: shard plans: scatter, gather, all-gather of row or column blocks --------------------- */
 #define DPAR__SHARD_TAG 0x5348 /* "SH": the point-to-point tag of the shard helpers */
 
 DPAR_API dpar_status dpar_shard_plan_make(size_t rows, size_t cols, int parts, dpar_shard_axis axis, dpar_shard_plan *out)
@@ -5275,7 +5290,7 @@ DPAR_API dpar_status dpar_shard_allgather(dpar_comm *c, const dpar_shard_plan *p
     return st;
 }
 
-/* ---- tensor-parallel linear layers ---- */
+/* >>tp: tensor-parallel linear layers (column and row parallel, Megatron) ----------------------- */
 static dpar_status dpar__gemm_on(dpar_pool *pool, dpar_trans ta, dpar_trans tb, int M, int N, int K, const float *A,
                                  int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -5398,7 +5413,7 @@ DPAR_API void dpar_linear_free(dpar_linear *l)
     l->w = l->dw = l->b = l->db = NULL;
 }
 
-/* ---- ZeRO-1 ---- */
+/* >>zero: ZeRO-1: sharded optimizer state ------------------------------------------------------- */
 struct dpar_zero {
     dpar_comm *comm;
     dpar_zero_desc d;
@@ -5487,7 +5502,7 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
     return DPAR_OK;
 }
 
-/* >>pipe --------------------------------------------------------------------------------------- */
+/* >>pipe: pipeline schedules as checked data, the stage runner ---------------------------------- */
 /* virtual stage of (stage s, chunk c) is c * p + s; the next one lives on stage (s + 1) % p */
 static int dpar__pipe_first(const dpar_pipe_schedule *S, int s, int c) { return (void)S, s == 0 && c == 0; }
 static int dpar__pipe_last(const dpar_pipe_schedule *S, int s, int c) { return s == S->p - 1 && c == S->v - 1; }
@@ -6147,7 +6162,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
     return st;
 }
 
-/* >>dp ----------------------------------------------------------------------------------------- */
+/* >>dp: data-parallel helpers: the sampler, gradient buckets (ring and direct) ------------------ */
 static uint64_t dpar__splitmix(uint64_t *s)
 {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -6691,7 +6706,7 @@ DPAR_API void dpar_buckets_destroy(dpar_buckets *b)
     dpar__free(&b->comm->allocator, b);
 }
 
-/* ---- work stealing (>>steal) ---- */
+/* >>steal: work stealing between thread ranks --------------------------------------------------- */
 /* One list per rank, in a block the ranks share (the last to leave frees it). The word packs
    (run << 40 | front << 20 | back): the owner takes task `front` and thieves task `back - 1`, each
    with one compare-and-swap, so a task is taken exactly once; the run number (the owner's count of
@@ -6931,7 +6946,7 @@ DPAR_API void dpar_steal_destroy(dpar_steal *s)
     dpar__free(&a, s);
 }
 
-/* ---- IDX files ---- */
+/* >>idx: IDX data files (MNIST format) ---------------------------------------------------------- */
 static uint32_t dpar__be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
 
 DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out)
@@ -7022,7 +7037,7 @@ DPAR_API void dpar_idx_free(dpar_idx *idx)
     idx->count = 0;
 }
 
-/* >>ckpt --------------------------------------------------------------------------------------- */
+/* >>ckpt: checkpoints: sharded, CRC-checked, written atomically --------------------------------- */
 DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes)
 {
     uint32_t table[256], c;
@@ -7368,7 +7383,7 @@ DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, con
     return dpar__ckpt_agree(comm, st, "checkpoint");
 }
 
-/* >>mpi ---------------------------------------------------------------------------------------- */
+/* >>mpi: the MPI transport (DPAR_MPI) ----------------------------------------------------------- */
 /* The MPI transport: the same four primitives over MPI point-to-point on a private duplicate of
    the user's communicator. post = MPI_Isend (at most DPAR__QDEPTH in flight per peer and lane);
    fetch = MPI_Irecv into a staging buffer of one segment; recv_into = MPI_Irecv straight into the
@@ -7929,7 +7944,147 @@ static void dpar__m_destroy(dpar_comm *c)
     c->tp_data = NULL;
 }
 
-/* ---- native collectives ---- */
+static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, int *done); /* >>hybrid */
+
+/* Leaving on an error: let the sends in flight finish (briefly) so the caller may free buffers. */
+static void dpar__m_quiesce(dpar_comm *c)
+{
+    dpar__mpi *m = DPAR__M(c);
+    size_t k, n = (size_t)DPAR__LANES * (size_t)c->size;
+    uint64_t give_up = dpar_time_ns() + 1000000000u;
+    dpar__m_prefetch_cancel(m);
+    for (k = 0; k < n; k++)
+        while (m->send_n[k]) {
+            MPI_Request *r = &m->sends[k * DPAR__QDEPTH + m->send_first[k] % DPAR__QDEPTH];
+            int flag = 0;
+            MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+            if (!flag && dpar_time_ns() < give_up) {
+                sched_yield();
+                continue;
+            }
+            if (!flag) MPI_Request_free(r); /* a peer that never takes it: MPI keeps the request */
+            m->send_first[k]++;
+            m->send_n[k]--;
+        }
+}
+
+static const dpar__transport dpar__mpi_transport = {
+    "mpi",
+    dpar__m_post, dpar__m_fetch, dpar__m_release, dpar__m_drain, /* moving bytes */
+    NULL, NULL, NULL,                                            /* local arithmetic: the host loops */
+    dpar__m_enter, dpar__m_poisoned, dpar__m_poison, dpar__m_quiesce, dpar__m_split, dpar__m_destroy,
+    dpar__m_recv_into, dpar__m_native, dpar__m_prefetch,
+    0, NULL, NULL, NULL, NULL, NULL, /* no shared memory between processes */
+};
+
+/* processes of mc on this node (collective over mc: one thread per process calls it) */
+static int dpar__m_node_procs(MPI_Comm mc)
+{
+    MPI_Comm node;
+    int prank = 0, local = 1;
+    MPI_Comm_rank(mc, &prank);
+    if (MPI_Comm_split_type(mc, MPI_COMM_TYPE_SHARED, prank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+    }
+    return local;
+}
+
+/* Make a comm on MPI communicator mc (freed with the comm when own). Hybrid: T threads per process,
+   this is thread t. node_procs: processes of mc on this node, to tell oversubscription. */
+static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc, int T, int t, int node_procs,
+                               dpar_comm **out)
+{
+    dpar_comm *c;
+    dpar__mpi *m;
+    int procs = 0, prank = 0;
+    size_t n;
+    MPI_Comm_size(mc, &procs);
+    MPI_Comm_rank(mc, &prank);
+    c = (dpar_comm *)dpar__calloc(&desc->allocator, 1, sizeof *c);
+    m = (dpar__mpi *)dpar__calloc(&desc->allocator, 1, sizeof *m);
+    if (!c || !m) {
+        dpar__free(&desc->allocator, c);
+        dpar__free(&desc->allocator, m);
+        return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
+    }
+    dpar__comm_init(c, desc, prank * T + t, procs * T);
+    c->tp = &dpar__mpi_transport;
+    c->tp_data = m;
+    m->comm = mc;
+    m->own_comm = own;
+    m->native = desc->native != 0;
+    m->T = T;
+    m->t = t;
+    MPI_Query_thread(&m->level);
+    if (m->level < MPI_THREAD_MULTIPLE)
+        c->no_async = "async requests run on a progress thread, which needs MPI_THREAD_MULTIPLE (ask for it in "
+                      "MPI_Init_thread)";
+    pthread_mutex_init(&m->lock, NULL);
+    m->oversub = node_procs * T > dpar__online_cpus(); /* then waits yield */
+    c->spin = dpar__spin_make(desc->spin_us == 0 ? DPAR_SPIN_US : (desc->spin_us < 0 ? 0 : desc->spin_us), node_procs * T);
+    m->staging_bytes = c->segment_bytes;
+    n = (size_t)DPAR__LANES * (size_t)c->size;
+    m->pf_peer = -1;
+    m->staging = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
+    m->staging2 = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
+    m->sends = (MPI_Request *)dpar__calloc(&c->allocator, n * DPAR__QDEPTH, sizeof(MPI_Request));
+    m->send_first = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
+    m->send_n = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
+    m->hdr_sent = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
+    m->hdr_recv = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
+    if (!m->staging || !m->staging2 || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent || !m->hdr_recv) {
+        m->own_comm = 0;
+        dpar__m_destroy(c);
+        dpar__comm_free(c);
+        return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
+    }
+    *out = c;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out)
+{
+    dpar_comm_desc d;
+    MPI_Comm dup;
+    int inited = 0, finalized = 0, rc;
+    dpar_status st;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if ((st = dpar__check_allocator("dpar_comm_from_mpi", &d.allocator)) != DPAR_OK) return st;
+    if (d.timeout_ms < -1 || d.spin_us < -1)
+        return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: timeout_ms = %d, spin_us = %d", d.timeout_ms, d.spin_us);
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return dpar__err(DPAR_ESTATE, "dpar_comm_from_mpi: MPI is not initialised (call MPI_Init_thread first)");
+    if (mpi_comm == MPI_COMM_NULL) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: the communicator is MPI_COMM_NULL");
+    dpar__trace_from_env();
+    rc = MPI_Comm_dup(mpi_comm, &dup); /* dpar's traffic never meets the program's */
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int n = 0;
+        MPI_Error_string(rc, text, &n);
+        return dpar__err(DPAR_ESYSTEM, "dpar_comm_from_mpi: MPI_Comm_dup failed: %s", text);
+    }
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    {
+        int size = 0;
+        MPI_Comm_size(dup, &size);
+        if (d.deterministic && (size & (size - 1))) {
+            MPI_Comm_free(&dup);
+            return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_from_mpi: the deterministic mode needs a power-of-two "
+                                                "number of ranks, not %d", size);
+        }
+    }
+    st = dpar__m_make(dup, 1, &d, 1, 0, dpar__m_node_procs(dup), out);
+    if (st != DPAR_OK) MPI_Comm_free(&dup);
+    return st;
+}
+
+/* >>hybrid: MPI's own collectives (desc.native) and the processes x threads comm ---------------- */
 static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *k);
 static MPI_Datatype dpar__m_type(dpar_dtype t)
 {
@@ -8125,10 +8280,10 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_create_hybrid: the threads of a process call MPI at once, which "
                                             "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
                          dpar__m_level_name(level));
-    T = local->size;
     DPAR__TRY(dpar_comm_create(local, local_rank, &lc));
+    T = lc->size;
     if (local_rank == 0) { /* the leader: the process's shared MPI comm, and the comm of the leaders */
-        dpar_comm_desc d = local->desc;
+        dpar_comm_desc d = lc->desc;
         d.size = 0;
         h = (dpar__hybrid *)dpar__calloc(&d.allocator, 1, sizeof *h);
         if (!h) {
@@ -8143,7 +8298,7 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
             h->allocator = d.allocator;
             d.deterministic = 0; /* checked below against the world size */
             st = dpar_comm_from_mpi(mpi_comm, &d, &ld);
-            d.deterministic = local->desc.deterministic;
+            d.deterministic = lc->desc.deterministic;
         }
         if (st == DPAR_OK) { /* every process must have the same number of threads */
             tmax = T;
@@ -8179,151 +8334,13 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
         return local_rank == 0 ? dpar__err(st, "%s", why)
                                : dpar__err(DPAR_ESYSTEM, "dpar_comm_create_hybrid: thread 0 of this process failed");
     }
-    st = dpar__m_make(h->comm, 0, &local->desc, T, local_rank, node, &c);
+    st = dpar__m_make(h->comm, 0, &lc->desc, T, local_rank, node, &c);
     if (st != DPAR_OK) return st;
     DPAR__M(c)->local = lc;
     DPAR__M(c)->leaders = ld;
     DPAR__M(c)->shared = h;
     *out = c;
     return DPAR_OK;
-}
-
-/* Leaving on an error: let the sends in flight finish (briefly) so the caller may free buffers. */
-static void dpar__m_quiesce(dpar_comm *c)
-{
-    dpar__mpi *m = DPAR__M(c);
-    size_t k, n = (size_t)DPAR__LANES * (size_t)c->size;
-    uint64_t give_up = dpar_time_ns() + 1000000000u;
-    dpar__m_prefetch_cancel(m);
-    for (k = 0; k < n; k++)
-        while (m->send_n[k]) {
-            MPI_Request *r = &m->sends[k * DPAR__QDEPTH + m->send_first[k] % DPAR__QDEPTH];
-            int flag = 0;
-            MPI_Test(r, &flag, MPI_STATUS_IGNORE);
-            if (!flag && dpar_time_ns() < give_up) {
-                sched_yield();
-                continue;
-            }
-            if (!flag) MPI_Request_free(r); /* a peer that never takes it: MPI keeps the request */
-            m->send_first[k]++;
-            m->send_n[k]--;
-        }
-}
-
-static const dpar__transport dpar__mpi_transport = {
-    "mpi",
-    dpar__m_post, dpar__m_fetch, dpar__m_release, dpar__m_drain, /* moving bytes */
-    NULL, NULL, NULL,                                            /* local arithmetic: the host loops */
-    dpar__m_enter, dpar__m_poisoned, dpar__m_poison, dpar__m_quiesce, dpar__m_split, dpar__m_destroy,
-    dpar__m_recv_into, dpar__m_native, dpar__m_prefetch,
-    0, NULL, NULL, NULL, NULL, NULL, /* no shared memory between processes */
-};
-
-/* processes of mc on this node (collective over mc: one thread per process calls it) */
-static int dpar__m_node_procs(MPI_Comm mc)
-{
-    MPI_Comm node;
-    int prank = 0, local = 1;
-    MPI_Comm_rank(mc, &prank);
-    if (MPI_Comm_split_type(mc, MPI_COMM_TYPE_SHARED, prank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-        MPI_Comm_size(node, &local);
-        MPI_Comm_free(&node);
-    }
-    return local;
-}
-
-/* Make a comm on MPI communicator mc (freed with the comm when own). Hybrid: T threads per process,
-   this is thread t. node_procs: processes of mc on this node, to tell oversubscription. */
-static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc, int T, int t, int node_procs,
-                               dpar_comm **out)
-{
-    dpar_comm *c;
-    dpar__mpi *m;
-    int procs = 0, prank = 0;
-    size_t n;
-    MPI_Comm_size(mc, &procs);
-    MPI_Comm_rank(mc, &prank);
-    c = (dpar_comm *)dpar__calloc(&desc->allocator, 1, sizeof *c);
-    m = (dpar__mpi *)dpar__calloc(&desc->allocator, 1, sizeof *m);
-    if (!c || !m) {
-        dpar__free(&desc->allocator, c);
-        dpar__free(&desc->allocator, m);
-        return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
-    }
-    dpar__comm_init(c, desc, prank * T + t, procs * T);
-    c->tp = &dpar__mpi_transport;
-    c->tp_data = m;
-    m->comm = mc;
-    m->own_comm = own;
-    m->native = desc->native != 0;
-    m->T = T;
-    m->t = t;
-    MPI_Query_thread(&m->level);
-    if (m->level < MPI_THREAD_MULTIPLE)
-        c->no_async = "async requests run on a progress thread, which needs MPI_THREAD_MULTIPLE (ask for it in "
-                      "MPI_Init_thread)";
-    pthread_mutex_init(&m->lock, NULL);
-    m->oversub = node_procs * T > dpar__online_cpus(); /* then waits yield */
-    c->spin = dpar__spin_make(desc->spin_us == 0 ? DPAR_SPIN_US : (desc->spin_us < 0 ? 0 : desc->spin_us), node_procs * T);
-    m->staging_bytes = c->segment_bytes;
-    n = (size_t)DPAR__LANES * (size_t)c->size;
-    m->pf_peer = -1;
-    m->staging = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
-    m->staging2 = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
-    m->sends = (MPI_Request *)dpar__calloc(&c->allocator, n * DPAR__QDEPTH, sizeof(MPI_Request));
-    m->send_first = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
-    m->send_n = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
-    m->hdr_sent = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
-    m->hdr_recv = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
-    if (!m->staging || !m->staging2 || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent || !m->hdr_recv) {
-        m->own_comm = 0;
-        dpar__m_destroy(c);
-        dpar__comm_free(c);
-        return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
-    }
-    *out = c;
-    return DPAR_OK;
-}
-
-DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out)
-{
-    dpar_comm_desc d;
-    MPI_Comm dup;
-    int inited = 0, finalized = 0, rc;
-    dpar_status st;
-    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: out is NULL");
-    *out = NULL;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if ((st = dpar__check_allocator("dpar_comm_from_mpi", &d.allocator)) != DPAR_OK) return st;
-    if (d.timeout_ms < -1 || d.spin_us < -1)
-        return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: timeout_ms = %d, spin_us = %d", d.timeout_ms, d.spin_us);
-    MPI_Initialized(&inited);
-    MPI_Finalized(&finalized);
-    if (!inited || finalized)
-        return dpar__err(DPAR_ESTATE, "dpar_comm_from_mpi: MPI is not initialised (call MPI_Init_thread first)");
-    if (mpi_comm == MPI_COMM_NULL) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: the communicator is MPI_COMM_NULL");
-    dpar__trace_from_env();
-    rc = MPI_Comm_dup(mpi_comm, &dup); /* dpar's traffic never meets the program's */
-    if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING];
-        int n = 0;
-        MPI_Error_string(rc, text, &n);
-        return dpar__err(DPAR_ESYSTEM, "dpar_comm_from_mpi: MPI_Comm_dup failed: %s", text);
-    }
-    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-    {
-        int size = 0;
-        MPI_Comm_size(dup, &size);
-        if (d.deterministic && (size & (size - 1))) {
-            MPI_Comm_free(&dup);
-            return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_from_mpi: the deterministic mode needs a power-of-two "
-                                                "number of ranks, not %d", size);
-        }
-    }
-    st = dpar__m_make(dup, 1, &d, 1, 0, dpar__m_node_procs(dup), out);
-    if (st != DPAR_OK) MPI_Comm_free(&dup);
-    return st;
 }
 
 #endif /* DPAR_MPI */
