@@ -155,7 +155,8 @@ extern "C" {
 /* ============================================================================================== */
 /* >>status: status codes, the error text                                                         */
 /* ============================================================================================== */
-/* One list makes both the enum and the strings. 0 is success; errors are negative. */
+/* dpar_status: one list makes both the enum and the strings. 0 is success; errors are negative.
+   See:      docs/runtime.md, 'Status codes and error text'. */
 #define DPAR_STATUS_LIST(X)                                                                        \
     X(DPAR_OK, 0, "success")                                                                       \
     X(DPAR_EINVAL, -1, "invalid argument")                                                         \
@@ -178,22 +179,26 @@ extern "C" {
 typedef enum dpar_status { DPAR_STATUS_LIST(DPAR__STATUS_ENUM) } dpar_status;
 #undef DPAR__STATUS_ENUM
 
-/* dpar_status_string: a short text for a code, e.g. "invalid argument (DPAR_EINVAL)"; never NULL.
+/* dpar_status_string: a short text naming a code, e.g. "invalid argument (DPAR_EINVAL)".
+   Returns:  a static string, never NULL ("unknown status (not a dpar_status)" for any other value).
    Thread safety: any thread. */
 DPAR_API const char *dpar_status_string(dpar_status status);
 
-/* dpar_last_error: the sentence with context that explains the last error this thread got from
-   dpar ("dpar_pool_for: n = -3 is negative"); "" when there is none. Valid until the thread's next
-   dpar call that fails. Thread safety: any thread; each thread has its own. */
+/* dpar_last_error: the sentence with context that explains the last error this thread got from dpar.
+   Returns:  e.g. "dpar_pool_for: n = -3 is negative"; "" when there is none. Valid until the thread's next
+             dpar call that fails.
+   Thread safety: any thread; each thread has its own. */
 DPAR_API const char *dpar_last_error(void);
 
-/* dpar_set_error: sets this thread's error text (printf format) and returns `status`, so user
-   callbacks can write `return dpar_set_error(DPAR_EUSER, "bad batch %d", i);` and the text reaches
-   whoever waits on the task or run. The arguments may include dpar_last_error() itself, to wrap
-   the previous message in context. Thread safety: any thread. */
+/* dpar_set_error: set this thread's error text (printf format) and return `status`.
+   fmt, ...: the arguments may include dpar_last_error() itself, to wrap the previous message in context.
+   Returns:  `status`, so a user callback can `return dpar_set_error(DPAR_EUSER, "bad batch %d", i);` and the
+             text reaches whoever waits on the task or run.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_set_error(dpar_status status, const char *fmt, ...) DPAR_PRINTF(2, 3);
 
-/* dpar_clear_error: empties this thread's error text. Thread safety: any thread. */
+/* dpar_clear_error: empty this thread's error text.
+   Thread safety: any thread. */
 DPAR_API void dpar_clear_error(void);
 
 /* ============================================================================================== */
