@@ -212,18 +212,22 @@ typedef enum dpar_log_level {
     DPAR_LOG_DEBUG = 4
 } dpar_log_level;
 
-/* The callback gets the level, the source position in dpar.h and the formatted message. */
+/* dpar_log_fn: a log sink; it gets the level, the source position in dpar.h and the formatted message.
+   See:      docs/runtime.md, 'Log'. */
 typedef void (*dpar_log_fn)(void *user_data, dpar_log_level level, const char *file, int line,
                             const char *message);
 
-/* dpar_log_set_callback: route log messages to `fn` (NULL: back to stderr). The callback may be
-   called from any thread at once. Thread safety: any thread. */
+/* dpar_log_set_callback: route log messages to `fn`.
+   fn:       NULL: back to stderr. It may be called from any thread, from several at once.
+   Thread safety: any thread. */
 DPAR_API void dpar_log_set_callback(dpar_log_fn fn, void *user_data);
-/* dpar_log_set_level: messages above `level` are dropped (default: DPAR_LOG, else warn).
+/* dpar_log_set_level / dpar_log_get_level: set or read the level above which messages are dropped.
+   level:    the default is the DPAR_LOG environment variable, else DPAR_LOG_WARN; this call wins over DPAR_LOG.
    Thread safety: any thread. */
 DPAR_API void dpar_log_set_level(dpar_log_level level);
 DPAR_API dpar_log_level dpar_log_get_level(void);
-/* dpar_log_message: log through dpar's sink (what the DPAR__LOG macro of the implementation uses).
+/* dpar_log_message: log a printf-formatted message through dpar's sink, as dpar's own messages are.
+   file, line: the source position passed to the callback (the implementation's DPAR__LOG macro passes its own).
    Thread safety: any thread. */
 DPAR_API void dpar_log_message(dpar_log_level level, const char *file, int line, const char *fmt, ...)
     DPAR_PRINTF(4, 5);
