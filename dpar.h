@@ -235,8 +235,10 @@ DPAR_API void dpar_log_message(dpar_log_level level, const char *file, int line,
 /* ============================================================================================== */
 /* >>alloc: allocator hook                                                                        */
 /* ============================================================================================== */
-/* Both functions set, or both NULL for malloc/free. dpar asks for 64-byte aligned blocks by
-   over-allocating, so `alloc` only needs malloc's alignment. */
+/* dpar_allocator: the allocation hook of the description structs.
+   alloc, free: both set, or both NULL for malloc/free. `alloc` needs only malloc's alignment: dpar
+             over-allocates for the 64-byte aligned blocks it wants.
+   See:      docs/runtime.md, 'Allocator and assert hooks'. */
 typedef struct dpar_allocator {
     void *(*alloc)(size_t size, void *user_data);
     void (*free)(void *ptr, void *user_data);
@@ -246,23 +248,31 @@ typedef struct dpar_allocator {
 /* ============================================================================================== */
 /* >>trace: Chrome trace-event JSON                                                               */
 /* ============================================================================================== */
-/* dpar_trace_start: start writing events to `path` (truncated). Returns DPAR_ESTATE when a trace is
-   already running, DPAR_EIO when the file cannot be opened. Thread safety: any thread. */
+/* dpar_trace_start: start writing Chrome trace-event JSON to `path` (the file is truncated).
+   Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty), DPAR_ESTATE (a trace is already running), DPAR_EIO
+             (the file cannot be opened).
+   Thread safety: any thread.
+   See:      docs/runtime.md, 'Trace'. */
 DPAR_API dpar_status dpar_trace_start(const char *path);
-/* dpar_trace_stop: close the JSON and the file. DPAR_ESTATE when no trace runs. Events that other
-   threads emit after this are dropped. Thread safety: any thread. */
+/* dpar_trace_stop: close the JSON and the file.
+   Returns:  DPAR_OK; DPAR_ESTATE (no trace runs), DPAR_EIO (writing the file failed).
+   Thread safety: any thread; events that other threads emit after it are dropped. */
 DPAR_API dpar_status dpar_trace_stop(void);
-/* dpar_trace_enabled: 1 while a trace is running. A relaxed load: cheap enough for hot paths. */
+/* dpar_trace_enabled: 1 while a trace is running, else 0.
+   Thread safety: any thread; a relaxed load, cheap enough for hot paths. */
 DPAR_API int dpar_trace_enabled(void);
-/* dpar_time_ns: monotonic clock in nanoseconds, the time base of the trace. */
+/* dpar_time_ns: the monotonic clock in nanoseconds, the time base of the trace.
+   Thread safety: any thread. */
 DPAR_API uint64_t dpar_time_ns(void);
-/* dpar_trace_event: one complete event [begin_ns, end_ns) on the calling thread's track. `cat` may
-   be NULL; `args_json` is NULL or the inside of a JSON object ("\"bytes\":4096"). Events that
-   began before the trace started are dropped. Thread safety: any thread. */
+/* dpar_trace_event: record one complete event [begin_ns, end_ns) on the calling thread's track.
+   begin_ns, end_ns: dpar_time_ns() values; an event that began before the trace started is dropped.
+   cat:      the category; may be NULL.
+   args_json: NULL or the inside of a JSON object ("\"bytes\":4096").
+   Thread safety: any thread. */
 DPAR_API void dpar_trace_event(const char *name, const char *cat, uint64_t begin_ns, uint64_t end_ns,
                                const char *args_json);
-/* dpar_trace_set_thread_name: name the calling thread's track ("rank 3"). Thread safety: any thread,
-   for itself. */
+/* dpar_trace_set_thread_name: name the calling thread's track ("rank 3").
+   Thread safety: any thread, for itself. */
 DPAR_API void dpar_trace_set_thread_name(const char *name);
 
 /* ============================================================================================== */
