@@ -280,6 +280,7 @@ DPAR_API void dpar_trace_set_thread_name(const char *name);
 /* ============================================================================================== */
 typedef struct dpar_pool dpar_pool;
 
+/* dpar_pool_desc: how to make a pool; a zero field means its default. */
 typedef struct dpar_pool_desc {
     int num_threads;  /* threads taking part, the caller included; 0: DPAR_NUM_THREADS, else the
                          online CPUs. Negative: DPAR_EINVAL; above DPAR_MAX_THREADS: DPAR_ERANGE */
@@ -289,54 +290,69 @@ typedef struct dpar_pool_desc {
     dpar_allocator allocator;
 } dpar_pool_desc;
 
-/* dpar_pool_create: start a pool. `desc` may be NULL (all defaults). On error *out is NULL.
-   Returns DPAR_EINVAL (NULL out, negative counts, half an allocator), DPAR_ERANGE (too many threads),
-   DPAR_ENOMEM, DPAR_ESYSTEM (a thread could not start). Thread safety: any thread. */
+/* dpar_pool_create: start a pool of worker threads: the caller plus num_threads - 1 workers.
+   desc:     NULL or zero fields: the defaults (see dpar_pool_desc).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, negative counts, half an allocator), DPAR_ERANGE (more than
+             DPAR_MAX_THREADS), DPAR_ENOMEM, DPAR_ESYSTEM (a thread could not start). On error *out is NULL.
+   Thread safety: any thread.
+   See:      docs/pool.md. */
 DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **out);
 
-/* dpar_pool_destroy: finish running tasks, cancel those not started, join the workers, free.
-   Returns DPAR_OK, or DPAR_ECANCELED when tasks were cancelled (the pool is freed either way);
-   DPAR_EBUSY (pool kept) when called from one of the pool's own threads; DPAR_EINVAL for NULL.
+/* dpar_pool_destroy: finish running tasks, cancel those not started, join the workers and free the pool.
+   Returns:  DPAR_OK; DPAR_ECANCELED (tasks were cancelled; the pool is freed either way), DPAR_EBUSY (called
+             from one of the pool's own threads; the pool is kept), DPAR_EINVAL (NULL pool).
    Thread safety: one thread, with no other call on this pool in flight or to come. */
 DPAR_API dpar_status dpar_pool_destroy(dpar_pool *pool);
 
-/* dpar_pool_query: the values really used (num_threads resolved, spin_us resolved).
+/* dpar_pool_query: the values really used, num_threads and spin_us resolved.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pool or used).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_pool_query(const dpar_pool *pool, dpar_pool_desc *used);
 
-/* dpar_pool_num_threads: T, or 0 for NULL. dpar_pool_thread_index: the calling thread's index in
-   this pool (0 for the caller during a fork-join call), or -1 if it is not taking part.
+/* dpar_pool_num_threads / dpar_pool_thread_index: the pool's thread count T; the calling thread's index in it.
+   Returns:  num_threads: T, or 0 for NULL. thread_index: 0..T-1 (0 for the caller during a fork-join call),
+             or -1 when the calling thread is not taking part.
    Thread safety: any thread. */
 DPAR_API int dpar_pool_num_threads(const dpar_pool *pool);
 DPAR_API int dpar_pool_thread_index(const dpar_pool *pool);
 
-/* The body of a parallel-for: handle [begin, end). `thread` is the index (0..T-1) of the thread
-   running it, for per-thread scratch. */
+/* dpar_for_fn: the body of a parallel-for: handle iterations [begin, end).
+   thread:   the index (0..T-1) of the thread running it, for per-thread scratch. */
 typedef void (*dpar_for_fn)(void *user, int64_t begin, int64_t end, int thread);
 
-/* dpar_pool_for: static schedule; thread t handles the t-th of T near-equal contiguous blocks.
-   dpar_pool_for_dynamic: chunks of `grain` iterations (0: about n / (16 T)) handed out in order to
-   whichever thread is free. Both: n = 0 returns at once; n < 0 or NULL pool/fn is DPAR_EINVAL; the
-   whole int64 range works without overflow. From one of the pool's own threads the loop runs inline.
-   Thread safety: any thread; concurrent callers from outside take turns. */
+/* dpar_pool_for / dpar_pool_for_dynamic: run fn over iterations [0, n) on the pool's threads and wait for it.
+   Schedule: dpar_pool_for: static, thread t handles the t-th of T near-equal contiguous blocks.
+             dpar_pool_for_dynamic: chunks of `grain` iterations (0: about n / (16 T)), handed out in order
+             to whichever thread is free.
+   n:        0 returns at once; the whole int64 range works without overflow.
+   Returns:  DPAR_OK; DPAR_EINVAL (n or grain negative, NULL pool or fn).
+   Thread safety: any thread; concurrent callers from outside take turns; from one of the pool's own threads
+             the loop runs inline (in chunks of `grain`).
+   See:      docs/pool.md, 'Parallel-for'. */
 DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_for_fn fn, void *user);
 DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_for_fn fn,
                                            void *user);
 
-/* The body of an SPMD run: thread `thread` of `num_threads`. Return DPAR_OK or an error. */
+/* dpar_run_fn: the body of an SPMD run, on thread `thread` of `num_threads`.
+   Returns:  DPAR_OK or an error (dpar_set_error gives it its text). */
 typedef dpar_status (*dpar_run_fn)(void *user, int thread, int num_threads);
 
-/* dpar_pool_run: run fn on all T threads at once (the caller is thread 0) and wait for all. Returns
-   the error of the lowest-numbered failing thread, its text in dpar_last_error. DPAR_EBUSY from one
-   of the pool's own threads. This is how a thread-rank trainer starts.
-   Thread safety: any thread; concurrent callers from outside take turns. */
+/* dpar_pool_run: run fn on all T threads at once and wait for all of them (how a thread-rank trainer starts).
+   fn:       called on every thread; the caller is thread 0.
+   Returns:  DPAR_OK; the error of the lowest-numbered failing thread, with its text in dpar_last_error;
+             DPAR_EBUSY from one of the pool's own threads; DPAR_EINVAL (NULL pool or fn).
+   Thread safety: any thread; concurrent callers from outside take turns.
+   See:      docs/pool.md, 'SPMD run and barrier'. */
 DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_run_fn fn, void *user);
 
-/* dpar_pool_barrier: inside dpar_pool_run, wait until all T threads have called it. DPAR_ESTATE
-   outside a run or from a thread not in it. Thread safety: the threads of the current run. */
+/* dpar_pool_barrier: inside dpar_pool_run, wait until all T threads have called it.
+   Returns:  DPAR_OK; DPAR_ESTATE (outside a run, or from a thread not in it), DPAR_EINVAL (NULL pool).
+   Thread safety: the threads of the current run. */
 DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool);
 
-/* Tasks. A handle is never 0; it stays valid until dpar_task_wait_all returns. */
+/* dpar_task: a task's handle; never 0, valid until dpar_task_wait_all returns.
+   dpar_task_fn: a task's body; returns DPAR_OK or an error, which cancels every task that depends on it.
+   See:      docs/pool.md, 'Task graph'. */
 typedef uint64_t dpar_task;
 typedef dpar_status (*dpar_task_fn)(void *user);
 
@@ -355,25 +371,33 @@ typedef enum dpar_task_state {
     DPAR_TASK_CANCELLED = 3  /* never ran: a dependency failed or the pool was destroyed */
 } dpar_task_state;
 
-/* dpar_task_submit: add a task. *out (may be NULL) gets its handle. A dependency that already failed
-   cancels the task at once. DPAR_EINVAL for a bad description or a handle that is not a live task of
-   this pool; DPAR_ECANCELED while the pool is being destroyed. Thread safety: any thread, tasks too. */
+/* dpar_task_submit: add a task; it runs once all its dependencies are done.
+   desc:     a dependency that already failed cancels the task at once.
+   out:      NULL, or where the task's handle goes.
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad description, or a dependency that is not a live task of this pool),
+             DPAR_ECANCELED (the pool is being destroyed), DPAR_ERANGE (2^31 tasks or dependencies in one
+             epoch), DPAR_ENOMEM.
+   Thread safety: any thread, tasks too. */
 DPAR_API dpar_status dpar_task_submit(dpar_pool *pool, const dpar_task_desc *desc, dpar_task *out);
 
-/* dpar_task_wait: wait for one task; a thread outside any task runs ready tasks meanwhile, a task
-   runs only the awaited one (once it is ready). Returns its status (the
-   failed dependency's status for a cancelled task, with the story in dpar_last_error). From inside a
-   task, waiting on itself or on a task that depends on it returns DPAR_EDEADLK.
+/* dpar_task_wait: wait for one task.
+   Returns:  the task's status; for a cancelled task the failed dependency's, with the story in
+             dpar_last_error. DPAR_EDEADLK from inside a task that waits on itself or on a task that depends
+             on it; DPAR_EINVAL (NULL pool, or not a live task of this pool).
+   Remarks:  while it waits, a thread outside any task runs ready tasks; a task runs only the awaited one (once
+             it is ready).
    Thread safety: any thread, tasks too. */
 DPAR_API dpar_status dpar_task_wait(dpar_pool *pool, dpar_task task);
 
-/* dpar_task_state_of: the state of a live task (DPAR_TASK_PENDING for a bad handle, with
-   dpar_last_error set). Thread safety: any thread. */
+/* dpar_task_state_of: the state of a live task.
+   Returns:  its state; DPAR_TASK_PENDING for a bad handle, with dpar_last_error set.
+   Thread safety: any thread. */
 DPAR_API dpar_task_state dpar_task_state_of(dpar_pool *pool, dpar_task task);
 
-/* dpar_task_wait_all: wait for every task submitted so far (helping), then end the epoch: all
-   handles become invalid and the records are reused. Returns the status of the first task that
-   failed (in submission order), or DPAR_OK. DPAR_EBUSY from the pool's own threads.
+/* dpar_task_wait_all: wait for every task submitted so far, running ready tasks meanwhile, then end the epoch.
+   Returns:  DPAR_OK, or the status of the first task that failed (in submission order); DPAR_EBUSY from the
+             pool's own threads or a task; DPAR_EINVAL (NULL pool).
+   Remarks:  ending the epoch makes every handle invalid and reuses the task records.
    Thread safety: any thread outside the pool; tasks submitted meanwhile by others are waited for too. */
 DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
 
