@@ -405,23 +405,24 @@ DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
 /* ============================================================================================== */
 /* >>comm: communicator, point-to-point, collectives, async requests, split and mesh              */
 /* ============================================================================================== */
-/* A dpar_comm is one rank of a group of N ranks. Ranks that are threads of one process meet at a
-   dpar_group; other transports (MPI, NCCL) make comms of their own, and every call below works the
-   same on all of them. Collectives take the comm first, then MPI/NCCL's names and order.
-
-   Contract: every rank of a comm calls the same collectives in the same order with the same count,
-   dtype, op and root. dpar checks it (unless no_check): a disagreement returns DPAR_EMISMATCH on
-   every rank, with a message naming both sides and their source lines. Every blocking call gives
-   up after the comm's timeout (30 s by default) with DPAR_ETIMEDOUT and names the ranks that never
-   arrived. After either error, or dpar_comm_abort, every call on the group returns that error: the
-   group is poisoned, destroy it and start again (as with NCCL's ncclCommAbort).
-
-   Counts are elements. For reduce_scatter and allgather `count` is the TOTAL count; rank r owns block
-   r of the partition dpar_block_range(count, N, r, ...), so any count works (0, less than N, not
-   divisible by N). Results are bitwise identical on every rank and from run to run: the order in
-   which the inputs of each element are combined depends only on N. With `deterministic`, allreduce
-   combines them in one fixed binary tree that also dpar_tree_reduce follows, so a gradient summed
-   over L leaves gives the same bits for N = 1, 2, 4, 8 ranks (see docs/comm.md). */
+/* dpar_comm: one rank of a group of N ranks; every call below works the same on every transport.
+   Transports: thread ranks of one process meet at a dpar_group; other transports (MPI, NCCL) make comms of
+             their own.
+   Calls:    collectives take the comm first, then MPI/NCCL's names and order.
+   Contract: every rank of a comm calls the same collectives in the same order with the same count, dtype,
+             op and root. dpar checks it (unless no_check): a disagreement returns DPAR_EMISMATCH on every
+             rank, with a message naming both sides and their source lines.
+   Timeout:  every blocking call gives up after the comm's timeout (30 s by default) with DPAR_ETIMEDOUT,
+             naming the ranks that never arrived.
+   Poison:   after either error, or dpar_comm_abort, every call on the group returns that error: destroy the
+             group and start again (as with NCCL's ncclCommAbort).
+   Counts:   elements. For reduce_scatter and allgather `count` is the TOTAL count; rank r owns block r of
+             dpar_block_range(count, N, r, ...), so any count works (0, less than N, not divisible by N).
+   Results:  bitwise identical on every rank and from run to run: the order in which the inputs of each
+             element are combined depends only on N. With `deterministic`, allreduce combines them in the
+             fixed binary tree that dpar_tree_reduce also follows: a sum over L leaves has the same bits for
+             N = 1, 2, 4, 8 ranks.
+   See:      docs/comm.md ('The calls', 'The contract checker', 'Determinism'). */
 
 typedef enum dpar_dtype {
     DPAR_F32 = 0,
@@ -443,7 +444,7 @@ typedef enum dpar_op {
     DPAR_OP_COUNT = 5
 } dpar_op;
 
-/* The calls the counters and the contract checker know. */
+/* dpar_coll: the calls the counters and the contract checker know. */
 typedef enum dpar_coll {
     DPAR_COLL_SEND = 0,
     DPAR_COLL_RECV,
@@ -458,19 +459,24 @@ typedef enum dpar_coll {
     DPAR_COLL_COUNT
 } dpar_coll;
 
-/* dpar_dtype_size: bytes per element, 0 for a bad dtype. dpar_dtype_name, dpar_op_name,
-   dpar_coll_name: "f32", "sum", "allreduce" ("?" when out of range). Thread safety: any thread. */
+/* dpar_dtype_size / dpar_dtype_name / dpar_op_name / dpar_coll_name: an element's size; the enums' names.
+   Returns:  size: bytes per element, 0 for a bad dtype. The names: "f32", "sum", "allreduce"; "?" when out
+             of range.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_dtype_size(dpar_dtype dtype);
 DPAR_API const char *dpar_dtype_name(dpar_dtype dtype);
 DPAR_API const char *dpar_op_name(dpar_op op);
 DPAR_API const char *dpar_coll_name(dpar_coll coll);
 
-/* dpar_block_range: block `index` of `count` elements cut into `parts` near-equal contiguous blocks
-   (the first count % parts blocks are one longer): the partition of reduce_scatter, allgather and
-   the ring. Thread safety: any thread. */
+/* dpar_block_range: block `index` of `count` elements cut into `parts` near-equal contiguous blocks.
+   offset, length: the block's first element and its length. The first count % parts blocks are one longer.
+   Remarks:  the partition of reduce_scatter, allgather and the ring.
+   Thread safety: any thread. */
 DPAR_API void dpar_block_range(size_t count, int parts, int index, size_t *offset, size_t *length);
 
-/* bf16 and f16 conversions (round to nearest even), as the reductions use them. */
+/* dpar_bf16_to_f32 / dpar_f32_to_bf16 / dpar_f16_to_f32 / dpar_f32_to_f16: the conversions the reductions use.
+   Rounding: to 16 bits, to nearest even.
+   Thread safety: any thread. */
 DPAR_API float dpar_bf16_to_f32(uint16_t h);
 DPAR_API uint16_t dpar_f32_to_bf16(float f);
 DPAR_API float dpar_f16_to_f32(uint16_t h);
@@ -480,6 +486,7 @@ typedef struct dpar_group dpar_group;
 typedef struct dpar_comm dpar_comm;
 typedef struct dpar_request dpar_request;
 
+/* dpar_comm_desc: how to make a group (and its comms); a zero field means its default. */
 typedef struct dpar_comm_desc {
     int size;             /* ranks in the group (threads transport; required, 1..DPAR_MAX_THREADS) */
     int timeout_ms;       /* blocking calls give up after this; 0: DPAR_TIMEOUT_MS, else 30000; -1: never */
@@ -492,31 +499,49 @@ typedef struct dpar_comm_desc {
     dpar_allocator allocator;
 } dpar_comm_desc;
 
-/* dpar_group_create: the meeting point of `desc->size` thread ranks. Each rank's thread then calls
-   dpar_comm_create. The group lives until it is destroyed and its last comm is destroyed.
-   Thread safety: any thread. */
+/* dpar_group_create: make the meeting point of `desc->size` thread ranks; each rank's thread then joins it.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc or out, size < 1, timeout_ms or spin_us below -1, half an
+             allocator), DPAR_ERANGE (size above DPAR_MAX_THREADS), DPAR_EUNSUPPORTED (deterministic with a
+             size that is not a power of two), DPAR_ENOMEM.
+   Remarks:  the group lives until it is destroyed and its last comm is destroyed.
+   Thread safety: any thread.
+   See:      docs/comm.md, 'Thread ranks in five lines'. */
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out);
-/* dpar_group_destroy: drop the creator's reference. Thread safety: any thread, once. */
+/* dpar_group_destroy: drop the creator's reference.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL group).
+   Thread safety: any thread, once. */
 DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
 
-/* dpar_comm_create: join `group` as `rank` (each rank once, from the thread that will use it).
-   Returns at once; the first collective meets the others. Thread safety: any thread. */
+/* dpar_comm_create: join `group` as `rank`; it returns at once, the first collective meets the others.
+   rank:     0..size-1, each rank once, from the thread that will use it.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL group or out, rank out of range), DPAR_EBUSY (the rank has already
+             joined), DPAR_ENOMEM.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **out);
-/* dpar_comm_destroy: leave the group (waits for this rank's async requests). Not collective.
+/* dpar_comm_destroy: leave the group, after waiting for this rank's async requests (not collective).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm).
    Thread safety: the comm's thread, with nothing of this comm in flight. */
 DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm);
-/* dpar_comm_rank / dpar_comm_size: -1 / 0 for NULL. Thread safety: any thread. */
+/* dpar_comm_rank / dpar_comm_size: this rank's index in the comm; the number of ranks N.
+   Returns:  rank: 0..N-1, -1 for NULL. size: N, 0 for NULL.
+   Thread safety: any thread. */
 DPAR_API int dpar_comm_rank(const dpar_comm *comm);
 DPAR_API int dpar_comm_size(const dpar_comm *comm);
-/* dpar_comm_query: the options really used. Thread safety: any thread. */
+/* dpar_comm_query: the options really used.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or used).
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used);
-/* dpar_comm_abort: poison the group: every rank's blocking call returns DPAR_EABORTED now and every
-   later call too. Thread safety: any thread, also one that is not a rank. */
+/* dpar_comm_abort: poison the group: every rank's blocking call returns DPAR_EABORTED, now and later.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm).
+   Thread safety: any thread, also one that is not a rank. */
 DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm);
 
-/* Point-to-point. Messages between two ranks arrive in order; the receiver's count and tag must
-   equal the sender's (checked: DPAR_EMISMATCH). dpar_send returns when the receiver has the data
-   (a synchronous send: a send to oneself is DPAR_EDEADLK, use dpar_sendrecv).
+/* dpar_send / dpar_recv / dpar_sendrecv: point-to-point messages, which arrive in order between two ranks.
+   Macros:   the names below; they call these _at functions with the caller's file and line.
+   count, tag: the receiver's must equal the sender's (checked).
+   Returns:  DPAR_OK; DPAR_EMISMATCH (count or tag differ), DPAR_EDEADLK (a send to oneself: use
+             dpar_sendrecv); the comm's errors (see dpar_comm).
+   Remarks:  dpar_send is synchronous: it returns when the receiver has the data.
    Thread safety: the comm's thread. */
 DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count, dpar_dtype dtype, int peer,
                                   int tag, const char *file, int line);
@@ -526,11 +551,15 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
                                       void *recvbuf, size_t recvcount, int src, dpar_dtype dtype, int tag,
                                       const char *file, int line);
 
-/* Collectives. `send == recv` is in place; other overlaps are DPAR_EINVAL. broadcast: root's send
-   goes to every recv. reduce: the result lands in root's recv (others' recv may be NULL).
-   alltoall: `count` elements from each rank to each rank (send and recv hold N * count).
-   Thread safety: the comm's thread (for a comm with pending async requests, blocking calls first
-   wait for them, so the order of calls is kept). */
+/* dpar_barrier, _broadcast, _reduce, _reduce_scatter, _allgather, _allreduce, _alltoall: the collectives.
+   Macros:   the names below; they call these _at functions with the caller's file and line.
+   send, recv: `send == recv` is in place; other overlaps are DPAR_EINVAL. broadcast: root's send goes to
+             every recv. reduce: the result lands in root's recv (others' recv may be NULL). alltoall: `count`
+             elements from each rank to each rank (send and recv hold N * count).
+   Returns:  DPAR_OK; DPAR_EINVAL (bad arguments, buffers that overlap); the comm's errors (see dpar_comm).
+   Thread safety: the comm's thread. On a comm with pending async requests a blocking call first waits for
+             them, so the order of calls is kept.
+   See:      docs/comm.md, 'The calls'. */
 DPAR_API dpar_status dpar_barrier_at(dpar_comm *comm, const char *file, int line);
 DPAR_API dpar_status dpar_broadcast_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                        dpar_dtype dtype, int root, const char *file, int line);
@@ -545,11 +574,14 @@ DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *
 DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                       dpar_dtype dtype, const char *file, int line);
 
-/* Asynchronous allreduce, reduce-scatter and all-gather: *req is set at once; the buffers belong to
-   dpar until dpar_request_wait returns, or dpar_request_test says done. Requests of one comm run in
-   the order they were made, on a progress thread of the rank; on a comm of one rank, at once, on the
-   calling thread (there is nothing to wait for, and no thread is started). Thread safety: the comm's
-   thread. */
+/* dpar_iallreduce / dpar_ireduce_scatter / dpar_iallgather: start an asynchronous collective.
+   Macros:   the names below; they call these _at functions with the caller's file and line.
+   req:      set at once; finish it with dpar_request_wait or dpar_request_test.
+   send, recv: they belong to dpar until dpar_request_wait returns, or dpar_request_test says done.
+   Remarks:  requests of one comm run in the order they were made, on a progress thread of the rank; on a comm
+             of one rank, at once, on the calling thread (no thread is started).
+   Thread safety: the comm's thread.
+   See:      docs/comm.md, 'Async'. */
 DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                         dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
                                         int line);
@@ -558,13 +590,15 @@ DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, 
                                              int line);
 DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                         dpar_dtype dtype, dpar_request **req, const char *file, int line);
-/* dpar_request_wait: wait, release the request and return its status. dpar_request_test: *done = 1
-   and the same as wait once finished (the request is released), else *done = 0 and DPAR_OK.
+/* dpar_request_wait / dpar_request_test: wait for a request / ask whether it has finished.
+   Returns:  wait: the request's status, and the request is released. test: once finished, *done = 1 and
+             the same as wait (the request is released); else *done = 0 and DPAR_OK. Both: DPAR_EINVAL for
+             a NULL argument.
    Thread safety: the thread that made the request. */
 DPAR_API dpar_status dpar_request_wait(dpar_request *req);
 DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
 
-/* The calls with the caller's file and line, for the contract checker's messages. */
+/* The calls with the caller's file and line, for the contract checker's messages (documented above). */
 #define dpar_send(comm, buf, count, dtype, peer, tag) dpar_send_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
 #define dpar_recv(comm, buf, count, dtype, peer, tag) dpar_recv_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
 #define dpar_sendrecv(comm, sendbuf, sendcount, dst, recvbuf, recvcount, src, dtype, tag) \
@@ -587,23 +621,32 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
 #define dpar_iallgather(comm, send, recv, count, dtype, req) \
     dpar_iallgather_at(comm, send, recv, count, dtype, req, __FILE__, __LINE__)
 
-/* dpar_tree_reduce: out = the leaves combined in the fixed binary tree of the deterministic mode
-   (tree(lo, hi) = tree(lo, mid) op tree(mid, hi), mid = lo + (hi - lo) / 2). A rank that owns leaves
-   [r*L/N, (r+1)*L/N) calls it on them, then a deterministic allreduce with DPAR_SUM finishes the
-   same tree. `out` may be one of the leaves. Thread safety: any thread. */
+/* dpar_tree_reduce: out = the leaves combined in the fixed binary tree of the deterministic mode.
+   Tree:     tree(lo, hi) = tree(lo, mid) op tree(mid, hi), mid = lo + (hi - lo) / 2. A rank that owns leaves
+             [r*L/N, (r+1)*L/N) calls it on them, then a deterministic allreduce with DPAR_SUM finishes the
+             same tree.
+   out:      may be one of the leaves.
+   Returns:  DPAR_OK; DPAR_EINVAL (bad dtype or op, no leaves, a NULL out or leaf).
+   Thread safety: any thread.
+   See:      docs/comm.md, 'Determinism'. */
 DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int num_leaves, size_t count,
                                       dpar_dtype dtype, dpar_op op);
 
-/* dpar_comm_split: like MPI_Comm_split: ranks with the same color form a new comm, ordered by key
-   then old rank; a negative color gives *out = NULL. Collective. Thread safety: the comm's thread. */
+/* dpar_comm_split: like MPI_Comm_split: ranks with the same color form a new comm, ordered by key then old rank.
+   color:    negative: *out = NULL.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out), DPAR_EUNSUPPORTED (a hybrid comm); the comm's errors
+             (see dpar_comm).
+   Thread safety: the comm's thread; collective. */
 DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out);
 
-/* A dp x tp x pp mesh of a world comm of N = dp * tp * pp ranks, Megatron's order: tensor-parallel
-   ranks are neighbours, then data-parallel, pipeline outermost:
-       world = (pp_rank * dp + dp_rank) * tp + tp_rank.
-   The sub-comms are named after the world ("comm.dp", "comm.tp", "comm.pp" for a world named
-   "comm"), in their messages and trace tracks. Collective over `world`. Thread safety: the comm's
-   thread. */
+/* dpar_mesh_create / dpar_mesh_destroy: make / free the dp, tp and pp sub-comms of a dp x tp x pp mesh.
+   world:    N = dp * tp * pp ranks, in Megatron's order: tensor-parallel ranks are neighbours, then
+             data-parallel, pipeline outermost: world = (pp_rank * dp + dp_rank) * tp + tp_rank.
+   Remarks:  the sub-comms are named after the world ("comm.dp", "comm.tp", "comm.pp" for a world named
+             "comm"), in their messages and trace tracks.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL argument, dp * tp * pp not the world's size); the comm's errors.
+   Thread safety: the comm's thread; create is collective over `world`.
+   See:      docs/comm.md, 'Split and mesh'. */
 typedef struct dpar_mesh {
     int dp, tp, pp;
     int dp_rank, tp_rank, pp_rank;
@@ -612,10 +655,13 @@ typedef struct dpar_mesh {
 DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out);
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
 
-/* Counters: what each kind of call moved and how long it took, per rank. busbw follows nccl-tests:
-   algbw = bytes / time with bytes = count * element size (the total count for reduce_scatter and
-   allgather, count * N for alltoall), busbw = algbw * 2(N-1)/N for allreduce, (N-1)/N for
-   reduce_scatter, allgather and alltoall, 1 otherwise. Thread safety: any thread (relaxed reads). */
+/* dpar_comm_stats_get / dpar_comm_stats_reset: read / clear this rank's counters: calls, bytes, time, per call.
+   busbw:    as nccl-tests: algbw = bytes / time with bytes = count * element size (the total count for
+             reduce_scatter and allgather, count * N for alltoall); busbw = algbw * 2(N-1)/N for allreduce,
+             (N-1)/N for reduce_scatter, allgather and alltoall, 1 otherwise.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out).
+   Thread safety: any thread (relaxed reads).
+   See:      docs/comm.md, 'Counters and trace'. */
 typedef struct dpar_comm_counters {
     uint64_t calls, bytes_sent, bytes_received, time_ns;
 } dpar_comm_counters;
