@@ -677,23 +677,31 @@ DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm);
 /* ============================================================================================== */
 /* >>gemm: single-precision matrix multiply                                                       */
 /* ============================================================================================== */
-/* Row-major, as CBLAS with CblasRowMajor: C (M x N) = alpha op(A) (M x K) op(B) (K x N) + beta C,
-   op(X) = X or its transpose. lda, ldb, ldc are row strides in elements. beta = 0 ignores C's old
-   contents (NaN included). Under DPAR_OPENBLAS dpar_sgemm is cblas_sgemm; inside a pool thread it
-   first sets OpenBLAS to one thread (OpenBLAS 0.3 has only a process-wide setting), so the pool's
-   threads and OpenBLAS's never fight over the cores: dpar owns the threads. */
+/* The GEMM calls: row-major, as CBLAS with CblasRowMajor: C (M x N) = alpha op(A) (M x K) op(B) (K x N) + beta C.
+   ta, tb:   op(X) = X (DPAR_NO_TRANS) or its transpose (DPAR_TRANS).
+   lda, ldb, ldc: row strides, in elements.
+   beta:     0 ignores C's old contents (NaN included).
+   See:      docs/model_parallel.md, 'GEMM'. */
 typedef enum dpar_trans { DPAR_NO_TRANS = 0, DPAR_TRANS = 1 } dpar_trans;
 
-/* dpar_sgemm: the fast path (OpenBLAS or the built-in kernel). DPAR_EINVAL for negative sizes,
-   leading dimensions too small, NULL matrices. Thread safety: any thread. */
+/* dpar_sgemm: the fast path: OpenBLAS's cblas_sgemm under DPAR_OPENBLAS, else the built-in kernel.
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad trans, negative sizes, leading dimensions too small, NULL matrices).
+   Remarks:  under DPAR_OPENBLAS, called from a pool thread, it first sets OpenBLAS to one thread; OpenBLAS
+             0.3 has only a process-wide setting, so call openblas_set_num_threads(n) again before using
+             OpenBLAS's own threads outside the pool.
+   Thread safety: any thread.
+   See:      docs/model_parallel.md, 'GEMM' (Threads). */
 DPAR_API dpar_status dpar_sgemm(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
                                 const float *B, int ldb, float beta, float *C, int ldc);
 /* dpar_sgemm_builtin: the built-in blocked kernel, always available (tests compare both paths).
+   Returns:  as dpar_sgemm.
    Thread safety: any thread (packing buffers are per thread). */
 DPAR_API dpar_status dpar_sgemm_builtin(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A,
                                         int lda, const float *B, int ldb, float beta, float *C, int ldc);
-/* dpar_sgemm_pool: one GEMM cut over the threads of a pool (by rows of C, or by columns when C is
-   wide), each part a single-threaded dpar_sgemm. Thread safety: as dpar_pool_for. */
+/* dpar_sgemm_pool: one GEMM cut over the threads of a pool, each part a single-threaded dpar_sgemm.
+   Remarks:  cut by rows of C, or by columns when C is wide.
+   Returns:  as dpar_sgemm; DPAR_EINVAL for a NULL pool.
+   Thread safety: as dpar_pool_for. */
 DPAR_API dpar_status dpar_sgemm_pool(dpar_pool *pool, dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha,
                                      const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* dpar_sgemm_ref: the naive triple loop, accumulating in double: the reference of the tests.
