@@ -712,9 +712,10 @@ DPAR_API void dpar_sgemm_ref(dpar_trans ta, dpar_trans tb, int M, int N, int K, 
 /* ============================================================================================== */
 /* >>shard: shard plans, tensor-parallel linear layers, ZeRO-1                                    */
 /* ============================================================================================== */
-/* A shard plan cuts a rows x cols row-major tensor over `parts` ranks, by rows or by columns, in the
-   near-equal blocks of dpar_block_range (uneven where the size does not divide). Rank r's shard is
-   stored contiguously, row-major: nrows x ncols of its slice. */
+/* dpar_shard_plan: how a rows x cols row-major tensor is cut over `parts` ranks, by rows or by columns.
+   Blocks:   the near-equal blocks of dpar_block_range (uneven where the size does not divide).
+   Shards:   rank r's shard is stored contiguously, row-major: nrows x ncols of its slice.
+   See:      docs/model_parallel.md, 'Shard plans'. */
 typedef enum dpar_shard_axis { DPAR_SHARD_ROWS = 0, DPAR_SHARD_COLS = 1 } dpar_shard_axis;
 
 typedef struct dpar_shard_plan {
@@ -723,15 +724,23 @@ typedef struct dpar_shard_plan {
     dpar_shard_axis axis;
 } dpar_shard_plan;
 
-/* dpar_shard_plan_make: DPAR_EINVAL for parts < 1, a bad axis, a NULL out. Thread safety: any. */
+/* dpar_shard_plan_make: fill in a plan.
+   Returns:  DPAR_OK; DPAR_EINVAL (parts < 1, a bad axis, a NULL out, rows x cols too large for size_t).
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_shard_plan_make(size_t rows, size_t cols, int parts, dpar_shard_axis axis, dpar_shard_plan *out);
-/* dpar_shard_slice: the slice rank owns: rows [row0, row0 + nrows), cols [col0, col0 + ncols).
-   Returns the element count of the shard (0 for a bad rank). Thread safety: any thread. */
+/* dpar_shard_slice: the slice `rank` owns: rows [row0, row0 + nrows), cols [col0, col0 + ncols).
+   Returns:  the element count of the shard; 0 for a bad rank.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_shard_slice(const dpar_shard_plan *plan, int rank, size_t *row0, size_t *nrows, size_t *col0,
                                  size_t *ncols);
-/* Over a comm of plan->parts ranks (DPAR_EINVAL otherwise). scatter: root's full tensor to every
-   rank's shard; gather: the shards into root's full tensor (others' full may be NULL); allgather:
-   the shards into everyone's full tensor. Collective. Thread safety: the comm's thread. */
+/* dpar_shard_scatter / dpar_shard_gather / dpar_shard_allgather: move a tensor between whole and shards.
+   comm:     plan->parts ranks.
+   scatter:  root's full tensor to every rank's shard.
+   gather:   the shards into root's full tensor (others' full may be NULL).
+   allgather: the shards into everyone's full tensor.
+   Returns:  DPAR_OK; DPAR_EINVAL (a comm not of plan->parts ranks, NULL comm, plan or buffer, a bad dtype or
+             root); DPAR_ENOMEM; the comm's errors.
+   Thread safety: the comm's thread; collective. */
 DPAR_API dpar_status dpar_shard_scatter(dpar_comm *comm, const dpar_shard_plan *plan, const void *full, void *shard,
                                         dpar_dtype dtype, int root);
 DPAR_API dpar_status dpar_shard_gather(dpar_comm *comm, const dpar_shard_plan *plan, const void *shard, void *full,
@@ -739,14 +748,15 @@ DPAR_API dpar_status dpar_shard_gather(dpar_comm *comm, const dpar_shard_plan *p
 DPAR_API dpar_status dpar_shard_allgather(dpar_comm *comm, const dpar_shard_plan *plan, const void *shard, void *full,
                                           dpar_dtype dtype);
 
-/* A linear layer y = x W + b with W (in x out), b (out), batch rows of x: one rank's part of it.
-   FULL: the whole layer, no comm. COLUMN (Megatron's column-parallel): W and b cut by output
-   columns; x (batch x in) is the same on every rank, y (batch x out_local) is this rank's columns;
-   backward allreduces dx. ROW (row-parallel): W cut by input rows; x (batch x in_local) is this
-   rank's columns of the input (what a COLUMN layer and an elementwise activation produce), forward
-   allreduces y (batch x out), then adds b (whole on every rank). A COLUMN layer followed by a ROW
-   layer therefore costs one allreduce in forward and one in backward. Gradients accumulate (+=)
-   until dpar_linear_zero_grad, so micro-batches add up. */
+/* dpar_linear: one rank's part of a linear layer y = x W + b, W (in x out), b (out), `batch` rows of x.
+   FULL:     the whole layer, no comm.
+   COLUMN:   Megatron's column-parallel: W and b cut by output columns; x (batch x in) is the same on every
+             rank, y (batch x out_local) is this rank's columns; backward allreduces dx.
+   ROW:      row-parallel: W cut by input rows; x (batch x in_local) is this rank's columns of the input (what
+             a COLUMN layer and an elementwise activation produce); forward allreduces y (batch x out), then
+             adds b (whole on every rank).
+   Gradients: accumulate (+=) until dpar_linear_zero_grad, so micro-batches add up.
+   See:      docs/model_parallel.md, 'Tensor-parallel linear layers (Megatron-LM)'. */
 typedef enum dpar_linear_mode { DPAR_LINEAR_FULL = 0, DPAR_LINEAR_COLUMN = 1, DPAR_LINEAR_ROW = 2 } dpar_linear_mode;
 
 typedef struct dpar_linear {
@@ -761,24 +771,37 @@ typedef struct dpar_linear {
     dpar_allocator allocator;
 } dpar_linear;
 
-/* dpar_linear_init: allocate this rank's parameters (zero) and gradients. comm: required for
-   COLUMN and ROW (the tp ranks); pool: optional. Thread safety: the rank's thread. */
+/* dpar_linear_init: set up this rank's part of a layer; its parameters (zero) and gradients are allocated.
+   comm:     the tp ranks; required for COLUMN and ROW.
+   pool:     optional: the GEMMs are cut over its threads.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL layer, a bad mode, in or out < 1, COLUMN or ROW without comm),
+             DPAR_ENOMEM.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_linear_init(dpar_linear *layer, dpar_linear_mode mode, int in, int out, int has_bias,
                                       dpar_comm *comm, dpar_pool *pool, const dpar_allocator *allocator);
-/* dpar_linear_set_weights: take this rank's slice of the whole W (in x out) and b (out; may be NULL).
+/* dpar_linear_set_weights: take this rank's slice of the whole W (in x out) and b (out).
+   b_full:   may be NULL.
+   Returns:  DPAR_OK; DPAR_EINVAL (an uninitialised layer, NULL w_full).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_linear_set_weights(dpar_linear *layer, const float *w_full, const float *b_full);
-/* dpar_linear_forward: y = x W + b as above. Collective over comm for ROW. */
+/* dpar_linear_forward: y = x W + b, as the layer's mode says (see dpar_linear).
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad argument); for ROW the comm's errors.
+   Thread safety: the rank's thread; collective over comm for ROW. */
 DPAR_API dpar_status dpar_linear_forward(dpar_linear *layer, const float *x, float *y, int batch);
-/* dpar_linear_backward: given dy, dw += x^T dy, db += column sums of dy, dx = dy W^T (dx may be
-   NULL, on every rank alike, when it is not needed). Collective over comm for COLUMN with dx. */
+/* dpar_linear_backward: given dy, dw += x^T dy, db += column sums of dy, dx = dy W^T.
+   dx:       may be NULL when it is not needed, on every rank alike.
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad argument); for COLUMN with dx the comm's errors.
+   Thread safety: the rank's thread; collective over comm for COLUMN with dx. */
 DPAR_API dpar_status dpar_linear_backward(dpar_linear *layer, const float *x, const float *dy, float *dx, int batch);
+/* dpar_linear_zero_grad / dpar_linear_free: zero dw and db / free what dpar_linear_init allocated.
+   Thread safety: the rank's thread. */
 DPAR_API void dpar_linear_zero_grad(dpar_linear *layer);
 DPAR_API void dpar_linear_free(dpar_linear *layer);
 
-/* ZeRO stage 1 (DeepSpeed): the optimizer state is cut over the data-parallel ranks. A step
-   reduce-scatters the gradients (the average over ranks), updates this rank's block of the
-   parameters with its block of the state, and all-gathers the parameters. */
+/* dpar_zero: ZeRO stage 1 (DeepSpeed): the optimizer state cut over the data-parallel ranks.
+   Step:     reduce-scatter the gradients (the average over ranks), update this rank's block of the parameters
+             with its block of the state, all-gather the parameters.
+   See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'. */
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
 typedef struct dpar_zero_desc {
@@ -793,15 +816,25 @@ typedef struct dpar_zero_desc {
 
 typedef struct dpar_zero dpar_zero;
 
-/* dpar_zero_create: for `count` parameters over the ranks of dp. Thread safety: the rank's thread. */
-DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out);
-/* dpar_zero_step: params (count, the same on every rank) are updated in place from grads (count,
-   this rank's gradient; its own block is overwritten by the averaged gradient). Collective.
+/* dpar_zero_create: a ZeRO-1 optimizer for `count` parameters over the ranks of dp.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL dp, desc or out, a bad kind, lr not positive), DPAR_ENOMEM.
    Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out);
+/* dpar_zero_step: one optimizer step.
+   params:   count floats, the same on every rank; updated in place.
+   grads:    count floats, this rank's gradient; its own block is overwritten by the averaged gradient.
+   Returns:  DPAR_OK; DPAR_EINVAL (a NULL pointer); the comm's errors.
+   Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_zero_step(dpar_zero *zero, float *params, float *grads);
-/* dpar_zero_state_bytes: the optimizer state this rank holds; dpar_zero_shard: its block. */
+/* dpar_zero_state_bytes / dpar_zero_shard: the bytes of optimizer state this rank holds / its block.
+   offset, length: this rank's block of the parameters; either may be NULL.
+   Returns:  state_bytes: 0 for NULL.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_zero_state_bytes(const dpar_zero *zero);
 DPAR_API void dpar_zero_shard(const dpar_zero *zero, size_t *offset, size_t *length);
+/* dpar_zero_destroy: free the optimizer and its state.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL zero).
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
 
 /* ============================================================================================== */
