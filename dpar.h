@@ -840,13 +840,15 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
 /* ============================================================================================== */
 /* >>pipe: pipeline parallelism: schedules as checked data, the stage runner                      */
 /* ============================================================================================== */
-/* A schedule gives every stage of a p-stage pipeline its ordered list of ops for m micro-batches:
-   forward and backward of (micro-batch, chunk), and the sends and receives of activations and
-   gradients. GPipe: all forwards, then all backwards. 1F1B (PipeDream-flush): p - s - 1 warm-up
-   forwards on stage s, then one forward one backward, then the remaining backwards, so at most p
-   activations are stashed. INTERLEAVED (Megatron): every stage holds v model chunks (virtual stage
-   chunk * p + stage), which divides the bubble by v; needs m a multiple of p. The schedule is plain
-   data: print it, check it, edit it, run it. */
+/* dpar_pipe_schedule: every stage's ordered list of ops for m micro-batches of a p-stage pipeline.
+   Ops:      forward and backward of (micro-batch, chunk), and the sends and receives of activations and
+             gradients. The schedule is plain data: print it, check it, edit it, run it.
+   GPIPE:    all forwards, then all backwards.
+   1F1B:     PipeDream-flush: p - s - 1 warm-up forwards on stage s, then one forward one backward, then the
+             remaining backwards, so at most p activations are stashed.
+   INTERLEAVED: Megatron's: every stage holds v model chunks (virtual stage chunk * p + stage); needs m a
+             multiple of p.
+   See:      docs/pipeline.md, 'Schedules are data' (the bubble of each kind). */
 typedef enum dpar_pipe_kind { DPAR_PIPE_GPIPE = 0, DPAR_PIPE_1F1B = 1, DPAR_PIPE_INTERLEAVED = 2 } dpar_pipe_kind;
 
 typedef enum dpar_pipe_opcode {
@@ -874,29 +876,39 @@ typedef struct dpar_pipe_schedule {
     dpar_allocator allocator;
 } dpar_pipe_schedule;
 
-/* dpar_pipe_schedule_make: the schedule of `kind` (v: chunks per stage, 1 unless INTERLEAVED),
-   already checked. DPAR_EINVAL names what is wrong (p < 1, m < 1, interleaved with m not a multiple
-   of p, ...). Thread safety: any thread. */
+/* dpar_pipe_schedule_make: make the schedule of `kind`, already checked.
+   v:        chunks per stage (1..64); 1 unless INTERLEAVED.
+   Returns:  DPAR_OK; DPAR_EINVAL naming what is wrong (p outside 1..4096, m outside 1..65535, a bad kind or v,
+             interleaved with m not a multiple of p, ...); DPAR_ENOMEM.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind kind, const dpar_allocator *allocator,
                                              dpar_pipe_schedule **out);
-/* dpar_pipe_schedule_check: prove a schedule safe before it runs, or return DPAR_EINVAL with the
-   rule it breaks: each forward and backward exactly once, every backward after its forward, every
-   receive before the compute that needs it and every send after the compute that makes it, sends
-   and receives between neighbouring stages in the same order, and no deadlock (a simulation with
-   the transport's semantics: sends do not block until 4 messages wait on a channel). It also
-   recomputes bubble and peak_stash. Thread safety: any thread (it writes those two fields). */
+/* dpar_pipe_schedule_check: prove a schedule safe before it runs; it also recomputes bubble and peak_stash.
+   Rules:    each forward and backward exactly once, every backward after its forward, every receive before
+             the compute that needs it and every send after the compute that makes it, sends and receives
+             between neighbouring stages in the same order, and no deadlock (a simulation with the
+             transport's semantics: sends do not block until 4 messages wait on a channel).
+   Returns:  DPAR_OK; DPAR_EINVAL with the rule it breaks (or a NULL schedule); DPAR_ENOMEM.
+   Thread safety: any thread (it writes bubble and peak_stash).
+   See:      docs/pipeline.md, 'The checker'. */
 DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
-/* dpar_pipe_schedule_format: the schedule as a text timeline (one line per stage, forward 1 cell,
-   backward 2, idle '.'), like snprintf: returns the length it needs. Thread safety: any thread. */
+/* dpar_pipe_schedule_format: write the schedule as a text timeline.
+   buf:      one line per stage: forward 1 cell, backward 2, idle '.'.
+   Returns:  like snprintf: the length it needs.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *schedule, char *buf, size_t size);
+/* dpar_pipe_schedule_free: free a schedule made by dpar_pipe_schedule_make.
+   Thread safety: any thread, once no runner uses it. */
 DPAR_API void dpar_pipe_schedule_free(dpar_pipe_schedule *schedule);
 
-/* The stage's callbacks, per (micro-batch, chunk). forward: `in` is the activation from the
-   previous virtual stage (NULL on the first: read the micro-batch yourself), write yours to `out`
-   (NULL on the last: compute the loss). backward: `in` is the same activation again, `grad_out`
-   the gradient of your output (NULL on the last: from the loss), write the gradient of your input
-   to `grad_in` (NULL on the first). Accumulate parameter gradients (+=) across micro-batches.
-   Activations and gradients are act_bytes each. Return DPAR_OK or an error (dpar_set_error). */
+/* dpar_pipe_forward_fn / dpar_pipe_backward_fn: the stage's callbacks, per (micro-batch, chunk).
+   forward:  `in` is the activation from the previous virtual stage (NULL on the first: read the micro-batch
+             yourself); write yours to `out` (NULL on the last: compute the loss).
+   backward: `in` is the same activation again, `grad_out` the gradient of your output (NULL on the last: from
+             the loss); write the gradient of your input to `grad_in` (NULL on the first). Accumulate
+             parameter gradients (+=) across micro-batches.
+   Buffers:  activations and gradients are act_bytes each.
+   Returns:  DPAR_OK or an error (dpar_set_error). */
 typedef dpar_status (*dpar_pipe_forward_fn)(void *user, int micro, int chunk, const void *in, void *out);
 typedef dpar_status (*dpar_pipe_backward_fn)(void *user, int micro, int chunk, const void *in, const void *grad_out,
                                              void *grad_in);
@@ -921,13 +933,20 @@ typedef struct dpar_pipe_stats {
     int buffers;             /* activation/gradient buffers this stage has (stable after the first run) */
 } dpar_pipe_stats;
 
-/* dpar_pipe_create: a runner for this stage. Thread safety: the stage's thread. */
+/* dpar_pipe_create: make the runner of this stage.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, a desc without schedule, comm, forward or backward, half an
+             allocator, a comm whose size is not the schedule's p), DPAR_ENOMEM.
+   Thread safety: the stage's thread.
+   See:      docs/pipeline.md, 'The stage runner'. */
 DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **out);
 /* dpar_pipe_run: one step: this stage's ops, in order, over the comm's point-to-point calls.
-   Collective over the comm. A callback's error poisons the comm, so every stage returns it instead
-   of waiting; the run ends with an agreement, so all stages return the same status. stats may be
-   NULL. Thread safety: the stage's thread. */
+   stats:    may be NULL.
+   Returns:  the same status on every stage (the run ends with an agreement): DPAR_OK; a callback's error
+             (it poisons the comm, so no stage waits); DPAR_EINVAL (NULL pipe); the comm's errors.
+   Thread safety: the stage's thread; collective over the comm. */
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
+/* dpar_pipe_destroy: free the runner.
+   Thread safety: the stage's thread. */
 DPAR_API void dpar_pipe_destroy(dpar_pipe *pipe);
 
 /* ============================================================================================== */
