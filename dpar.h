@@ -952,11 +952,12 @@ DPAR_API void dpar_pipe_destroy(dpar_pipe *pipe);
 /* ============================================================================================== */
 /* >>dp: data-parallel helpers: sampler, gradient buckets, IDX data files                         */
 /* ============================================================================================== */
-/* A sampler shuffles the indices 0..n-1 anew each epoch from (seed, epoch), the same permutation on
-   every rank, and gives rank r its share: the permutation's positions r, r + ranks, r + 2 ranks...
-   Every rank gets the same number of samples, so the ranks stay in step: ceil(n / ranks), wrapping
-   around to the permutation's start (or floor(n / ranks), dropping the rest, with drop_last). The
-   shuffle uses only integer arithmetic: the same indices on every machine. */
+/* dpar_sampler: rank r's share of each epoch: positions r, r + ranks, r + 2 ranks... of a shuffle of 0..n-1.
+   Shuffle:  anew each epoch from (seed, epoch), the same permutation on every rank; integer arithmetic only,
+             so the same indices on every machine.
+   Count:    the same on every rank, so the ranks stay in step: ceil(n / ranks), wrapping around to the
+             permutation's start (or floor(n / ranks), dropping the rest, with drop_last).
+   See:      docs/data_parallel.md, 'The sampler: each rank its share of each epoch'. */
 typedef struct dpar_sampler {
     size_t n, per_rank;
     int ranks, rank, drop_last;
@@ -966,126 +967,148 @@ typedef struct dpar_sampler {
     dpar_allocator allocator;
 } dpar_sampler;
 
-/* dpar_sampler_init: DPAR_EINVAL for n = 0, ranks < 1, a rank outside 0..ranks-1, or drop_last
-   with fewer samples than ranks. Thread safety: the owner's thread. */
+/* dpar_sampler_init: set up the sampler of `rank` of `ranks` over n samples.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL s, n = 0, ranks < 1, a rank outside 0..ranks-1, or drop_last with fewer
+             samples than ranks), DPAR_ENOMEM.
+   Thread safety: the owner's thread. */
 DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int rank, uint64_t seed, int drop_last,
                                        const dpar_allocator *allocator);
-/* dpar_sampler_epoch: *indices = this rank's samples for `epoch` (valid until the next call);
-   returns how many (s->per_rank). Thread safety: the owner's thread. */
+/* dpar_sampler_epoch: this rank's samples for `epoch`.
+   indices:  set to the samples' indices, valid until the next call.
+   Returns:  how many (s->per_rank).
+   Thread safety: the owner's thread. */
 DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t **indices);
+/* dpar_sampler_free: free the sampler's arrays.
+   Thread safety: the owner's thread. */
 DPAR_API void dpar_sampler_free(dpar_sampler *s);
 
-/* Gradient buckets: the gradients are one flat float array; it is cut into buckets of about
-   bucket_bytes (0: 4 MiB). During backward, say which gradients are final with dpar_buckets_ready
-   (in any order and any pieces); a bucket whose every element is final is allreduced at once, on
-   the comm's progress thread, while backward goes on with the layers below. dpar_buckets_wait
-   waits for all of them, so after it every rank holds the reduced gradients (op: usually DPAR_AVG).
-   The ranks must finish buckets in the same order (they do when they run the same backward; the
-   contract checker catches it otherwise). Needs async requests (MPI: MPI_THREAD_MULTIPLE). */
+/* dpar_buckets: gradient buckets: a flat float array of gradients, each bucket allreduced as soon as it is final.
+   Step:     during backward, say which gradients are final with dpar_buckets_ready (in any order and any
+             pieces); a bucket whose every element is final is allreduced at once, on the comm's progress
+             thread, while backward goes on with the layers below. After dpar_buckets_wait every rank holds
+             the reduced gradients.
+   Order:    the ranks must finish buckets in the same order (they do when they run the same backward; the
+             contract checker catches it otherwise).
+   MPI:      needs async requests (MPI_THREAD_MULTIPLE).
+   See:      docs/data_parallel.md, 'Gradient buckets: communication behind backward'. */
 typedef struct dpar_buckets dpar_buckets;
+/* dpar_buckets_create: cut the `count` gradients at `grads` into buckets reduced over `comm` with `op`.
+   bucket_bytes: the size of a bucket, about (0: 4 MiB).
+   op:       usually DPAR_AVG.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out, NULL grads with count > 0, a bad op), DPAR_ENOMEM.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
                                          dpar_buckets **out);
-/* dpar_buckets_ready: grads[offset, offset + count) are final for this step. DPAR_EINVAL for a range
-   outside the array or marked twice in one step. Thread safety: the rank's thread. */
+/* dpar_buckets_ready: grads[offset, offset + count) are final for this step; full buckets start at once.
+   Returns:  DPAR_OK; DPAR_EINVAL (a range outside the array, or marked twice in one step), DPAR_ENOMEM; the
+             comm's errors.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t count);
-/* dpar_buckets_wait: wait for every bucket; DPAR_EINVAL (naming the range) if some gradients were
-   never marked, then nothing is reduced. Starts the next step. Thread safety: the rank's thread. */
+/* dpar_buckets_wait: wait for every bucket and end the step; the next dpar_buckets_ready starts the next one.
+   Returns:  DPAR_OK; DPAR_EINVAL naming the range when some gradients were never marked (then nothing is
+             reduced); the comm's errors.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
-/* dpar_buckets_wait_range: wait only for the buckets that hold [offset, offset + count): on return
-   those gradients are reduced (with an update: those params updated, on every rank). It does not end
-   the step: dpar_buckets_wait still must, before the next step's first dpar_buckets_ready. So the next
-   forward can start on the first layer while the last buckets are still being reduced. DPAR_EINVAL
-   when the range is outside the gradients or a bucket holding it is not full yet (it would never
-   finish). Thread safety: the rank's thread. */
+/* dpar_buckets_wait_range: wait only for the buckets that hold [offset, offset + count), without ending the step.
+   Remarks:  on return those gradients are reduced (with an update: those params updated, on every rank).
+             dpar_buckets_wait must still end the step, before the next step's first dpar_buckets_ready.
+   Returns:  DPAR_OK; DPAR_EINVAL (the range is outside the gradients, or a bucket holding it is not full yet:
+             it would never finish); the comm's errors.
+   Thread safety: the rank's thread.
+   See:      docs/data_parallel.md, 'Gradient buckets' (the next forward overlapping the last buckets). */
 DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, size_t count);
-/* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style, so that each
-   rank makes 1/N of the optimizer step instead of all of it. A full bucket is then reduce-scattered
-   instead of allreduced; on the comm's progress thread (on a comm of one rank: in dpar_buckets_ready)
-   update(user, offset, count) is called for this rank's block of the bucket, where
-   grads[offset, offset + count) hold the reduced values: it applies the optimizer to
-   params[offset, offset + count) (and to its own state for that range); then the bucket's params
-   are all-gathered. The comm moves the same bytes as the allreduce. After
-   dpar_buckets_wait every rank holds the same updated params; grads are reduced only in this rank's
-   blocks. Since a parameter may change as soon as its gradient is marked ready, mark a layer ready
-   only once backward no longer reads its weights (compute its input gradient first). update runs
-   beside the rank's thread: it must touch only its range. params: count floats, not overlapping
-   grads. Thread ranks of one process may share one params array (the same pointer on every rank):
-   each rank updates its block in place, the all-gather then copies nothing (the ranks still meet,
-   so after dpar_buckets_wait every block is updated) and the model is in memory once. Call between
-   steps (DPAR_EBUSY while gradients of this step are marked); update NULL turns it off. Thread
-   safety: the rank's thread. */
+/* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style: each rank makes 1/N of the step.
+   update:   NULL: off. Else a full bucket is reduce-scattered instead of allreduced; update(user, offset, count)
+             applies the optimizer to params[offset, offset + count) (and to its own state for that range) from
+             grads[offset, offset + count), reduced, for this rank's block of the bucket; then the bucket's
+             params are all-gathered. It runs on the comm's progress thread (on a comm of one rank: in
+             dpar_buckets_ready), beside the rank's thread: it must touch only its range.
+   params:   count floats, not overlapping grads. Thread ranks may share one array (the same pointer on every
+             rank): each updates its block in place and the all-gather copies nothing (the ranks still meet).
+   Results:  after dpar_buckets_wait every rank holds the same updated params; grads are reduced only in this
+             rank's blocks.
+   Marking:  a parameter may change as soon as its gradient is marked ready: mark a layer ready only once
+             backward no longer reads its weights (compute its input gradient first).
+   Returns:  DPAR_OK; DPAR_EBUSY (gradients of this step are marked: call it between steps; or direct buckets
+             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads).
+   Thread safety: the rank's thread.
+   See:      docs/data_parallel.md, 'Buckets that update the parameters too'. */
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
                                              void (*update)(void *user, size_t offset, size_t count), void *user);
-/* dpar_buckets_set_direct: on a comm of thread ranks, reduce the buckets through shared memory on the
-   ranks' own threads instead of with messages on the progress thread. A rank that marks a bucket
-   full says so; whichever rank's dpar_buckets_ready (or wait, or wait_range) next finds that every
-   rank has, reduces its own block of it, reading the other ranks' gradients where they lie, and runs
-   the update on it (dpar_buckets_set_update); the other blocks are then copied from their owners
-   (gradients without an update, params when they are not shared). A rank does its share only inside
-   those three calls, and never waits before dpar_buckets_wait or _wait_range, where it goes on doing
-   its share of every bucket while it waits; so ranks must not block each other in between: call the
-   waits at the same points, relative to the comm's other collectives, on every rank. No thread is
-   woken per bucket: the better choice when the ranks have no spare cores for progress threads (the
-   progress thread overlaps better when they do). After dpar_buckets_wait and dpar_buckets_destroy,
-   whatever they return, no other rank reads this rank's memory (a rank leaving mid-step or on an
-   error poisons the comm, then waits for its readers). Results as without it (the reduction order
-   may differ). Collective: every rank calls it with the same `on`, between steps, after
-   dpar_buckets_set_update (which is DPAR_EBUSY while direct is on); params are shared by all ranks
-   or by none. DPAR_EUNSUPPORTED on an MPI comm; DPAR_EINVAL on every rank when their
-   counts, bucket sizes, ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the
-   comm is poisoned, the others must not wait). Not counted in dpar_comm_stats, not seen by the
-   contract checker. on 0 turns it off. Thread safety: the rank's thread. */
+/* dpar_buckets_set_direct: reduce the buckets of thread ranks through shared memory, on the ranks' own threads.
+   on:       1: instead of the progress thread, each rank reduces its own block of every full bucket (reading
+             the other ranks' gradients where they lie) and runs the update on it; 0: off.
+   Contract: a rank does its share only inside dpar_buckets_ready, _wait and _wait_range, and never waits
+             before the two waits, where it goes on doing its share of every bucket: call the waits at the same
+             points, relative to the comm's other collectives, on every rank.
+   Memory:   after dpar_buckets_wait and dpar_buckets_destroy, whatever they return, no other rank reads this
+             rank's memory.
+   Results:  as without it (the reduction order may differ); not counted in dpar_comm_stats, not seen by the
+             contract checker.
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm); DPAR_EINVAL on every rank when their counts, bucket sizes,
+             ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the comm is poisoned, the
+             others do not wait); DPAR_ENOMEM.
+   Thread safety: the rank's thread; collective: every rank calls it with the same `on`, between steps, after
+             dpar_buckets_set_update (DPAR_EBUSY while direct is on); params are shared by all ranks or none.
+   See:      docs/data_parallel.md, 'Direct buckets' (how it works, and when it beats the progress thread). */
 DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on);
-/* dpar_buckets_count: how many buckets; dpar_buckets_overlap_ns: of the last step, how long
-   buckets were in flight before dpar_buckets_wait was called (the communication hidden behind
-   backward). Thread safety: the rank's thread. */
+/* dpar_buckets_count / dpar_buckets_overlap_ns: the number of buckets / the last step's overlap.
+   Returns:  overlap_ns: how long, in the last step, buckets were in flight before dpar_buckets_wait was
+             called (the communication hidden behind backward). Both: 0 for NULL.
+   Thread safety: the rank's thread. */
 DPAR_API int dpar_buckets_count(const dpar_buckets *b);
 DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b);
+/* dpar_buckets_destroy: wait for the buckets in flight, turn direct buckets off, free.
+   Thread safety: the rank's thread. */
 DPAR_API void dpar_buckets_destroy(dpar_buckets *b);
 
-/* Work stealing between thread ranks (>>steal): a straggler's work finished by the ranks ahead of it.
-   Synchronous data parallelism goes at the pace of the slowest rank, and ranks that share cores
-   with other work (a VM, a busy machine) are often unequal. In each round every rank calls
-   dpar_steal_run with its work as a list of tasks and runs them from the front; a rank that has run
-   out of its own takes tasks from the back of the list with the most left, and runs them with their
-   owner's task and user pointer (thread ranks share memory). The owner's `done` sees each of its
-   tasks in order, on the owner's thread, as soon as it has run wherever it ran: the place to mark
-   gradients ready (dpar_buckets_ready). When a task's result does not depend on the thread that runs
-   it (dpar_sgemm's does not), the results are bitwise the same however the tasks were shared. */
+/* dpar_steal: work stealing between thread ranks (>>steal): a straggler's work finished by the ranks ahead of it.
+   Round:    every rank calls dpar_steal_run with its work as a list of tasks and runs them from the front; a
+             rank that has run out of its own takes tasks from the back of the list with the most left, and
+             runs them with their owner's task and user pointer (thread ranks share memory).
+   done:     the owner's done sees each of its tasks in order, on the owner's thread, as soon as it has run
+             wherever it ran: the place to mark gradients ready (dpar_buckets_ready).
+   Results:  when a task's result does not depend on the thread that runs it (dpar_sgemm's does not), bitwise
+             the same however the tasks were shared.
+   See:      docs/data_parallel.md, 'Work stealing' (why: the pace of the slowest rank). */
 typedef struct dpar_steal dpar_steal;
-/* dpar_steal_create: collective over a comm of thread ranks; DPAR_EUNSUPPORTED (on every rank) on an
-   MPI or hybrid comm. max_tasks (1 to 1048575): the longest list this rank will run. On a comm of
-   one rank nothing is shared and the rounds cost nothing. Thread safety: the rank's thread. */
+/* dpar_steal_create: make this rank's work-stealing state.
+   max_tasks: the longest list this rank will run, 1 to 1048575.
+   Remarks:  on a comm of one rank nothing is shared and the rounds cost nothing.
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (on every rank) on an MPI or hybrid comm; DPAR_EINVAL (NULL comm or
+             out; max_tasks out of range, which poisons the comm); DPAR_ENOMEM.
+   Thread safety: the rank's thread; collective over a comm of thread ranks. */
 DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_steal **out);
-/* dpar_steal_run: one round: run tasks 0..n-1 of this rank, task(user, i, by) for each i, by = the
-   rank whose thread runs it (for per-thread scratch and timers); then done(user, i) (may be NULL) on
-   this thread, in order of i, once tasks 0..i have all run. While others run its last tasks, and
-   after, this rank runs tasks of the others' lists of the same round; it returns once each of its
-   own tasks has run and been seen by done, and every rank has posted its list of the round and none
-   has a task left to take (its last tasks may still be running on their takers). Collective: every
-   rank calls it once per round (n may differ, 0 too); a rank that waits for another to post its
-   list honours the comm's timeout (DPAR_ETIMEDOUT naming that rank) and its poison. A task (or done)
-   that fails ends its list: no more of its tasks start, those running finish, and the owner's call
-   returns the first failure with the message of the thread it failed on. A task must not wait for
-   other ranks (no collectives in it) and must touch only its own part of the owner's memory: it runs
-   beside the owner's other tasks. DPAR_EINVAL for n outside 0..max_tasks or a NULL task (n > 0);
-   then the comm is poisoned, the others must not wait. Thread safety: the rank's thread; task on
-   any rank's thread, done on this one. */
+/* dpar_steal_run: one round: run this rank's tasks 0..n-1, helped by the ranks ahead, and help the others.
+   task:     task(user, i, by) for each i; by = the rank whose thread runs it (for per-thread scratch and
+             timers). It must not wait for other ranks (no collectives in it) and must touch only its own part
+             of the owner's memory: it runs beside the owner's other tasks.
+   done:     may be NULL; done(user, i) runs on this thread, in order of i, once tasks 0..i have all run.
+   Remarks:  while others run its last tasks, and after, this rank runs tasks of the others' lists of the same
+             round. It returns once each of its own tasks has run and been seen by done, and every rank has
+             posted its list of the round and none has a task left to take (a rank's last tasks may still be
+             running on their takers).
+   Returns:  DPAR_OK; the first failure of a task or done, with the message of the thread it failed on (it
+             ends the list: no more of its tasks start, those running finish); DPAR_ETIMEDOUT naming a rank
+             that never posted its list; the comm's poison; DPAR_EINVAL (n outside 0..max_tasks, a NULL task
+             with n > 0), which poisons the comm so that the others do not wait.
+   Thread safety: the rank's thread, once per round on every rank (collective; n may differ, 0 too); task on
+             any rank's thread, done on this one. */
 DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(void *user, int index, int by),
                                     dpar_status (*done)(void *user, int index), void *user);
-/* dpar_steal_counts: since dpar_steal_create, how many tasks of other ranks this rank has run
-   (*taken) and how many of its own other ranks have run (*given); either may be NULL. Thread safety:
-   the rank's thread. */
+/* dpar_steal_counts: since dpar_steal_create, the tasks this rank took and gave.
+   taken:    tasks of other ranks this rank has run; may be NULL.
+   given:    tasks of this rank that other ranks have run; may be NULL.
+   Thread safety: the rank's thread. */
 DPAR_API void dpar_steal_counts(const dpar_steal *s, uint64_t *taken, uint64_t *given);
-/* dpar_steal_destroy: after this rank's last dpar_steal_run (other ranks may still be in theirs).
+/* dpar_steal_destroy: free this rank's state, after its last dpar_steal_run (other ranks may still be in theirs).
    Thread safety: the rank's thread. */
 DPAR_API void dpar_steal_destroy(dpar_steal *s);
 
-/* IDX files (the MNIST format: big-endian magic 0x0000TTDD, TT the type, DD the dimensions, then
-   one big-endian u32 size per dimension, then the data). dpar_idx_load reads u8 (type 0x08) and
-   f32 (0x0D) files into floats (u8 scaled by `scale`, e.g. 1/255), checking every size against
-   the file: a truncated or malformed file is DPAR_ECORRUPT with what is wrong, never a crash.
-   *data is from the allocator (NULL: malloc); free it with dpar_idx_free. Thread safety: any. */
+/* dpar_idx: an IDX file (the MNIST format) loaded as floats.
+   Format:   big-endian magic 0x0000TTDD (TT the type, DD the dimensions), then one big-endian u32 size per
+             dimension, then the data.
+   See:      docs/data_parallel.md, 'IDX files (MNIST)'. */
 typedef struct dpar_idx {
     int ndims;
     uint32_t dims[8];
@@ -1093,7 +1116,16 @@ typedef struct dpar_idx {
     float *data;
     dpar_allocator allocator;
 } dpar_idx;
+/* dpar_idx_load: read an IDX file of u8 (type 0x08) or f32 (0x0D) into floats, checking every size against the file.
+   scale:    u8 values are multiplied by it (e.g. 1/255).
+   allocator: where out->data comes from (NULL: malloc); free it with dpar_idx_free.
+   Returns:  DPAR_OK; DPAR_ECORRUPT with what is wrong for a truncated or malformed file (never a crash),
+             DPAR_EUNSUPPORTED (another element type), DPAR_EIO (the file cannot be opened or sized),
+             DPAR_EINVAL (NULL path or out, half an allocator), DPAR_ENOMEM.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out);
+/* dpar_idx_free: free idx->data.
+   Thread safety: any thread. */
 DPAR_API void dpar_idx_free(dpar_idx *idx);
 
 /* ============================================================================================== */
