@@ -1131,25 +1131,34 @@ DPAR_API void dpar_idx_free(dpar_idx *idx);
 /* ============================================================================================== */
 /* >>ckpt: checkpoints                                                                            */
 /* ============================================================================================== */
-/* A checkpoint is named items (parameters, optimizer state, the step counter...). Each rank writes
-   its own items to `path.g<generation>.r<rank>`; then rank 0 writes the manifest `path`, which names
-   the generation and every shard's size and CRC-32: the manifest is the commit point. Every file is
-   written to a temporary name, fsynced and renamed, so a crash at any moment leaves the previous
-   checkpoint whole; old generations are removed once the new manifest is in place. Loading checks
-   the manifest, the shard, every item's name, size and CRC: a damaged or mismatched file is
-   DPAR_ECORRUPT naming what is wrong, never a silent wrong load. */
+/* dpar_ckpt_item: one named item of a checkpoint (parameters, optimizer state, the step counter...).
+   Files:    each rank writes its own items to `path.g<generation>.r<rank>`; then rank 0 writes the manifest
+             `path`, which names the generation and every shard's size and CRC-32: the manifest is the commit
+             point. Old generations are removed once the new manifest is in place.
+   Crashes:  every file is written to a temporary name, fsynced and renamed, so a crash at any moment leaves
+             the previous checkpoint whole.
+   Loading:  checks the manifest, the shard, every item's name, size and CRC: a damaged or mismatched file is
+             DPAR_ECORRUPT naming what is wrong, never a silent wrong load.
+   See:      docs/data_parallel.md, 'Checkpoints'. */
 typedef struct dpar_ckpt_item {
     const char *name; /* at most 63 characters */
     void *data;
     size_t bytes;
 } dpar_ckpt_item;
 
-/* dpar_checkpoint_save / dpar_checkpoint_load: collective over comm (NULL: one process, one rank).
-   Every rank passes its own items (the same names on save and load). load: DPAR_EIO when there is no
-   checkpoint at path (the message says so), DPAR_ECORRUPT as above. Thread safety: the rank's thread. */
+/* dpar_checkpoint_save / dpar_checkpoint_load: write this rank's items as a checkpoint / fill them back from one.
+   comm:     NULL: one process, one rank.
+   items:    this rank's own items, the same names on save and load.
+   Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty; bad items: names of 1..63 characters, unique, data for
+             every byte count); load: DPAR_EIO (no checkpoint at path; the message says so), DPAR_ECORRUPT (see
+             dpar_ckpt_item); DPAR_ENOMEM; the comm's errors. When one rank fails to write or read, every rank
+             returns an error (the others' message says another rank failed).
+   Thread safety: the rank's thread; collective over comm. */
 DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
 DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
-/* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320), continuing from crc (start with 0). */
+/* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320).
+   crc:      the CRC so far, to continue from (start with 0).
+   Thread safety: any thread. */
 DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes);
 
 /* >>mpi: the communicator over MPI (define DPAR_MPI before the include; build with mpicc) */
