@@ -1163,18 +1163,27 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes);
 
 /* >>mpi: the communicator over MPI (define DPAR_MPI before the include; build with mpicc) */
 #ifdef DPAR_MPI
-/* dpar_comm_from_mpi: a comm on the processes of `mpi_comm` (dpar works on a duplicate, so its
-   messages never meet the program's). Collective over mpi_comm; MPI must be initialised. Every call
-   of the comm API works on it; async requests need MPI_THREAD_MULTIPLE. `desc` may be NULL; its size
-   is ignored. Thread safety: the rank's thread. */
+/* dpar_comm_from_mpi: make a comm on the processes of `mpi_comm`; every call of the comm API works on it.
+   mpi_comm: dpar works on a duplicate, so its messages never meet the program's. MPI must be initialised.
+   desc:     may be NULL; its size is ignored.
+   Remarks:  async requests need MPI_THREAD_MULTIPLE.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, MPI_COMM_NULL, bad timeout_ms or spin_us), DPAR_ESTATE (MPI is not
+             initialised), DPAR_EUNSUPPORTED (deterministic on a number of processes that is not a power of
+             two), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
+   Thread safety: the rank's thread; collective over mpi_comm.
+   See:      docs/mpi.md. */
 DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out);
 
-/* dpar_comm_create_hybrid: a comm whose ranks are (process, thread) pairs, world rank = process *
-   T + thread, where T = local->size threads of every process meet at `local`. Each thread calls it
-   with its thread index; collective over the threads and the processes of `mpi_comm`. Allreduce is
-   hierarchical (threads through shared memory, one leader per process over MPI); the other calls
-   go over MPI. Needs MPI_THREAD_MULTIPLE (DPAR_EUNSUPPORTED otherwise, naming the level MPI gave).
-   Thread safety: the thread of that rank. */
+/* dpar_comm_create_hybrid: make a comm whose ranks are (process, thread) pairs, world rank = process * T + thread.
+   local:    the group where the T = local->size threads of every process meet (the same T everywhere).
+   local_rank: the calling thread's index, 0..T-1.
+   Remarks:  allreduce is hierarchical (threads through shared memory, one leader per process over MPI); the
+             other calls go over MPI.
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (MPI gives less than MPI_THREAD_MULTIPLE, naming the level; deterministic
+             on a size that is not a power of two), DPAR_EINVAL (NULL out or local, processes with different T),
+             DPAR_ESTATE (MPI is not initialised), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
+   Thread safety: the thread of that rank; collective over the threads and the processes of `mpi_comm`.
+   See:      docs/mpi.md, 'Processes x threads: the hybrid comm'. */
 DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *local, int local_rank, dpar_comm **out);
 #endif
 
