@@ -290,7 +290,7 @@ typedef struct dpar_pool_desc {
     dpar_allocator allocator;
 } dpar_pool_desc;
 
-/* dpar_pool_create: start a pool of worker threads: the caller plus num_threads - 1 workers.
+/* dpar_pool_create: start a pool of T threads: the caller plus T - 1 workers.
    desc:     NULL or zero fields: the defaults (see dpar_pool_desc).
    Returns:  DPAR_OK; DPAR_EINVAL (NULL out, negative counts, half an allocator), DPAR_ERANGE (more than
              DPAR_MAX_THREADS), DPAR_ENOMEM, DPAR_ESYSTEM (a thread could not start). On error *out is NULL.
