@@ -176,7 +176,8 @@ extern "C" {
 /* ============================================================================================== */
 /* >>status: status codes, the error text                                                         */
 /* ============================================================================================== */
-/* One list makes both the enum and the strings. 0 is success; errors are negative. */
+/* dpar_status: one list makes both the enum and the strings. 0 is success; errors are negative.
+   See:      docs/runtime.md, 'Status codes and error text'. */
 #define DPAR_STATUS_LIST(X)                                                                        \
     X(DPAR_OK, 0, "success")                                                                       \
     X(DPAR_EINVAL, -1, "invalid argument")                                                         \
@@ -199,22 +200,26 @@ extern "C" {
 typedef enum dpar_status { DPAR_STATUS_LIST(DPAR__STATUS_ENUM) } dpar_status;
 #undef DPAR__STATUS_ENUM
 
-/* dpar_status_string: a short text for a code, e.g. "invalid argument (DPAR_EINVAL)"; never NULL.
+/* dpar_status_string: a short text naming a code, e.g. "invalid argument (DPAR_EINVAL)".
+   Returns:  a static string, never NULL ("unknown status (not a dpar_status)" for any other value).
    Thread safety: any thread. */
 DPAR_API const char *dpar_status_string(dpar_status status);
 
-/* dpar_last_error: the sentence with context that explains the last error this thread got from
-   dpar ("dpar_pool_for: n = -3 is negative"); "" when there is none. Valid until the thread's next
-   dpar call that fails. Thread safety: any thread; each thread has its own. */
+/* dpar_last_error: the sentence with context that explains the last error this thread got from dpar.
+   Returns:  e.g. "dpar_pool_for: n = -3 is negative"; "" when there is none. Valid until the thread's next
+             dpar call that fails.
+   Thread safety: any thread; each thread has its own. */
 DPAR_API const char *dpar_last_error(void);
 
-/* dpar_set_error: sets this thread's error text (printf format) and returns `status`, so user
-   callbacks can write `return dpar_set_error(DPAR_EUSER, "bad batch %d", i);` and the text reaches
-   whoever waits on the task or run. The arguments may include dpar_last_error() itself, to wrap
-   the previous message in context. Thread safety: any thread. */
+/* dpar_set_error: set this thread's error text (printf format) and return `status`.
+   fmt, ...: the arguments may include dpar_last_error() itself, to wrap the previous message in context.
+   Returns:  `status`, so a user callback can `return dpar_set_error(DPAR_EUSER, "bad batch %d", i);` and the
+             text reaches whoever waits on the task or run.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_set_error(dpar_status status, const char *fmt, ...) DPAR_PRINTF(2, 3);
 
-/* dpar_clear_error: empties this thread's error text. Thread safety: any thread. */
+/* dpar_clear_error: empty this thread's error text.
+   Thread safety: any thread. */
 DPAR_API void dpar_clear_error(void);
 
 /* ============================================================================================== */
@@ -228,18 +233,22 @@ typedef enum dpar_log_level {
     DPAR_LOG_DEBUG = 4
 } dpar_log_level;
 
-/* The callback gets the level, the source position in dpar.h and the formatted message. */
+/* dpar_log_fn: a log sink; it gets the level, the source position in dpar.h and the formatted message.
+   See:      docs/runtime.md, 'Log'. */
 typedef void (*dpar_log_fn)(void *user_data, dpar_log_level level, const char *file, int line,
                             const char *message);
 
-/* dpar_log_set_callback: route log messages to `fn` (NULL: back to stderr). The callback may be
-   called from any thread at once. Thread safety: any thread. */
+/* dpar_log_set_callback: route log messages to `fn`.
+   fn:       NULL: back to stderr. It may be called from any thread, from several at once.
+   Thread safety: any thread. */
 DPAR_API void dpar_log_set_callback(dpar_log_fn fn, void *user_data);
-/* dpar_log_set_level: messages above `level` are dropped (default: DPAR_LOG, else warn).
+/* dpar_log_set_level / dpar_log_get_level: set or read the level above which messages are dropped.
+   level:    the default is the DPAR_LOG environment variable, else DPAR_LOG_WARN; this call wins over DPAR_LOG.
    Thread safety: any thread. */
 DPAR_API void dpar_log_set_level(dpar_log_level level);
 DPAR_API dpar_log_level dpar_log_get_level(void);
-/* dpar_log_message: log through dpar's sink (what the DPAR__LOG macro of the implementation uses).
+/* dpar_log_message: log a printf-formatted message through dpar's sink, as dpar's own messages are.
+   file, line: the source position passed to the callback (the implementation's DPAR__LOG macro passes its own).
    Thread safety: any thread. */
 DPAR_API void dpar_log_message(dpar_log_level level, const char *file, int line, const char *fmt, ...)
     DPAR_PRINTF(4, 5);
@@ -247,8 +256,10 @@ DPAR_API void dpar_log_message(dpar_log_level level, const char *file, int line,
 /* ============================================================================================== */
 /* >>alloc: allocator hook                                                                        */
 /* ============================================================================================== */
-/* Both functions set, or both NULL for malloc/free. dpar asks for 64-byte aligned blocks by
-   over-allocating, so `alloc` only needs malloc's alignment. */
+/* dpar_allocator: the allocation hook of the description structs.
+   alloc, free: both set, or both NULL for malloc/free. `alloc` needs only malloc's alignment: dpar
+             over-allocates for the 64-byte aligned blocks it wants.
+   See:      docs/runtime.md, 'Allocator and assert hooks'. */
 typedef struct dpar_allocator {
     void *(*alloc)(size_t size, void *user_data);
     void (*free)(void *ptr, void *user_data);
@@ -258,23 +269,31 @@ typedef struct dpar_allocator {
 /* ============================================================================================== */
 /* >>trace: Chrome trace-event JSON                                                               */
 /* ============================================================================================== */
-/* dpar_trace_start: start writing events to `path` (truncated). Returns DPAR_ESTATE when a trace is
-   already running, DPAR_EIO when the file cannot be opened. Thread safety: any thread. */
+/* dpar_trace_start: start writing Chrome trace-event JSON to `path` (the file is truncated).
+   Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty), DPAR_ESTATE (a trace is already running), DPAR_EIO
+             (the file cannot be opened).
+   Thread safety: any thread.
+   See:      docs/runtime.md, 'Trace'. */
 DPAR_API dpar_status dpar_trace_start(const char *path);
-/* dpar_trace_stop: close the JSON and the file. DPAR_ESTATE when no trace runs. Events that other
-   threads emit after this are dropped. Thread safety: any thread. */
+/* dpar_trace_stop: close the JSON and the file.
+   Returns:  DPAR_OK; DPAR_ESTATE (no trace runs), DPAR_EIO (writing the file failed).
+   Thread safety: any thread; events that other threads emit after it are dropped. */
 DPAR_API dpar_status dpar_trace_stop(void);
-/* dpar_trace_enabled: 1 while a trace is running. A relaxed load: cheap enough for hot paths. */
+/* dpar_trace_enabled: 1 while a trace is running, else 0.
+   Thread safety: any thread; a relaxed load, cheap enough for hot paths. */
 DPAR_API int dpar_trace_enabled(void);
-/* dpar_time_ns: monotonic clock in nanoseconds, the time base of the trace. */
+/* dpar_time_ns: the monotonic clock in nanoseconds, the time base of the trace.
+   Thread safety: any thread. */
 DPAR_API uint64_t dpar_time_ns(void);
-/* dpar_trace_event: one complete event [begin_ns, end_ns) on the calling thread's track. `cat` may
-   be NULL; `args_json` is NULL or the inside of a JSON object ("\"bytes\":4096"). Events that
-   began before the trace started are dropped. Thread safety: any thread. */
+/* dpar_trace_event: record one complete event [begin_ns, end_ns) on the calling thread's track.
+   begin_ns, end_ns: dpar_time_ns() values; an event that began before the trace started is dropped.
+   cat:      the category; may be NULL.
+   args_json: NULL or the inside of a JSON object ("\"bytes\":4096").
+   Thread safety: any thread. */
 DPAR_API void dpar_trace_event(const char *name, const char *cat, uint64_t begin_ns, uint64_t end_ns,
                                const char *args_json);
-/* dpar_trace_set_thread_name: name the calling thread's track ("rank 3"). Thread safety: any thread,
-   for itself. */
+/* dpar_trace_set_thread_name: name the calling thread's track ("rank 3").
+   Thread safety: any thread, for itself. */
 DPAR_API void dpar_trace_set_thread_name(const char *name);
 
 /* ============================================================================================== */
@@ -282,6 +301,7 @@ DPAR_API void dpar_trace_set_thread_name(const char *name);
 /* ============================================================================================== */
 typedef struct dpar_pool dpar_pool;
 
+/* dpar_pool_desc: how to make a pool; a zero field means its default. */
 typedef struct dpar_pool_desc {
     int num_threads;  /* threads taking part, the caller included; 0: DPAR_NUM_THREADS, else the
                          online CPUs. Negative: DPAR_EINVAL; above DPAR_MAX_THREADS: DPAR_ERANGE */
@@ -291,54 +311,69 @@ typedef struct dpar_pool_desc {
     dpar_allocator allocator;
 } dpar_pool_desc;
 
-/* dpar_pool_create: start a pool. `desc` may be NULL (all defaults). On error *out is NULL.
-   Returns DPAR_EINVAL (NULL out, negative counts, half an allocator), DPAR_ERANGE (too many threads),
-   DPAR_ENOMEM, DPAR_ESYSTEM (a thread could not start). Thread safety: any thread. */
+/* dpar_pool_create: start a pool of T threads: the caller plus T - 1 workers.
+   desc:     NULL or zero fields: the defaults (see dpar_pool_desc).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, negative counts, half an allocator), DPAR_ERANGE (more than
+             DPAR_MAX_THREADS), DPAR_ENOMEM, DPAR_ESYSTEM (a thread could not start). On error *out is NULL.
+   Thread safety: any thread.
+   See:      docs/pool.md. */
 DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **out);
 
-/* dpar_pool_destroy: finish running tasks, cancel those not started, join the workers, free.
-   Returns DPAR_OK, or DPAR_ECANCELED when tasks were cancelled (the pool is freed either way);
-   DPAR_EBUSY (pool kept) when called from one of the pool's own threads; DPAR_EINVAL for NULL.
+/* dpar_pool_destroy: finish running tasks, cancel those not started, join the workers and free the pool.
+   Returns:  DPAR_OK; DPAR_ECANCELED (tasks were cancelled; the pool is freed either way), DPAR_EBUSY (called
+             from one of the pool's own threads; the pool is kept), DPAR_EINVAL (NULL pool).
    Thread safety: one thread, with no other call on this pool in flight or to come. */
 DPAR_API dpar_status dpar_pool_destroy(dpar_pool *pool);
 
-/* dpar_pool_query: the values really used (num_threads resolved, spin_us resolved).
+/* dpar_pool_query: the values really used, num_threads and spin_us resolved.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pool or used).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_pool_query(const dpar_pool *pool, dpar_pool_desc *used);
 
-/* dpar_pool_num_threads: T, or 0 for NULL. dpar_pool_thread_index: the calling thread's index in
-   this pool (0 for the caller during a fork-join call), or -1 if it is not taking part.
+/* dpar_pool_num_threads / dpar_pool_thread_index: the pool's thread count T; the calling thread's index in it.
+   Returns:  num_threads: T, or 0 for NULL. thread_index: 0..T-1 (0 for the caller during a fork-join call),
+             or -1 when the calling thread is not taking part.
    Thread safety: any thread. */
 DPAR_API int dpar_pool_num_threads(const dpar_pool *pool);
 DPAR_API int dpar_pool_thread_index(const dpar_pool *pool);
 
-/* The body of a parallel-for: handle [begin, end). `thread` is the index (0..T-1) of the thread
-   running it, for per-thread scratch. */
+/* dpar_for_fn: the body of a parallel-for: handle iterations [begin, end).
+   thread:   the index (0..T-1) of the thread running it, for per-thread scratch. */
 typedef void (*dpar_for_fn)(void *user, int64_t begin, int64_t end, int thread);
 
-/* dpar_pool_for: static schedule; thread t handles the t-th of T near-equal contiguous blocks.
-   dpar_pool_for_dynamic: chunks of `grain` iterations (0: about n / (16 T)) handed out in order to
-   whichever thread is free. Both: n = 0 returns at once; n < 0 or NULL pool/fn is DPAR_EINVAL; the
-   whole int64 range works without overflow. From one of the pool's own threads the loop runs inline.
-   Thread safety: any thread; concurrent callers from outside take turns. */
+/* dpar_pool_for / dpar_pool_for_dynamic: run fn over iterations [0, n) on the pool's threads and wait for it.
+   Schedule: dpar_pool_for: static, thread t handles the t-th of T near-equal contiguous blocks.
+             dpar_pool_for_dynamic: chunks of `grain` iterations (0: about n / (16 T)), handed out in order
+             to whichever thread is free.
+   n:        0 returns at once; the whole int64 range works without overflow.
+   Returns:  DPAR_OK; DPAR_EINVAL (n or grain negative, NULL pool or fn).
+   Thread safety: any thread; concurrent callers from outside take turns; from one of the pool's own threads
+             the loop runs inline (in chunks of `grain`).
+   See:      docs/pool.md, 'Parallel-for'. */
 DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_for_fn fn, void *user);
 DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_for_fn fn,
                                            void *user);
 
-/* The body of an SPMD run: thread `thread` of `num_threads`. Return DPAR_OK or an error. */
+/* dpar_run_fn: the body of an SPMD run, on thread `thread` of `num_threads`.
+   Returns:  DPAR_OK or an error (dpar_set_error gives it its text). */
 typedef dpar_status (*dpar_run_fn)(void *user, int thread, int num_threads);
 
-/* dpar_pool_run: run fn on all T threads at once (the caller is thread 0) and wait for all. Returns
-   the error of the lowest-numbered failing thread, its text in dpar_last_error. DPAR_EBUSY from one
-   of the pool's own threads. This is how a thread-rank trainer starts.
-   Thread safety: any thread; concurrent callers from outside take turns. */
+/* dpar_pool_run: run fn on all T threads at once and wait for all of them (how a thread-rank trainer starts).
+   fn:       called on every thread; the caller is thread 0.
+   Returns:  DPAR_OK; the error of the lowest-numbered failing thread, with its text in dpar_last_error;
+             DPAR_EBUSY from one of the pool's own threads; DPAR_EINVAL (NULL pool or fn).
+   Thread safety: any thread; concurrent callers from outside take turns.
+   See:      docs/pool.md, 'SPMD run and barrier'. */
 DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_run_fn fn, void *user);
 
-/* dpar_pool_barrier: inside dpar_pool_run, wait until all T threads have called it. DPAR_ESTATE
-   outside a run or from a thread not in it. Thread safety: the threads of the current run. */
+/* dpar_pool_barrier: inside dpar_pool_run, wait until all T threads have called it.
+   Returns:  DPAR_OK; DPAR_ESTATE (outside a run, or from a thread not in it), DPAR_EINVAL (NULL pool).
+   Thread safety: the threads of the current run. */
 DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool);
 
-/* Tasks. A handle is never 0; it stays valid until dpar_task_wait_all returns. */
+/* dpar_task: a task's handle; never 0, valid until dpar_task_wait_all returns.
+   dpar_task_fn: a task's body; returns DPAR_OK or an error, which cancels every task that depends on it.
+   See:      docs/pool.md, 'Task graph'. */
 typedef uint64_t dpar_task;
 typedef dpar_status (*dpar_task_fn)(void *user);
 
@@ -357,25 +392,33 @@ typedef enum dpar_task_state {
     DPAR_TASK_CANCELLED = 3  /* never ran: a dependency failed or the pool was destroyed */
 } dpar_task_state;
 
-/* dpar_task_submit: add a task. *out (may be NULL) gets its handle. A dependency that already failed
-   cancels the task at once. DPAR_EINVAL for a bad description or a handle that is not a live task of
-   this pool; DPAR_ECANCELED while the pool is being destroyed. Thread safety: any thread, tasks too. */
+/* dpar_task_submit: add a task; it runs once all its dependencies are done.
+   desc:     a dependency that already failed cancels the task at once.
+   out:      NULL, or where the task's handle goes.
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad description, or a dependency that is not a live task of this pool),
+             DPAR_ECANCELED (the pool is being destroyed), DPAR_ERANGE (2^31 tasks or dependencies in one
+             epoch), DPAR_ENOMEM.
+   Thread safety: any thread, tasks too. */
 DPAR_API dpar_status dpar_task_submit(dpar_pool *pool, const dpar_task_desc *desc, dpar_task *out);
 
-/* dpar_task_wait: wait for one task; a thread outside any task runs ready tasks meanwhile, a task
-   runs only the awaited one (once it is ready). Returns its status (the
-   failed dependency's status for a cancelled task, with the story in dpar_last_error). From inside a
-   task, waiting on itself or on a task that depends on it returns DPAR_EDEADLK.
+/* dpar_task_wait: wait for one task.
+   Returns:  the task's status; for a cancelled task the failed dependency's, with the story in
+             dpar_last_error. DPAR_EDEADLK from inside a task that waits on itself or on a task that depends
+             on it; DPAR_EINVAL (NULL pool, or not a live task of this pool).
+   Remarks:  while it waits, a thread outside any task runs ready tasks; a task runs only the awaited one (once
+             it is ready).
    Thread safety: any thread, tasks too. */
 DPAR_API dpar_status dpar_task_wait(dpar_pool *pool, dpar_task task);
 
-/* dpar_task_state_of: the state of a live task (DPAR_TASK_PENDING for a bad handle, with
-   dpar_last_error set). Thread safety: any thread. */
+/* dpar_task_state_of: the state of a live task.
+   Returns:  its state; DPAR_TASK_PENDING for a bad handle, with dpar_last_error set.
+   Thread safety: any thread. */
 DPAR_API dpar_task_state dpar_task_state_of(dpar_pool *pool, dpar_task task);
 
-/* dpar_task_wait_all: wait for every task submitted so far (helping), then end the epoch: all
-   handles become invalid and the records are reused. Returns the status of the first task that
-   failed (in submission order), or DPAR_OK. DPAR_EBUSY from the pool's own threads.
+/* dpar_task_wait_all: wait for every task submitted so far, running ready tasks meanwhile, then end the epoch.
+   Returns:  DPAR_OK, or the status of the first task that failed (in submission order); DPAR_EBUSY from the
+             pool's own threads or a task; DPAR_EINVAL (NULL pool).
+   Remarks:  ending the epoch makes every handle invalid and reuses the task records.
    Thread safety: any thread outside the pool; tasks submitted meanwhile by others are waited for too. */
 DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
 
@@ -383,23 +426,24 @@ DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
 /* ============================================================================================== */
 /* >>comm: communicator, point-to-point, collectives, async requests, split and mesh              */
 /* ============================================================================================== */
-/* A dpar_comm is one rank of a group of N ranks. Ranks that are threads of one process meet at a
-   dpar_group; other transports (MPI, NCCL) make comms of their own, and every call below works the
-   same on all of them. Collectives take the comm first, then MPI/NCCL's names and order.
-
-   Contract: every rank of a comm calls the same collectives in the same order with the same count,
-   dtype, op and root. dpar checks it (unless no_check): a disagreement returns DPAR_EMISMATCH on
-   every rank, with a message naming both sides and their source lines. Every blocking call gives
-   up after the comm's timeout (30 s by default) with DPAR_ETIMEDOUT and names the ranks that never
-   arrived. After either error, or dpar_comm_abort, every call on the group returns that error: the
-   group is poisoned, destroy it and start again (as with NCCL's ncclCommAbort).
-
-   Counts are elements. For reduce_scatter and allgather `count` is the TOTAL count; rank r owns block
-   r of the partition dpar_block_range(count, N, r, ...), so any count works (0, less than N, not
-   divisible by N). Results are bitwise identical on every rank and from run to run: the order in
-   which the inputs of each element are combined depends only on N. With `deterministic`, allreduce
-   combines them in one fixed binary tree that also dpar_tree_reduce follows, so a gradient summed
-   over L leaves gives the same bits for N = 1, 2, 4, 8 ranks (see docs/comm.md). */
+/* dpar_comm: one rank of a group of N ranks; every call below works the same on every transport.
+   Transports: thread ranks of one process meet at a dpar_group; other transports (MPI, NCCL) make comms of
+             their own.
+   Calls:    collectives take the comm first, then MPI/NCCL's names and order.
+   Contract: every rank of a comm calls the same collectives in the same order with the same count, dtype,
+             op and root. dpar checks it (unless no_check): a disagreement returns DPAR_EMISMATCH on every
+             rank, with a message naming both sides and their source lines.
+   Timeout:  every blocking call gives up after the comm's timeout (30 s by default) with DPAR_ETIMEDOUT,
+             naming the ranks that never arrived.
+   Poison:   after either error, or dpar_comm_abort, every call on the group returns that error: destroy the
+             group and start again (as with NCCL's ncclCommAbort).
+   Counts:   elements. For reduce_scatter and allgather `count` is the TOTAL count; rank r owns block r of
+             dpar_block_range(count, N, r, ...), so any count works (0, less than N, not divisible by N).
+   Results:  bitwise identical on every rank and from run to run: the order in which the inputs of each
+             element are combined depends only on N. With `deterministic`, allreduce combines them in the
+             fixed binary tree that dpar_tree_reduce also follows: a sum over L leaves has the same bits for
+             N = 1, 2, 4, 8 ranks.
+   See:      docs/comm.md ('The calls', 'The contract checker', 'Determinism'). */
 
 typedef enum dpar_dtype {
     DPAR_F32 = 0,
@@ -421,7 +465,7 @@ typedef enum dpar_op {
     DPAR_OP_COUNT = 5
 } dpar_op;
 
-/* The calls the counters and the contract checker know. */
+/* dpar_coll: the calls the counters and the contract checker know. */
 typedef enum dpar_coll {
     DPAR_COLL_SEND = 0,
     DPAR_COLL_RECV,
@@ -436,19 +480,24 @@ typedef enum dpar_coll {
     DPAR_COLL_COUNT
 } dpar_coll;
 
-/* dpar_dtype_size: bytes per element, 0 for a bad dtype. dpar_dtype_name, dpar_op_name,
-   dpar_coll_name: "f32", "sum", "allreduce" ("?" when out of range). Thread safety: any thread. */
+/* dpar_dtype_size / dpar_dtype_name / dpar_op_name / dpar_coll_name: an element's size; the enums' names.
+   Returns:  size: bytes per element, 0 for a bad dtype. The names: "f32", "sum", "allreduce"; "?" when out
+             of range.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_dtype_size(dpar_dtype dtype);
 DPAR_API const char *dpar_dtype_name(dpar_dtype dtype);
 DPAR_API const char *dpar_op_name(dpar_op op);
 DPAR_API const char *dpar_coll_name(dpar_coll coll);
 
-/* dpar_block_range: block `index` of `count` elements cut into `parts` near-equal contiguous blocks
-   (the first count % parts blocks are one longer): the partition of reduce_scatter, allgather and
-   the ring. Thread safety: any thread. */
+/* dpar_block_range: block `index` of `count` elements cut into `parts` near-equal contiguous blocks.
+   offset, length: the block's first element and its length. The first count % parts blocks are one longer.
+   Remarks:  the partition of reduce_scatter, allgather and the ring.
+   Thread safety: any thread. */
 DPAR_API void dpar_block_range(size_t count, int parts, int index, size_t *offset, size_t *length);
 
-/* bf16 and f16 conversions (round to nearest even), as the reductions use them. */
+/* dpar_bf16_to_f32 / dpar_f32_to_bf16 / dpar_f16_to_f32 / dpar_f32_to_f16: the conversions the reductions use.
+   Rounding: to 16 bits, to nearest even.
+   Thread safety: any thread. */
 DPAR_API float dpar_bf16_to_f32(uint16_t h);
 DPAR_API uint16_t dpar_f32_to_bf16(float f);
 DPAR_API float dpar_f16_to_f32(uint16_t h);
@@ -458,6 +507,7 @@ typedef struct dpar_group dpar_group;
 typedef struct dpar_comm dpar_comm;
 typedef struct dpar_request dpar_request;
 
+/* dpar_comm_desc: how to make a group (and its comms); a zero field means its default. */
 typedef struct dpar_comm_desc {
     int size;             /* ranks in the group (threads transport; required, 1..DPAR_MAX_THREADS) */
     int timeout_ms;       /* blocking calls give up after this; 0: DPAR_TIMEOUT_MS, else 30000; -1: never */
@@ -470,31 +520,49 @@ typedef struct dpar_comm_desc {
     dpar_allocator allocator;
 } dpar_comm_desc;
 
-/* dpar_group_create: the meeting point of `desc->size` thread ranks. Each rank's thread then calls
-   dpar_comm_create. The group lives until it is destroyed and its last comm is destroyed.
-   Thread safety: any thread. */
+/* dpar_group_create: make the meeting point of `desc->size` thread ranks; each rank's thread then joins it.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc or out, size < 1, timeout_ms or spin_us below -1, half an
+             allocator), DPAR_ERANGE (size above DPAR_MAX_THREADS), DPAR_EUNSUPPORTED (deterministic with a
+             size that is not a power of two), DPAR_ENOMEM.
+   Remarks:  the group lives until it is destroyed and its last comm is destroyed.
+   Thread safety: any thread.
+   See:      docs/comm.md, 'Thread ranks in five lines'. */
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out);
-/* dpar_group_destroy: drop the creator's reference. Thread safety: any thread, once. */
+/* dpar_group_destroy: drop the creator's reference.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL group).
+   Thread safety: any thread, once. */
 DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
 
-/* dpar_comm_create: join `group` as `rank` (each rank once, from the thread that will use it).
-   Returns at once; the first collective meets the others. Thread safety: any thread. */
+/* dpar_comm_create: join `group` as `rank`; it returns at once, the first collective meets the others.
+   rank:     0..size-1, each rank once, from the thread that will use it.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL group or out, rank out of range), DPAR_EBUSY (the rank has already
+             joined), DPAR_ENOMEM.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **out);
-/* dpar_comm_destroy: leave the group (waits for this rank's async requests). Not collective.
+/* dpar_comm_destroy: leave the group, after waiting for this rank's async requests (not collective).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm).
    Thread safety: the comm's thread, with nothing of this comm in flight. */
 DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm);
-/* dpar_comm_rank / dpar_comm_size: -1 / 0 for NULL. Thread safety: any thread. */
+/* dpar_comm_rank / dpar_comm_size: this rank's index in the comm; the number of ranks N.
+   Returns:  rank: 0..N-1, -1 for NULL. size: N, 0 for NULL.
+   Thread safety: any thread. */
 DPAR_API int dpar_comm_rank(const dpar_comm *comm);
 DPAR_API int dpar_comm_size(const dpar_comm *comm);
-/* dpar_comm_query: the options really used. Thread safety: any thread. */
+/* dpar_comm_query: the options really used.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or used).
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used);
-/* dpar_comm_abort: poison the group: every rank's blocking call returns DPAR_EABORTED now and every
-   later call too. Thread safety: any thread, also one that is not a rank. */
+/* dpar_comm_abort: poison the group: every rank's blocking call returns DPAR_EABORTED, now and later.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm).
+   Thread safety: any thread, also one that is not a rank. */
 DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm);
 
-/* Point-to-point. Messages between two ranks arrive in order; the receiver's count and tag must
-   equal the sender's (checked: DPAR_EMISMATCH). dpar_send returns when the receiver has the data
-   (a synchronous send: a send to oneself is DPAR_EDEADLK, use dpar_sendrecv).
+/* dpar_send / dpar_recv / dpar_sendrecv: point-to-point messages, which arrive in order between two ranks.
+   Macros:   the names below; they call these _at functions with the caller's file and line.
+   count, tag: the receiver's must equal the sender's (checked).
+   Returns:  DPAR_OK; DPAR_EMISMATCH (count or tag differ), DPAR_EDEADLK (a send to oneself: use
+             dpar_sendrecv); the comm's errors (see dpar_comm).
+   Remarks:  dpar_send is synchronous: it returns when the receiver has the data.
    Thread safety: the comm's thread. */
 DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count, dpar_dtype dtype, int peer,
                                   int tag, const char *file, int line);
@@ -504,11 +572,15 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
                                       void *recvbuf, size_t recvcount, int src, dpar_dtype dtype, int tag,
                                       const char *file, int line);
 
-/* Collectives. `send == recv` is in place; other overlaps are DPAR_EINVAL. broadcast: root's send
-   goes to every recv. reduce: the result lands in root's recv (others' recv may be NULL).
-   alltoall: `count` elements from each rank to each rank (send and recv hold N * count).
-   Thread safety: the comm's thread (for a comm with pending async requests, blocking calls first
-   wait for them, so the order of calls is kept). */
+/* dpar_barrier, _broadcast, _reduce, _reduce_scatter, _allgather, _allreduce, _alltoall: the collectives.
+   Macros:   the names below; they call these _at functions with the caller's file and line.
+   send, recv: `send == recv` is in place; other overlaps are DPAR_EINVAL. broadcast: root's send goes to
+             every recv. reduce: the result lands in root's recv (others' recv may be NULL). alltoall: `count`
+             elements from each rank to each rank (send and recv hold N * count).
+   Returns:  DPAR_OK; DPAR_EINVAL (bad arguments, buffers that overlap); the comm's errors (see dpar_comm).
+   Thread safety: the comm's thread. On a comm with pending async requests a blocking call first waits for
+             them, so the order of calls is kept.
+   See:      docs/comm.md, 'The calls'. */
 DPAR_API dpar_status dpar_barrier_at(dpar_comm *comm, const char *file, int line);
 DPAR_API dpar_status dpar_broadcast_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                        dpar_dtype dtype, int root, const char *file, int line);
@@ -523,11 +595,14 @@ DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *
 DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                       dpar_dtype dtype, const char *file, int line);
 
-/* Asynchronous allreduce, reduce-scatter and all-gather: *req is set at once; the buffers belong to
-   dpar until dpar_request_wait returns, or dpar_request_test says done. Requests of one comm run in
-   the order they were made, on a progress thread of the rank; on a comm of one rank, at once, on the
-   calling thread (there is nothing to wait for, and no thread is started). Thread safety: the comm's
-   thread. */
+/* dpar_iallreduce / dpar_ireduce_scatter / dpar_iallgather: start an asynchronous collective.
+   Macros:   the names below; they call these _at functions with the caller's file and line.
+   req:      set at once; finish it with dpar_request_wait or dpar_request_test.
+   send, recv: they belong to dpar until dpar_request_wait returns, or dpar_request_test says done.
+   Remarks:  requests of one comm run in the order they were made, on a progress thread of the rank; on a comm
+             of one rank, at once, on the calling thread (no thread is started).
+   Thread safety: the comm's thread.
+   See:      docs/comm.md, 'Async'. */
 DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                         dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
                                         int line);
@@ -536,13 +611,15 @@ DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, 
                                              int line);
 DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                         dpar_dtype dtype, dpar_request **req, const char *file, int line);
-/* dpar_request_wait: wait, release the request and return its status. dpar_request_test: *done = 1
-   and the same as wait once finished (the request is released), else *done = 0 and DPAR_OK.
+/* dpar_request_wait / dpar_request_test: wait for a request / ask whether it has finished.
+   Returns:  wait: the request's status, and the request is released. test: once finished, *done = 1 and
+             the same as wait (the request is released); else *done = 0 and DPAR_OK. Both: DPAR_EINVAL for
+             a NULL argument.
    Thread safety: the thread that made the request. */
 DPAR_API dpar_status dpar_request_wait(dpar_request *req);
 DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
 
-/* The calls with the caller's file and line, for the contract checker's messages. */
+/* The calls with the caller's file and line, for the contract checker's messages (documented above). */
 #define dpar_send(comm, buf, count, dtype, peer, tag) dpar_send_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
 #define dpar_recv(comm, buf, count, dtype, peer, tag) dpar_recv_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
 #define dpar_sendrecv(comm, sendbuf, sendcount, dst, recvbuf, recvcount, src, dtype, tag) \
@@ -565,23 +642,32 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
 #define dpar_iallgather(comm, send, recv, count, dtype, req) \
     dpar_iallgather_at(comm, send, recv, count, dtype, req, __FILE__, __LINE__)
 
-/* dpar_tree_reduce: out = the leaves combined in the fixed binary tree of the deterministic mode
-   (tree(lo, hi) = tree(lo, mid) op tree(mid, hi), mid = lo + (hi - lo) / 2). A rank that owns leaves
-   [r*L/N, (r+1)*L/N) calls it on them, then a deterministic allreduce with DPAR_SUM finishes the
-   same tree. `out` may be one of the leaves. Thread safety: any thread. */
+/* dpar_tree_reduce: out = the leaves combined in the fixed binary tree of the deterministic mode.
+   Tree:     tree(lo, hi) = tree(lo, mid) op tree(mid, hi), mid = lo + (hi - lo) / 2. A rank that owns leaves
+             [r*L/N, (r+1)*L/N) calls it on them, then a deterministic allreduce with DPAR_SUM finishes the
+             same tree.
+   out:      may be one of the leaves.
+   Returns:  DPAR_OK; DPAR_EINVAL (bad dtype or op, no leaves, a NULL out or leaf).
+   Thread safety: any thread.
+   See:      docs/comm.md, 'Determinism'. */
 DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int num_leaves, size_t count,
                                       dpar_dtype dtype, dpar_op op);
 
-/* dpar_comm_split: like MPI_Comm_split: ranks with the same color form a new comm, ordered by key
-   then old rank; a negative color gives *out = NULL. Collective. Thread safety: the comm's thread. */
+/* dpar_comm_split: like MPI_Comm_split: ranks with the same color form a new comm, ordered by key then old rank.
+   color:    negative: *out = NULL.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out), DPAR_EUNSUPPORTED (a hybrid comm); the comm's errors
+             (see dpar_comm).
+   Thread safety: the comm's thread; collective. */
 DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out);
 
-/* A dp x tp x pp mesh of a world comm of N = dp * tp * pp ranks, Megatron's order: tensor-parallel
-   ranks are neighbours, then data-parallel, pipeline outermost:
-       world = (pp_rank * dp + dp_rank) * tp + tp_rank.
-   The sub-comms are named after the world ("comm.dp", "comm.tp", "comm.pp" for a world named
-   "comm"), in their messages and trace tracks. Collective over `world`. Thread safety: the comm's
-   thread. */
+/* dpar_mesh_create / dpar_mesh_destroy: make / free the dp, tp and pp sub-comms of a dp x tp x pp mesh.
+   world:    N = dp * tp * pp ranks, in Megatron's order: tensor-parallel ranks are neighbours, then
+             data-parallel, pipeline outermost: world = (pp_rank * dp + dp_rank) * tp + tp_rank.
+   Remarks:  the sub-comms are named after the world ("comm.dp", "comm.tp", "comm.pp" for a world named
+             "comm"), in their messages and trace tracks.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL argument, dp * tp * pp not the world's size); the comm's errors.
+   Thread safety: the comm's thread; create is collective over `world`.
+   See:      docs/comm.md, 'Split and mesh'. */
 typedef struct dpar_mesh {
     int dp, tp, pp;
     int dp_rank, tp_rank, pp_rank;
@@ -590,10 +676,13 @@ typedef struct dpar_mesh {
 DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out);
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
 
-/* Counters: what each kind of call moved and how long it took, per rank. busbw follows nccl-tests:
-   algbw = bytes / time with bytes = count * element size (the total count for reduce_scatter and
-   allgather, count * N for alltoall), busbw = algbw * 2(N-1)/N for allreduce, (N-1)/N for
-   reduce_scatter, allgather and alltoall, 1 otherwise. Thread safety: any thread (relaxed reads). */
+/* dpar_comm_stats_get / dpar_comm_stats_reset: read / clear this rank's counters: calls, bytes, time, per call.
+   busbw:    as nccl-tests: algbw = bytes / time with bytes = count * element size (the total count for
+             reduce_scatter and allgather, count * N for alltoall); busbw = algbw * 2(N-1)/N for allreduce,
+             (N-1)/N for reduce_scatter, allgather and alltoall, 1 otherwise.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out).
+   Thread safety: any thread (relaxed reads).
+   See:      docs/comm.md, 'Counters and trace'. */
 typedef struct dpar_comm_counters {
     uint64_t calls, bytes_sent, bytes_received, time_ns;
 } dpar_comm_counters;
@@ -609,23 +698,31 @@ DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm);
 /* ============================================================================================== */
 /* >>gemm: single-precision matrix multiply                                                       */
 /* ============================================================================================== */
-/* Row-major, as CBLAS with CblasRowMajor: C (M x N) = alpha op(A) (M x K) op(B) (K x N) + beta C,
-   op(X) = X or its transpose. lda, ldb, ldc are row strides in elements. beta = 0 ignores C's old
-   contents (NaN included). Under DPAR_OPENBLAS dpar_sgemm is cblas_sgemm; inside a pool thread it
-   first sets OpenBLAS to one thread (OpenBLAS 0.3 has only a process-wide setting), so the pool's
-   threads and OpenBLAS's never fight over the cores: dpar owns the threads. */
+/* The GEMM calls: row-major, as CBLAS with CblasRowMajor: C (M x N) = alpha op(A) (M x K) op(B) (K x N) + beta C.
+   ta, tb:   op(X) = X (DPAR_NO_TRANS) or its transpose (DPAR_TRANS).
+   lda, ldb, ldc: row strides, in elements.
+   beta:     0 ignores C's old contents (NaN included).
+   See:      docs/model_parallel.md, 'GEMM'. */
 typedef enum dpar_trans { DPAR_NO_TRANS = 0, DPAR_TRANS = 1 } dpar_trans;
 
-/* dpar_sgemm: the fast path (OpenBLAS or the built-in kernel). DPAR_EINVAL for negative sizes,
-   leading dimensions too small, NULL matrices. Thread safety: any thread. */
+/* dpar_sgemm: the fast path: OpenBLAS's cblas_sgemm under DPAR_OPENBLAS, else the built-in kernel.
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad trans, negative sizes, leading dimensions too small, NULL matrices).
+   Remarks:  under DPAR_OPENBLAS, called from a pool thread, it first sets OpenBLAS to one thread; OpenBLAS
+             0.3 has only a process-wide setting, so call openblas_set_num_threads(n) again before using
+             OpenBLAS's own threads outside the pool.
+   Thread safety: any thread.
+   See:      docs/model_parallel.md, 'GEMM' (Threads). */
 DPAR_API dpar_status dpar_sgemm(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A, int lda,
                                 const float *B, int ldb, float beta, float *C, int ldc);
 /* dpar_sgemm_builtin: the built-in blocked kernel, always available (tests compare both paths).
+   Returns:  as dpar_sgemm.
    Thread safety: any thread (packing buffers are per thread). */
 DPAR_API dpar_status dpar_sgemm_builtin(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A,
                                         int lda, const float *B, int ldb, float beta, float *C, int ldc);
-/* dpar_sgemm_pool: one GEMM cut over the threads of a pool (by rows of C, or by columns when C is
-   wide), each part a single-threaded dpar_sgemm. Thread safety: as dpar_pool_for. */
+/* dpar_sgemm_pool: one GEMM cut over the threads of a pool, each part a single-threaded dpar_sgemm.
+   Remarks:  cut by rows of C, or by columns when C is wide.
+   Returns:  as dpar_sgemm; DPAR_EINVAL for a NULL pool.
+   Thread safety: as dpar_pool_for. */
 DPAR_API dpar_status dpar_sgemm_pool(dpar_pool *pool, dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha,
                                      const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* dpar_sgemm_ref: the naive triple loop, accumulating in double: the reference of the tests.
@@ -636,9 +733,10 @@ DPAR_API void dpar_sgemm_ref(dpar_trans ta, dpar_trans tb, int M, int N, int K, 
 /* ============================================================================================== */
 /* >>shard: shard plans, tensor-parallel linear layers, ZeRO-1                                    */
 /* ============================================================================================== */
-/* A shard plan cuts a rows x cols row-major tensor over `parts` ranks, by rows or by columns, in the
-   near-equal blocks of dpar_block_range (uneven where the size does not divide). Rank r's shard is
-   stored contiguously, row-major: nrows x ncols of its slice. */
+/* dpar_shard_plan: how a rows x cols row-major tensor is cut over `parts` ranks, by rows or by columns.
+   Blocks:   the near-equal blocks of dpar_block_range (uneven where the size does not divide).
+   Shards:   rank r's shard is stored contiguously, row-major: nrows x ncols of its slice.
+   See:      docs/model_parallel.md, 'Shard plans'. */
 typedef enum dpar_shard_axis { DPAR_SHARD_ROWS = 0, DPAR_SHARD_COLS = 1 } dpar_shard_axis;
 
 typedef struct dpar_shard_plan {
@@ -647,15 +745,23 @@ typedef struct dpar_shard_plan {
     dpar_shard_axis axis;
 } dpar_shard_plan;
 
-/* dpar_shard_plan_make: DPAR_EINVAL for parts < 1, a bad axis, a NULL out. Thread safety: any. */
+/* dpar_shard_plan_make: fill in a plan.
+   Returns:  DPAR_OK; DPAR_EINVAL (parts < 1, a bad axis, a NULL out, rows x cols too large for size_t).
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_shard_plan_make(size_t rows, size_t cols, int parts, dpar_shard_axis axis, dpar_shard_plan *out);
-/* dpar_shard_slice: the slice rank owns: rows [row0, row0 + nrows), cols [col0, col0 + ncols).
-   Returns the element count of the shard (0 for a bad rank). Thread safety: any thread. */
+/* dpar_shard_slice: the slice `rank` owns: rows [row0, row0 + nrows), cols [col0, col0 + ncols).
+   Returns:  the element count of the shard; 0 for a bad rank.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_shard_slice(const dpar_shard_plan *plan, int rank, size_t *row0, size_t *nrows, size_t *col0,
                                  size_t *ncols);
-/* Over a comm of plan->parts ranks (DPAR_EINVAL otherwise). scatter: root's full tensor to every
-   rank's shard; gather: the shards into root's full tensor (others' full may be NULL); allgather:
-   the shards into everyone's full tensor. Collective. Thread safety: the comm's thread. */
+/* dpar_shard_scatter / dpar_shard_gather / dpar_shard_allgather: move a tensor between whole and shards.
+   comm:     plan->parts ranks.
+   scatter:  root's full tensor to every rank's shard.
+   gather:   the shards into root's full tensor (others' full may be NULL).
+   allgather: the shards into everyone's full tensor.
+   Returns:  DPAR_OK; DPAR_EINVAL (a comm not of plan->parts ranks, NULL comm, plan or buffer, a bad dtype or
+             root); DPAR_ENOMEM; the comm's errors.
+   Thread safety: the comm's thread; collective. */
 DPAR_API dpar_status dpar_shard_scatter(dpar_comm *comm, const dpar_shard_plan *plan, const void *full, void *shard,
                                         dpar_dtype dtype, int root);
 DPAR_API dpar_status dpar_shard_gather(dpar_comm *comm, const dpar_shard_plan *plan, const void *shard, void *full,
@@ -663,14 +769,15 @@ DPAR_API dpar_status dpar_shard_gather(dpar_comm *comm, const dpar_shard_plan *p
 DPAR_API dpar_status dpar_shard_allgather(dpar_comm *comm, const dpar_shard_plan *plan, const void *shard, void *full,
                                           dpar_dtype dtype);
 
-/* A linear layer y = x W + b with W (in x out), b (out), batch rows of x: one rank's part of it.
-   FULL: the whole layer, no comm. COLUMN (Megatron's column-parallel): W and b cut by output
-   columns; x (batch x in) is the same on every rank, y (batch x out_local) is this rank's columns;
-   backward allreduces dx. ROW (row-parallel): W cut by input rows; x (batch x in_local) is this
-   rank's columns of the input (what a COLUMN layer and an elementwise activation produce), forward
-   allreduces y (batch x out), then adds b (whole on every rank). A COLUMN layer followed by a ROW
-   layer therefore costs one allreduce in forward and one in backward. Gradients accumulate (+=)
-   until dpar_linear_zero_grad, so micro-batches add up. */
+/* dpar_linear: one rank's part of a linear layer y = x W + b, W (in x out), b (out), `batch` rows of x.
+   FULL:     the whole layer, no comm.
+   COLUMN:   Megatron's column-parallel: W and b cut by output columns; x (batch x in) is the same on every
+             rank, y (batch x out_local) is this rank's columns; backward allreduces dx.
+   ROW:      row-parallel: W cut by input rows; x (batch x in_local) is this rank's columns of the input (what
+             a COLUMN layer and an elementwise activation produce); forward allreduces y (batch x out), then
+             adds b (whole on every rank).
+   Gradients: accumulate (+=) until dpar_linear_zero_grad, so micro-batches add up.
+   See:      docs/model_parallel.md, 'Tensor-parallel linear layers (Megatron-LM)'. */
 typedef enum dpar_linear_mode { DPAR_LINEAR_FULL = 0, DPAR_LINEAR_COLUMN = 1, DPAR_LINEAR_ROW = 2 } dpar_linear_mode;
 
 typedef struct dpar_linear {
@@ -685,24 +792,37 @@ typedef struct dpar_linear {
     dpar_allocator allocator;
 } dpar_linear;
 
-/* dpar_linear_init: allocate this rank's parameters (zero) and gradients. comm: required for
-   COLUMN and ROW (the tp ranks); pool: optional. Thread safety: the rank's thread. */
+/* dpar_linear_init: set up this rank's part of a layer; its parameters (zero) and gradients are allocated.
+   comm:     the tp ranks; required for COLUMN and ROW.
+   pool:     optional: the GEMMs are cut over its threads.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL layer, a bad mode, in or out < 1, COLUMN or ROW without comm),
+             DPAR_ENOMEM.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_linear_init(dpar_linear *layer, dpar_linear_mode mode, int in, int out, int has_bias,
                                       dpar_comm *comm, dpar_pool *pool, const dpar_allocator *allocator);
-/* dpar_linear_set_weights: take this rank's slice of the whole W (in x out) and b (out; may be NULL).
+/* dpar_linear_set_weights: take this rank's slice of the whole W (in x out) and b (out).
+   b_full:   may be NULL.
+   Returns:  DPAR_OK; DPAR_EINVAL (an uninitialised layer, NULL w_full).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_linear_set_weights(dpar_linear *layer, const float *w_full, const float *b_full);
-/* dpar_linear_forward: y = x W + b as above. Collective over comm for ROW. */
+/* dpar_linear_forward: y = x W + b, as the layer's mode says (see dpar_linear).
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad argument); for ROW the comm's errors.
+   Thread safety: the rank's thread; collective over comm for ROW. */
 DPAR_API dpar_status dpar_linear_forward(dpar_linear *layer, const float *x, float *y, int batch);
-/* dpar_linear_backward: given dy, dw += x^T dy, db += column sums of dy, dx = dy W^T (dx may be
-   NULL, on every rank alike, when it is not needed). Collective over comm for COLUMN with dx. */
+/* dpar_linear_backward: given dy, dw += x^T dy, db += column sums of dy, dx = dy W^T.
+   dx:       may be NULL when it is not needed, on every rank alike.
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad argument); for COLUMN with dx the comm's errors.
+   Thread safety: the rank's thread; collective over comm for COLUMN with dx. */
 DPAR_API dpar_status dpar_linear_backward(dpar_linear *layer, const float *x, const float *dy, float *dx, int batch);
+/* dpar_linear_zero_grad / dpar_linear_free: zero dw and db / free what dpar_linear_init allocated.
+   Thread safety: the rank's thread. */
 DPAR_API void dpar_linear_zero_grad(dpar_linear *layer);
 DPAR_API void dpar_linear_free(dpar_linear *layer);
 
-/* ZeRO stage 1 (DeepSpeed): the optimizer state is cut over the data-parallel ranks. A step
-   reduce-scatters the gradients (the average over ranks), updates this rank's block of the
-   parameters with its block of the state, and all-gathers the parameters. */
+/* dpar_zero: ZeRO stage 1 (DeepSpeed): the optimizer state cut over the data-parallel ranks.
+   Step:     reduce-scatter the gradients (the average over ranks), update this rank's block of the parameters
+             with its block of the state, all-gather the parameters.
+   See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'. */
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
 typedef struct dpar_zero_desc {
@@ -717,27 +837,39 @@ typedef struct dpar_zero_desc {
 
 typedef struct dpar_zero dpar_zero;
 
-/* dpar_zero_create: for `count` parameters over the ranks of dp. Thread safety: the rank's thread. */
-DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out);
-/* dpar_zero_step: params (count, the same on every rank) are updated in place from grads (count,
-   this rank's gradient; its own block is overwritten by the averaged gradient). Collective.
+/* dpar_zero_create: a ZeRO-1 optimizer for `count` parameters over the ranks of dp.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL dp, desc or out, a bad kind, lr not positive), DPAR_ENOMEM.
    Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out);
+/* dpar_zero_step: one optimizer step.
+   params:   count floats, the same on every rank; updated in place.
+   grads:    count floats, this rank's gradient; its own block is overwritten by the averaged gradient.
+   Returns:  DPAR_OK; DPAR_EINVAL (a NULL pointer); the comm's errors.
+   Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_zero_step(dpar_zero *zero, float *params, float *grads);
-/* dpar_zero_state_bytes: the optimizer state this rank holds; dpar_zero_shard: its block. */
+/* dpar_zero_state_bytes / dpar_zero_shard: the bytes of optimizer state this rank holds / its block.
+   offset, length: this rank's block of the parameters; either may be NULL.
+   Returns:  state_bytes: 0 for NULL.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_zero_state_bytes(const dpar_zero *zero);
 DPAR_API void dpar_zero_shard(const dpar_zero *zero, size_t *offset, size_t *length);
+/* dpar_zero_destroy: free the optimizer and its state.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL zero).
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
 
 /* ============================================================================================== */
 /* >>pipe: pipeline parallelism: schedules as checked data, the stage runner                      */
 /* ============================================================================================== */
-/* A schedule gives every stage of a p-stage pipeline its ordered list of ops for m micro-batches:
-   forward and backward of (micro-batch, chunk), and the sends and receives of activations and
-   gradients. GPipe: all forwards, then all backwards. 1F1B (PipeDream-flush): p - s - 1 warm-up
-   forwards on stage s, then one forward one backward, then the remaining backwards, so at most p
-   activations are stashed. INTERLEAVED (Megatron): every stage holds v model chunks (virtual stage
-   chunk * p + stage), which divides the bubble by v; needs m a multiple of p. The schedule is plain
-   data: print it, check it, edit it, run it. */
+/* dpar_pipe_schedule: every stage's ordered list of ops for m micro-batches of a p-stage pipeline.
+   Ops:      forward and backward of (micro-batch, chunk), and the sends and receives of activations and
+             gradients. The schedule is plain data: print it, check it, edit it, run it.
+   GPIPE:    all forwards, then all backwards.
+   1F1B:     PipeDream-flush: p - s - 1 warm-up forwards on stage s, then one forward one backward, then the
+             remaining backwards, so at most p activations are stashed.
+   INTERLEAVED: Megatron's: every stage holds v model chunks (virtual stage chunk * p + stage); needs m a
+             multiple of p.
+   See:      docs/pipeline.md, 'Schedules are data' (the bubble of each kind). */
 typedef enum dpar_pipe_kind { DPAR_PIPE_GPIPE = 0, DPAR_PIPE_1F1B = 1, DPAR_PIPE_INTERLEAVED = 2 } dpar_pipe_kind;
 
 typedef enum dpar_pipe_opcode {
@@ -765,29 +897,39 @@ typedef struct dpar_pipe_schedule {
     dpar_allocator allocator;
 } dpar_pipe_schedule;
 
-/* dpar_pipe_schedule_make: the schedule of `kind` (v: chunks per stage, 1 unless INTERLEAVED),
-   already checked. DPAR_EINVAL names what is wrong (p < 1, m < 1, interleaved with m not a multiple
-   of p, ...). Thread safety: any thread. */
+/* dpar_pipe_schedule_make: make the schedule of `kind`, already checked.
+   v:        chunks per stage (1..64); 1 unless INTERLEAVED.
+   Returns:  DPAR_OK; DPAR_EINVAL naming what is wrong (p outside 1..4096, m outside 1..65535, a bad kind or v,
+             interleaved with m not a multiple of p, ...); DPAR_ENOMEM.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind kind, const dpar_allocator *allocator,
                                              dpar_pipe_schedule **out);
-/* dpar_pipe_schedule_check: prove a schedule safe before it runs, or return DPAR_EINVAL with the
-   rule it breaks: each forward and backward exactly once, every backward after its forward, every
-   receive before the compute that needs it and every send after the compute that makes it, sends
-   and receives between neighbouring stages in the same order, and no deadlock (a simulation with
-   the transport's semantics: sends do not block until 4 messages wait on a channel). It also
-   recomputes bubble and peak_stash. Thread safety: any thread (it writes those two fields). */
+/* dpar_pipe_schedule_check: prove a schedule safe before it runs; it also recomputes bubble and peak_stash.
+   Rules:    each forward and backward exactly once, every backward after its forward, every receive before
+             the compute that needs it and every send after the compute that makes it, sends and receives
+             between neighbouring stages in the same order, and no deadlock (a simulation with the
+             transport's semantics: sends do not block until 4 messages wait on a channel).
+   Returns:  DPAR_OK; DPAR_EINVAL with the rule it breaks (or a NULL schedule); DPAR_ENOMEM.
+   Thread safety: any thread (it writes bubble and peak_stash).
+   See:      docs/pipeline.md, 'The checker'. */
 DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
-/* dpar_pipe_schedule_format: the schedule as a text timeline (one line per stage, forward 1 cell,
-   backward 2, idle '.'), like snprintf: returns the length it needs. Thread safety: any thread. */
+/* dpar_pipe_schedule_format: write the schedule as a text timeline.
+   buf:      one line per stage: forward 1 cell, backward 2, idle '.'.
+   Returns:  like snprintf: the length it needs.
+   Thread safety: any thread. */
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *schedule, char *buf, size_t size);
+/* dpar_pipe_schedule_free: free a schedule made by dpar_pipe_schedule_make.
+   Thread safety: any thread, once no runner uses it. */
 DPAR_API void dpar_pipe_schedule_free(dpar_pipe_schedule *schedule);
 
-/* The stage's callbacks, per (micro-batch, chunk). forward: `in` is the activation from the
-   previous virtual stage (NULL on the first: read the micro-batch yourself), write yours to `out`
-   (NULL on the last: compute the loss). backward: `in` is the same activation again, `grad_out`
-   the gradient of your output (NULL on the last: from the loss), write the gradient of your input
-   to `grad_in` (NULL on the first). Accumulate parameter gradients (+=) across micro-batches.
-   Activations and gradients are act_bytes each. Return DPAR_OK or an error (dpar_set_error). */
+/* dpar_pipe_forward_fn / dpar_pipe_backward_fn: the stage's callbacks, per (micro-batch, chunk).
+   forward:  `in` is the activation from the previous virtual stage (NULL on the first: read the micro-batch
+             yourself); write yours to `out` (NULL on the last: compute the loss).
+   backward: `in` is the same activation again, `grad_out` the gradient of your output (NULL on the last: from
+             the loss); write the gradient of your input to `grad_in` (NULL on the first). Accumulate
+             parameter gradients (+=) across micro-batches.
+   Buffers:  activations and gradients are act_bytes each.
+   Returns:  DPAR_OK or an error (dpar_set_error). */
 typedef dpar_status (*dpar_pipe_forward_fn)(void *user, int micro, int chunk, const void *in, void *out);
 typedef dpar_status (*dpar_pipe_backward_fn)(void *user, int micro, int chunk, const void *in, const void *grad_out,
                                              void *grad_in);
@@ -812,23 +954,31 @@ typedef struct dpar_pipe_stats {
     int buffers;             /* activation/gradient buffers this stage has (stable after the first run) */
 } dpar_pipe_stats;
 
-/* dpar_pipe_create: a runner for this stage. Thread safety: the stage's thread. */
+/* dpar_pipe_create: make the runner of this stage.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, a desc without schedule, comm, forward or backward, half an
+             allocator, a comm whose size is not the schedule's p), DPAR_ENOMEM.
+   Thread safety: the stage's thread.
+   See:      docs/pipeline.md, 'The stage runner'. */
 DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **out);
 /* dpar_pipe_run: one step: this stage's ops, in order, over the comm's point-to-point calls.
-   Collective over the comm. A callback's error poisons the comm, so every stage returns it instead
-   of waiting; the run ends with an agreement, so all stages return the same status. stats may be
-   NULL. Thread safety: the stage's thread. */
+   stats:    may be NULL.
+   Returns:  the same status on every stage (the run ends with an agreement): DPAR_OK; a callback's error
+             (it poisons the comm, so no stage waits); DPAR_EINVAL (NULL pipe); the comm's errors.
+   Thread safety: the stage's thread; collective over the comm. */
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
+/* dpar_pipe_destroy: free the runner.
+   Thread safety: the stage's thread. */
 DPAR_API void dpar_pipe_destroy(dpar_pipe *pipe);
 
 /* ============================================================================================== */
 /* >>dp: data-parallel helpers: sampler, gradient buckets, IDX data files                         */
 /* ============================================================================================== */
-/* A sampler shuffles the indices 0..n-1 anew each epoch from (seed, epoch), the same permutation on
-   every rank, and gives rank r its share: the permutation's positions r, r + ranks, r + 2 ranks...
-   Every rank gets the same number of samples, so the ranks stay in step: ceil(n / ranks), wrapping
-   around to the permutation's start (or floor(n / ranks), dropping the rest, with drop_last). The
-   shuffle uses only integer arithmetic: the same indices on every machine. */
+/* dpar_sampler: rank r's share of each epoch: positions r, r + ranks, r + 2 ranks... of a shuffle of 0..n-1.
+   Shuffle:  anew each epoch from (seed, epoch), the same permutation on every rank; integer arithmetic only,
+             so the same indices on every machine.
+   Count:    the same on every rank, so the ranks stay in step: ceil(n / ranks), wrapping around to the
+             permutation's start (or floor(n / ranks), dropping the rest, with drop_last).
+   See:      docs/data_parallel.md, 'The sampler: each rank its share of each epoch'. */
 typedef struct dpar_sampler {
     size_t n, per_rank;
     int ranks, rank, drop_last;
@@ -838,126 +988,148 @@ typedef struct dpar_sampler {
     dpar_allocator allocator;
 } dpar_sampler;
 
-/* dpar_sampler_init: DPAR_EINVAL for n = 0, ranks < 1, a rank outside 0..ranks-1, or drop_last
-   with fewer samples than ranks. Thread safety: the owner's thread. */
+/* dpar_sampler_init: set up the sampler of `rank` of `ranks` over n samples.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL s, n = 0, ranks < 1, a rank outside 0..ranks-1, or drop_last with fewer
+             samples than ranks), DPAR_ENOMEM.
+   Thread safety: the owner's thread. */
 DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int rank, uint64_t seed, int drop_last,
                                        const dpar_allocator *allocator);
-/* dpar_sampler_epoch: *indices = this rank's samples for `epoch` (valid until the next call);
-   returns how many (s->per_rank). Thread safety: the owner's thread. */
+/* dpar_sampler_epoch: this rank's samples for `epoch`.
+   indices:  set to the samples' indices, valid until the next call.
+   Returns:  how many (s->per_rank).
+   Thread safety: the owner's thread. */
 DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t **indices);
+/* dpar_sampler_free: free the sampler's arrays.
+   Thread safety: the owner's thread. */
 DPAR_API void dpar_sampler_free(dpar_sampler *s);
 
-/* Gradient buckets: the gradients are one flat float array; it is cut into buckets of about
-   bucket_bytes (0: 4 MiB). During backward, say which gradients are final with dpar_buckets_ready
-   (in any order and any pieces); a bucket whose every element is final is allreduced at once, on
-   the comm's progress thread, while backward goes on with the layers below. dpar_buckets_wait
-   waits for all of them, so after it every rank holds the reduced gradients (op: usually DPAR_AVG).
-   The ranks must finish buckets in the same order (they do when they run the same backward; the
-   contract checker catches it otherwise). Needs async requests (MPI: MPI_THREAD_MULTIPLE). */
+/* dpar_buckets: gradient buckets: a flat float array of gradients, each bucket allreduced as soon as it is final.
+   Step:     during backward, say which gradients are final with dpar_buckets_ready (in any order and any
+             pieces); a bucket whose every element is final is allreduced at once, on the comm's progress
+             thread, while backward goes on with the layers below. After dpar_buckets_wait every rank holds
+             the reduced gradients.
+   Order:    the ranks must finish buckets in the same order (they do when they run the same backward; the
+             contract checker catches it otherwise).
+   MPI:      needs async requests (MPI_THREAD_MULTIPLE).
+   See:      docs/data_parallel.md, 'Gradient buckets: communication behind backward'. */
 typedef struct dpar_buckets dpar_buckets;
+/* dpar_buckets_create: cut the `count` gradients at `grads` into buckets reduced over `comm` with `op`.
+   bucket_bytes: the size of a bucket, about (0: 4 MiB).
+   op:       usually DPAR_AVG.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out, NULL grads with count > 0, a bad op), DPAR_ENOMEM.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
                                          dpar_buckets **out);
-/* dpar_buckets_ready: grads[offset, offset + count) are final for this step. DPAR_EINVAL for a range
-   outside the array or marked twice in one step. Thread safety: the rank's thread. */
+/* dpar_buckets_ready: grads[offset, offset + count) are final for this step; full buckets start at once.
+   Returns:  DPAR_OK; DPAR_EINVAL (a range outside the array, or marked twice in one step), DPAR_ENOMEM; the
+             comm's errors.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t count);
-/* dpar_buckets_wait: wait for every bucket; DPAR_EINVAL (naming the range) if some gradients were
-   never marked, then nothing is reduced. Starts the next step. Thread safety: the rank's thread. */
+/* dpar_buckets_wait: wait for every bucket and end the step; the next dpar_buckets_ready starts the next one.
+   Returns:  DPAR_OK; DPAR_EINVAL naming the range when some gradients were never marked (then nothing is
+             reduced); the comm's errors.
+   Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
-/* dpar_buckets_wait_range: wait only for the buckets that hold [offset, offset + count): on return
-   those gradients are reduced (with an update: those params updated, on every rank). It does not end
-   the step: dpar_buckets_wait still must, before the next step's first dpar_buckets_ready. So the next
-   forward can start on the first layer while the last buckets are still being reduced. DPAR_EINVAL
-   when the range is outside the gradients or a bucket holding it is not full yet (it would never
-   finish). Thread safety: the rank's thread. */
+/* dpar_buckets_wait_range: wait only for the buckets that hold [offset, offset + count), without ending the step.
+   Remarks:  on return those gradients are reduced (with an update: those params updated, on every rank).
+             dpar_buckets_wait must still end the step, before the next step's first dpar_buckets_ready.
+   Returns:  DPAR_OK; DPAR_EINVAL (the range is outside the gradients, or a bucket holding it is not full yet:
+             it would never finish); the comm's errors.
+   Thread safety: the rank's thread.
+   See:      docs/data_parallel.md, 'Gradient buckets' (the next forward overlapping the last buckets). */
 DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, size_t count);
-/* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style, so that each
-   rank makes 1/N of the optimizer step instead of all of it. A full bucket is then reduce-scattered
-   instead of allreduced; on the comm's progress thread (on a comm of one rank: in dpar_buckets_ready)
-   update(user, offset, count) is called for this rank's block of the bucket, where
-   grads[offset, offset + count) hold the reduced values: it applies the optimizer to
-   params[offset, offset + count) (and to its own state for that range); then the bucket's params
-   are all-gathered. The comm moves the same bytes as the allreduce. After
-   dpar_buckets_wait every rank holds the same updated params; grads are reduced only in this rank's
-   blocks. Since a parameter may change as soon as its gradient is marked ready, mark a layer ready
-   only once backward no longer reads its weights (compute its input gradient first). update runs
-   beside the rank's thread: it must touch only its range. params: count floats, not overlapping
-   grads. Thread ranks of one process may share one params array (the same pointer on every rank):
-   each rank updates its block in place, the all-gather then copies nothing (the ranks still meet,
-   so after dpar_buckets_wait every block is updated) and the model is in memory once. Call between
-   steps (DPAR_EBUSY while gradients of this step are marked); update NULL turns it off. Thread
-   safety: the rank's thread. */
+/* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style: each rank makes 1/N of the step.
+   update:   NULL: off. Else a full bucket is reduce-scattered instead of allreduced; update(user, offset, count)
+             applies the optimizer to params[offset, offset + count) (and to its own state for that range) from
+             grads[offset, offset + count), reduced, for this rank's block of the bucket; then the bucket's
+             params are all-gathered. It runs on the comm's progress thread (on a comm of one rank: in
+             dpar_buckets_ready), beside the rank's thread: it must touch only its range.
+   params:   count floats, not overlapping grads. Thread ranks may share one array (the same pointer on every
+             rank): each updates its block in place and the all-gather copies nothing (the ranks still meet).
+   Results:  after dpar_buckets_wait every rank holds the same updated params; grads are reduced only in this
+             rank's blocks.
+   Marking:  a parameter may change as soon as its gradient is marked ready: mark a layer ready only once
+             backward no longer reads its weights (compute its input gradient first).
+   Returns:  DPAR_OK; DPAR_EBUSY (gradients of this step are marked: call it between steps; or direct buckets
+             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads).
+   Thread safety: the rank's thread.
+   See:      docs/data_parallel.md, 'Buckets that update the parameters too'. */
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
                                              void (*update)(void *user, size_t offset, size_t count), void *user);
-/* dpar_buckets_set_direct: on a comm of thread ranks, reduce the buckets through shared memory on the
-   ranks' own threads instead of with messages on the progress thread. A rank that marks a bucket
-   full says so; whichever rank's dpar_buckets_ready (or wait, or wait_range) next finds that every
-   rank has, reduces its own block of it, reading the other ranks' gradients where they lie, and runs
-   the update on it (dpar_buckets_set_update); the other blocks are then copied from their owners
-   (gradients without an update, params when they are not shared). A rank does its share only inside
-   those three calls, and never waits before dpar_buckets_wait or _wait_range, where it goes on doing
-   its share of every bucket while it waits; so ranks must not block each other in between: call the
-   waits at the same points, relative to the comm's other collectives, on every rank. No thread is
-   woken per bucket: the better choice when the ranks have no spare cores for progress threads (the
-   progress thread overlaps better when they do). After dpar_buckets_wait and dpar_buckets_destroy,
-   whatever they return, no other rank reads this rank's memory (a rank leaving mid-step or on an
-   error poisons the comm, then waits for its readers). Results as without it (the reduction order
-   may differ). Collective: every rank calls it with the same `on`, between steps, after
-   dpar_buckets_set_update (which is DPAR_EBUSY while direct is on); params are shared by all ranks
-   or by none. DPAR_EUNSUPPORTED on an MPI comm; DPAR_EINVAL on every rank when their
-   counts, bucket sizes, ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the
-   comm is poisoned, the others must not wait). Not counted in dpar_comm_stats, not seen by the
-   contract checker. on 0 turns it off. Thread safety: the rank's thread. */
+/* dpar_buckets_set_direct: reduce the buckets of thread ranks through shared memory, on the ranks' own threads.
+   on:       1: instead of the progress thread, each rank reduces its own block of every full bucket (reading
+             the other ranks' gradients where they lie) and runs the update on it; 0: off.
+   Contract: a rank does its share only inside dpar_buckets_ready, _wait and _wait_range, and never waits
+             before the two waits, where it goes on doing its share of every bucket: call the waits at the same
+             points, relative to the comm's other collectives, on every rank.
+   Memory:   after dpar_buckets_wait and dpar_buckets_destroy, whatever they return, no other rank reads this
+             rank's memory.
+   Results:  as without it (the reduction order may differ); not counted in dpar_comm_stats, not seen by the
+             contract checker.
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm); DPAR_EINVAL on every rank when their counts, bucket sizes,
+             ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the comm is poisoned, the
+             others do not wait); DPAR_ENOMEM.
+   Thread safety: the rank's thread; collective: every rank calls it with the same `on`, between steps, after
+             dpar_buckets_set_update (DPAR_EBUSY while direct is on); params are shared by all ranks or none.
+   See:      docs/data_parallel.md, 'Direct buckets' (how it works, and when it beats the progress thread). */
 DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on);
-/* dpar_buckets_count: how many buckets; dpar_buckets_overlap_ns: of the last step, how long
-   buckets were in flight before dpar_buckets_wait was called (the communication hidden behind
-   backward). Thread safety: the rank's thread. */
+/* dpar_buckets_count / dpar_buckets_overlap_ns: the number of buckets / the last step's overlap.
+   Returns:  overlap_ns: how long, in the last step, buckets were in flight before dpar_buckets_wait was
+             called (the communication hidden behind backward). Both: 0 for NULL.
+   Thread safety: the rank's thread. */
 DPAR_API int dpar_buckets_count(const dpar_buckets *b);
 DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b);
+/* dpar_buckets_destroy: wait for the buckets in flight, turn direct buckets off, free.
+   Thread safety: the rank's thread. */
 DPAR_API void dpar_buckets_destroy(dpar_buckets *b);
 
-/* Work stealing between thread ranks (>>steal): a straggler's work finished by the ranks ahead of it.
-   Synchronous data parallelism goes at the pace of the slowest rank, and ranks that share cores
-   with other work (a VM, a busy machine) are often unequal. In each round every rank calls
-   dpar_steal_run with its work as a list of tasks and runs them from the front; a rank that has run
-   out of its own takes tasks from the back of the list with the most left, and runs them with their
-   owner's task and user pointer (thread ranks share memory). The owner's `done` sees each of its
-   tasks in order, on the owner's thread, as soon as it has run wherever it ran: the place to mark
-   gradients ready (dpar_buckets_ready). When a task's result does not depend on the thread that runs
-   it (dpar_sgemm's does not), the results are bitwise the same however the tasks were shared. */
+/* dpar_steal: work stealing between thread ranks (>>steal): a straggler's work finished by the ranks ahead of it.
+   Round:    every rank calls dpar_steal_run with its work as a list of tasks and runs them from the front; a
+             rank that has run out of its own takes tasks from the back of the list with the most left, and
+             runs them with their owner's task and user pointer (thread ranks share memory).
+   done:     the owner's done sees each of its tasks in order, on the owner's thread, as soon as it has run
+             wherever it ran: the place to mark gradients ready (dpar_buckets_ready).
+   Results:  when a task's result does not depend on the thread that runs it (dpar_sgemm's does not), bitwise
+             the same however the tasks were shared.
+   See:      docs/data_parallel.md, 'Work stealing' (why: the pace of the slowest rank). */
 typedef struct dpar_steal dpar_steal;
-/* dpar_steal_create: collective over a comm of thread ranks; DPAR_EUNSUPPORTED (on every rank) on an
-   MPI or hybrid comm. max_tasks (1 to 1048575): the longest list this rank will run. On a comm of
-   one rank nothing is shared and the rounds cost nothing. Thread safety: the rank's thread. */
+/* dpar_steal_create: make this rank's work-stealing state.
+   max_tasks: the longest list this rank will run, 1 to 1048575.
+   Remarks:  on a comm of one rank nothing is shared and the rounds cost nothing.
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (on every rank) on an MPI or hybrid comm; DPAR_EINVAL (NULL comm or
+             out; max_tasks out of range, which poisons the comm); DPAR_ENOMEM.
+   Thread safety: the rank's thread; collective over a comm of thread ranks. */
 DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_steal **out);
-/* dpar_steal_run: one round: run tasks 0..n-1 of this rank, task(user, i, by) for each i, by = the
-   rank whose thread runs it (for per-thread scratch and timers); then done(user, i) (may be NULL) on
-   this thread, in order of i, once tasks 0..i have all run. While others run its last tasks, and
-   after, this rank runs tasks of the others' lists of the same round; it returns once each of its
-   own tasks has run and been seen by done, and every rank has posted its list of the round and none
-   has a task left to take (its last tasks may still be running on their takers). Collective: every
-   rank calls it once per round (n may differ, 0 too); a rank that waits for another to post its
-   list honours the comm's timeout (DPAR_ETIMEDOUT naming that rank) and its poison. A task (or done)
-   that fails ends its list: no more of its tasks start, those running finish, and the owner's call
-   returns the first failure with the message of the thread it failed on. A task must not wait for
-   other ranks (no collectives in it) and must touch only its own part of the owner's memory: it runs
-   beside the owner's other tasks. DPAR_EINVAL for n outside 0..max_tasks or a NULL task (n > 0);
-   then the comm is poisoned, the others must not wait. Thread safety: the rank's thread; task on
-   any rank's thread, done on this one. */
+/* dpar_steal_run: one round: run this rank's tasks 0..n-1, helped by the ranks ahead, and help the others.
+   task:     task(user, i, by) for each i; by = the rank whose thread runs it (for per-thread scratch and
+             timers). It must not wait for other ranks (no collectives in it) and must touch only its own part
+             of the owner's memory: it runs beside the owner's other tasks.
+   done:     may be NULL; done(user, i) runs on this thread, in order of i, once tasks 0..i have all run.
+   Remarks:  while others run its last tasks, and after, this rank runs tasks of the others' lists of the same
+             round. It returns once each of its own tasks has run and been seen by done, and every rank has
+             posted its list of the round and none has a task left to take (a rank's last tasks may still be
+             running on their takers).
+   Returns:  DPAR_OK; the first failure of a task or done, with the message of the thread it failed on (it
+             ends the list: no more of its tasks start, those running finish); DPAR_ETIMEDOUT naming a rank
+             that never posted its list; the comm's poison; DPAR_EINVAL (n outside 0..max_tasks, a NULL task
+             with n > 0), which poisons the comm so that the others do not wait.
+   Thread safety: the rank's thread, once per round on every rank (collective; n may differ, 0 too); task on
+             any rank's thread, done on this one. */
 DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(void *user, int index, int by),
                                     dpar_status (*done)(void *user, int index), void *user);
-/* dpar_steal_counts: since dpar_steal_create, how many tasks of other ranks this rank has run
-   (*taken) and how many of its own other ranks have run (*given); either may be NULL. Thread safety:
-   the rank's thread. */
+/* dpar_steal_counts: since dpar_steal_create, the tasks this rank took and gave.
+   taken:    tasks of other ranks this rank has run; may be NULL.
+   given:    tasks of this rank that other ranks have run; may be NULL.
+   Thread safety: the rank's thread. */
 DPAR_API void dpar_steal_counts(const dpar_steal *s, uint64_t *taken, uint64_t *given);
-/* dpar_steal_destroy: after this rank's last dpar_steal_run (other ranks may still be in theirs).
+/* dpar_steal_destroy: free this rank's state, after its last dpar_steal_run (other ranks may still be in theirs).
    Thread safety: the rank's thread. */
 DPAR_API void dpar_steal_destroy(dpar_steal *s);
 
-/* IDX files (the MNIST format: big-endian magic 0x0000TTDD, TT the type, DD the dimensions, then
-   one big-endian u32 size per dimension, then the data). dpar_idx_load reads u8 (type 0x08) and
-   f32 (0x0D) files into floats (u8 scaled by `scale`, e.g. 1/255), checking every size against
-   the file: a truncated or malformed file is DPAR_ECORRUPT with what is wrong, never a crash.
-   *data is from the allocator (NULL: malloc); free it with dpar_idx_free. Thread safety: any. */
+/* dpar_idx: an IDX file (the MNIST format) loaded as floats.
+   Format:   big-endian magic 0x0000TTDD (TT the type, DD the dimensions), then one big-endian u32 size per
+             dimension, then the data.
+   See:      docs/data_parallel.md, 'IDX files (MNIST)'. */
 typedef struct dpar_idx {
     int ndims;
     uint32_t dims[8];
@@ -965,47 +1137,74 @@ typedef struct dpar_idx {
     float *data;
     dpar_allocator allocator;
 } dpar_idx;
+/* dpar_idx_load: read an IDX file of u8 (type 0x08) or f32 (0x0D) into floats, checking every size against the file.
+   scale:    u8 values are multiplied by it (e.g. 1/255).
+   allocator: where out->data comes from (NULL: malloc); free it with dpar_idx_free.
+   Returns:  DPAR_OK; DPAR_ECORRUPT with what is wrong for a truncated or malformed file (never a crash),
+             DPAR_EUNSUPPORTED (another element type), DPAR_EIO (the file cannot be opened or sized),
+             DPAR_EINVAL (NULL path or out, half an allocator), DPAR_ENOMEM.
+   Thread safety: any thread. */
 DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out);
+/* dpar_idx_free: free idx->data.
+   Thread safety: any thread. */
 DPAR_API void dpar_idx_free(dpar_idx *idx);
 
 /* ============================================================================================== */
 /* >>ckpt: checkpoints                                                                            */
 /* ============================================================================================== */
-/* A checkpoint is named items (parameters, optimizer state, the step counter...). Each rank writes
-   its own items to `path.g<generation>.r<rank>`; then rank 0 writes the manifest `path`, which names
-   the generation and every shard's size and CRC-32: the manifest is the commit point. Every file is
-   written to a temporary name, fsynced and renamed, so a crash at any moment leaves the previous
-   checkpoint whole; old generations are removed once the new manifest is in place. Loading checks
-   the manifest, the shard, every item's name, size and CRC: a damaged or mismatched file is
-   DPAR_ECORRUPT naming what is wrong, never a silent wrong load. */
+/* dpar_ckpt_item: one named item of a checkpoint (parameters, optimizer state, the step counter...).
+   Files:    each rank writes its own items to `path.g<generation>.r<rank>`; then rank 0 writes the manifest
+             `path`, which names the generation and every shard's size and CRC-32: the manifest is the commit
+             point. Old generations are removed once the new manifest is in place.
+   Crashes:  every file is written to a temporary name, fsynced and renamed, so a crash at any moment leaves
+             the previous checkpoint whole.
+   Loading:  checks the manifest, the shard, every item's name, size and CRC: a damaged or mismatched file is
+             DPAR_ECORRUPT naming what is wrong, never a silent wrong load.
+   See:      docs/data_parallel.md, 'Checkpoints'. */
 typedef struct dpar_ckpt_item {
     const char *name; /* at most 63 characters */
     void *data;
     size_t bytes;
 } dpar_ckpt_item;
 
-/* dpar_checkpoint_save / dpar_checkpoint_load: collective over comm (NULL: one process, one rank).
-   Every rank passes its own items (the same names on save and load). load: DPAR_EIO when there is no
-   checkpoint at path (the message says so), DPAR_ECORRUPT as above. Thread safety: the rank's thread. */
+/* dpar_checkpoint_save / dpar_checkpoint_load: write this rank's items as a checkpoint / fill them back from one.
+   comm:     NULL: one process, one rank.
+   items:    this rank's own items, the same names on save and load.
+   Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty; bad items: names of 1..63 characters, unique, data for
+             every byte count); load: DPAR_EIO (no checkpoint at path; the message says so), DPAR_ECORRUPT (see
+             dpar_ckpt_item); DPAR_ENOMEM; the comm's errors. When one rank fails to write or read, every rank
+             returns an error (the others' message says another rank failed).
+   Thread safety: the rank's thread; collective over comm. */
 DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
 DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
-/* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320), continuing from crc (start with 0). */
+/* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320).
+   crc:      the CRC so far, to continue from (start with 0).
+   Thread safety: any thread. */
 DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes);
 
 /* >>mpi: the communicator over MPI (define DPAR_MPI before the include; build with mpicc) */
 #ifdef DPAR_MPI
-/* dpar_comm_from_mpi: a comm on the processes of `mpi_comm` (dpar works on a duplicate, so its
-   messages never meet the program's). Collective over mpi_comm; MPI must be initialised. Every call
-   of the comm API works on it; async requests need MPI_THREAD_MULTIPLE. `desc` may be NULL; its size
-   is ignored. Thread safety: the rank's thread. */
+/* dpar_comm_from_mpi: make a comm on the processes of `mpi_comm`; every call of the comm API works on it.
+   mpi_comm: dpar works on a duplicate, so its messages never meet the program's. MPI must be initialised.
+   desc:     may be NULL; its size is ignored.
+   Remarks:  async requests need MPI_THREAD_MULTIPLE.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, MPI_COMM_NULL, bad timeout_ms or spin_us), DPAR_ESTATE (MPI is not
+             initialised), DPAR_EUNSUPPORTED (deterministic on a number of processes that is not a power of
+             two), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
+   Thread safety: the rank's thread; collective over mpi_comm.
+   See:      docs/mpi.md. */
 DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out);
 
-/* dpar_comm_create_hybrid: a comm whose ranks are (process, thread) pairs, world rank = process *
-   T + thread, where T = local->size threads of every process meet at `local`. Each thread calls it
-   with its thread index; collective over the threads and the processes of `mpi_comm`. Allreduce is
-   hierarchical (threads through shared memory, one leader per process over MPI); the other calls
-   go over MPI. Needs MPI_THREAD_MULTIPLE (DPAR_EUNSUPPORTED otherwise, naming the level MPI gave).
-   Thread safety: the thread of that rank. */
+/* dpar_comm_create_hybrid: make a comm whose ranks are (process, thread) pairs, world rank = process * T + thread.
+   local:    the group where the T = local->size threads of every process meet (the same T everywhere).
+   local_rank: the calling thread's index, 0..T-1.
+   Remarks:  allreduce is hierarchical (threads through shared memory, one leader per process over MPI); the
+             other calls go over MPI.
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (MPI gives less than MPI_THREAD_MULTIPLE, naming the level; deterministic
+             on a size that is not a power of two), DPAR_EINVAL (NULL out or local, processes with different T),
+             DPAR_ESTATE (MPI is not initialised), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
+   Thread safety: the thread of that rank; collective over the threads and the processes of `mpi_comm`.
+   See:      docs/mpi.md, 'Processes x threads: the hybrid comm'. */
 DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *local, int local_rank, dpar_comm **out);
 #endif
 
