@@ -60,7 +60,7 @@
      >>pool       the pool: parallel-for, SPMD run, barrier; task declarations     base
      >>task       (impl) the task graph                                            base, pool
      >>workers    (impl) worker threads, pool create and destroy                   base, pool, task
-     >>dtype      element types, ops, block ranges, bf16/f16, reduction loops      status
+     >>dtype      element types, ops, call kinds, block ranges, bf16/f16, reductions  status
      >>transport  (impl) the transport interface and the comm object               base, dtype
      >>ring       (impl) the collective algorithms, once for every transport       dtype, transport
      >>comm       the communicator API; (impl) its front end                       base, transport, ring
@@ -424,27 +424,8 @@ DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
 
 
 /* ============================================================================================== */
-/* >>comm: communicator, point-to-point, collectives, async requests, split and mesh              */
+/* >>dtype: element types, ops, call kinds, block ranges, bf16/f16, the fixed tree               */
 /* ============================================================================================== */
-/* dpar_comm: one rank of a group of N ranks; every call below works the same on every transport.
-   Transports: thread ranks of one process meet at a dpar_group; other transports (MPI, NCCL) make comms of
-             their own.
-   Calls:    collectives take the comm first, then MPI/NCCL's names and order.
-   Contract: every rank of a comm calls the same collectives in the same order with the same count, dtype,
-             op and root. dpar checks it (unless no_check): a disagreement returns DPAR_EMISMATCH on every
-             rank, with a message naming both sides and their source lines.
-   Timeout:  every blocking call gives up after the comm's timeout (30 s by default) with DPAR_ETIMEDOUT,
-             naming the ranks that never arrived.
-   Poison:   after either error, or dpar_comm_abort, every call on the group returns that error: destroy the
-             group and start again (as with NCCL's ncclCommAbort).
-   Counts:   elements. For reduce_scatter and allgather `count` is the TOTAL count; rank r owns block r of
-             dpar_block_range(count, N, r, ...), so any count works (0, less than N, not divisible by N).
-   Results:  bitwise identical on every rank and from run to run: the order in which the inputs of each
-             element are combined depends only on N. With `deterministic`, allreduce combines them in the
-             fixed binary tree that dpar_tree_reduce also follows: a sum over L leaves has the same bits for
-             N = 1, 2, 4, 8 ranks.
-   See:      docs/comm.md ('The calls', 'The contract checker', 'Determinism'). */
-
 typedef enum dpar_dtype {
     DPAR_F32 = 0,
     DPAR_F64 = 1,
@@ -502,6 +483,39 @@ DPAR_API float dpar_bf16_to_f32(uint16_t h);
 DPAR_API uint16_t dpar_f32_to_bf16(float f);
 DPAR_API float dpar_f16_to_f32(uint16_t h);
 DPAR_API uint16_t dpar_f32_to_f16(float f);
+
+/* dpar_tree_reduce: out = the leaves combined in the fixed binary tree of the deterministic mode.
+   Tree:     tree(lo, hi) = tree(lo, mid) op tree(mid, hi), mid = lo + (hi - lo) / 2. A rank that owns leaves
+             [r*L/N, (r+1)*L/N) calls it on them, then a deterministic allreduce with DPAR_SUM finishes the
+             same tree.
+   out:      may be one of the leaves.
+   Returns:  DPAR_OK; DPAR_EINVAL (bad dtype or op, no leaves, a NULL out or leaf).
+   Thread safety: any thread.
+   See:      docs/comm.md, 'Determinism'. */
+DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int num_leaves, size_t count,
+                                      dpar_dtype dtype, dpar_op op);
+
+/* ============================================================================================== */
+/* >>comm: communicator, point-to-point, collectives, async requests, split and mesh              */
+/* ============================================================================================== */
+/* dpar_comm: one rank of a group of N ranks; every call below works the same on every transport.
+   Transports: thread ranks of one process meet at a dpar_group; other transports (MPI, NCCL) make comms of
+             their own.
+   Calls:    collectives take the comm first, then MPI/NCCL's names and order.
+   Contract: every rank of a comm calls the same collectives in the same order with the same count, dtype,
+             op and root. dpar checks it (unless no_check): a disagreement returns DPAR_EMISMATCH on every
+             rank, with a message naming both sides and their source lines.
+   Timeout:  every blocking call gives up after the comm's timeout (30 s by default) with DPAR_ETIMEDOUT,
+             naming the ranks that never arrived.
+   Poison:   after either error, or dpar_comm_abort, every call on the group returns that error: destroy the
+             group and start again (as with NCCL's ncclCommAbort).
+   Counts:   elements. For reduce_scatter and allgather `count` is the TOTAL count; rank r owns block r of
+             dpar_block_range(count, N, r, ...), so any count works (0, less than N, not divisible by N).
+   Results:  bitwise identical on every rank and from run to run: the order in which the inputs of each
+             element are combined depends only on N. With `deterministic`, allreduce combines them in the
+             fixed binary tree that dpar_tree_reduce also follows: a sum over L leaves has the same bits for
+             N = 1, 2, 4, 8 ranks.
+   See:      docs/comm.md ('The calls', 'The contract checker', 'Determinism'). */
 
 typedef struct dpar_group dpar_group;
 typedef struct dpar_comm dpar_comm;
@@ -642,17 +656,6 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
 #define dpar_iallgather(comm, send, recv, count, dtype, req) \
     dpar_iallgather_at(comm, send, recv, count, dtype, req, __FILE__, __LINE__)
 
-/* dpar_tree_reduce: out = the leaves combined in the fixed binary tree of the deterministic mode.
-   Tree:     tree(lo, hi) = tree(lo, mid) op tree(mid, hi), mid = lo + (hi - lo) / 2. A rank that owns leaves
-             [r*L/N, (r+1)*L/N) calls it on them, then a deterministic allreduce with DPAR_SUM finishes the
-             same tree.
-   out:      may be one of the leaves.
-   Returns:  DPAR_OK; DPAR_EINVAL (bad dtype or op, no leaves, a NULL out or leaf).
-   Thread safety: any thread.
-   See:      docs/comm.md, 'Determinism'. */
-DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int num_leaves, size_t count,
-                                      dpar_dtype dtype, dpar_op op);
-
 /* dpar_comm_split: like MPI_Comm_split: ranks with the same color form a new comm, ordered by key then old rank.
    color:    negative: *out = NULL.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out), DPAR_EUNSUPPORTED (a hybrid comm); the comm's errors
@@ -731,7 +734,7 @@ DPAR_API void dpar_sgemm_ref(dpar_trans ta, dpar_trans tb, int M, int N, int K, 
                              const float *B, int ldb, float beta, float *C, int ldc);
 
 /* ============================================================================================== */
-/* >>shard: shard plans, tensor-parallel linear layers, ZeRO-1                                    */
+/* >>shard: shard plans: scatter, gather, all-gather of row or column blocks                     */
 /* ============================================================================================== */
 /* dpar_shard_plan: how a rows x cols row-major tensor is cut over `parts` ranks, by rows or by columns.
    Blocks:   the near-equal blocks of dpar_block_range (uneven where the size does not divide).
@@ -769,6 +772,9 @@ DPAR_API dpar_status dpar_shard_gather(dpar_comm *comm, const dpar_shard_plan *p
 DPAR_API dpar_status dpar_shard_allgather(dpar_comm *comm, const dpar_shard_plan *plan, const void *shard, void *full,
                                           dpar_dtype dtype);
 
+/* ============================================================================================== */
+/* >>tp: tensor-parallel linear layers (column and row parallel, Megatron-LM)                    */
+/* ============================================================================================== */
 /* dpar_linear: one rank's part of a linear layer y = x W + b, W (in x out), b (out), `batch` rows of x.
    FULL:     the whole layer, no comm.
    COLUMN:   Megatron's column-parallel: W and b cut by output columns; x (batch x in) is the same on every
@@ -819,6 +825,9 @@ DPAR_API dpar_status dpar_linear_backward(dpar_linear *layer, const float *x, co
 DPAR_API void dpar_linear_zero_grad(dpar_linear *layer);
 DPAR_API void dpar_linear_free(dpar_linear *layer);
 
+/* ============================================================================================== */
+/* >>zero: ZeRO-1: the optimizer state sharded over the data-parallel ranks                      */
+/* ============================================================================================== */
 /* dpar_zero: ZeRO stage 1 (DeepSpeed): the optimizer state cut over the data-parallel ranks.
    Step:     reduce-scatter the gradients (the average over ranks), update this rank's block of the parameters
              with its block of the state, all-gather the parameters.
@@ -971,7 +980,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
 DPAR_API void dpar_pipe_destroy(dpar_pipe *pipe);
 
 /* ============================================================================================== */
-/* >>dp: data-parallel helpers: sampler, gradient buckets, IDX data files                         */
+/* >>dp: data-parallel helpers: the sampler, gradient buckets                                     */
 /* ============================================================================================== */
 /* dpar_sampler: rank r's share of each epoch: positions r, r + ranks, r + 2 ranks... of a shuffle of 0..n-1.
    Shuffle:  anew each epoch from (seed, epoch), the same permutation on every rank; integer arithmetic only,
@@ -1083,6 +1092,9 @@ DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b);
    Thread safety: the rank's thread. */
 DPAR_API void dpar_buckets_destroy(dpar_buckets *b);
 
+/* ============================================================================================== */
+/* >>steal: work stealing between thread ranks                                                   */
+/* ============================================================================================== */
 /* dpar_steal: work stealing between thread ranks (>>steal): a straggler's work finished by the ranks ahead of it.
    Round:    every rank calls dpar_steal_run with its work as a list of tasks and runs them from the front; a
              rank that has run out of its own takes tasks from the back of the list with the most left, and
@@ -1126,6 +1138,9 @@ DPAR_API void dpar_steal_counts(const dpar_steal *s, uint64_t *taken, uint64_t *
    Thread safety: the rank's thread. */
 DPAR_API void dpar_steal_destroy(dpar_steal *s);
 
+/* ============================================================================================== */
+/* >>idx: IDX data files (the MNIST format)                                                      */
+/* ============================================================================================== */
 /* dpar_idx: an IDX file (the MNIST format) loaded as floats.
    Format:   big-endian magic 0x0000TTDD (TT the type, DD the dimensions), then one big-endian u32 size per
              dimension, then the data.
@@ -1195,6 +1210,9 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes);
    See:      docs/mpi.md. */
 DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out);
 
+/* ============================================================================================== */
+/* >>hybrid: one comm over processes x threads (DPAR_MPI)                                        */
+/* ============================================================================================== */
 /* dpar_comm_create_hybrid: make a comm whose ranks are (process, thread) pairs, world rank = process * T + thread.
    local:    the group where the T = local->size threads of every process meet (the same T everywhere).
    local_rank: the calling thread's index, 0..T-1.
