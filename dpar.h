@@ -235,13 +235,13 @@ typedef enum dpar_log_level {
 
 /* dpar_log_fn: a log sink; it gets the level, the source position in dpar.h and the formatted message.
    See:      docs/runtime.md, 'Log'. */
-typedef void (*dpar_log_fn)(void *user_data, dpar_log_level level, const char *file, int line,
-                            const char *message);
+typedef void (*dpar_log_fn)(void *user, dpar_log_level level, const char *file, int line, const char *message);
 
 /* dpar_log_set_callback: route log messages to `fn`.
    fn:       NULL: back to stderr. It may be called from any thread, from several at once.
+   user:     passed to fn as its first argument.
    Thread safety: any thread. */
-DPAR_API void dpar_log_set_callback(dpar_log_fn fn, void *user_data);
+DPAR_API void dpar_log_set_callback(dpar_log_fn fn, void *user);
 /* dpar_log_set_level / dpar_log_get_level: set or read the level above which messages are dropped.
    level:    the default is the DPAR_LOG environment variable, else DPAR_LOG_WARN; this call wins over DPAR_LOG.
    Thread safety: any thread. */
@@ -256,14 +256,19 @@ DPAR_API void dpar_log_message(dpar_log_level level, const char *file, int line,
 /* ============================================================================================== */
 /* >>alloc: allocator hook                                                                        */
 /* ============================================================================================== */
-/* dpar_allocator: the allocation hook of the description structs.
+/* dpar_allocator_alloc_fn / dpar_allocator_free_fn: allocate `size` bytes (NULL when out of memory) / free
+   what alloc returned. user: the allocator's `user` field. */
+typedef void *(*dpar_allocator_alloc_fn)(void *user, size_t size);
+typedef void (*dpar_allocator_free_fn)(void *user, void *ptr);
+
+/* dpar_allocator: the allocation hook of the description structs (their `allocator` field).
    alloc, free: both set, or both NULL for malloc/free. `alloc` needs only malloc's alignment: dpar
              over-allocates for the 64-byte aligned blocks it wants.
    See:      docs/runtime.md, 'Allocator and assert hooks'. */
 typedef struct dpar_allocator {
-    void *(*alloc)(size_t size, void *user_data);
-    void (*free)(void *ptr, void *user_data);
-    void *user_data;
+    dpar_allocator_alloc_fn alloc;
+    dpar_allocator_free_fn free;
+    void *user;
 } dpar_allocator;
 
 /* ============================================================================================== */
@@ -320,8 +325,8 @@ typedef struct dpar_pool_desc {
 DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **out);
 
 /* dpar_pool_destroy: finish running tasks, cancel those not started, join the workers and free the pool.
-   Returns:  DPAR_OK; DPAR_ECANCELED (tasks were cancelled; the pool is freed either way), DPAR_EBUSY (called
-             from one of the pool's own threads; the pool is kept), DPAR_EINVAL (NULL pool).
+   Returns:  DPAR_OK (also for NULL); DPAR_ECANCELED (tasks were cancelled; the pool is freed either way),
+             DPAR_EBUSY (called from one of the pool's own threads; the pool is kept).
    Thread safety: one thread, with no other call on this pool in flight or to come. */
 DPAR_API dpar_status dpar_pool_destroy(dpar_pool *pool);
 
@@ -337,9 +342,9 @@ DPAR_API dpar_status dpar_pool_query(const dpar_pool *pool, dpar_pool_desc *used
 DPAR_API int dpar_pool_num_threads(const dpar_pool *pool);
 DPAR_API int dpar_pool_thread_index(const dpar_pool *pool);
 
-/* dpar_for_fn: the body of a parallel-for: handle iterations [begin, end).
+/* dpar_pool_for_fn: the body of a parallel-for: handle iterations [begin, end).
    thread:   the index (0..T-1) of the thread running it, for per-thread scratch. */
-typedef void (*dpar_for_fn)(void *user, int64_t begin, int64_t end, int thread);
+typedef void (*dpar_pool_for_fn)(void *user, int64_t begin, int64_t end, int thread);
 
 /* dpar_pool_for / dpar_pool_for_dynamic: run fn over iterations [0, n) on the pool's threads and wait for it.
    Schedule: dpar_pool_for: static, thread t handles the t-th of T near-equal contiguous blocks.
@@ -350,13 +355,13 @@ typedef void (*dpar_for_fn)(void *user, int64_t begin, int64_t end, int thread);
    Thread safety: any thread; concurrent callers from outside take turns; from one of the pool's own threads
              the loop runs inline (in chunks of `grain`).
    See:      docs/pool.md, 'Parallel-for'. */
-DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_for_fn fn, void *user);
-DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_for_fn fn,
+DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_pool_for_fn fn, void *user);
+DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_pool_for_fn fn,
                                            void *user);
 
-/* dpar_run_fn: the body of an SPMD run, on thread `thread` of `num_threads`.
+/* dpar_pool_run_fn: the body of an SPMD run, on thread `thread` of `num_threads`.
    Returns:  DPAR_OK or an error (dpar_set_error gives it its text). */
-typedef dpar_status (*dpar_run_fn)(void *user, int thread, int num_threads);
+typedef dpar_status (*dpar_pool_run_fn)(void *user, int thread, int num_threads);
 
 /* dpar_pool_run: run fn on all T threads at once and wait for all of them (how a thread-rank trainer starts).
    fn:       called on every thread; the caller is thread 0.
@@ -364,7 +369,7 @@ typedef dpar_status (*dpar_run_fn)(void *user, int thread, int num_threads);
              DPAR_EBUSY from one of the pool's own threads; DPAR_EINVAL (NULL pool or fn).
    Thread safety: any thread; concurrent callers from outside take turns.
    See:      docs/pool.md, 'SPMD run and barrier'. */
-DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_run_fn fn, void *user);
+DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *user);
 
 /* dpar_pool_barrier: inside dpar_pool_run, wait until all T threads have called it.
    Returns:  DPAR_OK; DPAR_ESTATE (outside a run, or from a thread not in it), DPAR_EINVAL (NULL pool).
@@ -543,7 +548,7 @@ typedef struct dpar_comm_desc {
    See:      docs/comm.md, 'Thread ranks in five lines'. */
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out);
 /* dpar_group_destroy: drop the creator's reference.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL group).
+   Returns:  DPAR_OK (also for NULL).
    Thread safety: any thread, once. */
 DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
 
@@ -554,7 +559,7 @@ DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **out);
 /* dpar_comm_destroy: leave the group, after waiting for this rank's async requests (not collective).
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm).
+   Returns:  DPAR_OK (also for NULL).
    Thread safety: the comm's thread, with nothing of this comm in flight. */
 DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm);
 /* dpar_comm_rank / dpar_comm_size: this rank's index in the comm; the number of ranks N.
@@ -669,6 +674,7 @@ DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_c
    Remarks:  the sub-comms are named after the world ("comm.dp", "comm.tp", "comm.pp" for a world named
              "comm"), in their messages and trace tracks.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL argument, dp * tp * pp not the world's size); the comm's errors.
+             destroy: DPAR_OK for NULL or a zeroed mesh; the first error of the sub-comms' destroy; it zeroes *mesh.
    Thread safety: the comm's thread; create is collective over `world`.
    See:      docs/comm.md, 'Split and mesh'. */
 typedef struct dpar_mesh {
@@ -820,10 +826,11 @@ DPAR_API dpar_status dpar_linear_forward(dpar_linear *layer, const float *x, flo
    Returns:  DPAR_OK; DPAR_EINVAL (a bad argument); for COLUMN with dx the comm's errors.
    Thread safety: the rank's thread; collective over comm for COLUMN with dx. */
 DPAR_API dpar_status dpar_linear_backward(dpar_linear *layer, const float *x, const float *dy, float *dx, int batch);
-/* dpar_linear_zero_grad / dpar_linear_free: zero dw and db / free what dpar_linear_init allocated.
+/* dpar_linear_zero_grad / dpar_linear_destroy: zero dw and db / free what dpar_linear_init allocated.
+   Returns:  destroy: DPAR_OK (also for NULL or a zeroed layer); it zeroes *layer.
    Thread safety: the rank's thread. */
 DPAR_API void dpar_linear_zero_grad(dpar_linear *layer);
-DPAR_API void dpar_linear_free(dpar_linear *layer);
+DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
 
 /* ============================================================================================== */
 /* >>zero: ZeRO-1: the optimizer state sharded over the data-parallel ranks                      */
@@ -863,7 +870,7 @@ DPAR_API dpar_status dpar_zero_step(dpar_zero *zero, float *params, float *grads
 DPAR_API size_t dpar_zero_state_bytes(const dpar_zero *zero);
 DPAR_API void dpar_zero_shard(const dpar_zero *zero, size_t *offset, size_t *length);
 /* dpar_zero_destroy: free the optimizer and its state.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL zero).
+   Returns:  DPAR_OK (also for NULL).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
 
@@ -927,9 +934,10 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
    Returns:  like snprintf: the length it needs.
    Thread safety: any thread. */
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *schedule, char *buf, size_t size);
-/* dpar_pipe_schedule_free: free a schedule made by dpar_pipe_schedule_make.
+/* dpar_pipe_schedule_destroy: free a schedule made by dpar_pipe_schedule_make.
+   Returns:  DPAR_OK (also for NULL).
    Thread safety: any thread, once no runner uses it. */
-DPAR_API void dpar_pipe_schedule_free(dpar_pipe_schedule *schedule);
+DPAR_API dpar_status dpar_pipe_schedule_destroy(dpar_pipe_schedule *schedule);
 
 /* dpar_pipe_forward_fn / dpar_pipe_backward_fn: the stage's callbacks, per (micro-batch, chunk).
    forward:  `in` is the activation from the previous virtual stage (NULL on the first: read the micro-batch
@@ -976,8 +984,9 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **ou
    Thread safety: the stage's thread; collective over the comm. */
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
 /* dpar_pipe_destroy: free the runner.
+   Returns:  DPAR_OK (also for NULL).
    Thread safety: the stage's thread. */
-DPAR_API void dpar_pipe_destroy(dpar_pipe *pipe);
+DPAR_API dpar_status dpar_pipe_destroy(dpar_pipe *pipe);
 
 /* ============================================================================================== */
 /* >>dp: data-parallel helpers: the sampler, gradient buckets                                     */
@@ -1008,9 +1017,10 @@ DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int
    Returns:  how many (s->per_rank).
    Thread safety: the owner's thread. */
 DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t **indices);
-/* dpar_sampler_free: free the sampler's arrays.
+/* dpar_sampler_destroy: free the sampler's arrays and zero *s.
+   Returns:  DPAR_OK (also for NULL or a zeroed sampler).
    Thread safety: the owner's thread. */
-DPAR_API void dpar_sampler_free(dpar_sampler *s);
+DPAR_API dpar_status dpar_sampler_destroy(dpar_sampler *s);
 
 /* dpar_buckets: gradient buckets: a flat float array of gradients, each bucket allreduced as soon as it is final.
    Step:     during backward, say which gradients are final with dpar_buckets_ready (in any order and any
@@ -1047,6 +1057,8 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b);
    Thread safety: the rank's thread.
    See:      docs/data_parallel.md, 'Gradient buckets' (the next forward overlapping the last buckets). */
 DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, size_t count);
+/* dpar_buckets_update_fn: the optimizer step of dpar_buckets_set_update on params[offset, offset + count). */
+typedef void (*dpar_buckets_update_fn)(void *user, size_t offset, size_t count);
 /* dpar_buckets_set_update: the buckets update the parameters too, ZeRO-1 style: each rank makes 1/N of the step.
    update:   NULL: off. Else a full bucket is reduce-scattered instead of allreduced; update(user, offset, count)
              applies the optimizer to params[offset, offset + count) (and to its own state for that range) from
@@ -1063,8 +1075,7 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
              are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads).
    Thread safety: the rank's thread.
    See:      docs/data_parallel.md, 'Buckets that update the parameters too'. */
-DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
-                                             void (*update)(void *user, size_t offset, size_t count), void *user);
+DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user);
 /* dpar_buckets_set_direct: reduce the buckets of thread ranks through shared memory, on the ranks' own threads.
    on:       1: instead of the progress thread, each rank reduces its own block of every full bucket (reading
              the other ranks' gradients where they lie) and runs the update on it; 0: off.
@@ -1089,8 +1100,9 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on);
 DPAR_API int dpar_buckets_count(const dpar_buckets *b);
 DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b);
 /* dpar_buckets_destroy: wait for the buckets in flight, turn direct buckets off, free.
+   Returns:  DPAR_OK (also for NULL); the first error of a bucket that was still in flight (freed all the same).
    Thread safety: the rank's thread. */
-DPAR_API void dpar_buckets_destroy(dpar_buckets *b);
+DPAR_API dpar_status dpar_buckets_destroy(dpar_buckets *b);
 
 /* ============================================================================================== */
 /* >>steal: work stealing between thread ranks                                                   */
@@ -1112,6 +1124,10 @@ typedef struct dpar_steal dpar_steal;
              out; max_tasks out of range, which poisons the comm); DPAR_ENOMEM.
    Thread safety: the rank's thread; collective over a comm of thread ranks. */
 DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_steal **out);
+/* dpar_steal_task_fn / dpar_steal_done_fn: a task of dpar_steal_run, run by rank `by`; the owner's note that
+   task `index` has run. Returns: DPAR_OK or an error (dpar_set_error). */
+typedef dpar_status (*dpar_steal_task_fn)(void *user, int index, int by);
+typedef dpar_status (*dpar_steal_done_fn)(void *user, int index);
 /* dpar_steal_run: one round: run this rank's tasks 0..n-1, helped by the ranks ahead, and help the others.
    task:     task(user, i, by) for each i; by = the rank whose thread runs it (for per-thread scratch and
              timers). It must not wait for other ranks (no collectives in it) and must touch only its own part
@@ -1127,16 +1143,17 @@ DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_stea
              with n > 0), which poisons the comm so that the others do not wait.
    Thread safety: the rank's thread, once per round on every rank (collective; n may differ, 0 too); task on
              any rank's thread, done on this one. */
-DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(void *user, int index, int by),
-                                    dpar_status (*done)(void *user, int index), void *user);
+DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn task, dpar_steal_done_fn done,
+                                    void *user);
 /* dpar_steal_counts: since dpar_steal_create, the tasks this rank took and gave.
    taken:    tasks of other ranks this rank has run; may be NULL.
    given:    tasks of this rank that other ranks have run; may be NULL.
    Thread safety: the rank's thread. */
 DPAR_API void dpar_steal_counts(const dpar_steal *s, uint64_t *taken, uint64_t *given);
 /* dpar_steal_destroy: free this rank's state, after its last dpar_steal_run (other ranks may still be in theirs).
+   Returns:  DPAR_OK (also for NULL).
    Thread safety: the rank's thread. */
-DPAR_API void dpar_steal_destroy(dpar_steal *s);
+DPAR_API dpar_status dpar_steal_destroy(dpar_steal *s);
 
 /* ============================================================================================== */
 /* >>idx: IDX data files (the MNIST format)                                                      */
@@ -1154,15 +1171,16 @@ typedef struct dpar_idx {
 } dpar_idx;
 /* dpar_idx_load: read an IDX file of u8 (type 0x08) or f32 (0x0D) into floats, checking every size against the file.
    scale:    u8 values are multiplied by it (e.g. 1/255).
-   allocator: where out->data comes from (NULL: malloc); free it with dpar_idx_free.
+   allocator: where out->data comes from (NULL: malloc); free it with dpar_idx_destroy.
    Returns:  DPAR_OK; DPAR_ECORRUPT with what is wrong for a truncated or malformed file (never a crash),
              DPAR_EUNSUPPORTED (another element type), DPAR_EIO (the file cannot be opened or sized),
              DPAR_EINVAL (NULL path or out, half an allocator), DPAR_ENOMEM.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out);
-/* dpar_idx_free: free idx->data.
+/* dpar_idx_destroy: free idx->data and zero *idx.
+   Returns:  DPAR_OK (also for NULL or a zeroed dpar_idx).
    Thread safety: any thread. */
-DPAR_API void dpar_idx_free(dpar_idx *idx);
+DPAR_API dpar_status dpar_idx_destroy(dpar_idx *idx);
 
 /* ============================================================================================== */
 /* >>ckpt: checkpoints                                                                            */
@@ -1182,7 +1200,7 @@ typedef struct dpar_ckpt_item {
     size_t bytes;
 } dpar_ckpt_item;
 
-/* dpar_checkpoint_save / dpar_checkpoint_load: write this rank's items as a checkpoint / fill them back from one.
+/* dpar_ckpt_save / dpar_ckpt_load: write this rank's items as a checkpoint / fill them back from one.
    comm:     NULL: one process, one rank.
    items:    this rank's own items, the same names on save and load.
    Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty; bad items: names of 1..63 characters, unique, data for
@@ -1190,8 +1208,8 @@ typedef struct dpar_ckpt_item {
              dpar_ckpt_item); DPAR_ENOMEM; the comm's errors. When one rank fails to write or read, every rank
              returns an error (the others' message says another rank failed).
    Thread safety: the rank's thread; collective over comm. */
-DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
-DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
+DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
+DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
 /* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320).
    crc:      the CRC so far, to continue from (start with 0).
    Thread safety: any thread. */
@@ -1417,11 +1435,11 @@ DPAR_API void dpar_log_set_level(dpar_log_level level)
     DPAR__STORE(&dpar__log_level, l, DPAR__RELAXED);
 }
 
-DPAR_API void dpar_log_set_callback(dpar_log_fn fn, void *user_data)
+DPAR_API void dpar_log_set_callback(dpar_log_fn fn, void *user)
 {
     pthread_mutex_lock(&dpar__log_mutex);
     dpar__log_fn = fn;
-    dpar__log_user = user_data;
+    dpar__log_user = user;
     pthread_mutex_unlock(&dpar__log_mutex);
 }
 
@@ -1452,7 +1470,7 @@ static void *dpar__alloc(const dpar_allocator *a, size_t size)
     unsigned char *raw, *p;
     if (size > SIZE_MAX - DPAR__CACHE_LINE - sizeof(void *)) return NULL;
     total = size + DPAR__CACHE_LINE + sizeof(void *);
-    raw = (unsigned char *)(a && a->alloc ? a->alloc(total, a->user_data) : malloc(total));
+    raw = (unsigned char *)(a && a->alloc ? a->alloc(a->user, total) : malloc(total));
     if (!raw) return NULL;
     p = (unsigned char *)(((uintptr_t)raw + sizeof(void *) + DPAR__CACHE_LINE - 1) &
                           ~(uintptr_t)(DPAR__CACHE_LINE - 1));
@@ -1475,7 +1493,7 @@ static void dpar__free(const dpar_allocator *a, void *p)
     if (!p) return;
     memcpy(&raw, (unsigned char *)p - sizeof(void *), sizeof raw);
     if (a && a->free)
-        a->free(raw, a->user_data);
+        a->free(a->user, raw);
     else
         free(raw);
 }
@@ -1845,8 +1863,8 @@ struct dpar_pool {
     uint32_t wake_sleepers;
     int job_kind;
     int64_t job_n, job_grain, job_chunks;
-    dpar_for_fn job_for;
-    dpar_run_fn job_run;
+    dpar_pool_for_fn job_for;
+    dpar_pool_run_fn job_run;
     void *job_user;
     int in_run;
     int shutdown;
@@ -2039,7 +2057,7 @@ static void dpar__fork(dpar_pool *p)
         dpar__wait_while(&p->join_pending, left, &p->join_sleepers, p->spin, 0, NULL);
 }
 
-static dpar_status dpar__for(dpar_pool *pool, int64_t n, int64_t grain, int dynamic, dpar_for_fn fn,
+static dpar_status dpar__for(dpar_pool *pool, int64_t n, int64_t grain, int dynamic, dpar_pool_for_fn fn,
                              void *user, const char *api)
 {
     uint64_t t0;
@@ -2075,18 +2093,18 @@ static dpar_status dpar__for(dpar_pool *pool, int64_t n, int64_t grain, int dyna
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_for_fn fn, void *user)
+DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_pool_for_fn fn, void *user)
 {
     return dpar__for(pool, n, 0, 0, fn, user, "dpar_pool_for");
 }
 
-DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_for_fn fn,
+DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_pool_for_fn fn,
                                            void *user)
 {
     return dpar__for(pool, n, grain, 1, fn, user, "dpar_pool_for_dynamic");
 }
 
-DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_run_fn fn, void *user)
+DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *user)
 {
     int i;
     uint64_t t0;
@@ -2712,7 +2730,7 @@ DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **ou
 DPAR_API dpar_status dpar_pool_destroy(dpar_pool *pool)
 {
     uint32_t cancelled;
-    if (!pool) return dpar__err(DPAR_EINVAL, "dpar_pool_destroy: pool is NULL");
+    if (!pool) return DPAR_OK;
     if (dpar__in_pool(pool))
         return dpar__err(DPAR_EBUSY, "dpar_pool_destroy: called from thread %d of the pool itself; the pool is kept",
                          dpar__tls_index);
@@ -4181,7 +4199,7 @@ static void dpar__comm_free(dpar_comm *c)
 
 DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm)
 {
-    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_destroy: comm is NULL");
+    if (!comm) return DPAR_OK;
     dpar__comm_wait_async(comm);
     if (comm->thread_started) {
         DPAR__STORE(&comm->stop, 1, DPAR__RELEASE);
@@ -4327,12 +4345,16 @@ DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, 
 
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh)
 {
-    if (!mesh) return dpar__err(DPAR_EINVAL, "dpar_mesh_destroy: mesh is NULL");
-    if (mesh->tp_comm) dpar_comm_destroy(mesh->tp_comm);
-    if (mesh->dp_comm) dpar_comm_destroy(mesh->dp_comm);
-    if (mesh->pp_comm) dpar_comm_destroy(mesh->pp_comm);
-    mesh->tp_comm = mesh->dp_comm = mesh->pp_comm = NULL;
-    return DPAR_OK;
+    dpar_status st = DPAR_OK, st2;
+    if (!mesh) return DPAR_OK;
+    st2 = dpar_comm_destroy(mesh->tp_comm);
+    if (st == DPAR_OK) st = st2;
+    st2 = dpar_comm_destroy(mesh->dp_comm);
+    if (st == DPAR_OK) st = st2;
+    st2 = dpar_comm_destroy(mesh->pp_comm);
+    if (st == DPAR_OK) st = st2;
+    memset(mesh, 0, sizeof *mesh);
+    return st;
 }
 
 /* >>async: asynchronous requests: one progress thread per rank runs them in order --------------- */
@@ -4912,7 +4934,7 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
 
 DPAR_API dpar_status dpar_group_destroy(dpar_group *group)
 {
-    if (!group) return dpar__err(DPAR_EINVAL, "dpar_group_destroy: group is NULL");
+    if (!group) return DPAR_OK;
     dpar__group_unref(group);
     return DPAR_OK;
 }
@@ -5556,7 +5578,7 @@ DPAR_API dpar_status dpar_linear_init(dpar_linear *l, dpar_linear_mode mode, int
     l->b = (float *)dpar__calloc(&l->allocator, (size_t)l->bias_local + 1, sizeof(float));
     l->db = (float *)dpar__calloc(&l->allocator, (size_t)l->bias_local + 1, sizeof(float));
     if (!l->w || !l->dw || !l->b || !l->db) {
-        dpar_linear_free(l);
+        dpar_linear_destroy(l);
         return dpar__err(DPAR_ENOMEM, "dpar_linear_init: out of memory");
     }
     if (!has_bias) {
@@ -5620,14 +5642,15 @@ DPAR_API void dpar_linear_zero_grad(dpar_linear *l)
     if (l->db) memset(l->db, 0, (size_t)l->bias_local * sizeof(float));
 }
 
-DPAR_API void dpar_linear_free(dpar_linear *l)
+DPAR_API dpar_status dpar_linear_destroy(dpar_linear *l)
 {
-    if (!l) return;
+    if (!l) return DPAR_OK;
     dpar__free(&l->allocator, l->w);
     dpar__free(&l->allocator, l->dw);
     dpar__free(&l->allocator, l->b);
     dpar__free(&l->allocator, l->db);
-    l->w = l->dw = l->b = l->db = NULL;
+    memset(l, 0, sizeof *l);
+    return DPAR_OK;
 }
 
 /* >>zero: ZeRO-1: sharded optimizer state ------------------------------------------------------- */
@@ -5711,7 +5734,7 @@ DPAR_API void dpar_zero_shard(const dpar_zero *z, size_t *offset, size_t *length
 DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
 {
     dpar_allocator a;
-    if (!z) return dpar__err(DPAR_EINVAL, "dpar_zero_destroy: zero is NULL");
+    if (!z) return DPAR_OK;
     a = z->d.allocator;
     dpar__free(&a, z->m);
     dpar__free(&a, z->v);
@@ -6052,11 +6075,11 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
     return DPAR_OK;
 }
 
-DPAR_API void dpar_pipe_schedule_free(dpar_pipe_schedule *S)
+DPAR_API dpar_status dpar_pipe_schedule_destroy(dpar_pipe_schedule *S)
 {
     int s;
     dpar_allocator a;
-    if (!S) return;
+    if (!S) return DPAR_OK;
     a = S->allocator;
     if (S->ops)
         for (s = 0; s < S->p; s++) dpar__free(&a, S->ops[s]);
@@ -6064,6 +6087,7 @@ DPAR_API void dpar_pipe_schedule_free(dpar_pipe_schedule *S)
     dpar__free(&a, S->num_ops);
     dpar__free(&a, S->peak_stash);
     dpar__free(&a, S);
+    return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind kind, const dpar_allocator *allocator,
@@ -6101,17 +6125,17 @@ DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind
     S->peak_stash = (int *)dpar__calloc(&a, (size_t)p, sizeof(int));
     S->ops = (dpar_pipe_op **)dpar__calloc(&a, (size_t)p, sizeof(dpar_pipe_op *));
     if (!S->num_ops || !S->peak_stash || !S->ops) {
-        dpar_pipe_schedule_free(S);
+        dpar_pipe_schedule_destroy(S);
         return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
     }
     for (s = 0; s < p; s++)
         if (!(S->ops[s] = (dpar_pipe_op *)dpar__calloc(&a, (size_t)m * (size_t)v * 6, sizeof(dpar_pipe_op)))) {
-            dpar_pipe_schedule_free(S);
+            dpar_pipe_schedule_destroy(S);
             return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
         }
     dpar__pipe_generate(S);
     if ((st = dpar_pipe_schedule_check(S)) != DPAR_OK) { /* dpar's own schedules always pass */
-        dpar_pipe_schedule_free(S);
+        dpar_pipe_schedule_destroy(S);
         return st;
     }
     *out = S;
@@ -6240,14 +6264,15 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *d, dpar_pipe **out)
     return DPAR_OK;
 }
 
-DPAR_API void dpar_pipe_destroy(dpar_pipe *pp)
+DPAR_API dpar_status dpar_pipe_destroy(dpar_pipe *pp)
 {
     int i;
-    if (!pp) return;
+    if (!pp) return DPAR_OK;
     for (i = 0; i < pp->nbufs; i++) dpar__free(&pp->d.allocator, pp->all_bufs[i]);
     dpar__free(&pp->d.allocator, pp->free_bufs);
     dpar__free(&pp->d.allocator, pp->stash);
     dpar__free(&pp->d.allocator, pp);
+    return DPAR_OK;
 }
 
 /* post a made buffer to a neighbour; the buffer posted DPAR__QDEPTH messages ago is free again
@@ -6411,7 +6436,7 @@ DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int
     s->perm = (size_t *)dpar__alloc(&s->allocator, n * sizeof(size_t));
     s->mine = (size_t *)dpar__alloc(&s->allocator, s->per_rank * sizeof(size_t));
     if (!s->perm || !s->mine) {
-        dpar_sampler_free(s);
+        dpar_sampler_destroy(s);
         return dpar__err(DPAR_ENOMEM, "dpar_sampler_init: out of memory for %zu samples", n);
     }
     return DPAR_OK;
@@ -6437,12 +6462,13 @@ DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t
     return s->per_rank;
 }
 
-DPAR_API void dpar_sampler_free(dpar_sampler *s)
+DPAR_API dpar_status dpar_sampler_destroy(dpar_sampler *s)
 {
-    if (!s) return;
+    if (!s) return DPAR_OK;
     dpar__free(&s->allocator, s->perm);
     dpar__free(&s->allocator, s->mine);
-    s->perm = s->mine = NULL;
+    memset(s, 0, sizeof *s);
+    return DPAR_OK;
 }
 
 /* ---- gradient buckets ---- */
@@ -6781,8 +6807,7 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
     return st;
 }
 
-DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params,
-                                             void (*update)(void *user, size_t offset, size_t count), void *user)
+DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user)
 {
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: buckets is NULL");
     if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: gradients of this step are marked ready");
@@ -6910,17 +6935,19 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
 DPAR_API int dpar_buckets_count(const dpar_buckets *b) { return b ? b->nb : 0; }
 DPAR_API uint64_t dpar_buckets_overlap_ns(const dpar_buckets *b) { return b ? b->overlap : 0; }
 
-DPAR_API void dpar_buckets_destroy(dpar_buckets *b)
+DPAR_API dpar_status dpar_buckets_destroy(dpar_buckets *b)
 {
     int i;
-    if (!b) return;
+    dpar_status st = DPAR_OK, st2;
+    if (!b) return DPAR_OK;
     for (i = 0; i < b->nb && b->req; i++)
-        if (b->req[i]) dpar_request_wait(b->req[i]);
+        if (b->req[i] && (st2 = dpar_request_wait(b->req[i])) != DPAR_OK && st == DPAR_OK) st = st2;
     dpar__direct_off(b);
     dpar__free(&b->comm->allocator, b->filled);
     dpar__free(&b->comm->allocator, b->req);
     dpar__free(&b->comm->allocator, b->marks);
     dpar__free(&b->comm->allocator, b);
+    return st;
 }
 
 /* >>steal: work stealing between thread ranks --------------------------------------------------- */
@@ -6931,7 +6958,7 @@ DPAR_API void dpar_buckets_destroy(dpar_buckets *b)
    is what a thief needs to run a task of the list; the owner writes it only while its list is empty. */
 typedef struct dpar__steal_list {
     uint64_t word;
-    dpar_status (*task)(void *user, int index, int by);
+    dpar_steal_task_fn task;
     void *user;
     uint32_t *ran; /* [max]: 1 once a task taken by another rank has run (the owner clears them) */
     int failing;   /* atomic: 1 once a task run by another rank has failed: that rank writes msg... */
@@ -7062,8 +7089,8 @@ static int dpar__steal_one(dpar_steal *s, int *missing)
     }
 }
 
-DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_status (*task)(void *user, int index, int by),
-                                    dpar_status (*done)(void *user, int index), void *user)
+DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn task, dpar_steal_done_fn done,
+                                    void *user)
 {
     dpar__steal_list *me;
     dpar_comm *c;
@@ -7150,10 +7177,10 @@ DPAR_API void dpar_steal_counts(const dpar_steal *s, uint64_t *taken, uint64_t *
     if (given) *given = s ? s->given : 0;
 }
 
-DPAR_API void dpar_steal_destroy(dpar_steal *s)
+DPAR_API dpar_status dpar_steal_destroy(dpar_steal *s)
 {
     dpar_allocator a;
-    if (!s) return;
+    if (!s) return DPAR_OK;
     a = s->comm->allocator;
     if (__atomic_sub_fetch(&s->sh->refs, 1, DPAR__ACQ_REL) == 0) {
         dpar_allocator mine = s->sh->allocator;
@@ -7161,6 +7188,7 @@ DPAR_API void dpar_steal_destroy(dpar_steal *s)
     }
     dpar__free(&a, s->ran);
     dpar__free(&a, s);
+    return DPAR_OK;
 }
 
 /* >>idx: IDX data files (MNIST format) ---------------------------------------------------------- */
@@ -7242,16 +7270,16 @@ DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_all
     }
     dpar__free(&out->allocator, raw);
     fclose(f);
-    if (st != DPAR_OK) dpar_idx_free(out);
+    if (st != DPAR_OK) dpar_idx_destroy(out);
     return st;
 }
 
-DPAR_API void dpar_idx_free(dpar_idx *idx)
+DPAR_API dpar_status dpar_idx_destroy(dpar_idx *idx)
 {
-    if (!idx) return;
+    if (!idx) return DPAR_OK;
     dpar__free(&idx->allocator, idx->data);
-    idx->data = NULL;
-    idx->count = 0;
+    memset(idx, 0, sizeof *idx);
+    return DPAR_OK;
 }
 
 /* >>ckpt: checkpoints: sharded, CRC-checked, written atomically --------------------------------- */
@@ -7404,7 +7432,7 @@ static dpar_status dpar__ckpt_check_items(const dpar_ckpt_item *items, int count
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
+DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
 {
     dpar_allocator a;
     int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i;
@@ -7417,8 +7445,8 @@ DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, con
     int64_t sh[2];
     memset(&a, 0, sizeof a);
     if (comm) a = comm->allocator;
-    if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_checkpoint_save: path is NULL or empty");
-    st = dpar__ckpt_check_items(items, count, "dpar_checkpoint_save");
+    if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_ckpt_save: path is NULL or empty");
+    st = dpar__ckpt_check_items(items, count, "dpar_ckpt_save");
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     /* the generation: one after the current manifest's (rank 0 decides, everyone hears) */
     if (rank == 0 && dpar__manifest_read(path, &old, &old_n, &old_shards, &a) == DPAR_OK) gen = old + 1;
@@ -7436,7 +7464,7 @@ DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, con
     hn = 32;
     for (i = 0; i < count; i++) hn += 4 + strlen(items[i].name) + 8 + 4;
     head = (unsigned char *)dpar__alloc(&a, hn);
-    if (!head) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory"), "checkpoint");
+    if (!head) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
     memcpy(head, DPAR__CKPT_MAGIC, 8);
     dpar__put32(head + 8, 1);
     dpar__put32(head + 12, (uint32_t)rank);
@@ -7462,7 +7490,7 @@ DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, con
         uint32_t crc;
         if (!all) {
             dpar__free(&a, head);
-            return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory"), "checkpoint");
+            return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
         }
         memcpy(all, head, hn);
         p = all + hn;
@@ -7480,7 +7508,7 @@ DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, con
     DPAR__TRY(dpar__ckpt_agree(comm, st, "checkpoint"));
     /* rank 0 learns every shard's size and CRC and commits the manifest */
     sizes = (uint64_t *)dpar__alloc(&a, 2 * (size_t)nranks * sizeof(uint64_t));
-    if (!sizes) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory"), "checkpoint");
+    if (!sizes) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
     sizes[2 * rank] = (uint64_t)sh[0];
     sizes[2 * rank + 1] = (uint64_t)sh[1];
     if (comm) st = dpar_allgather(comm, sizes + 2 * rank, sizes, 2 * (size_t)nranks, DPAR_I64);
@@ -7488,7 +7516,7 @@ DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, con
         size_t mn = 20 + 12 * (size_t)nranks + 4;
         unsigned char *man = (unsigned char *)dpar__alloc(&a, mn);
         if (!man) {
-            st = dpar__err(DPAR_ENOMEM, "dpar_checkpoint_save: out of memory");
+            st = dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory");
         } else {
             memcpy(man, DPAR__MAN_MAGIC, 8);
             dpar__put32(man + 8, (uint32_t)nranks);
@@ -7511,7 +7539,7 @@ DPAR_API dpar_status dpar_checkpoint_save(dpar_comm *comm, const char *path, con
     return st;
 }
 
-DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
+DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
 {
     dpar_allocator a;
     int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i;
@@ -7524,8 +7552,8 @@ DPAR_API dpar_status dpar_checkpoint_load(dpar_comm *comm, const char *path, con
     dpar_status st;
     memset(&a, 0, sizeof a);
     if (comm) a = comm->allocator;
-    if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_checkpoint_load: path is NULL or empty");
-    st = dpar__ckpt_check_items(items, count, "dpar_checkpoint_load");
+    if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_ckpt_load: path is NULL or empty");
+    st = dpar__ckpt_check_items(items, count, "dpar_ckpt_load");
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     /* rank 0 reads the manifest (on machines without a shared disk only it has one) and tells all */
     memset(info, 0, sizeof info);

@@ -101,7 +101,7 @@ int main(void)
                        ms[mi], j.S->bubble, j.measured[1]);
                 fflush(stdout);
                 dpar_group_destroy(j.g);
-                dpar_pipe_schedule_free(j.S);
+                dpar_pipe_schedule_destroy(j.S);
             }
         dpar_pool_destroy(pool);
     }

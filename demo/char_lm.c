@@ -221,12 +221,12 @@ static dpar_status checkpoint(trainer *t, int save)
     items[2].name = "params", items[2].data = t->params[0], items[2].bytes = t->np * sizeof(float);
     items[3].name = "adam", items[3].data = t->adam_m, items[3].bytes = 2 * t->np * sizeof(float);
     items[4].name = "step", items[4].data = &t->step, items[4].bytes = sizeof t->step;
-    if (save) return dpar_checkpoint_save(NULL, t->o.ckpt, items, 5);
+    if (save) return dpar_ckpt_save(NULL, t->o.ckpt, items, 5);
     {
         unsigned char alphabet[256];
         dpar_status st;
         memcpy(alphabet, t->alphabet, sizeof alphabet);
-        if ((st = dpar_checkpoint_load(NULL, t->o.ckpt, items, 5)) != DPAR_OK) return st;
+        if ((st = dpar_ckpt_load(NULL, t->o.ckpt, items, 5)) != DPAR_OK) return st;
         if (memcmp(alphabet, t->alphabet, sizeof alphabet) || shape[0] != t->V)
             return dpar_set_error(DPAR_EINVAL, "the checkpoint '%s' was trained on another text (its alphabet differs)", t->o.ckpt);
         return DPAR_OK;

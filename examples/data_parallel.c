@@ -204,7 +204,7 @@ out: /* on an error, abort the comm: the other ranks return at once instead of w
     if (st != DPAR_OK) dpar_comm_abort(comm);
     dpar_steal_destroy(steal);
     dpar_buckets_destroy(buckets);
-    dpar_sampler_free(&sampler);
+    dpar_sampler_destroy(&sampler);
     for (l = 0; l <= L; l++) free(act[l]), free(delta[l]);
     free(g);
     dpar_comm_destroy(comm);
@@ -251,7 +251,7 @@ static int load_idx(job *j)
     for (i = 0; j->y && i < j->n; i++)
         if ((j->y[i] = (int)lb.data[i]) < 0 || j->y[i] >= j->width[j->nl])
             return fprintf(stderr, "data_parallel: label %d of sample %zu is not below %d\n", j->y[i], i, j->width[j->nl]), 0;
-    dpar_idx_free(&lb);
+    dpar_idx_destroy(&lb);
     return j->y != NULL;
 }
 
@@ -329,7 +329,10 @@ int main(int argc, char **argv)
     printf("train samples_per_s=%.1f final_loss=%.4f\n", j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0,
            j.final_loss);
     for (r = 0; r < 64; r++) free(j.params[r]);
-    j.images ? dpar_idx_free(&j.images_file) : free(j.x);
+    if (j.images)
+        dpar_idx_destroy(&j.images_file);
+    else
+        free(j.x);
     free(j.y);
     return same && j.final_loss < j.first_loss ? 0 : 1;
 }

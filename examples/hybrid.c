@@ -189,8 +189,8 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
     j->diff[wr] = fmax(slice_diff(&r->up, &j->ref[pp].up), slice_diff(&r->down, &j->ref[pp].down));
 done:
     dpar_pipe_destroy(pipe);
-    dpar_linear_free(&r->up);
-    dpar_linear_free(&r->down);
+    dpar_linear_destroy(&r->up);
+    dpar_linear_destroy(&r->down);
     return st;
 }
 
@@ -284,10 +284,10 @@ int main(void)
     }
     dpar_group_destroy(j.group);
     dpar_pool_destroy(pool);
-    dpar_pipe_schedule_free(j.S);
+    dpar_pipe_schedule_destroy(j.S);
     for (k = 0; k < PP; k++) {
-        dpar_linear_free(&ref[k].up);
-        dpar_linear_free(&ref[k].down);
+        dpar_linear_destroy(&ref[k].up);
+        dpar_linear_destroy(&ref[k].down);
     }
 
     printf("hybrid: %d thread ranks as dp %d x tp %d x pp %d; world rank = (pp * %d + dp) * %d + tp\n", DP * TP * PP, DP,

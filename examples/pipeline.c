@@ -88,7 +88,7 @@ static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
 static void stage_free(stage *st)
 {
     int l;
-    for (l = st->lo; l < st->hi; l++) dpar_linear_free(&st->L[l]);
+    for (l = st->lo; l < st->hi; l++) dpar_linear_destroy(&st->L[l]);
     free(st->acts);
     free(st->pre);
     free(st->g);
@@ -310,6 +310,6 @@ int main(int argc, char **argv)
            "%s, %s\n", j.p, j.m, ok ? "matches" : "DOES NOT MATCH", j.loss[0], j.loss[j.steps - 1], seq_loss, how,
            ok ? "OK" : "FAILED");
     free(j.stages);
-    dpar_pipe_schedule_free(j.S);
+    dpar_pipe_schedule_destroy(j.S);
     return ok ? 0 : 1;
 }

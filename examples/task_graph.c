@@ -301,10 +301,10 @@ int main(int argc, char **argv)
     ok = same && par.eval_loss < 0.5 * first_loss;
     printf("task_graph: held-out loss %.4f -> %.4f, parameters %s the serial run, %s\n", first_loss, par.eval_loss,
            same ? "bitwise equal to" : "DIFFER FROM", ok ? "OK" : "FAILED");
-    dpar_linear_free(&par.l1);
-    dpar_linear_free(&par.l2);
-    dpar_linear_free(&ser.l1);
-    dpar_linear_free(&ser.l2);
+    dpar_linear_destroy(&par.l1);
+    dpar_linear_destroy(&par.l2);
+    dpar_linear_destroy(&ser.l1);
+    dpar_linear_destroy(&ser.l2);
     dpar_pool_destroy(pool);
     return ok ? 0 : 1;
 }

@@ -109,8 +109,8 @@ static dpar_status train_rank(job *j, dpar_comm *c, int rank)
         }
     }
 done:
-    dpar_linear_free(&up);
-    dpar_linear_free(&down);
+    dpar_linear_destroy(&up);
+    dpar_linear_destroy(&down);
     return st;
 }
 

@@ -152,8 +152,8 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
 done:
     if (z) dpar_zero_destroy(z);
     free(m);
-    dpar_linear_free(&L[0]);
-    dpar_linear_free(&L[1]);
+    dpar_linear_destroy(&L[0]);
+    dpar_linear_destroy(&L[1]);
     return st;
 }
 

@@ -112,12 +112,12 @@ DT_UNUSED static int dt_rand_int(int n) { return (int)(dt_rand() % (unsigned lon
 typedef struct dt_counting {
     long allocs, frees;
 } dt_counting;
-DT_UNUSED static void *dt_count_alloc(size_t size, void *user)
+DT_UNUSED static void *dt_count_alloc(void *user, size_t size)
 {
     __atomic_fetch_add(&((dt_counting *)user)->allocs, 1, __ATOMIC_RELAXED);
     return malloc(size);
 }
-DT_UNUSED static void dt_count_free(void *p, void *user)
+DT_UNUSED static void dt_count_free(void *user, void *p)
 {
     __atomic_fetch_add(&((dt_counting *)user)->frees, 1, __ATOMIC_RELAXED);
     free(p);

@@ -214,6 +214,6 @@ static void pm_stage_free(pm_stage *st)
 {
     int c, l, lo, hi;
     for (c = 0; c < st->v; c++)
-        for (pm_range(st, c, &lo, &hi), l = lo; l < hi; l++) dpar_linear_free(&st->L[l]);
+        for (pm_range(st, c, &lo, &hi), l = lo; l < hi; l++) dpar_linear_destroy(&st->L[l]);
 }
 #endif

@@ -36,8 +36,8 @@ static void test_sampler(void)
                     seen2[idx2[k]]++;
                     differs |= idx2[k] != idx[k];
                 }
-                dpar_sampler_free(&s);
-                dpar_sampler_free(&t);
+                dpar_sampler_destroy(&s);
+                dpar_sampler_destroy(&t);
             }
             CHECK(again);
             CHECK(differs || per <= 1);
@@ -639,7 +639,7 @@ static void test_idx_reader(void)
     CHECK(dpar_idx_load(path, 1.0f / 255, NULL, &idx) == DPAR_OK);
     CHECK(idx.ndims == 3 && idx.dims[0] == 2 && idx.dims[2] == 4 && idx.count == 24);
     CHECK(idx.data[23] == 230.0f * (1.0f / 255));
-    dpar_idx_free(&idx);
+    dpar_idx_destroy(&idx);
     /* f32, 1 dim */
     buf[2] = 0x0D;
     buf[3] = 1;
@@ -652,7 +652,7 @@ static void test_idx_reader(void)
     write_bytes(path, buf, 8 + 12);
     CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_OK);
     CHECK(idx.count == 3 && idx.data[0] == -1.0f && idx.data[2] == 2.0f);
-    dpar_idx_free(&idx);
+    dpar_idx_destroy(&idx);
     /* malformed: each gives its own clear error, never a crash */
     write_bytes(path, buf, 8 + 11); /* one byte short */
     CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "truncated"));
@@ -695,7 +695,7 @@ static void test_idx_reader(void)
         for (k = 0; k < len; k++) g[k] = (unsigned char)dt_rand();
         if (len > 3) g[0] = g[1] = 0;
         write_bytes(path, g, len);
-        if (dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_OK) dpar_idx_free(&idx);
+        if (dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_OK) dpar_idx_destroy(&idx);
     }
     remove(path);
 }
@@ -722,21 +722,21 @@ static void test_checkpoint_single(void)
     in[0].data = back;
     in[1] = items[1];
     in[1].data = &step2;
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_EIO && strstr(dpar_last_error(), "no checkpoint at"));
-    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_OK && !memcmp(back, params, sizeof back) && step2 == 7);
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_EIO && strstr(dpar_last_error(), "no checkpoint at"));
+    CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_OK);
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_OK && !memcmp(back, params, sizeof back) && step2 == 7);
     /* a second save: generation 2 replaces 1, whose shard is removed */
     step = 8;
-    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
+    CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_OK);
     snprintf(shard, sizeof shard, "%s.g1.r0", path);
     CHECK(access(shard, F_OK) != 0);
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_OK && step2 == 8);
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_OK && step2 == 8);
     /* a crash after the new shard but before the manifest: the previous checkpoint still loads */
     snprintf(shard, sizeof shard, "%s.g3.r0", path);
     f = fopen(shard, "wb");
     fputs("half a shard", f);
     fclose(f);
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_OK && step2 == 8);
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_OK && step2 == 8);
     remove(shard);
     /* damage: one flipped byte in the shard */
     snprintf(shard, sizeof shard, "%s.g2.r0", path);
@@ -745,22 +745,22 @@ static void test_checkpoint_single(void)
     fputc(0x55, f);
     fclose(f);
     step2 = -1;
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "is damaged"));
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "is damaged"));
     CHECK(step2 == -1); /* nothing was loaded */
     /* a truncated manifest */
-    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
+    CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_OK);
     CHECK(truncate(path, 10) == 0);
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT);
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT);
     /* the program asks for other items than were saved */
-    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_OK);
+    CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_OK);
     in[1].name = "epoch";
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "asks for 'epoch'"));
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "asks for 'epoch'"));
     in[1].name = "step";
     in[0].bytes = 400;
-    CHECK(dpar_checkpoint_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "asks for 400"));
-    CHECK(dpar_checkpoint_load(NULL, path, in, 1) == DPAR_ECORRUPT);
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "asks for 400"));
+    CHECK(dpar_ckpt_load(NULL, path, in, 1) == DPAR_ECORRUPT);
     items[1].name = "params";
-    CHECK(dpar_checkpoint_save(NULL, path, items, 2) == DPAR_EINVAL); /* two items of one name */
+    CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_EINVAL); /* two items of one name */
     {
         char cmd[400];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -783,9 +783,9 @@ static void ckpt_rank(world *w, dpar_comm *c, int r)
     it.bytes = n * sizeof(float);
     in = it;
     in.data = back;
-    expect_ok(w, dpar_checkpoint_save(c, j->path, &it, 1), "save", r);
+    expect_ok(w, dpar_ckpt_save(c, j->path, &it, 1), "save", r);
     memset(back, 0, sizeof back);
-    expect_ok(w, dpar_checkpoint_load(c, j->path, &in, 1), "load", r);
+    expect_ok(w, dpar_ckpt_load(c, j->path, &in, 1), "load", r);
     if (memcmp(back, mine, n * sizeof(float))) note(w, "rank %d loaded another shard", r);
     /* damage on one rank's shard: every rank fails */
     dpar_barrier(c);
@@ -799,7 +799,7 @@ static void ckpt_rank(world *w, dpar_comm *c, int r)
         fclose(f);
     }
     dpar_barrier(c);
-    if (dpar_checkpoint_load(c, j->path, &in, 1) != DPAR_ECORRUPT) note(w, "rank %d did not see the damage", r);
+    if (dpar_ckpt_load(c, j->path, &in, 1) != DPAR_ECORRUPT) note(w, "rank %d did not see the damage", r);
 }
 
 static void test_checkpoint_over_ranks(void)
@@ -815,7 +815,7 @@ static void test_checkpoint_over_ranks(void)
             float back[100];
             dpar_ckpt_item in;
             in.name = "shard", in.data = back, in.bytes = sizeof back;
-            CHECK(dpar_checkpoint_load(NULL, j.path, &in, 1) == DPAR_ECORRUPT && strstr(dpar_last_error(), "shards, this job 1 ranks"));
+            CHECK(dpar_ckpt_load(NULL, j.path, &in, 1) == DPAR_ECORRUPT && strstr(dpar_last_error(), "shards, this job 1 ranks"));
         }
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         CHECK(system(cmd) == 0);

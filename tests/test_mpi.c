@@ -410,9 +410,9 @@ static void test_pipeline_over_mpi(void)
         CHECK_MSG(worst <= 1e-5, "%s p=%d: rank %d is %.2e from sequential training", kind ? "gpipe" : "1f1b", nprocs, me, worst);
         pm_stage_free(&st);
         dpar_comm_destroy(c);
-        dpar_pipe_schedule_free(S);
+        dpar_pipe_schedule_destroy(S);
     }
-    for (l = 0; l < PM_LAYERS; l++) dpar_linear_free(&ref[l]);
+    for (l = 0; l < PM_LAYERS; l++) dpar_linear_destroy(&ref[l]);
 }
 
 /* ---- hybrid: processes x threads ---- */

@@ -44,7 +44,7 @@ static void test_schedules_match_closed_forms(void)
                     /* each stage: m v forwards and backwards, and a send/receive pair per boundary */
                     if (ops != 2 * m * v * p + 4 * m * (v * p - 1)) bad++;
                     checked++;
-                    dpar_pipe_schedule_free(S);
+                    dpar_pipe_schedule_destroy(S);
                 }
     CHECK_MSG(bad == 0, "%d of %d schedules off their closed forms", bad, checked);
     printf("    %d schedules checked\n", checked);
@@ -83,7 +83,7 @@ static void expect_broken(dpar_pipe_schedule *S, const char *rule)
     dpar_status st = dpar_pipe_schedule_check(S);
     CHECK_MSG(st == DPAR_EINVAL && strstr(dpar_last_error(), rule), "want '%s', got %s: %s", rule, dpar_status_string(st),
               dpar_last_error());
-    dpar_pipe_schedule_free(S);
+    dpar_pipe_schedule_destroy(S);
 }
 
 static void test_checker_rejects_broken_schedules(void)
@@ -144,7 +144,7 @@ static void test_checker_rejects_broken_schedules(void)
         n = dpar_pipe_schedule_format(S, buf, sizeof buf);
         CHECK(n == strlen(buf) && strstr(buf, "predicted bubble 0.333") && strstr(buf, "stage 1 |") && strstr(buf, "B1"));
         CHECK(dpar_pipe_schedule_format(S, NULL, 0) == n); /* snprintf-like */
-        dpar_pipe_schedule_free(S);
+        dpar_pipe_schedule_destroy(S);
     }
 }
 
@@ -192,9 +192,9 @@ static void test_pipelined_mlp_matches_sequential(void)
                 }
                 CHECK_MSG(worst <= 1e-5, "%s p=%d m=%d: %.2e from sequential training", names[ki], p, m, worst);
                 printf("    %s p=%d m=%d v=%d: within %.1e of sequential after 20 steps\n", names[ki], p, m, v, worst);
-                dpar_pipe_schedule_free(j->S);
+                dpar_pipe_schedule_destroy(j->S);
             }
-    for (l = 0; l < PM_LAYERS; l++) dpar_linear_free(&ref[l]);
+    for (l = 0; l < PM_LAYERS; l++) dpar_linear_destroy(&ref[l]);
     for (r = 0; r < 4; r++) free(j->st[r]);
     free(j);
 }
@@ -221,7 +221,7 @@ static void test_failing_callback_stops_every_stage(void)
                 pm_stage_free(j->st[r]);
             }
             CHECK((dpar_time_ns() - t0) < 2000000000u); /* no stage waited for a timeout */
-            dpar_pipe_schedule_free(j->S);
+            dpar_pipe_schedule_destroy(j->S);
         }
     printf("    e.g. %s\n", j->msg[0]);
     for (r = 0; r < 4; r++) free(j->st[r]);
@@ -295,7 +295,7 @@ static void test_buffers_reused_and_traced(void)
             CHECK_MSG(j.buffers[r][0] > 0 && j.buffers[r][1] == j.buffers[r][0] && j.buffers[r][2] == j.buffers[r][0],
                       "kind %d stage %d: %d, %d, %d buffers after runs 1, 2, 3", kind, r, j.buffers[r][0], j.buffers[r][1],
                       j.buffers[r][2]);
-        dpar_pipe_schedule_free(j.S);
+        dpar_pipe_schedule_destroy(j.S);
     }
     fp = fopen(path, "rb");
     fseek(fp, 0, SEEK_END);

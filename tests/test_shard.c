@@ -153,7 +153,7 @@ static void tp_rank(world *w, dpar_comm *c, int r)
     for (k = 0; k < l.bias_local; k++)
         if (fabs(l.db[k] - j->db[(l.mode == DPAR_LINEAR_COLUMN ? l.out_offset : 0) + k]) > 1e-5)
             note(w, "mode %d rank %d: db[%d] wrong", j->mode, r, k);
-    dpar_linear_free(&l);
+    dpar_linear_destroy(&l);
 }
 
 static void test_tensor_parallel_layers_match_whole_layer(void)
@@ -189,7 +189,7 @@ static void test_tensor_parallel_layers_match_whole_layer(void)
     }
     memcpy(j.dW, whole.dw, sizeof j.dW);
     memcpy(j.db, whole.db, sizeof j.db);
-    dpar_linear_free(&whole);
+    dpar_linear_destroy(&whole);
     for (mode = 1; mode <= 2; mode++)
         for (n = 1; n <= 4; n++) {
             j.mode = mode;
@@ -242,7 +242,7 @@ static void test_layer_gradient_by_finite_differences(void)
     f.l = &l, f.x = x, f.R = R, f.y = y;
     bad = fd_count_bad(&f, l.w, l.dw, IN * OUT, 3) + fd_count_bad(&f, l.b, l.db, OUT, 1) + fd_count_bad(&f, x, dx, BATCH * IN, 2);
     CHECK_MSG(bad == 0, "%d gradients differ from finite differences", bad);
-    dpar_linear_free(&l);
+    dpar_linear_destroy(&l);
 }
 
 /* ---- a Megatron MLP block: column-parallel, ReLU, row-parallel; MSE; 50 steps of SGD ---- */
@@ -285,8 +285,8 @@ static void mlp_rank(world *w, dpar_comm *c, int r)
         for (i = 0; i < l2.in_local * l2.out_local; i++) l2.w[i] -= 0.1f * l2.dw[i];
         for (i = 0; i < l2.bias_local; i++) l2.b[i] -= 0.1f * l2.db[i];
     }
-    dpar_linear_free(&l1);
-    dpar_linear_free(&l2);
+    dpar_linear_destroy(&l1);
+    dpar_linear_destroy(&l2);
 }
 
 static void test_megatron_mlp_tp2_matches_tp1(void)
