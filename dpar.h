@@ -26,6 +26,21 @@
          dpar_pool_for(pool, n, square, x);      // static schedule, the caller takes part
          dpar_pool_destroy(pool);
 
+   API RULES (every public type and call keeps them)
+     Create     dpar_x_create(const dpar_x_desc *desc, dpar_x **out) when dpar allocates the object;
+                dpar_x_init(dpar_x *x, const dpar_x_desc *desc) when the struct is yours (a layer, a mesh, a sampler,
+                an IDX file). Every input is in the desc, its comm or pool included; zero fields (or a NULL desc) mean
+                the defaults, except fields marked required. On error *out is NULL, or *x zeroed. A comm is made from
+                what it belongs to: dpar_group_join, dpar_group_join_mpi, dpar_comm_split, dpar_comm_from_mpi.
+                Exceptions: dpar_group_create takes its comms' dpar_comm_desc; dpar_shard_plan_make fills a plain value.
+     Destroy    dpar_status dpar_x_destroy(dpar_x *x) undoes either; NULL or a zeroed struct is a no-op (DPAR_OK);
+                everything is released unless it returns DPAR_EBUSY.
+     Memory     only the desc's `dpar_allocator allocator` field (zero: malloc/free), kept until destroy; a comm uses
+                its group's or parent's; a call's scratch memory comes from the object it is called on.
+     Callbacks  each a typedef dpar_thing[_role]_fn (dpar_pool_for_fn, dpar_steal_done_fn) whose first parameter is
+                `void *user`: the pointer passed right after the function, or the `user` field beside it in a desc.
+     Names      dpar_thing_verb, one spelling per thing: checkpoints are dpar_ckpt_* (dpar_ckpt_save, _load).
+
    OPTIONS (define before the include that has DPAR_IMPLEMENTATION; every one has a default)
      DPAR_IMPLEMENTATION   emit the implementation in this translation unit
      DPAR_STATIC           make every function static (two libraries can embed dpar without clashing)
