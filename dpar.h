@@ -1021,12 +1021,20 @@ typedef struct dpar_sampler {
     dpar_allocator allocator;
 } dpar_sampler;
 
-/* dpar_sampler_init: set up the sampler of `rank` of `ranks` over n samples.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL s, n = 0, ranks < 1, a rank outside 0..ranks-1, or drop_last with fewer
-             samples than ranks), DPAR_ENOMEM.
+/* dpar_sampler_desc: how to set up a sampler; a zero field means its default. */
+typedef struct dpar_sampler_desc {
+    size_t n;                 /* required: the number of samples, >= 1 */
+    int ranks;                /* the data-parallel ranks; 0: 1 */
+    int rank;                 /* this rank, 0..ranks-1 */
+    uint64_t seed;
+    int drop_last;            /* 1: floor(n / ranks) each, the rest dropped (default: ceil, wrapping around) */
+    dpar_allocator allocator; /* where perm and mine come from (zero: malloc/free) */
+} dpar_sampler_desc;
+/* dpar_sampler_init: set up the sampler of `rank` of `ranks` over n samples, as the desc says.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL s or desc, n = 0, ranks < 0, a rank outside 0..ranks-1, drop_last with
+             fewer samples than ranks, half an allocator), DPAR_ENOMEM. On error *s is zeroed.
    Thread safety: the owner's thread. */
-DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int rank, uint64_t seed, int drop_last,
-                                       const dpar_allocator *allocator);
+DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, const dpar_sampler_desc *desc);
 /* dpar_sampler_epoch: this rank's samples for `epoch`.
    indices:  set to the samples' indices, valid until the next call.
    Returns:  how many (s->per_rank).
@@ -1047,13 +1055,20 @@ DPAR_API dpar_status dpar_sampler_destroy(dpar_sampler *s);
    MPI:      needs async requests (MPI_THREAD_MULTIPLE).
    See:      docs/data_parallel.md, 'Gradient buckets: communication behind backward'. */
 typedef struct dpar_buckets dpar_buckets;
-/* dpar_buckets_create: cut the `count` gradients at `grads` into buckets reduced over `comm` with `op`.
-   bucket_bytes: the size of a bucket, about (0: 4 MiB).
-   op:       usually DPAR_AVG.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out, NULL grads with count > 0, a bad op), DPAR_ENOMEM.
+/* dpar_buckets_desc: how to make gradient buckets; a zero field means its default. */
+typedef struct dpar_buckets_desc {
+    dpar_comm *comm;          /* required: the data-parallel comm the buckets are reduced over */
+    float *grads;             /* the flat gradients, count floats (required when count > 0) */
+    size_t count;
+    size_t bucket_bytes;      /* the size of a bucket, about; 0: 4 MiB */
+    dpar_op op;               /* default DPAR_SUM; usually DPAR_AVG */
+    dpar_allocator allocator; /* the buckets' own memory (zero: malloc/free, not the comm's) */
+} dpar_buckets_desc;
+/* dpar_buckets_create: cut the desc's `count` gradients at `grads` into buckets reduced over its comm with `op`.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, NULL grads with count > 0, a bad op, half an allocator),
+             DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
-DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
-                                         dpar_buckets **out);
+DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buckets **out);
 /* dpar_buckets_ready: grads[offset, offset + count) are final for this step; full buckets start at once.
    Returns:  DPAR_OK; DPAR_EINVAL (a range outside the array, or marked twice in one step), DPAR_ENOMEM; the
              comm's errors.
@@ -1132,13 +1147,19 @@ DPAR_API dpar_status dpar_buckets_destroy(dpar_buckets *b);
              the same however the tasks were shared.
    See:      docs/data_parallel.md, 'Work stealing' (why: the pace of the slowest rank). */
 typedef struct dpar_steal dpar_steal;
+/* dpar_steal_desc: how to make a rank's work-stealing state; a zero field means its default. */
+typedef struct dpar_steal_desc {
+    dpar_comm *comm;          /* required: a comm of thread ranks */
+    int max_tasks;            /* required: the longest list this rank will run, 1 to 1048575 */
+    dpar_allocator allocator; /* this rank's memory (zero: malloc/free, not the comm's) */
+} dpar_steal_desc;
 /* dpar_steal_create: make this rank's work-stealing state.
-   max_tasks: the longest list this rank will run, 1 to 1048575.
    Remarks:  on a comm of one rank nothing is shared and the rounds cost nothing.
-   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (on every rank) on an MPI or hybrid comm; DPAR_EINVAL (NULL comm or
-             out; max_tasks out of range, which poisons the comm); DPAR_ENOMEM.
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (on every rank) on an MPI or hybrid comm; DPAR_EINVAL (NULL desc, comm or
+             out; max_tasks out of range or half an allocator, which poisons the comm); DPAR_ENOMEM. On error *out
+             is NULL.
    Thread safety: the rank's thread; collective over a comm of thread ranks. */
-DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_steal **out);
+DPAR_API dpar_status dpar_steal_create(const dpar_steal_desc *desc, dpar_steal **out);
 /* dpar_steal_task_fn / dpar_steal_done_fn: a task of dpar_steal_run, run by rank `by`; the owner's note that
    task `index` has run. Returns: DPAR_OK or an error (dpar_set_error). */
 typedef dpar_status (*dpar_steal_task_fn)(void *user, int index, int by);
@@ -6428,24 +6449,25 @@ static uint64_t dpar__splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, size_t n, int ranks, int rank, uint64_t seed, int drop_last,
-                                       const dpar_allocator *allocator)
+DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, const dpar_sampler_desc *desc)
 {
+    size_t n;
+    int ranks, rank, drop_last;
     if (!s) return dpar__err(DPAR_EINVAL, "dpar_sampler_init: sampler is NULL");
     memset(s, 0, sizeof *s);
-    if (allocator) {
-        DPAR__TRY(dpar__check_allocator("dpar_sampler_init", allocator));
-        s->allocator = *allocator;
-    }
+    if (!desc) return dpar__err(DPAR_EINVAL, "dpar_sampler_init: desc is NULL (n is required)");
+    DPAR__TRY(dpar__check_allocator("dpar_sampler_init", &desc->allocator));
+    n = desc->n, ranks = desc->ranks ? desc->ranks : 1, rank = desc->rank, drop_last = desc->drop_last;
     if (n == 0) return dpar__err(DPAR_EINVAL, "dpar_sampler_init: no samples (n = 0)");
     if (ranks < 1 || rank < 0 || rank >= ranks)
         return dpar__err(DPAR_EINVAL, "dpar_sampler_init: rank %d of %d ranks", rank, ranks);
     if (drop_last && n < (size_t)ranks)
         return dpar__err(DPAR_EINVAL, "dpar_sampler_init: %zu samples cannot give each of %d ranks one (drop_last)", n, ranks);
+    s->allocator = desc->allocator;
     s->n = n;
     s->ranks = ranks;
     s->rank = rank;
-    s->seed = seed;
+    s->seed = desc->seed;
     s->drop_last = drop_last != 0;
     s->per_rank = drop_last ? n / (size_t)ranks : (n + (size_t)ranks - 1) / (size_t)ranks;
     s->perm = (size_t *)dpar__alloc(&s->allocator, n * sizeof(size_t));
@@ -6489,6 +6511,7 @@ DPAR_API dpar_status dpar_sampler_destroy(dpar_sampler *s)
 /* ---- gradient buckets ---- */
 struct dpar_buckets {
     dpar_comm *comm;
+    dpar_allocator allocator;
     float *grads;
     size_t count, per;   /* elements, per bucket */
     int nb;
@@ -6521,27 +6544,31 @@ typedef struct dpar__direct {
 } dpar__direct;
 enum { DPAR__D_MARKED, DPAR__D_REDUCED, DPAR__D_COPIED };
 
-DPAR_API dpar_status dpar_buckets_create(dpar_comm *comm, float *grads, size_t count, size_t bucket_bytes, dpar_op op,
-                                         dpar_buckets **out)
+DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buckets **out)
 {
     dpar_buckets *b;
+    dpar_status st;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: out is NULL");
     *out = NULL;
-    if (!comm || (count && !grads)) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: comm or grads is NULL");
-    if ((unsigned)op >= DPAR_OP_COUNT) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: op %d", (int)op);
-    b = (dpar_buckets *)dpar__calloc(&comm->allocator, 1, sizeof *b);
+    if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: desc or desc->comm is NULL");
+    if (desc->count && !desc->grads) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: grads is NULL");
+    if ((unsigned)desc->op >= DPAR_OP_COUNT)
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_create: op %d", (int)desc->op);
+    if ((st = dpar__check_allocator("dpar_buckets_create", &desc->allocator)) != DPAR_OK) return st;
+    b = (dpar_buckets *)dpar__calloc(&desc->allocator, 1, sizeof *b);
     if (!b) return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
-    b->comm = comm;
-    b->grads = grads;
-    b->count = count;
-    b->op = op;
-    b->per = (bucket_bytes ? bucket_bytes : (size_t)4 << 20) / sizeof(float);
+    b->comm = desc->comm;
+    b->allocator = desc->allocator;
+    b->grads = desc->grads;
+    b->count = desc->count;
+    b->op = desc->op;
+    b->per = (desc->bucket_bytes ? desc->bucket_bytes : (size_t)4 << 20) / sizeof(float);
     if (b->per < 1) b->per = 1;
-    b->nb = count ? (int)((count + b->per - 1) / b->per) : 0;
-    b->filled = (size_t *)dpar__calloc(&comm->allocator, (size_t)b->nb + 1, sizeof(size_t));
-    b->req = (dpar_request **)dpar__calloc(&comm->allocator, (size_t)b->nb + 1, sizeof(dpar_request *));
+    b->nb = b->count ? (int)((b->count + b->per - 1) / b->per) : 0;
+    b->filled = (size_t *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(size_t));
+    b->req = (dpar_request **)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(dpar_request *));
     b->capmarks = 64;
-    b->marks = (size_t *)dpar__alloc(&comm->allocator, 2 * b->capmarks * sizeof(size_t));
+    b->marks = (size_t *)dpar__alloc(&b->allocator, 2 * b->capmarks * sizeof(size_t));
     if (!b->filled || !b->req || !b->marks) {
         dpar_buckets_destroy(b);
         return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
@@ -6707,10 +6734,10 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
         return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: [%zu, %zu) overlaps gradients already marked ready this step",
                          offset, end);
     if (b->nmarks == b->capmarks) {
-        size_t *m = (size_t *)dpar__alloc(&b->comm->allocator, 4 * b->capmarks * sizeof(size_t));
+        size_t *m = (size_t *)dpar__alloc(&b->allocator, 4 * b->capmarks * sizeof(size_t));
         if (!m) return dpar__err(DPAR_ENOMEM, "dpar_buckets_ready: out of memory");
         memcpy(m, b->marks, 2 * b->nmarks * sizeof(size_t));
-        dpar__free(&b->comm->allocator, b->marks);
+        dpar__free(&b->allocator, b->marks);
         b->marks = m;
         b->capmarks *= 2;
     }
@@ -6841,7 +6868,7 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpa
 
 static void dpar__direct_off(dpar_buckets *b)
 {
-    dpar_allocator *a = &b->comm->allocator;
+    dpar_allocator *a = &b->allocator;
     if (b->direct && (b->nmarks || dpar__tp_is_poisoned(b->comm)))
         dpar__dquiesce(b); /* left mid-step, or after an error: nobody may still read our memory */
     if (b->direct && __atomic_sub_fetch(&b->direct->refs, 1, DPAR__ACQ_REL) == 0) {
@@ -6883,21 +6910,21 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     if (!on) return DPAR_OK;
     N = c->size;
     r = c->rank;
-    v = (uint64_t *)dpar__calloc(&c->allocator, V_N * (size_t)N, sizeof(uint64_t));
-    peers = (void **)dpar__calloc(&c->allocator, S_N * (size_t)N, sizeof(void *));
-    b->dgrads = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
-    b->dparams = (float **)dpar__calloc(&c->allocator, (size_t)N, sizeof(float *));
-    b->pend = (int *)dpar__calloc(&c->allocator, (size_t)b->nb + 1, sizeof(int));
-    b->dstate = (unsigned char *)dpar__calloc(&c->allocator, (size_t)b->nb + 1, 1);
+    v = (uint64_t *)dpar__calloc(&b->allocator, V_N * (size_t)N, sizeof(uint64_t));
+    peers = (void **)dpar__calloc(&b->allocator, S_N * (size_t)N, sizeof(void *));
+    b->dgrads = (float **)dpar__calloc(&b->allocator, (size_t)N, sizeof(float *));
+    b->dparams = (float **)dpar__calloc(&b->allocator, (size_t)N, sizeof(float *));
+    b->pend = (int *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(int));
+    b->dstate = (unsigned char *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, 1);
     if (r == 0) { /* the flags, then one "reading" word per rank */
-        d = (dpar__direct *)dpar__calloc(&c->allocator, 1, sizeof *d + (3 * (size_t)b->nb + 1) * (size_t)N * sizeof(uint32_t));
-        if (d) d->refs = N, d->allocator = c->allocator;
+        d = (dpar__direct *)dpar__calloc(&b->allocator, 1, sizeof *d + (3 * (size_t)b->nb + 1) * (size_t)N * sizeof(uint32_t));
+        if (d) d->refs = N, d->allocator = b->allocator;
     }
     ok = peers && b->dgrads && b->dparams && b->pend && b->dstate && (r != 0 || d);
     if (!v) { /* cannot even say so: fail the others' allgather too */
         dpar__direct_off(b);
-        dpar__free(&c->allocator, d);
-        dpar__free(&c->allocator, peers);
+        dpar__free(&b->allocator, d);
+        dpar__free(&b->allocator, peers);
         return dpar__bad_call(c, dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory"));
     }
     v[V_N * r + V_OK] = (uint64_t)ok;
@@ -6940,10 +6967,10 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
         b->failed = DPAR_OK;
     } else { /* every rank saw the same words: nobody keeps the flags (unless the exposing failed) */
         dpar__direct_off(b);
-        dpar__free(&c->allocator, d);
+        dpar__free(&b->allocator, d);
     }
-    dpar__free(&c->allocator, v);
-    dpar__free(&c->allocator, peers);
+    dpar__free(&b->allocator, v);
+    dpar__free(&b->allocator, peers);
     return st;
 }
 
@@ -6958,10 +6985,10 @@ DPAR_API dpar_status dpar_buckets_destroy(dpar_buckets *b)
     for (i = 0; i < b->nb && b->req; i++)
         if (b->req[i] && (st2 = dpar_request_wait(b->req[i])) != DPAR_OK && st == DPAR_OK) st = st2;
     dpar__direct_off(b);
-    dpar__free(&b->comm->allocator, b->filled);
-    dpar__free(&b->comm->allocator, b->req);
-    dpar__free(&b->comm->allocator, b->marks);
-    dpar__free(&b->comm->allocator, b);
+    dpar__free(&b->allocator, b->filled);
+    dpar__free(&b->allocator, b->req);
+    dpar__free(&b->allocator, b->marks);
+    dpar__free(&b->allocator, b);
     return st;
 }
 
@@ -6989,6 +7016,7 @@ typedef struct dpar__steal_shared {
 
 struct dpar_steal {
     dpar_comm *comm;
+    dpar_allocator allocator;
     dpar__steal_shared *sh;
     uint32_t *ran;
     int max;
@@ -7001,8 +7029,11 @@ static uint64_t dpar__steal_word(uint64_t run, uint64_t front, uint64_t back)
     return (run & 0xFFFFFFu) << 40 | front << 20 | back;
 }
 
-DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_steal **out)
+DPAR_API dpar_status dpar_steal_create(const dpar_steal_desc *desc, dpar_steal **out)
 {
+    dpar_comm *comm;
+    dpar_allocator a;
+    int max_tasks;
     dpar_steal *s;
     dpar__steal_shared *sh = NULL;
     uint64_t *v; /* per rank: ok */
@@ -7012,21 +7043,23 @@ DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_stea
     int N, q, ok;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_steal_create: out is NULL");
     *out = NULL;
-    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_steal_create: comm is NULL");
+    if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_steal_create: desc or desc->comm is NULL");
+    comm = desc->comm, a = desc->allocator, max_tasks = desc->max_tasks;
     if (!dpar__tp_shares_memory(comm, 1)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_steal_create: %s is not a comm of thread ranks (work stealing runs "
                          "tasks on the other ranks' threads)", comm->name);
     if (max_tasks < 1 || (unsigned)max_tasks > DPAR__STEAL_MASK)
         return dpar__bad_call(comm, dpar__err(DPAR_EINVAL, "dpar_steal_create: max_tasks = %d (1 to %u)", max_tasks,
                                               DPAR__STEAL_MASK));
+    if ((st = dpar__check_allocator("dpar_steal_create", &a)) != DPAR_OK) return dpar__bad_call(comm, st);
     N = comm->size;
-    s = (dpar_steal *)dpar__calloc(&comm->allocator, 1, sizeof *s);
-    v = (uint64_t *)dpar__calloc(&comm->allocator, (size_t)N, sizeof(uint64_t));
-    peers = (void **)dpar__calloc(&comm->allocator, (size_t)N, sizeof(void *));
-    if (s) s->ran = (uint32_t *)dpar__calloc(&comm->allocator, (size_t)max_tasks, sizeof(uint32_t));
+    s = (dpar_steal *)dpar__calloc(&a, 1, sizeof *s);
+    v = (uint64_t *)dpar__calloc(&a, (size_t)N, sizeof(uint64_t));
+    peers = (void **)dpar__calloc(&a, (size_t)N, sizeof(void *));
+    if (s) s->ran = (uint32_t *)dpar__calloc(&a, (size_t)max_tasks, sizeof(uint32_t));
     if (comm->rank == 0) {
-        sh = (dpar__steal_shared *)dpar__calloc(&comm->allocator, 1, sizeof *sh + (size_t)N * sizeof(dpar__steal_list));
-        if (sh) sh->refs = N, sh->allocator = comm->allocator;
+        sh = (dpar__steal_shared *)dpar__calloc(&a, 1, sizeof *sh + (size_t)N * sizeof(dpar__steal_list));
+        if (sh) sh->refs = N, sh->allocator = a;
     }
     ok = s && s->ran && peers && (comm->rank != 0 || sh);
     if (!v) { /* cannot even say so: fail the others' allgather too */
@@ -7043,17 +7076,18 @@ DPAR_API dpar_status dpar_steal_create(dpar_comm *comm, int max_tasks, dpar_stea
     }
     if (st == DPAR_OK) {
         s->comm = comm;
+        s->allocator = a;
         s->max = max_tasks;
         s->sh = (dpar__steal_shared *)peers[0];
         s->sh->lists[comm->rank].ran = s->ran; /* the one field of my list that never changes */
         *out = s;
     } else {
-        if (s) dpar__free(&comm->allocator, s->ran);
-        dpar__free(&comm->allocator, s);
-        dpar__free(&comm->allocator, sh); /* every rank saw the same words: nobody keeps it */
+        if (s) dpar__free(&a, s->ran);
+        dpar__free(&a, s);
+        dpar__free(&a, sh); /* every rank saw the same words: nobody keeps it */
     }
-    dpar__free(&comm->allocator, v);
-    dpar__free(&comm->allocator, peers);
+    dpar__free(&a, v);
+    dpar__free(&a, peers);
     return st;
 }
 
@@ -7196,7 +7230,7 @@ DPAR_API dpar_status dpar_steal_destroy(dpar_steal *s)
 {
     dpar_allocator a;
     if (!s) return DPAR_OK;
-    a = s->comm->allocator;
+    a = s->allocator;
     if (__atomic_sub_fetch(&s->sh->refs, 1, DPAR__ACQ_REL) == 0) {
         dpar_allocator mine = s->sh->allocator;
         dpar__free(&mine, s->sh);

@@ -112,8 +112,11 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     size_t pos, per;
     const size_t *mine;
     dpar_sampler sampler = {0};
+    dpar_sampler_desc smd = {0};
     dpar_buckets *buckets = NULL;
+    dpar_buckets_desc bd = {0};
     dpar_steal *steal = NULL;
+    dpar_steal_desc sd = {0};
     wgrad wg = {0};
     sgd_state opt;
     dpar_comm *comm;
@@ -128,8 +131,10 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     if (!k) TRY(dpar_set_error(DPAR_ENOMEM, "out of memory"));
     /* the same starting weights everywhere, then each rank its own share of the data */
     if (j->replicas) TRY(dpar_broadcast(comm, p, p, j->np, DPAR_F32, 0));
-    TRY(dpar_sampler_init(&sampler, j->n, nranks, rank, 7, 1, NULL));
-    TRY(dpar_buckets_create(comm, g, j->np, BUCKET * sizeof(float), DPAR_AVG, &buckets));
+    smd.n = j->n, smd.ranks = nranks, smd.rank = rank, smd.seed = 7, smd.drop_last = 1;
+    TRY(dpar_sampler_init(&sampler, &smd));
+    bd.comm = comm, bd.grads = g, bd.count = j->np, bd.bucket_bytes = BUCKET * sizeof(float), bd.op = DPAR_AVG;
+    TRY(dpar_buckets_create(&bd, &buckets));
     opt.p = p, opt.g = g, opt.lr = lr;
     TRY(dpar_buckets_set_update(buckets, p, sgd, &opt));
     TRY(dpar_buckets_set_direct(buckets, 1)); /* thread ranks: reduce in shared memory, between our GEMMs */
@@ -139,7 +144,8 @@ static dpar_status rank_main(void *user, int rank, int nranks)
             if (wg.n == MAXT) TRY(dpar_set_error(DPAR_EINVAL, "more than %d weight-gradient tasks: a smaller model", MAXT));
             wg.l[wg.n] = l, wg.r0[wg.n] = k, wg.nr[wg.n++] = j->width[l] - k < i ? j->width[l] - k : i;
         }
-    TRY(dpar_steal_create(comm, wg.n, &steal));
+    sd.comm = comm, sd.max_tasks = wg.n;
+    TRY(dpar_steal_create(&sd, &steal));
     per = dpar_sampler_epoch(&sampler, 0, &mine), pos = 0;
     for (step = 0; step < j->steps; step++) {
         if (step == 1) t_start = dpar_time_ns(), gemm_ns = j->task_ns[rank] = 0, overlap = 0, waited = 0; /* step 0 warms up */

@@ -22,9 +22,11 @@ static void test_sampler(void)
             size_t per = 0;
             for (r = 0; r < ranks; r++) {
                 dpar_sampler s, t;
+                dpar_sampler_desc sd = {0};
                 const size_t *idx, *idx2;
-                CHECK(dpar_sampler_init(&s, n, ranks, r, 42, drop, NULL) == DPAR_OK);
-                CHECK(dpar_sampler_init(&t, n, ranks, r, 42, drop, NULL) == DPAR_OK);
+                sd.n = n, sd.ranks = ranks, sd.rank = r, sd.seed = 42, sd.drop_last = drop;
+                CHECK(dpar_sampler_init(&s, &sd) == DPAR_OK);
+                CHECK(dpar_sampler_init(&t, &sd) == DPAR_OK);
                 per = dpar_sampler_epoch(&s, 3, &idx);
                 CHECK(per == (drop ? n / (size_t)ranks : (n + (size_t)ranks - 1) / (size_t)ranks));
                 for (k = 0; k < per; k++) seen[idx[k]]++;
@@ -57,14 +59,33 @@ static void test_sampler(void)
         }
     {
         dpar_sampler s;
-        CHECK(dpar_sampler_init(&s, 0, 1, 0, 1, 0, NULL) == DPAR_EINVAL);
-        CHECK(dpar_sampler_init(&s, 10, 2, 2, 1, 0, NULL) == DPAR_EINVAL);
-        CHECK(dpar_sampler_init(&s, 2, 3, 0, 1, 1, NULL) == DPAR_EINVAL);
+        dpar_sampler_desc sd = {0};
+        dt_counting counts = {0, 0};
+        sd.seed = 1;
+        CHECK(dpar_sampler_init(&s, NULL) == DPAR_EINVAL && s.perm == NULL);
+        CHECK(dpar_sampler_init(&s, &sd) == DPAR_EINVAL); /* n = 0 */
+        sd.n = 10, sd.ranks = 2, sd.rank = 2;
+        CHECK(dpar_sampler_init(&s, &sd) == DPAR_EINVAL);
+        sd.n = 2, sd.ranks = 3, sd.rank = 0, sd.drop_last = 1;
+        CHECK(dpar_sampler_init(&s, &sd) == DPAR_EINVAL);
+        sd.n = 5, sd.ranks = 0, sd.drop_last = 0; /* ranks 0: one rank */
+        sd.allocator.alloc = dt_count_alloc, sd.allocator.free = dt_count_free, sd.allocator.user = &counts;
+        CHECK(dpar_sampler_init(&s, &sd) == DPAR_OK && s.ranks == 1 && s.per_rank == 5);
+        CHECK(dpar_sampler_destroy(&s) == DPAR_OK && s.perm == NULL && counts.allocs == 2 && counts.frees == 2);
+        CHECK(dpar_sampler_destroy(&s) == DPAR_OK && dpar_sampler_destroy(NULL) == DPAR_OK);
     }
 }
 
 /* ---- buckets: backward marks layers from the last to the first; compare with one allreduce ---- */
 typedef struct { size_t n; int errors_case; uint64_t overlap[8]; int nb, direct; } bucket_job;
+
+/* dpar_buckets_create over comm c for the n gradients at g */
+static dpar_status buckets_make(dpar_comm *c, float *g, size_t n, size_t bucket_bytes, dpar_op op, dpar_buckets **b)
+{
+    dpar_buckets_desc d = {0};
+    d.comm = c, d.grads = g, d.count = n, d.bucket_bytes = bucket_bytes, d.op = op;
+    return dpar_buckets_create(&d, b);
+}
 
 static void bucket_rank(world *w, dpar_comm *c, int r)
 {
@@ -73,7 +94,7 @@ static void bucket_rank(world *w, dpar_comm *c, int r)
     float *g = (float *)malloc(n * sizeof(float)), *ref = (float *)malloc(n * sizeof(float));
     dpar_buckets *b;
     int step;
-    expect_ok(w, dpar_buckets_create(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
+    expect_ok(w, buckets_make(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
     if (j->direct) expect_ok(w, dpar_buckets_set_direct(b, 1), "buckets_set_direct", r);
     for (step = 0; step < 3; step++) {
         size_t end = n;
@@ -150,7 +171,7 @@ static void update_rank(world *w, dpar_comm *c, int r)
     u.p = p, u.g = g, u.lr = j->lr, u.hits = j->hits[r], u.slow = r == 1;
     for (i = 0; i < n; i++) rp[i] = (float)(i % 1000) * 0.001f; /* the same start on every rank */
     if (!j->shared) memcpy(p, rp, n * sizeof(float));
-    expect_ok(w, dpar_buckets_create(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
+    expect_ok(w, buckets_make(c, g, n, 64 * 1024, DPAR_AVG, &b), "buckets_create", r);
     expect_ok(w, dpar_buckets_set_update(b, p, sgd_block, &u), "buckets_set_update", r);
     if (j->direct) {
         expect_ok(w, dpar_buckets_set_direct(b, 1), "buckets_set_direct", r);
@@ -249,7 +270,7 @@ static void direct_errors_rank(world *w, dpar_comm *c, int r)
     int hits[5000];
     memset(hits, 0, sizeof hits);
     u.p = p, u.g = g, u.lr = 0.5f, u.hits = hits;
-    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), DPAR_SUM, &b), "buckets_create", r);
+    expect_ok(w, buckets_make(c, g, n, 1024 * sizeof(float), DPAR_SUM, &b), "buckets_create", r);
     if (dpar_buckets_set_direct(NULL, 1) != DPAR_EINVAL) note(w, "NULL buckets accepted");
     /* rank 0 with an update, the others without: refused on every rank, saying why */
     if (r == 0) expect_ok(w, dpar_buckets_set_update(b, p, sgd_block, &u), "set_update", r);
@@ -278,7 +299,7 @@ static void direct_errors_rank(world *w, dpar_comm *c, int r)
 static dpar_buckets *direct_buckets(world *w, dpar_comm *c, int r, float *g, size_t n, dpar_op op)
 {
     dpar_buckets *b = NULL;
-    expect_ok(w, dpar_buckets_create(c, g, n, 1024 * sizeof(float), op, &b), "buckets_create", r);
+    expect_ok(w, buckets_make(c, g, n, 1024 * sizeof(float), op, &b), "buckets_create", r);
     expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
     return b;
 }
@@ -317,7 +338,7 @@ static void direct_disagree_rank(world *w, dpar_comm *c, int r)
     for (k = 0; k < (w->user ? 4 : 3); k++) { /* case 3 poisons the comm: a world of its own */
         if (w->user && k < 3) continue;
         size_t per = k == 0 && r == 1 ? 256 : 1024;
-        expect_ok(w, dpar_buckets_create(c, g, n, per * sizeof(float), k == 1 && r == 1 ? DPAR_AVG : DPAR_SUM, &b), "create", r);
+        expect_ok(w, buckets_make(c, g, n, per * sizeof(float), k == 1 && r == 1 ? DPAR_AVG : DPAR_SUM, &b), "create", r);
         if (k == 2) expect_ok(w, dpar_buckets_set_update(b, r == 2 ? p : two_share, sgd_block, &u), "set_update", r);
         if (k == 3 && r == 0) expect_ok(w, dpar_buckets_ready(b, 0, 10), "ready", r); /* mid-step on rank 0 only */
         st = dpar_buckets_set_direct(b, 1);
@@ -413,6 +434,14 @@ typedef struct {
 } steal_job;
 typedef struct { steal_job *j; world *w; int rank; } steal_user;
 
+/* dpar_steal_create over comm c for lists of at most max_tasks */
+static dpar_status steal_make(dpar_comm *c, int max_tasks, dpar_steal **s)
+{
+    dpar_steal_desc d = {0};
+    d.comm = c, d.max_tasks = max_tasks;
+    return dpar_steal_create(&d, s);
+}
+
 static int steal_value(int r, int i) { return r * 1000 + i * 7 + 1; }
 
 static dpar_status steal_task(void *user, int i, int by)
@@ -451,7 +480,7 @@ static void steal_rank(world *w, dpar_comm *c, int r)
     dpar_status st;
     u.j = j, u.w = w, u.rank = r;
     j->owner[r] = pthread_self();
-    expect_ok(w, dpar_steal_create(c, ST_TASKS, &s), "steal_create", r);
+    expect_ok(w, steal_make(c, ST_TASKS, &s), "steal_create", r);
     if (!s) return;
     st = dpar_steal_run(s, ST_TASKS, steal_task, steal_done, &u);
     if (r == 1 && j->fail_task >= 0) { /* the last task fails, on the rank that took it */
@@ -472,7 +501,7 @@ static void steal_rank(world *w, dpar_comm *c, int r)
             note(w, "a list longer than max_tasks accepted: %s", dpar_last_error());
         if (dpar_steal_run(s, 1, NULL, NULL, &u) != DPAR_EINVAL || !strstr(dpar_last_error(), "task is NULL"))
             note(w, "a NULL task accepted: %s", dpar_last_error());
-        if (dpar_steal_create(c, 0, &s2) != DPAR_EINVAL || s2) note(w, "max_tasks 0 accepted");
+        if (steal_make(c, 0, &s2) != DPAR_EINVAL || s2) note(w, "max_tasks 0 accepted");
     }
     dpar_steal_counts(s, &j->taken[r], &j->given[r]);
     dpar_steal_destroy(s);
@@ -511,7 +540,7 @@ static void steal_absent_rank(world *w, dpar_comm *c, int r)
     int mode = *(int *)w->user;
     dpar_steal *s = NULL;
     dpar_status st;
-    expect_ok(w, dpar_steal_create(c, 4, &s), "steal_create", r);
+    expect_ok(w, steal_make(c, 4, &s), "steal_create", r);
     if (!s) return;
     /* every rank's create is done before rank 1 poisons (the barrier may see the poison too) */
     if (dpar_barrier(c) != DPAR_OK && mode == 1) note(w, "rank %d: barrier: %s", r, dpar_last_error());
@@ -568,7 +597,7 @@ static void gemm_steal_rank(world *w, dpar_comm *c, int r)
     gemm_steal_user u;
     dpar_steal *s = NULL;
     u.j = j, u.rank = r;
-    expect_ok(w, dpar_steal_create(c, SG_TASKS, &s), "steal_create", r);
+    expect_ok(w, steal_make(c, SG_TASKS, &s), "steal_create", r);
     if (!s) return;
     expect_ok(w, dpar_steal_run(s, SG_TASKS, gemm_steal_task, NULL, &u), "steal_run", r);
     dpar_steal_counts(s, NULL, &j->given[r]);

@@ -348,15 +348,19 @@ static void buckets_proc(world *w, dpar_comm *c, int r)
     float *g = (float *)malloc(n * sizeof(float)), *p = (float *)malloc(n * sizeof(float));
     float *rp = (float *)malloc(n * sizeof(float)), *pg[2];
     dpar_buckets *b = NULL;
+    dpar_buckets_desc bd = {0};
     pg[0] = p, pg[1] = g;
     for (i = 0; i < n; i++) g[i] = (float)((r * 13 + (int)i) % 32), p[i] = rp[i] = (float)(i % 100);
-    expect_ok(w, dpar_buckets_create(c, g, n, 40000, DPAR_SUM, &b), "buckets_create", r);
+    bd.comm = c, bd.grads = g, bd.count = n, bd.bucket_bytes = 40000, bd.op = DPAR_SUM;
+    expect_ok(w, dpar_buckets_create(&bd, &b), "buckets_create", r);
     expect_ok(w, dpar_buckets_set_update(b, p, sgd_half, pg), "buckets_set_update", r);
     if (dpar_buckets_set_direct(b, 1) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "thread ranks"))
         note(w, "rank %d: direct buckets over MPI processes accepted: %s", r, dpar_last_error());
     {
         dpar_steal *s = NULL; /* work stealing runs tasks on other ranks' threads: not across processes */
-        if (dpar_steal_create(c, 4, &s) != DPAR_EUNSUPPORTED || s || !strstr(dpar_last_error(), "thread ranks"))
+        dpar_steal_desc sd = {0};
+        sd.comm = c, sd.max_tasks = 4;
+        if (dpar_steal_create(&sd, &s) != DPAR_EUNSUPPORTED || s || !strstr(dpar_last_error(), "thread ranks"))
             note(w, "rank %d: work stealing over MPI processes accepted: %s", r, dpar_last_error());
     }
     for (i = 0; i < n; i++) { /* the reference, here: the sum over the ranks is exact */
