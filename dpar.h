@@ -857,7 +857,9 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
 typedef struct dpar_zero_desc {
-    dpar_optim kind;
+    dpar_comm *comm;     /* required: the data-parallel ranks the state is cut over */
+    size_t count;        /* the parameters, the same on every rank */
+    dpar_optim kind;     /* default DPAR_OPTIM_SGD */
     float lr;            /* required */
     float momentum;      /* SGD: v = momentum v + g; p -= lr v (0: plain SGD) */
     float beta1, beta2;  /* Adam (AdamW); 0: 0.9 and 0.999 */
@@ -868,10 +870,11 @@ typedef struct dpar_zero_desc {
 
 typedef struct dpar_zero dpar_zero;
 
-/* dpar_zero_create: a ZeRO-1 optimizer for `count` parameters over the ranks of dp.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL dp, desc or out, a bad kind, lr not positive), DPAR_ENOMEM.
+/* dpar_zero_create: a ZeRO-1 optimizer for the desc's `count` parameters over the ranks of its comm.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, a bad kind, lr not positive, half an allocator),
+             DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
-DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out);
+DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **out);
 /* dpar_zero_step: one optimizer step.
    params:   count floats, the same on every rank; updated in place.
    grads:    count floats, this rank's gradient; its own block is overwritten by the averaged gradient.
@@ -928,13 +931,20 @@ typedef struct dpar_pipe_schedule {
     dpar_allocator allocator;
 } dpar_pipe_schedule;
 
-/* dpar_pipe_schedule_make: make the schedule of `kind`, already checked.
-   v:        chunks per stage (1..64); 1 unless INTERLEAVED.
-   Returns:  DPAR_OK; DPAR_EINVAL naming what is wrong (p outside 1..4096, m outside 1..65535, a bad kind or v,
-             interleaved with m not a multiple of p, ...); DPAR_ENOMEM.
+/* dpar_pipe_schedule_desc: which schedule to make; a zero field means its default. */
+typedef struct dpar_pipe_schedule_desc {
+    dpar_pipe_kind kind;      /* default DPAR_PIPE_GPIPE */
+    int p;                    /* required: stages, 1..4096 */
+    int m;                    /* required: micro-batches, 1..65535; INTERLEAVED: a multiple of p, at least p */
+    int v;                    /* model chunks per stage; 0: 1; above 1 only with INTERLEAVED (1..64) */
+    dpar_allocator allocator; /* the schedule's memory (zero: malloc/free) */
+} dpar_pipe_schedule_desc;
+/* dpar_pipe_schedule_create: make the schedule of the desc's `kind`, already checked.
+   Returns:  DPAR_OK; DPAR_EINVAL naming what is wrong (NULL desc or out, p outside 1..4096, m outside 1..65535, a
+             bad kind or v, interleaved with m not a multiple of p, half an allocator, ...); DPAR_ENOMEM. On error
+             *out is NULL.
    Thread safety: any thread. */
-DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind kind, const dpar_allocator *allocator,
-                                             dpar_pipe_schedule **out);
+DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *desc, dpar_pipe_schedule **out);
 /* dpar_pipe_schedule_check: prove a schedule safe before it runs; it also recomputes bubble and peak_stash.
    Rules:    each forward and backward exactly once, every backward after its forward, every receive before
              the compute that needs it and every send after the compute that makes it, sends and receives
@@ -949,7 +959,7 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
    Returns:  like snprintf: the length it needs.
    Thread safety: any thread. */
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *schedule, char *buf, size_t size);
-/* dpar_pipe_schedule_destroy: free a schedule made by dpar_pipe_schedule_make.
+/* dpar_pipe_schedule_destroy: free a schedule made by dpar_pipe_schedule_create.
    Returns:  DPAR_OK (also for NULL).
    Thread safety: any thread, once no runner uses it. */
 DPAR_API dpar_status dpar_pipe_schedule_destroy(dpar_pipe_schedule *schedule);
@@ -1205,14 +1215,19 @@ typedef struct dpar_idx {
     float *data;
     dpar_allocator allocator;
 } dpar_idx;
-/* dpar_idx_load: read an IDX file of u8 (type 0x08) or f32 (0x0D) into floats, checking every size against the file.
-   scale:    u8 values are multiplied by it (e.g. 1/255).
-   allocator: where out->data comes from (NULL: malloc); free it with dpar_idx_destroy.
+/* dpar_idx_desc: which IDX file to load, and how; a zero field means its default. */
+typedef struct dpar_idx_desc {
+    const char *path;         /* required */
+    float scale;              /* u8 files: each byte times scale (e.g. 1.0f / 255); 0: 1. f32 files: unused */
+    dpar_allocator allocator; /* where idx->data comes from (zero: malloc/free) */
+} dpar_idx_desc;
+/* dpar_idx_init: read an IDX file of u8 (type 0x08) or f32 (0x0D) into floats, checking every size against the file.
    Returns:  DPAR_OK; DPAR_ECORRUPT with what is wrong for a truncated or malformed file (never a crash),
              DPAR_EUNSUPPORTED (another element type), DPAR_EIO (the file cannot be opened or sized),
-             DPAR_EINVAL (NULL path or out, half an allocator), DPAR_ENOMEM.
+             DPAR_EINVAL (NULL idx, desc or path, half an allocator), DPAR_ENOMEM. On error *idx is zeroed.
+   Remarks:  free idx->data with dpar_idx_destroy.
    Thread safety: any thread. */
-DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out);
+DPAR_API dpar_status dpar_idx_init(dpar_idx *idx, const dpar_idx_desc *desc);
 /* dpar_idx_destroy: free idx->data and zero *idx.
    Returns:  DPAR_OK (also for NULL or a zeroed dpar_idx).
    Thread safety: any thread. */
@@ -5698,12 +5713,14 @@ struct dpar_zero {
     long step;
 };
 
-DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_zero_desc *desc, dpar_zero **out)
+DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **out)
 {
     dpar_zero *z;
+    dpar_comm *dp;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_zero_create: out is NULL");
     *out = NULL;
-    if (!dp || !desc) return dpar__err(DPAR_EINVAL, "dpar_zero_create: comm or desc is NULL");
+    if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_zero_create: desc or desc->comm is NULL");
+    dp = desc->comm;
     if ((unsigned)desc->kind > 1) return dpar__err(DPAR_EINVAL, "dpar_zero_create: kind %d", (int)desc->kind);
     if (!(desc->lr > 0)) return dpar__err(DPAR_EINVAL, "dpar_zero_create: lr = %g (must be positive)", (double)desc->lr);
     DPAR__TRY(dpar__check_allocator("dpar_zero_create", &desc->allocator));
@@ -5714,8 +5731,8 @@ DPAR_API dpar_status dpar_zero_create(dpar_comm *dp, size_t count, const dpar_ze
     if (z->d.beta1 == 0) z->d.beta1 = 0.9f;
     if (z->d.beta2 == 0) z->d.beta2 = 0.999f;
     if (z->d.eps == 0) z->d.eps = 1e-8f;
-    z->count = count;
-    dpar_block_range(count, dp->size, dp->rank, &z->off, &z->len);
+    z->count = desc->count;
+    dpar_block_range(z->count, dp->size, dp->rank, &z->off, &z->len);
     z->m = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
     if (desc->kind == DPAR_OPTIM_ADAM) z->v = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
     if (!z->m || (desc->kind == DPAR_OPTIM_ADAM && !z->v)) {
@@ -6126,32 +6143,33 @@ DPAR_API dpar_status dpar_pipe_schedule_destroy(dpar_pipe_schedule *S)
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind kind, const dpar_allocator *allocator,
-                                             dpar_pipe_schedule **out)
+DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *desc, dpar_pipe_schedule **out)
 {
     dpar_pipe_schedule *S;
     dpar_allocator a;
-    int s;
+    dpar_pipe_kind kind;
+    int s, p, m, v;
     dpar_status st;
-    if (!out) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: out is NULL");
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: out is NULL");
     *out = NULL;
-    memset(&a, 0, sizeof a);
-    if (allocator) {
-        DPAR__TRY(dpar__check_allocator("dpar_pipe_schedule_make", allocator));
-        a = *allocator;
-    }
-    if ((unsigned)kind > DPAR_PIPE_INTERLEAVED) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: kind %d", (int)kind);
+    if (!desc) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: desc is NULL (p and m are required)");
+    DPAR__TRY(dpar__check_allocator("dpar_pipe_schedule_create", &desc->allocator));
+    a = desc->allocator, kind = desc->kind, p = desc->p, m = desc->m, v = desc->v ? desc->v : 1;
+    if ((unsigned)kind > DPAR_PIPE_INTERLEAVED)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: kind %d", (int)kind);
     if (p < 1 || m < 1 || p > 4096 || m > 65535)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: p = %d, m = %d (1..4096 stages, 1..65535 micro-batches)", p, m);
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: p = %d, m = %d (1..4096 stages, 1..65535 "
+                                      "micro-batches)", p, m);
     if (kind != DPAR_PIPE_INTERLEAVED && v != 1)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: v = %d chunks per stage needs DPAR_PIPE_INTERLEAVED", v);
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: v = %d chunks per stage needs "
+                                      "DPAR_PIPE_INTERLEAVED", v);
     if (kind == DPAR_PIPE_INTERLEAVED && (v < 1 || v > 64))
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: v = %d chunks per stage (1..64)", v);
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: v = %d chunks per stage (1..64)", v);
     if (kind == DPAR_PIPE_INTERLEAVED && (m < p || m % p))
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_make: the interleaved schedule needs m at least p and a "
-                                      "multiple of it; m = %d, p = %d", m, p);
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: the interleaved schedule needs m at least p and a "
+                                        "multiple of it; m = %d, p = %d", m, p);
     S = (dpar_pipe_schedule *)dpar__calloc(&a, 1, sizeof *S);
-    if (!S) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
+    if (!S) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
     S->allocator = a;
     S->p = p;
     S->m = m;
@@ -6162,12 +6180,12 @@ DPAR_API dpar_status dpar_pipe_schedule_make(int p, int m, int v, dpar_pipe_kind
     S->ops = (dpar_pipe_op **)dpar__calloc(&a, (size_t)p, sizeof(dpar_pipe_op *));
     if (!S->num_ops || !S->peak_stash || !S->ops) {
         dpar_pipe_schedule_destroy(S);
-        return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
+        return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
     }
     for (s = 0; s < p; s++)
         if (!(S->ops[s] = (dpar_pipe_op *)dpar__calloc(&a, (size_t)m * (size_t)v * 6, sizeof(dpar_pipe_op)))) {
             dpar_pipe_schedule_destroy(S);
-            return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_make: out of memory");
+            return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
         }
     dpar__pipe_generate(S);
     if ((st = dpar_pipe_schedule_check(S)) != DPAR_OK) { /* dpar's own schedules always pass */
@@ -7243,7 +7261,7 @@ DPAR_API dpar_status dpar_steal_destroy(dpar_steal *s)
 /* >>idx: IDX data files (MNIST format) ---------------------------------------------------------- */
 static uint32_t dpar__be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
 
-DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_allocator *allocator, dpar_idx *out)
+static dpar_status dpar__idx_read(dpar_idx *out, const char *path, float scale)
 {
     FILE *f;
     unsigned char head[4 + 8 * 4], *raw = NULL;
@@ -7251,64 +7269,58 @@ DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_all
     size_t count = 1, es, want, i;
     int type, d;
     dpar_status st = DPAR_OK;
-    if (!out || !path) return dpar__err(DPAR_EINVAL, "dpar_idx_load: path or out is NULL");
-    memset(out, 0, sizeof *out);
-    if (allocator) {
-        DPAR__TRY(dpar__check_allocator("dpar_idx_load", allocator));
-        out->allocator = *allocator;
-    }
     f = fopen(path, "rb");
-    if (!f) return dpar__err(DPAR_EIO, "dpar_idx_load: cannot open '%s': %s", path, strerror(errno));
+    if (!f) return dpar__err(DPAR_EIO, "dpar_idx_init: cannot open '%s': %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
-        return dpar__err(DPAR_EIO, "dpar_idx_load: cannot size '%s'", path);
+        return dpar__err(DPAR_EIO, "dpar_idx_init: cannot size '%s'", path);
     }
     if (size < 4 || fread(head, 1, 4, f) != 4) {
         fclose(f);
-        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' is %ld bytes, too short for an IDX header", path, size);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' is %ld bytes, too short for an IDX header", path, size);
     }
     type = head[2];
     out->ndims = head[3];
     if (head[0] || head[1]) {
         fclose(f);
-        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' is not an IDX file (magic %02x %02x %02x %02x)", path, head[0],
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' is not an IDX file (magic %02x %02x %02x %02x)", path, head[0],
                          head[1], head[2], head[3]);
     }
     if (type != 0x08 && type != 0x0D) {
         fclose(f);
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_idx_load: '%s' has data type 0x%02x; u8 (0x08) and f32 (0x0D) are "
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_idx_init: '%s' has data type 0x%02x; u8 (0x08) and f32 (0x0D) are "
                                             "supported", path, type);
     }
     if (out->ndims < 1 || out->ndims > 8) {
         fclose(f);
-        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' says it has %d dimensions (1..8)", path, out->ndims);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' says it has %d dimensions (1..8)", path, out->ndims);
     }
     if (size < 4 + 4 * out->ndims || fread(head + 4, 4, (size_t)out->ndims, f) != (size_t)out->ndims) {
         fclose(f);
-        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' is truncated inside its header (%ld bytes)", path, size);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' is truncated inside its header (%ld bytes)", path, size);
     }
     es = type == 0x08 ? 1 : 4;
     for (d = 0; d < out->ndims; d++) {
         out->dims[d] = dpar__be32(head + 4 + 4 * d);
         if (out->dims[d] && count > SIZE_MAX / es / out->dims[d]) {
             fclose(f);
-            return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' has dimensions too large to hold", path);
+            return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' has dimensions too large to hold", path);
         }
         count *= out->dims[d];
     }
     want = count * es;
     if ((size_t)(size - 4 - 4 * out->ndims) != want) {
         fclose(f);
-        return dpar__err(DPAR_ECORRUPT, "dpar_idx_load: '%s' has %ld bytes of data where its dimensions say %zu (%s)", path,
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' has %ld bytes of data where its dimensions say %zu (%s)", path,
                          size - 4 - 4L * out->ndims, want, (size_t)(size - 4 - 4 * out->ndims) < want ? "truncated" : "extra bytes");
     }
     out->count = count;
     out->data = (float *)dpar__alloc(&out->allocator, count * sizeof(float) + 1);
     raw = (unsigned char *)dpar__alloc(&out->allocator, want + 1);
     if (!out->data || !raw) {
-        st = dpar__err(DPAR_ENOMEM, "dpar_idx_load: out of memory for %zu values", count);
+        st = dpar__err(DPAR_ENOMEM, "dpar_idx_init: out of memory for %zu values", count);
     } else if (fread(raw, 1, want, f) != want) {
-        st = dpar__err(DPAR_EIO, "dpar_idx_load: reading '%s' failed", path);
+        st = dpar__err(DPAR_EIO, "dpar_idx_init: reading '%s' failed", path);
     } else if (es == 1) {
         for (i = 0; i < count; i++) out->data[i] = (float)raw[i] * scale;
     } else {
@@ -7319,7 +7331,19 @@ DPAR_API dpar_status dpar_idx_load(const char *path, float scale, const dpar_all
     }
     dpar__free(&out->allocator, raw);
     fclose(f);
-    if (st != DPAR_OK) dpar_idx_destroy(out);
+    return st;
+}
+
+DPAR_API dpar_status dpar_idx_init(dpar_idx *idx, const dpar_idx_desc *desc)
+{
+    dpar_status st;
+    if (!idx) return dpar__err(DPAR_EINVAL, "dpar_idx_init: idx is NULL");
+    memset(idx, 0, sizeof *idx);
+    if (!desc || !desc->path) return dpar__err(DPAR_EINVAL, "dpar_idx_init: desc or desc->path is NULL");
+    DPAR__TRY(dpar__check_allocator("dpar_idx_init", &desc->allocator));
+    idx->allocator = desc->allocator;
+    st = dpar__idx_read(idx, desc->path, desc->scale != 0.0f ? desc->scale : 1.0f);
+    if (st != DPAR_OK) dpar_idx_destroy(idx);
     return st;
 }
 

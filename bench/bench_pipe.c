@@ -87,10 +87,12 @@ int main(void)
             for (mi = 0; mi < 3; mi++) {
                 job j;
                 dpar_comm_desc cd;
+                dpar_pipe_schedule_desc sd = {0};
                 memset(&j, 0, sizeof j);
                 memset(&cd, 0, sizeof cd);
                 cd.size = ps[pi];
-                if (dpar_pipe_schedule_make(ps[pi], ms[mi], kind == 2 ? 2 : 1, (dpar_pipe_kind)kind, NULL, &j.S) != DPAR_OK ||
+                sd.kind = (dpar_pipe_kind)kind, sd.p = ps[pi], sd.m = ms[mi], sd.v = kind == 2 ? 2 : 1;
+                if (dpar_pipe_schedule_create(&sd, &j.S) != DPAR_OK ||
                     dpar_group_create(&cd, &j.g) != DPAR_OK) {
                     fprintf(stderr, "bench_pipe: %s\n", dpar_last_error());
                     return 1;

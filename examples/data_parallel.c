@@ -244,10 +244,13 @@ static int make_synthetic(job *j)
 static int load_idx(job *j)
 {
     dpar_idx *im = &j->images_file, lb;
+    dpar_idx_desc imd = {0}, lbd = {0};
     size_t i, D = 1;
     int d;
-    if (dpar_idx_load(j->images, 1.0f / 255, NULL, im) != DPAR_OK) return fprintf(stderr, "data_parallel: %s\n", dpar_last_error()), 0;
-    if (dpar_idx_load(j->labels, 1.0f, NULL, &lb) != DPAR_OK) return fprintf(stderr, "data_parallel: %s\n", dpar_last_error()), 0;
+    imd.path = j->images, imd.scale = 1.0f / 255;
+    lbd.path = j->labels;
+    if (dpar_idx_init(im, &imd) != DPAR_OK) return fprintf(stderr, "data_parallel: %s\n", dpar_last_error()), 0;
+    if (dpar_idx_init(&lb, &lbd) != DPAR_OK) return fprintf(stderr, "data_parallel: %s\n", dpar_last_error()), 0;
     for (d = 1; d < im->ndims; d++) D *= im->dims[d];
     if (D != (size_t)j->width[0] || lb.ndims != 1 || lb.dims[0] != im->dims[0])
         return fprintf(stderr, "data_parallel: %zu inputs of %zu values and %u labels do not fit --layers %d,...\n",

@@ -251,6 +251,7 @@ int main(void)
     static rank_state ref[PP];
     dpar_pool_desc pd;
     dpar_comm_desc cd;
+    dpar_pipe_schedule_desc sd = {0};
     dpar_pool *pool = NULL;
     dpar_status st;
     unsigned long long seed = 3;
@@ -274,7 +275,8 @@ int main(void)
     memset(&cd, 0, sizeof cd);
     pd.num_threads = cd.size = DP * TP * PP;
     j.ref = ref;
-    if ((st = dpar_pipe_schedule_make(PP, M, 1, DPAR_PIPE_1F1B, NULL, &j.S)) == DPAR_OK &&
+    sd.kind = DPAR_PIPE_1F1B, sd.p = PP, sd.m = M;
+    if ((st = dpar_pipe_schedule_create(&sd, &j.S)) == DPAR_OK &&
         (st = reference(&j, ref)) == DPAR_OK && (st = dpar_pool_create(&pd, &pool)) == DPAR_OK &&
         (st = dpar_group_create(&cd, &j.group)) == DPAR_OK)
         st = dpar_pool_run(pool, rank_main, &j);

@@ -207,6 +207,7 @@ int main(int argc, char **argv)
     stage ref;
     dpar_pool_desc pd;
     dpar_comm_desc cd;
+    dpar_pipe_schedule_desc sd = {0};
     dpar_pool *pool = NULL;
     dpar_status rc;
     char *text, how[64];
@@ -243,7 +244,8 @@ int main(int argc, char **argv)
     for (i = 0; i < B; i++)
         for (k = 0; k < OUT; k++) j.t[i * OUT + k] = sinf(3.0f * j.x[i * IN + k]) * j.x[i * IN + k + 4];
 
-    if ((rc = dpar_pipe_schedule_make(j.p, j.m, 1, DPAR_PIPE_1F1B, NULL, &j.S)) != DPAR_OK) {
+    sd.kind = DPAR_PIPE_1F1B, sd.p = j.p, sd.m = j.m;
+    if ((rc = dpar_pipe_schedule_create(&sd, &j.S)) != DPAR_OK) {
         fprintf(stderr, "pipeline: %s\n", dpar_last_error());
         return 1;
     }

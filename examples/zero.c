@@ -112,8 +112,9 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
     zd.kind = DPAR_OPTIM_ADAM;
     zd.lr = LR;
     zd.weight_decay = WD;
+    zd.comm = c, zd.count = NPARAMS;
     if (sharded) {
-        TRY(dpar_zero_create(c, NPARAMS, &zd, &z));
+        TRY(dpar_zero_create(&zd, &z));
         dpar_zero_shard(z, &j->off[r], &j->len[r]);
         j->state[r] = dpar_zero_state_bytes(z);
     } else if (!(m = (float *)calloc(2 * NPARAMS, sizeof(float)))) {

@@ -652,6 +652,7 @@ static void test_idx_reader(void)
     char path[] = "/tmp/dpar_idx_XXXXXX";
     unsigned char buf[4 + 12 + 2 * 3 * 4 * 4];
     dpar_idx idx;
+    dpar_idx_desc id = {0}; /* scale 0: 1 */
     int fd = mkstemp(path), i;
     float v;
     uint32_t u;
@@ -665,10 +666,13 @@ static void test_idx_reader(void)
     put_be32(buf + 12, 4);
     for (i = 0; i < 24; i++) buf[16 + i] = (unsigned char)(i * 10);
     write_bytes(path, buf, 16 + 24);
-    CHECK(dpar_idx_load(path, 1.0f / 255, NULL, &idx) == DPAR_OK);
+    id.path = path, id.scale = 1.0f / 255;
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_OK);
     CHECK(idx.ndims == 3 && idx.dims[0] == 2 && idx.dims[2] == 4 && idx.count == 24);
     CHECK(idx.data[23] == 230.0f * (1.0f / 255));
-    dpar_idx_destroy(&idx);
+    CHECK(dpar_idx_destroy(&idx) == DPAR_OK && idx.data == NULL && idx.count == 0);
+    CHECK(dpar_idx_destroy(&idx) == DPAR_OK && dpar_idx_destroy(NULL) == DPAR_OK);
+    id.scale = 0;
     /* f32, 1 dim */
     buf[2] = 0x0D;
     buf[3] = 1;
@@ -679,44 +683,47 @@ static void test_idx_reader(void)
         put_be32(buf + 8 + 4 * i, u);
     }
     write_bytes(path, buf, 8 + 12);
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_OK);
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_OK);
     CHECK(idx.count == 3 && idx.data[0] == -1.0f && idx.data[2] == 2.0f);
     dpar_idx_destroy(&idx);
     /* malformed: each gives its own clear error, never a crash */
     write_bytes(path, buf, 8 + 11); /* one byte short */
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "truncated"));
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT && strstr(dpar_last_error(), "truncated"));
     write_bytes(path, buf, 6); /* inside the header */
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "inside its header"));
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT && strstr(dpar_last_error(), "inside its header"));
     write_bytes(path, buf, 3);
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "too short"));
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT && strstr(dpar_last_error(), "too short"));
     write_bytes(path, buf, 0);
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT);
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT);
     buf[20 + 0] = 0;
     {
         unsigned char extra[8 + 12 + 1];
         memcpy(extra, buf, 20);
         extra[20] = 9;
         write_bytes(path, extra, 21);
-        CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "extra bytes"));
+        CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT && strstr(dpar_last_error(), "extra bytes"));
     }
     buf[0] = 'P';
     write_bytes(path, buf, 20);
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT && strstr(dpar_last_error(), "not an IDX file"));
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT && strstr(dpar_last_error(), "not an IDX file"));
     buf[0] = 0;
     buf[2] = 0x0B; /* i16: not supported */
     write_bytes(path, buf, 20);
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_EUNSUPPORTED);
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_EUNSUPPORTED);
     buf[2] = 0x08;
     buf[3] = 0; /* no dimensions */
     write_bytes(path, buf, 20);
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT);
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT);
     buf[3] = 2; /* dimensions whose product overflows */
     put_be32(buf + 4, 0xffffffffu);
     put_be32(buf + 8, 0xffffffffu);
     write_bytes(path, buf, 20);
-    CHECK(dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_ECORRUPT);
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_ECORRUPT);
     remove(path);
-    CHECK(dpar_idx_load("/nonexistent/x.idx", 1.0f, NULL, &idx) == DPAR_EIO);
+    id.path = "/nonexistent/x.idx";
+    CHECK(dpar_idx_init(&idx, &id) == DPAR_EIO && idx.ndims == 0);
+    CHECK(dpar_idx_init(&idx, NULL) == DPAR_EINVAL);
+    id.path = path;
     /* random garbage of every length: never a crash */
     for (i = 0; i < 200; i++) {
         unsigned char g[64];
@@ -724,7 +731,7 @@ static void test_idx_reader(void)
         for (k = 0; k < len; k++) g[k] = (unsigned char)dt_rand();
         if (len > 3) g[0] = g[1] = 0;
         write_bytes(path, g, len);
-        if (dpar_idx_load(path, 1.0f, NULL, &idx) == DPAR_OK) dpar_idx_destroy(&idx);
+        if (dpar_idx_init(&idx, &id) == DPAR_OK) dpar_idx_destroy(&idx);
     }
     remove(path);
 }

@@ -400,10 +400,12 @@ static void test_pipeline_over_mpi(void)
     pm_train_sequential(ref, &d, 20);
     for (kind = 0; kind < 2; kind++) {
         dpar_pipe_schedule *S = NULL;
+        dpar_pipe_schedule_desc sd = {0};
         dpar_comm *c = world_comm(NULL);
         dpar_status rc;
         double worst;
-        CHECK(dpar_pipe_schedule_make(nprocs, 8, 1, kind ? DPAR_PIPE_GPIPE : DPAR_PIPE_1F1B, NULL, &S) == DPAR_OK);
+        sd.p = nprocs, sd.m = 8, sd.kind = kind ? DPAR_PIPE_GPIPE : DPAR_PIPE_1F1B;
+        CHECK(dpar_pipe_schedule_create(&sd, &S) == DPAR_OK);
         if (!S || !c) return;
         memset(&st, 0, sizeof st);
         st.d = &d;

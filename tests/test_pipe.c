@@ -12,6 +12,14 @@
 #include "json.h"
 #include "pipe_mlp.h"
 
+/* dpar_pipe_schedule_create of kind k, p stages, m micro-batches, v chunks per stage */
+static dpar_status sched(int p, int m, int v, dpar_pipe_kind k, dpar_pipe_schedule **S)
+{
+    dpar_pipe_schedule_desc d = {0};
+    d.kind = k, d.p = p, d.m = m, d.v = v;
+    return dpar_pipe_schedule_create(&d, S);
+}
+
 static void test_schedules_match_closed_forms(void)
 {
     int kind, p, m, v, bad = 0, checked = 0;
@@ -23,7 +31,7 @@ static void test_schedules_match_closed_forms(void)
                     double want;
                     int s, stash = 0, ops = 0;
                     if (kind == 2 && m % p) continue;
-                    if (dpar_pipe_schedule_make(p, m, v, (dpar_pipe_kind)kind, NULL, &S) != DPAR_OK) {
+                    if (sched(p, m, v, (dpar_pipe_kind)kind, &S) != DPAR_OK) {
                         printf("    kind %d p=%d m=%d v=%d: %s\n", kind, p, m, v, dpar_last_error());
                         bad++;
                         continue;
@@ -53,7 +61,7 @@ static void test_schedules_match_closed_forms(void)
 static dpar_pipe_schedule *make(int p, int m, int v, dpar_pipe_kind k)
 {
     dpar_pipe_schedule *S = NULL;
-    if (dpar_pipe_schedule_make(p, m, v, k, NULL, &S) != DPAR_OK) printf("    make: %s\n", dpar_last_error());
+    if (sched(p, m, v, k, &S) != DPAR_OK) printf("    make: %s\n", dpar_last_error());
     return S;
 }
 
@@ -130,11 +138,14 @@ static void test_checker_rejects_broken_schedules(void)
     S->ops[0][0].micro = 7;
     expect_broken(S, "outside 0..1");
     /* interleaved needs m >= p (and a multiple of p) */
-    CHECK(dpar_pipe_schedule_make(4, 2, 2, DPAR_PIPE_INTERLEAVED, NULL, &T) == DPAR_EINVAL);
+    CHECK(sched(4, 2, 2, DPAR_PIPE_INTERLEAVED, &T) == DPAR_EINVAL);
     CHECK(strstr(dpar_last_error(), "m at least p") != NULL);
-    CHECK(dpar_pipe_schedule_make(4, 6, 2, DPAR_PIPE_INTERLEAVED, NULL, &T) == DPAR_EINVAL);
-    CHECK(dpar_pipe_schedule_make(0, 2, 1, DPAR_PIPE_GPIPE, NULL, &T) == DPAR_EINVAL);
-    CHECK(dpar_pipe_schedule_make(2, 2, 2, DPAR_PIPE_1F1B, NULL, &T) == DPAR_EINVAL); /* v > 1 is interleaved only */
+    CHECK(sched(4, 6, 2, DPAR_PIPE_INTERLEAVED, &T) == DPAR_EINVAL);
+    CHECK(sched(0, 2, 1, DPAR_PIPE_GPIPE, &T) == DPAR_EINVAL);
+    CHECK(sched(2, 2, 2, DPAR_PIPE_1F1B, &T) == DPAR_EINVAL); /* v > 1 is interleaved only */
+    CHECK(dpar_pipe_schedule_create(NULL, &T) == DPAR_EINVAL && T == NULL);
+    CHECK(sched(2, 2, 0, DPAR_PIPE_1F1B, &T) == DPAR_OK && T->v == 1); /* v 0: 1 */
+    CHECK(dpar_pipe_schedule_destroy(T) == DPAR_OK && dpar_pipe_schedule_destroy(NULL) == DPAR_OK);
     CHECK(dpar_pipe_schedule_check(NULL) == DPAR_EINVAL);
     /* the formatted timeline */
     {

@@ -336,7 +336,8 @@ static void zero_rank(world *w, dpar_comm *c, int r)
     d.lr = j->kind == DPAR_OPTIM_SGD ? 0.05f : 0.01f;
     d.momentum = 0.9f;
     d.weight_decay = 0.01f;
-    if (dpar_zero_create(c, ZN, &d, &z) != DPAR_OK) {
+    d.comm = c, d.count = ZN;
+    if (dpar_zero_create(&d, &z) != DPAR_OK) {
         note(w, "zero_create: %s", dpar_last_error());
         return;
     }
@@ -412,7 +413,10 @@ static void test_bad_input(void)
     CHECK(dpar_linear_init(&l, DPAR_LINEAR_FULL, 0, 4, 1, NULL, NULL, NULL) == DPAR_EINVAL);
     CHECK(dpar_linear_init(NULL, DPAR_LINEAR_FULL, 4, 4, 1, NULL, NULL, NULL) == DPAR_EINVAL);
     memset(&d, 0, sizeof d);
-    CHECK(dpar_zero_create(NULL, 10, &d, &z) == DPAR_EINVAL);
+    d.count = 10, d.lr = 0.1f;
+    CHECK(dpar_zero_create(&d, &z) == DPAR_EINVAL && z == NULL); /* no comm */
+    CHECK(dpar_zero_create(NULL, &z) == DPAR_EINVAL && z == NULL);
+    CHECK(dpar_zero_destroy(NULL) == DPAR_OK);
 }
 
 int main(int argc, char **argv)
