@@ -819,14 +819,20 @@ typedef struct dpar_linear {
     dpar_allocator allocator;
 } dpar_linear;
 
+/* dpar_linear_desc: how to set up a layer; a zero field means its default. */
+typedef struct dpar_linear_desc {
+    dpar_linear_mode mode;    /* default DPAR_LINEAR_FULL */
+    int in, out;              /* required, >= 1: the whole layer, W is (in x out) */
+    int no_bias;              /* 1: no b and db (default: a bias, cut with the columns for COLUMN) */
+    dpar_comm *comm;          /* the tp ranks: required for COLUMN and ROW, ignored for FULL */
+    dpar_pool *pool;          /* optional: the GEMMs are cut over its threads */
+    dpar_allocator allocator; /* the parameters' and gradients' memory (zero: malloc/free) */
+} dpar_linear_desc;
 /* dpar_linear_init: set up this rank's part of a layer; its parameters (zero) and gradients are allocated.
-   comm:     the tp ranks; required for COLUMN and ROW.
-   pool:     optional: the GEMMs are cut over its threads.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL layer, a bad mode, in or out < 1, COLUMN or ROW without comm),
-             DPAR_ENOMEM.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL layer or desc, a bad mode, in or out < 1, COLUMN or ROW without comm,
+             half an allocator), DPAR_ENOMEM. On error *layer is zeroed.
    Thread safety: the rank's thread. */
-DPAR_API dpar_status dpar_linear_init(dpar_linear *layer, dpar_linear_mode mode, int in, int out, int has_bias,
-                                      dpar_comm *comm, dpar_pool *pool, const dpar_allocator *allocator);
+DPAR_API dpar_status dpar_linear_init(dpar_linear *layer, const dpar_linear_desc *desc);
 /* dpar_linear_set_weights: take this rank's slice of the whole W (in x out) and b (out).
    b_full:   may be NULL.
    Returns:  DPAR_OK; DPAR_EINVAL (an uninitialised layer, NULL w_full).
@@ -5588,20 +5594,21 @@ static dpar_status dpar__gemm_on(dpar_pool *pool, dpar_trans ta, dpar_trans tb, 
                 : dpar_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
-DPAR_API dpar_status dpar_linear_init(dpar_linear *l, dpar_linear_mode mode, int in, int out, int has_bias,
-                                      dpar_comm *comm, dpar_pool *pool, const dpar_allocator *allocator)
+DPAR_API dpar_status dpar_linear_init(dpar_linear *l, const dpar_linear_desc *desc)
 {
-    int N = 1, r = 0;
+    int N = 1, r = 0, in, out, has_bias;
     size_t off, len, nw;
+    dpar_linear_mode mode;
+    dpar_comm *comm;
     if (!l) return dpar__err(DPAR_EINVAL, "dpar_linear_init: layer is NULL");
     memset(l, 0, sizeof *l);
+    if (!desc) return dpar__err(DPAR_EINVAL, "dpar_linear_init: desc is NULL (in and out are required)");
+    mode = desc->mode, in = desc->in, out = desc->out, has_bias = !desc->no_bias, comm = desc->comm;
     if ((unsigned)mode > 2) return dpar__err(DPAR_EINVAL, "dpar_linear_init: mode %d", (int)mode);
     if (in < 1 || out < 1) return dpar__err(DPAR_EINVAL, "dpar_linear_init: in = %d, out = %d", in, out);
     if (mode != DPAR_LINEAR_FULL && !comm) return dpar__err(DPAR_EINVAL, "dpar_linear_init: a parallel layer needs its comm");
-    if (allocator) {
-        DPAR__TRY(dpar__check_allocator("dpar_linear_init", allocator));
-        l->allocator = *allocator;
-    }
+    DPAR__TRY(dpar__check_allocator("dpar_linear_init", &desc->allocator));
+    l->allocator = desc->allocator;
     if (mode != DPAR_LINEAR_FULL) {
         N = comm->size;
         r = comm->rank;
@@ -5610,7 +5617,7 @@ DPAR_API dpar_status dpar_linear_init(dpar_linear *l, dpar_linear_mode mode, int
     l->in = in;
     l->out = out;
     l->comm = mode == DPAR_LINEAR_FULL ? NULL : comm;
-    l->pool = pool;
+    l->pool = desc->pool;
     l->in_local = in;
     l->out_local = out;
     if (mode == DPAR_LINEAR_COLUMN) {

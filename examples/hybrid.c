@@ -137,6 +137,7 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
     dpar_linear *L[2] = {&r->up, &r->down};
     dpar_pipe *pipe = NULL;
     dpar_pipe_desc pd;
+    dpar_linear_desc ud = {0}, dd = {0};
     dpar_comm_stats s[2];
     dpar_status st = DPAR_OK;
     float lo[D * F], hi[D * F];
@@ -144,8 +145,10 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
     TRY(dpar_mesh_create(world, DP, TP, PP, &r->mesh));
     pp = r->mesh.pp_rank;
     j->coords[wr][0] = r->mesh.dp_rank, j->coords[wr][1] = r->mesh.tp_rank, j->coords[wr][2] = pp;
-    TRY(dpar_linear_init(&r->up, DPAR_LINEAR_COLUMN, D, F, 1, r->mesh.tp_comm, NULL, NULL));
-    TRY(dpar_linear_init(&r->down, DPAR_LINEAR_ROW, F, D, 1, r->mesh.tp_comm, NULL, NULL));
+    ud.mode = DPAR_LINEAR_COLUMN, ud.in = D, ud.out = F, ud.comm = r->mesh.tp_comm;
+    dd.mode = DPAR_LINEAR_ROW, dd.in = F, dd.out = D, dd.comm = r->mesh.tp_comm;
+    TRY(dpar_linear_init(&r->up, &ud));
+    TRY(dpar_linear_init(&r->down, &dd));
     TRY(dpar_linear_set_weights(&r->up, j->w1[pp], j->b1[pp])); /* my stage's block, my tp slice */
     TRY(dpar_linear_set_weights(&r->down, j->w2[pp], j->b2[pp]));
     memset(&pd, 0, sizeof pd);
@@ -220,12 +223,14 @@ static dpar_status rank_main(void *user, int wr, int n)
 static dpar_status reference(job *j, rank_state *r)
 {
     float act[ROWS * D], g[ROWS * D];
+    dpar_linear_desc ud = {0}, dd = {0}; /* FULL */
     dpar_status st = DPAR_OK;
     int k, step, d, micro;
+    ud.in = D, ud.out = F;
+    dd.in = F, dd.out = D;
     for (k = 0; k < PP && st == DPAR_OK; k++) {
         r[k].j = j;
-        if ((st = dpar_linear_init(&r[k].up, DPAR_LINEAR_FULL, D, F, 1, NULL, NULL, NULL)) == DPAR_OK &&
-            (st = dpar_linear_init(&r[k].down, DPAR_LINEAR_FULL, F, D, 1, NULL, NULL, NULL)) == DPAR_OK &&
+        if ((st = dpar_linear_init(&r[k].up, &ud)) == DPAR_OK && (st = dpar_linear_init(&r[k].down, &dd)) == DPAR_OK &&
             (st = dpar_linear_set_weights(&r[k].up, j->w1[k], j->b1[k])) == DPAR_OK)
             st = dpar_linear_set_weights(&r[k].down, j->w2[k], j->b2[k]);
     }

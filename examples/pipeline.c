@@ -66,6 +66,7 @@ static float *pre(stage *st, int micro, int l) { return st->pre + ((size_t)micro
 static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
 {
     dpar_status rc;
+    dpar_linear_desc ld = {0}; /* FULL layers with a bias */
     int l;
     memset(st, 0, sizeof *st);
     st->j = j;
@@ -79,7 +80,8 @@ static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
     st->gx = st->g + st->rows * H;
     if (!st->acts || !st->pre || !st->g) return dpar_set_error(DPAR_ENOMEM, "stage_init: out of memory");
     for (l = lo; l < hi; l++) {
-        if ((rc = dpar_linear_init(&st->L[l], DPAR_LINEAR_FULL, dims[l], dims[l + 1], 1, NULL, NULL, NULL)) != DPAR_OK) return rc;
+        ld.in = dims[l], ld.out = dims[l + 1];
+        if ((rc = dpar_linear_init(&st->L[l], &ld)) != DPAR_OK) return rc;
         if ((rc = dpar_linear_set_weights(&st->L[l], j->w[l], j->b[l])) != DPAR_OK) return rc;
     }
     return DPAR_OK;

@@ -208,13 +208,16 @@ static dpar_status init(ctx *c, dpar_pool *pool, int batches)
     uint64_t s = 99;
     float *w = (float *)malloc(sizeof(float) * (D * H + H * K));
     dpar_status st = w ? DPAR_OK : dpar_set_error(DPAR_ENOMEM, "out of memory");
+    dpar_linear_desc l1d = {0}, l2d = {0}; /* FULL layers with a bias */
     int i;
+    l1d.in = D, l1d.out = H;
+    l2d.in = H, l2d.out = K;
     c->pool = pool;
     c->batches = batches;
     for (i = 0; i < EVAL_N; i++) decode(((uint64_t)1 << 40) + (uint64_t)i, c->ex + i * D, &c->ey[i]); /* unseen ids */
     for (i = 0; w && i < D * H + H * K; i++) w[i] = (unit(&s) - 0.5f) * (i < D * H ? 0.3f : 0.2f);
-    if (st == DPAR_OK && (st = dpar_linear_init(&c->l1, DPAR_LINEAR_FULL, D, H, 1, NULL, NULL, NULL)) == DPAR_OK &&
-        (st = dpar_linear_init(&c->l2, DPAR_LINEAR_FULL, H, K, 1, NULL, NULL, NULL)) == DPAR_OK &&
+    if (st == DPAR_OK && (st = dpar_linear_init(&c->l1, &l1d)) == DPAR_OK &&
+        (st = dpar_linear_init(&c->l2, &l2d)) == DPAR_OK &&
         (st = dpar_linear_set_weights(&c->l1, w, NULL)) == DPAR_OK)
         st = dpar_linear_set_weights(&c->l2, w + D * H, NULL);
     free(w);

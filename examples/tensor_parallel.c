@@ -69,13 +69,16 @@ static dpar_status train_rank(job *j, dpar_comm *c, int rank)
     static const dpar_linear_mode modes[2][2] = {{DPAR_LINEAR_COLUMN, DPAR_LINEAR_ROW}, {DPAR_LINEAR_FULL, DPAR_LINEAR_FULL}};
     float h[B * F], a[B * F], da[B * F], y[B * D], dy[B * D], dx[B * D];
     dpar_linear up, down;
+    dpar_linear_desc ud = {0}, dd = {0};
     dpar_comm_stats stats;
     dpar_status st = DPAR_OK;
     int step, i, f;
     memset(&up, 0, sizeof up);
     memset(&down, 0, sizeof down);
-    TRY(dpar_linear_init(&up, modes[j->whole][0], D, F, 1, c, NULL, NULL));   /* W1 (D x F/tp): my hidden units */
-    TRY(dpar_linear_init(&down, modes[j->whole][1], F, D, 1, c, NULL, NULL)); /* W2 (F/tp x D): their rows */
+    ud.mode = modes[j->whole][0], ud.in = D, ud.out = F, ud.comm = c;
+    dd.mode = modes[j->whole][1], dd.in = F, dd.out = D, dd.comm = c;
+    TRY(dpar_linear_init(&up, &ud));     /* W1 (D x F/tp): my hidden units */
+    TRY(dpar_linear_init(&down, &dd));   /* W2 (F/tp x D): their rows */
     TRY(dpar_linear_set_weights(&up, j->w1, j->b1));                        /* each rank keeps its slice */
     TRY(dpar_linear_set_weights(&down, j->w2, j->b2));
     f = up.out_local; /* my hidden units */

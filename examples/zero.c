@@ -100,14 +100,17 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
     dpar_linear L[2];
     dpar_zero *z = NULL;
     dpar_zero_desc zd;
+    dpar_linear_desc ld = {0}; /* FULL layers with a bias */
     dpar_status st = DPAR_OK;
     double loss;
     int step, i;
     memset(L, 0, sizeof L);
     make_shard(r, x, t);
     memcpy(params, j->init, sizeof params);
-    TRY(dpar_linear_init(&L[0], DPAR_LINEAR_FULL, IN, HID, 1, NULL, NULL, NULL));
-    TRY(dpar_linear_init(&L[1], DPAR_LINEAR_FULL, HID, OUT, 1, NULL, NULL, NULL));
+    ld.in = IN, ld.out = HID;
+    TRY(dpar_linear_init(&L[0], &ld));
+    ld.in = HID, ld.out = OUT;
+    TRY(dpar_linear_init(&L[1], &ld));
     memset(&zd, 0, sizeof zd);
     zd.kind = DPAR_OPTIM_ADAM;
     zd.lr = LR;

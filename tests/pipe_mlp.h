@@ -75,8 +75,10 @@ static void pm_backward(dpar_linear *L, int lo, int hi, const float *g_in, float
 static void pm_layers(dpar_linear *L, const pm_data *d, int lo, int hi)
 {
     int l;
+    dpar_linear_desc ld = {0};
     for (l = lo; l < hi; l++) {
-        dpar_linear_init(&L[l], DPAR_LINEAR_FULL, pm_dims[l], pm_dims[l + 1], 1, NULL, NULL, NULL);
+        ld.in = pm_dims[l], ld.out = pm_dims[l + 1];
+        dpar_linear_init(&L[l], &ld);
         dpar_linear_set_weights(&L[l], d->w[l], d->b[l]);
     }
 }

@@ -9,6 +9,14 @@
 #include "dpar_test.h"
 #include "coll_matrix.h"
 
+/* dpar_linear_init of a layer with a bias */
+static dpar_status linear(dpar_linear *l, dpar_linear_mode mode, int in, int out, dpar_comm *comm)
+{
+    dpar_linear_desc d = {0};
+    d.mode = mode, d.in = in, d.out = out, d.comm = comm;
+    return dpar_linear_init(l, &d);
+}
+
 static float frand(void) { return (float)((double)(dt_rand() % 20001) / 10000.0 - 1.0); }
 static void frandom(float *x, size_t n)
 {
@@ -125,7 +133,7 @@ static void tp_rank(world *w, dpar_comm *c, int r)
     dpar_linear l;
     float x[BATCH * IN], y[BATCH * OUT], dy[BATCH * OUT], dx[BATCH * IN];
     int i, k;
-    if (dpar_linear_init(&l, (dpar_linear_mode)j->mode, IN, OUT, 1, c, NULL, NULL) != DPAR_OK) {
+    if (linear(&l, (dpar_linear_mode)j->mode, IN, OUT, c) != DPAR_OK) {
         note(w, "init: %s", dpar_last_error());
         return;
     }
@@ -166,7 +174,7 @@ static void test_tensor_parallel_layers_match_whole_layer(void)
     frandom(j.x, BATCH * IN);
     frandom(j.dy, BATCH * OUT);
     /* the whole layer, and its gradients by the plain formulas */
-    CHECK(dpar_linear_init(&whole, DPAR_LINEAR_FULL, IN, OUT, 1, NULL, NULL, NULL) == DPAR_OK);
+    CHECK(linear(&whole, DPAR_LINEAR_FULL, IN, OUT, NULL) == DPAR_OK);
     dpar_linear_set_weights(&whole, j.W, j.b);
     CHECK(dpar_linear_forward(&whole, j.x, j.y, BATCH) == DPAR_OK);
     CHECK(dpar_linear_backward(&whole, j.x, j.dy, j.dx, BATCH) == DPAR_OK);
@@ -234,7 +242,7 @@ static void test_layer_gradient_by_finite_differences(void)
     int bad;
     frandom(x, BATCH * IN);
     frandom(R, BATCH * OUT);
-    CHECK(dpar_linear_init(&l, DPAR_LINEAR_FULL, IN, OUT, 1, NULL, NULL, NULL) == DPAR_OK);
+    CHECK(linear(&l, DPAR_LINEAR_FULL, IN, OUT, NULL) == DPAR_OK);
     frandom(l.w, IN * OUT);
     frandom(l.b, OUT);
     CHECK(dpar_linear_forward(&l, x, y, BATCH) == DPAR_OK);
@@ -259,8 +267,8 @@ static void mlp_rank(world *w, dpar_comm *c, int r)
     dpar_linear l1, l2;
     float h[MB * MHID], a[MB * MHID], y[MB * MOUT], dy[MB * MOUT], da[MB * MHID];
     int step, i;
-    dpar_linear_init(&l1, DPAR_LINEAR_COLUMN, MIN, MHID, 1, c, NULL, NULL);
-    dpar_linear_init(&l2, DPAR_LINEAR_ROW, MHID, MOUT, 1, c, NULL, NULL);
+    linear(&l1, DPAR_LINEAR_COLUMN, MIN, MHID, c);
+    linear(&l2, DPAR_LINEAR_ROW, MHID, MOUT, c);
     dpar_linear_set_weights(&l1, j->W1, j->b1);
     dpar_linear_set_weights(&l2, j->W2, j->b2);
     for (step = 0; step < MSTEPS; step++) {
@@ -409,9 +417,19 @@ static void test_bad_input(void)
     dpar_linear l;
     dpar_zero *z;
     dpar_zero_desc d;
-    CHECK(dpar_linear_init(&l, DPAR_LINEAR_COLUMN, 4, 4, 1, NULL, NULL, NULL) == DPAR_EINVAL);
-    CHECK(dpar_linear_init(&l, DPAR_LINEAR_FULL, 0, 4, 1, NULL, NULL, NULL) == DPAR_EINVAL);
-    CHECK(dpar_linear_init(NULL, DPAR_LINEAR_FULL, 4, 4, 1, NULL, NULL, NULL) == DPAR_EINVAL);
+    CHECK(linear(&l, DPAR_LINEAR_COLUMN, 4, 4, NULL) == DPAR_EINVAL);
+    CHECK(linear(&l, DPAR_LINEAR_FULL, 0, 4, NULL) == DPAR_EINVAL);
+    CHECK(linear(NULL, DPAR_LINEAR_FULL, 4, 4, NULL) == DPAR_EINVAL);
+    CHECK(dpar_linear_init(&l, NULL) == DPAR_EINVAL && l.w == NULL);
+    {
+        dpar_linear_desc ld = {0};
+        dt_counting counts = {0, 0};
+        ld.in = 3, ld.out = 2, ld.no_bias = 1; /* mode 0: FULL */
+        ld.allocator.alloc = dt_count_alloc, ld.allocator.free = dt_count_free, ld.allocator.user = &counts;
+        CHECK(dpar_linear_init(&l, &ld) == DPAR_OK && l.mode == DPAR_LINEAR_FULL && l.b == NULL && l.bias_local == 0);
+        CHECK(dpar_linear_destroy(&l) == DPAR_OK && l.w == NULL && counts.allocs == counts.frees);
+        CHECK(dpar_linear_destroy(&l) == DPAR_OK && dpar_linear_destroy(NULL) == DPAR_OK);
+    }
     memset(&d, 0, sizeof d);
     d.count = 10, d.lr = 0.1f;
     CHECK(dpar_zero_create(&d, &z) == DPAR_EINVAL && z == NULL); /* no comm */
