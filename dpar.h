@@ -683,21 +683,27 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
    Thread safety: the comm's thread; collective. */
 DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out);
 
-/* dpar_mesh_create / dpar_mesh_destroy: make / free the dp, tp and pp sub-comms of a dp x tp x pp mesh.
+/* dpar_mesh_init / dpar_mesh_destroy: make / free the dp, tp and pp sub-comms of a dp x tp x pp mesh.
    world:    N = dp * tp * pp ranks, in Megatron's order: tensor-parallel ranks are neighbours, then
              data-parallel, pipeline outermost: world = (pp_rank * dp + dp_rank) * tp + tp_rank.
    Remarks:  the sub-comms are named after the world ("comm.dp", "comm.tp", "comm.pp" for a world named
-             "comm"), in their messages and trace tracks.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL argument, dp * tp * pp not the world's size); the comm's errors.
-             destroy: DPAR_OK for NULL or a zeroed mesh; the first error of the sub-comms' destroy; it zeroes *mesh.
-   Thread safety: the comm's thread; create is collective over `world`.
+             "comm"), in their messages and trace tracks; they use the world's allocator.
+   Returns:  init: DPAR_OK; DPAR_EINVAL (NULL mesh, desc or world, dp * tp * pp not the world's size); the comm's
+             errors; on error *mesh is zeroed. destroy: DPAR_OK (also for NULL or a zeroed mesh); the first error
+             of the sub-comms' destroy; it zeroes *mesh.
+   Thread safety: the comm's thread; init is collective over `world`.
    See:      docs/comm.md, 'Split and mesh'. */
 typedef struct dpar_mesh {
     int dp, tp, pp;
     int dp_rank, tp_rank, pp_rank;
     dpar_comm *dp_comm, *tp_comm, *pp_comm;
 } dpar_mesh;
-DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out);
+/* dpar_mesh_desc: the mesh's shape; a zero field means its default. */
+typedef struct dpar_mesh_desc {
+    dpar_comm *world; /* required: N = dp * tp * pp ranks */
+    int dp, tp, pp;   /* tp, pp 0: 1; dp 0: N / (tp * pp) */
+} dpar_mesh_desc;
+DPAR_API dpar_status dpar_mesh_init(dpar_mesh *mesh, const dpar_mesh_desc *desc);
 DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
 
 /* dpar_comm_stats_get / dpar_comm_stats_reset: read / clear this rank's counters: calls, bytes, time, per call.
@@ -3256,7 +3262,7 @@ struct dpar_comm {
     size_t segment_bytes;
     dpar__spin spin;
     char name[32];
-    const char *split_suffix; /* set by dpar_mesh_create around its splits: the new comm is "name.suffix" */
+    const char *split_suffix; /* set by dpar_mesh_init around its splits: the new comm is "name.suffix" */
     uint64_t seq;      /* collectives issued by this rank */
     void *scratch;     /* grown on demand, kept: no allocation per call once warm */
     size_t scratch_bytes;
@@ -4372,14 +4378,20 @@ static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, vo
     return c->tp->expose(&x, bufs, n, peers);
 }
 
-DPAR_API dpar_status dpar_mesh_create(dpar_comm *world, int dp, int tp, int pp, dpar_mesh *out)
+DPAR_API dpar_status dpar_mesh_init(dpar_mesh *out, const dpar_mesh_desc *desc)
 {
-    int w;
+    int w, dp, tp, pp;
+    dpar_comm *world;
     dpar_status st;
-    if (!world || !out) return dpar__err(DPAR_EINVAL, "dpar_mesh_create: world or out is NULL");
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_mesh_init: mesh is NULL");
     memset(out, 0, sizeof *out);
+    if (!desc || !desc->world) return dpar__err(DPAR_EINVAL, "dpar_mesh_init: desc or desc->world is NULL");
+    world = desc->world;
+    tp = desc->tp ? desc->tp : 1;
+    pp = desc->pp ? desc->pp : 1;
+    dp = desc->dp ? desc->dp : (tp > 0 && pp > 0 ? (int)(world->size / ((long)tp * pp)) : 0);
     if (dp < 1 || tp < 1 || pp < 1 || (long)dp * tp * pp != world->size)
-        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_create: dp %d x tp %d x pp %d is not the %d ranks of "
+        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_init: dp %d x tp %d x pp %d is not the %d ranks of "
                                                             "the world", dp, tp, pp, world->size));
     w = world->rank;
     out->dp = dp;

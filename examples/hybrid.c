@@ -4,7 +4,7 @@
    Check: ^ +7 +1 +1 +1
    Check: ^hybrid: dp=2 tp=2 pp=2, .*replicas bitwise identical, within .* of one-thread training, OK
 
-   The 8 ranks form a mesh (Megatron's order, dpar_mesh_create): world rank = (pp * 2 + dp) * 2 + tp.
+   The 8 ranks form a mesh (Megatron's order, dpar_mesh_init): world rank = (pp * 2 + dp) * 2 + tp.
    The model is two Megatron MLP blocks (column-parallel, GeLU, row-parallel); pipeline parallelism
    puts block 1 on stage 0 and block 2 on stage 1 (dpar_pipe, 1F1B, over mesh.pp_comm); tensor
    parallelism cuts each block over the 2 ranks of mesh.tp_comm (one allreduce forward, one
@@ -138,11 +138,13 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
     dpar_pipe *pipe = NULL;
     dpar_pipe_desc pd;
     dpar_linear_desc ud = {0}, dd = {0};
+    dpar_mesh_desc md = {0};
     dpar_comm_stats s[2];
     dpar_status st = DPAR_OK;
     float lo[D * F], hi[D * F];
     int step, k, n, pp;
-    TRY(dpar_mesh_create(world, DP, TP, PP, &r->mesh));
+    md.world = world, md.dp = DP, md.tp = TP, md.pp = PP;
+    TRY(dpar_mesh_init(&r->mesh, &md));
     pp = r->mesh.pp_rank;
     j->coords[wr][0] = r->mesh.dp_rank, j->coords[wr][1] = r->mesh.tp_rank, j->coords[wr][2] = pp;
     ud.mode = DPAR_LINEAR_COLUMN, ud.in = D, ud.out = F, ud.comm = r->mesh.tp_comm;

@@ -614,8 +614,11 @@ static void split_rank(world *w, dpar_comm *c, int r)
 static void mesh_rank(world *w, dpar_comm *c, int r)
 {
     dpar_mesh m;
+    dpar_mesh_desc md = {0};
     int64_t v = r, s;
-    expect_ok(w, dpar_mesh_create(c, 2, 2, 2, &m), "mesh", r);
+    md.world = c, md.tp = 2, md.pp = 2; /* dp 0: 8 / (2 x 2) */
+    expect_ok(w, dpar_mesh_init(&m, &md), "mesh", r);
+    if (m.dp != 2) note(w, "mesh dp %d, not 8 / (2 x 2)", m.dp);
     if (m.tp_rank != r % 2 || m.dp_rank != (r / 2) % 2 || m.pp_rank != r / 4)
         note(w, "mesh coordinates of %d: dp %d tp %d pp %d", r, m.dp_rank, m.tp_rank, m.pp_rank);
     if (dpar_comm_rank(m.tp_comm) != m.tp_rank || dpar_comm_rank(m.dp_comm) != m.dp_rank ||
@@ -639,8 +642,9 @@ static void mesh_rank(world *w, dpar_comm *c, int r)
     s = v;
     expect_ok(w, dpar_allreduce(m.pp_comm, &s, &s, 1, DPAR_I64, DPAR_SUM), "pp allreduce", r);
     if (s != 2 * (r & ~4) + 4) note(w, "pp sum on %d: %lld", r, (long long)s);
-    dpar_mesh_destroy(&m);
-    if (dpar_mesh_create(c, 3, 1, 1, &m) != DPAR_EINVAL) note(w, "a mesh of the wrong size was accepted");
+    if (dpar_mesh_destroy(&m) != DPAR_OK || m.dp_comm || dpar_mesh_destroy(&m) != DPAR_OK) note(w, "mesh destroy");
+    md.dp = 3, md.tp = 1, md.pp = 1;
+    if (dpar_mesh_init(&m, &md) != DPAR_EINVAL || m.dp_comm) note(w, "a mesh of the wrong size was accepted");
 }
 
 /* a comm of one rank runs its async requests at once, on the caller: no progress thread */

@@ -306,6 +306,7 @@ static void async_proc(world *w, dpar_comm *c, int r)
 static void mesh_proc(world *w, dpar_comm *c, int r)
 {
     dpar_mesh m;
+    dpar_mesh_desc md = {0};
     dpar_comm *half = NULL;
     int64_t v = r, want = 0;
     int q, dp = w->n % 2 == 0 ? 2 : w->n, tp = w->n % 2 == 0 ? w->n / 2 : 1;
@@ -316,7 +317,8 @@ static void mesh_proc(world *w, dpar_comm *c, int r)
         if (v != want) note(w, "split sum on %d: %lld", r, (long long)v);
         dpar_comm_destroy(half);
     }
-    expect_ok(w, dpar_mesh_create(c, dp, tp, 1, &m), "mesh", r);
+    md.world = c, md.dp = dp, md.tp = tp; /* pp 0: 1 */
+    expect_ok(w, dpar_mesh_init(&m, &md), "mesh", r);
     if (m.tp_rank != r % tp || m.dp_rank != r / tp || dpar_comm_size(m.dp_comm) != dp)
         note(w, "mesh coordinates of %d", r);
     {
