@@ -131,7 +131,7 @@
          dpar_comm_desc d = {0};  d.size = 4;
          dpar_group *g;  dpar_group_create(&d, &g);
          // on thread r (e.g. inside dpar_pool_run):
-         dpar_comm *c;  dpar_comm_create(g, r, &c);
+         dpar_comm *c;  dpar_group_join(g, r, &c);
          dpar_allreduce(c, grad, grad, n, DPAR_F32, DPAR_AVG);
 
    TRACE
@@ -567,12 +567,13 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
    Thread safety: any thread, once. */
 DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
 
-/* dpar_comm_create: join `group` as `rank`; it returns at once, the first collective meets the others.
+/* dpar_group_join: make the comm of rank `rank` of `group` (a comm is made from what it belongs to); it returns at
+             once, the first collective meets the others.
    rank:     0..size-1, each rank once, from the thread that will use it.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL group or out, rank out of range), DPAR_EBUSY (the rank has already
-             joined), DPAR_ENOMEM.
+             joined), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: any thread. */
-DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **out);
+DPAR_API dpar_status dpar_group_join(dpar_group *group, int rank, dpar_comm **out);
 /* dpar_comm_destroy: leave the group, after waiting for this rank's async requests (not collective).
    Returns:  DPAR_OK (also for NULL).
    Thread safety: the comm's thread, with nothing of this comm in flight. */
@@ -4391,8 +4392,8 @@ DPAR_API dpar_status dpar_mesh_init(dpar_mesh *out, const dpar_mesh_desc *desc)
     pp = desc->pp ? desc->pp : 1;
     dp = desc->dp ? desc->dp : (tp > 0 && pp > 0 ? (int)(world->size / ((long)tp * pp)) : 0);
     if (dp < 1 || tp < 1 || pp < 1 || (long)dp * tp * pp != world->size)
-        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_init: dp %d x tp %d x pp %d is not the %d ranks of "
-                                                            "the world", dp, tp, pp, world->size));
+        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_init: dp %d x tp %d x pp %d is not the %d "
+                                                            "ranks of the world", dp, tp, pp, world->size));
     w = world->rank;
     out->dp = dp;
     out->tp = tp;
@@ -4739,7 +4740,7 @@ static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
         if (!behind || i == x->c->rank) continue;
         int joined = DPAR__LOAD(&s->joined, DPAR__RELAXED);
         if (joined == 0)
-            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never joined (no dpar_comm_create)", i);
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never joined (no dpar_group_join)", i);
         else if (joined == 2)
             k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d has left (dpar_comm_destroy)", i);
         else if (x->lane == DPAR__LANE_COLL && at == 0)
@@ -5014,13 +5015,13 @@ static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out)
     char name[64];
     int expected = 0;
     if (rank < 0 || rank >= g->size)
-        return dpar__err(DPAR_EINVAL, "dpar_comm_create: rank %d is not in 0..%d", rank, g->size - 1);
+        return dpar__err(DPAR_EINVAL, "dpar_group_join: rank %d is not in 0..%d", rank, g->size - 1);
     if (!__atomic_compare_exchange_n(&g->slots[rank].joined, &expected, 1, 0, DPAR__ACQ_REL, DPAR__RELAXED))
-        return dpar__err(DPAR_EBUSY, "dpar_comm_create: rank %d of %s has already joined", rank, g->name);
+        return dpar__err(DPAR_EBUSY, "dpar_group_join: rank %d of %s has already joined", rank, g->name);
     c = (dpar_comm *)dpar__calloc(&g->desc.allocator, 1, sizeof *c);
     if (!c) {
         DPAR__STORE(&g->slots[rank].joined, 0, DPAR__RELEASE);
-        return dpar__err(DPAR_ENOMEM, "dpar_comm_create: out of memory");
+        return dpar__err(DPAR_ENOMEM, "dpar_group_join: out of memory");
     }
     dpar__comm_init(c, &g->desc, rank, g->size);
     c->tp = &dpar__threads_transport;
@@ -5033,11 +5034,11 @@ static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out)
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_comm_create(dpar_group *group, int rank, dpar_comm **out)
+DPAR_API dpar_status dpar_group_join(dpar_group *group, int rank, dpar_comm **out)
 {
-    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_create: out is NULL");
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_group_join: out is NULL");
     *out = NULL;
-    if (!group) return dpar__err(DPAR_EINVAL, "dpar_comm_create: group is NULL");
+    if (!group) return dpar__err(DPAR_EINVAL, "dpar_group_join: group is NULL");
     return dpar__t_join(group, rank, out);
 }
 
@@ -8617,7 +8618,7 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_create_hybrid: the threads of a process call MPI at once, which "
                                             "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
                          dpar__m_level_name(level));
-    DPAR__TRY(dpar_comm_create(local, local_rank, &lc));
+    DPAR__TRY(dpar_group_join(local, local_rank, &lc));
     T = lc->size;
     if (local_rank == 0) { /* the leader: the process's shared MPI comm, and the comm of the leaders */
         dpar_comm_desc d = lc->desc;

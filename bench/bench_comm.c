@@ -65,7 +65,7 @@ static dpar_status join(void *user, int r, int n)
     bench *b = (bench *)user;
     dpar_group *g = *(dpar_group **)((char *)user + sizeof(bench));
     (void)n;
-    return dpar_comm_create(g, r, &b->comm[r]);
+    return dpar_group_join(g, r, &b->comm[r]);
 }
 static dpar_status leave(void *user, int r, int n)
 {

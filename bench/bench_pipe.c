@@ -47,7 +47,7 @@ static dpar_status stage_main(void *user, int r, int n)
     dpar_pipe_stats s;
     int k, v = j->S->v;
     (void)n;
-    if (dpar_comm_create(j->g, r, &c) != DPAR_OK) return DPAR_EUSER;
+    if (dpar_group_join(j->g, r, &c) != DPAR_OK) return DPAR_EUSER;
     memset(&d, 0, sizeof d);
     d.schedule = j->S;
     d.comm = c;

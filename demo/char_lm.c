@@ -111,7 +111,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     char name[32];
     uint64_t tick = 0;
     int64_t step;
-    if ((st = dpar_comm_create(t->group, rank, &comm)) != DPAR_OK) return st;
+    if ((st = dpar_group_join(t->group, rank, &comm)) != DPAR_OK) return st;
     snprintf(name, sizeof name, "rank %d", rank);
     dpar_trace_set_thread_name(name);
     w.p = t->params[rank];

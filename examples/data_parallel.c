@@ -121,7 +121,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     sgd_state opt;
     dpar_comm *comm;
     dpar_status st;
-    if ((st = dpar_comm_create(j->group, rank, &comm)) != DPAR_OK) return st;
+    if ((st = dpar_group_join(j->group, rank, &comm)) != DPAR_OK) return st;
     g = (float *)calloc(j->np, sizeof(float));
     for (l = 0, k = g != NULL; l <= L; l++) { /* activations and their gradients, allocated once */
         act[l] = (float *)malloc(sizeof(float) * b * j->width[l]);

@@ -208,7 +208,7 @@ static dpar_status rank_main(void *user, int wr, int n)
     (void)n;
     if (!r) return dpar_set_error(DPAR_ENOMEM, "rank %d: out of memory", wr);
     r->j = (job *)user;
-    if ((st = dpar_comm_create(r->j->group, wr, &world)) == DPAR_OK) {
+    if ((st = dpar_group_join(r->j->group, wr, &world)) == DPAR_OK) {
         dpar_comm *mine[4];
         st = train(r, world, wr);
         mine[0] = world, mine[1] = r->mesh.tp_comm, mine[2] = r->mesh.pp_comm, mine[3] = r->mesh.dp_comm;
@@ -216,7 +216,7 @@ static dpar_status rank_main(void *user, int wr, int n)
             if (mine[k]) dpar_comm_abort(mine[k]);
         if (r->mesh.tp_comm) dpar_mesh_destroy(&r->mesh);
         dpar_comm_destroy(world);
-    } else fprintf(stderr, "rank %d: dpar_comm_create: %s\n", wr, dpar_last_error());
+    } else fprintf(stderr, "rank %d: dpar_group_join: %s\n", wr, dpar_last_error());
     free(r);
     return st;
 }

@@ -99,8 +99,8 @@ static dpar_status rank_main(void *user, int r, int n)
         y[i] = uniform(&s) < 0.5 ? r % C : (int)(uniform(&s) * C) % C;
         for (k = 0; k < D; k++) x[i * D + k] = centers[y[i]][k] + (float)(1.5 * gauss(&s));
     }
-    if ((st = dpar_comm_create(j->group, r, &c)) != DPAR_OK) {
-        fprintf(stderr, "rank %d: dpar_comm_create: %s\n", r, dpar_last_error());
+    if ((st = dpar_group_join(j->group, r, &c)) != DPAR_OK) {
+        fprintf(stderr, "rank %d: dpar_group_join: %s\n", r, dpar_last_error());
         return st;
     }
     TRY(dpar_comm_split(c, 0, r, &eval)); /* the same ranks, counted apart */

@@ -162,8 +162,8 @@ static dpar_status rank_main(void *user, int rank, int n)
     dpar_pipe_stats ps;
     dpar_status rc;
     int step;
-    if ((rc = dpar_comm_create(j->group, rank, &c)) != DPAR_OK) {
-        fprintf(stderr, "stage %d: dpar_comm_create: %s\n", rank, dpar_last_error());
+    if ((rc = dpar_group_join(j->group, rank, &c)) != DPAR_OK) {
+        fprintf(stderr, "stage %d: dpar_group_join: %s\n", rank, dpar_last_error());
         return rc;
     }
     rc = stage_init(st, j, rank * LAYERS / n, (rank + 1) * LAYERS / n, j->m);

@@ -123,8 +123,8 @@ static dpar_status rank_main(void *user, int rank, int n)
     dpar_comm *c = NULL;
     dpar_status st;
     (void)n;
-    if (!j->whole && (st = dpar_comm_create(j->group, rank, &c)) != DPAR_OK) {
-        fprintf(stderr, "rank %d: dpar_comm_create: %s\n", rank, dpar_last_error());
+    if (!j->whole && (st = dpar_group_join(j->group, rank, &c)) != DPAR_OK) {
+        fprintf(stderr, "rank %d: dpar_group_join: %s\n", rank, dpar_last_error());
         return st;
     }
     st = train_rank(j, c, rank);

@@ -167,8 +167,8 @@ static dpar_status rank_main(void *user, int r, int n)
     dpar_comm *c;
     dpar_status st;
     (void)n;
-    if ((st = dpar_comm_create(j->group, r, &c)) != DPAR_OK) {
-        fprintf(stderr, "rank %d: dpar_comm_create: %s\n", r, dpar_last_error());
+    if ((st = dpar_group_join(j->group, r, &c)) != DPAR_OK) {
+        fprintf(stderr, "rank %d: dpar_group_join: %s\n", r, dpar_last_error());
         return st;
     }
     if ((st = train(j, c, r, 1)) == DPAR_OK) st = train(j, c, r, 0);

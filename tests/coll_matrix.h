@@ -48,10 +48,10 @@ DT_UNUSED static dpar_status world_rank(void *user, int rank, int n)
 {
     world *w = (world *)user;
     dpar_comm *c = NULL;
-    dpar_status st = dpar_comm_create(w->group, rank, &c);
+    dpar_status st = dpar_group_join(w->group, rank, &c);
     (void)n;
     if (st != DPAR_OK) {
-        note(w, "rank %d: comm_create: %s", rank, dpar_last_error());
+        note(w, "rank %d: group_join: %s", rank, dpar_last_error());
         return st;
     }
     w->fn(w, c, rank);

@@ -676,7 +676,7 @@ static void test_async_on_one_rank_runs_inline(void)
     memset(&d, 0, sizeof d);
     d.size = 1;
     CHECK(dpar_group_create(&d, &g) == DPAR_OK);
-    CHECK(dpar_comm_create(g, 0, &c) == DPAR_OK);
+    CHECK(dpar_group_join(g, 0, &c) == DPAR_OK);
     before = count_threads();
     CHECK(dpar_iallreduce(c, x, y, 5, DPAR_F32, DPAR_SUM, &req) == DPAR_OK);
     CHECK(dpar_request_test(req, &done) == DPAR_OK && done == 1); /* finished before it was asked */
@@ -725,13 +725,13 @@ static void test_bad_input(void)
     CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL);
     d.timeout_ms = 0;
     CHECK(dpar_group_create(&d, &g) == DPAR_OK);
-    CHECK(dpar_comm_create(g, 2, &c) == DPAR_EINVAL && c == NULL);
-    CHECK(dpar_comm_create(NULL, 0, &c) == DPAR_EINVAL);
-    CHECK(dpar_comm_create(g, 0, &c) == DPAR_OK);
+    CHECK(dpar_group_join(g, 2, &c) == DPAR_EINVAL && c == NULL);
+    CHECK(dpar_group_join(NULL, 0, &c) == DPAR_EINVAL);
+    CHECK(dpar_group_join(g, 0, &c) == DPAR_OK);
     {
         dpar_comm *again;
         dpar_comm_desc used;
-        CHECK(dpar_comm_create(g, 0, &again) == DPAR_EBUSY);
+        CHECK(dpar_group_join(g, 0, &again) == DPAR_EBUSY);
         CHECK(dpar_comm_query(c, &used) == DPAR_OK && used.timeout_ms == 30000 && used.segment_bytes == 128 * 1024);
     }
     /* DPAR_TIMEOUT_MS applies when the description says 0; the description wins otherwise */
@@ -742,12 +742,12 @@ static void test_bad_input(void)
         memset(&d2, 0, sizeof d2);
         d2.size = 1;
         setenv("DPAR_TIMEOUT_MS", "1234", 1);
-        CHECK(dpar_group_create(&d2, &g2) == DPAR_OK && dpar_comm_create(g2, 0, &c2) == DPAR_OK);
+        CHECK(dpar_group_create(&d2, &g2) == DPAR_OK && dpar_group_join(g2, 0, &c2) == DPAR_OK);
         CHECK(dpar_comm_query(c2, &used) == DPAR_OK && used.timeout_ms == 1234);
         dpar_comm_destroy(c2);
         dpar_group_destroy(g2);
         d2.timeout_ms = 77;
-        CHECK(dpar_group_create(&d2, &g2) == DPAR_OK && dpar_comm_create(g2, 0, &c2) == DPAR_OK);
+        CHECK(dpar_group_create(&d2, &g2) == DPAR_OK && dpar_group_join(g2, 0, &c2) == DPAR_OK);
         CHECK(dpar_comm_query(c2, &used) == DPAR_OK && used.timeout_ms == 77);
         dpar_comm_destroy(c2);
         dpar_group_destroy(g2);
