@@ -47,7 +47,7 @@
      DPAR_API              override the declaration prefix (default: extern, or static under DPAR_STATIC)
      DPAR_ASSERT(c)        assertion hook for programmer errors (default: assert from <assert.h>)
      DPAR_NO_FUTEX         use a mutex/condition-variable parking lot instead of Linux futexes
-     DPAR_MPI              the MPI transport: dpar_comm_from_mpi, dpar_comm_create_hybrid (mpi.h)
+     DPAR_MPI              the MPI transport: dpar_comm_from_mpi, dpar_group_join_mpi (mpi.h)
      DPAR_OPENBLAS         dpar_sgemm calls OpenBLAS's cblas_sgemm (link -lopenblas)
      DPAR_NO_AVX2          leave out the AVX2 + FMA GEMM kernel (x86; chosen at run time otherwise)
      DPAR_SPIN_US          default microseconds a wait spins before it sleeps (default 200)
@@ -1295,17 +1295,19 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
 /* ============================================================================================== */
 /* >>hybrid: one comm over processes x threads (DPAR_MPI)                                        */
 /* ============================================================================================== */
-/* dpar_comm_create_hybrid: make a comm whose ranks are (process, thread) pairs, world rank = process * T + thread.
+/* dpar_group_join_mpi: join `local` as `local_rank` and the processes of `mpi_comm`: the hybrid comm, whose ranks
+             are (process, thread) pairs, world rank = process * T + thread.
    local:    the group where the T = local->size threads of every process meet (the same T everywhere).
    local_rank: the calling thread's index, 0..T-1.
    Remarks:  allreduce is hierarchical (threads through shared memory, one leader per process over MPI); the
              other calls go over MPI.
    Returns:  DPAR_OK; DPAR_EUNSUPPORTED (MPI gives less than MPI_THREAD_MULTIPLE, naming the level; deterministic
              on a size that is not a power of two), DPAR_EINVAL (NULL out or local, processes with different T),
-             DPAR_ESTATE (MPI is not initialised), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
+             DPAR_ESTATE (MPI is not initialised), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM. On error *out
+             is NULL.
    Thread safety: the thread of that rank; collective over the threads and the processes of `mpi_comm`.
    See:      docs/mpi.md, 'Processes x threads: the hybrid comm'. */
-DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *local, int local_rank, dpar_comm **out);
+DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_Comm mpi_comm, dpar_comm **out);
 #endif
 
 #ifdef __cplusplus
@@ -8599,7 +8601,7 @@ static const char *dpar__m_level_name(int level)
            : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED" : "MPI_THREAD_MULTIPLE";
 }
 
-DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *local, int local_rank, dpar_comm **out)
+DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_Comm mpi_comm, dpar_comm **out)
 {
     dpar_comm *lc = NULL, *ld = NULL, *c = NULL;
     dpar__hybrid *h = NULL;
@@ -8607,15 +8609,15 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
     int64_t handover = 0, tmax, tmin;
     dpar_status st = DPAR_OK;
     char why[DPAR__ERROR_TEXT] = "";
-    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_create_hybrid: out is NULL");
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_group_join_mpi: out is NULL");
     *out = NULL;
-    if (!local) return dpar__err(DPAR_EINVAL, "dpar_comm_create_hybrid: local group is NULL");
+    if (!local) return dpar__err(DPAR_EINVAL, "dpar_group_join_mpi: local group is NULL");
     MPI_Initialized(&inited);
-    if (!inited) return dpar__err(DPAR_ESTATE, "dpar_comm_create_hybrid: MPI is not initialised (call MPI_Init_thread "
+    if (!inited) return dpar__err(DPAR_ESTATE, "dpar_group_join_mpi: MPI is not initialised (call MPI_Init_thread "
                                                "with MPI_THREAD_MULTIPLE first)");
     MPI_Query_thread(&level);
     if (level < MPI_THREAD_MULTIPLE)
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_create_hybrid: the threads of a process call MPI at once, which "
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_group_join_mpi: the threads of a process call MPI at once, which "
                                             "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
                          dpar__m_level_name(level));
     DPAR__TRY(dpar_group_join(local, local_rank, &lc));
@@ -8625,9 +8627,9 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
         d.size = 0;
         h = (dpar__hybrid *)dpar__calloc(&d.allocator, 1, sizeof *h);
         if (!h) {
-            st = dpar__err(DPAR_ENOMEM, "dpar_comm_create_hybrid: out of memory");
+            st = dpar__err(DPAR_ENOMEM, "dpar_group_join_mpi: out of memory");
         } else if (MPI_Comm_dup(mpi_comm, &h->comm) != MPI_SUCCESS) {
-            st = dpar__err(DPAR_ESYSTEM, "dpar_comm_create_hybrid: MPI_Comm_dup failed");
+            st = dpar__err(DPAR_ESYSTEM, "dpar_group_join_mpi: MPI_Comm_dup failed");
             dpar__free(&d.allocator, h);
             h = NULL;
         } else {
@@ -8644,10 +8646,10 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
             st = dpar_allreduce(ld, &tmax, &tmax, 1, DPAR_I64, DPAR_MAX);
             if (st == DPAR_OK) st = dpar_allreduce(ld, &tmin, &tmin, 1, DPAR_I64, DPAR_MAX);
             if (st == DPAR_OK && (tmax != T || -tmin != T))
-                st = dpar__err(DPAR_EINVAL, "dpar_comm_create_hybrid: processes have from %lld to %lld threads; every "
+                st = dpar__err(DPAR_EINVAL, "dpar_group_join_mpi: processes have from %lld to %lld threads; every "
                                             "process needs the same", (long long)-tmin, (long long)tmax);
             if (st == DPAR_OK && d.deterministic && ((ld->size * T) & (ld->size * T - 1)))
-                st = dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_create_hybrid: the deterministic mode needs a power-of-two "
+                st = dpar__err(DPAR_EUNSUPPORTED, "dpar_group_join_mpi: the deterministic mode needs a power-of-two "
                                                   "number of ranks, not %d processes x %d threads", ld->size, T);
             if (st == DPAR_OK) {
                 ld->det = d.deterministic;
@@ -8670,7 +8672,7 @@ DPAR_API dpar_status dpar_comm_create_hybrid(MPI_Comm mpi_comm, dpar_group *loca
         if (ld) dpar_comm_destroy(ld);
         dpar_comm_destroy(lc);
         return local_rank == 0 ? dpar__err(st, "%s", why)
-                               : dpar__err(DPAR_ESYSTEM, "dpar_comm_create_hybrid: thread 0 of this process failed");
+                               : dpar__err(DPAR_ESYSTEM, "dpar_group_join_mpi: thread 0 of this process failed");
     }
     st = dpar__m_make(h->comm, 0, &lc->desc, T, local_rank, node, &c);
     if (st != DPAR_OK) return st;

@@ -430,11 +430,11 @@ static dpar_status hybrid_thread(void *user, int t, int T)
 {
     hyb_job *h = (hyb_job *)user;
     dpar_comm *c = NULL;
-    dpar_status st = dpar_comm_create_hybrid(MPI_COMM_WORLD, h->local, t, &c);
+    dpar_status st = dpar_group_join_mpi(h->local, t, MPI_COMM_WORLD, &c);
     int r;
     (void)T;
     if (st != DPAR_OK) {
-        note(h->w, "thread %d: create_hybrid: %s", t, dpar_last_error());
+        note(h->w, "thread %d: group_join_mpi: %s", t, dpar_last_error());
         return st;
     }
     r = dpar_comm_rank(c);
@@ -550,7 +550,7 @@ static void test_thread_level_is_checked(void)
     memset(&d, 0, sizeof d);
     d.size = 1;
     dpar_group_create(&d, &g);
-    CHECK(dpar_comm_create_hybrid(MPI_COMM_WORLD, g, 0, &h) == DPAR_EUNSUPPORTED && h == NULL);
+    CHECK(dpar_group_join_mpi(g, 0, MPI_COMM_WORLD, &h) == DPAR_EUNSUPPORTED && h == NULL);
     CHECK_MSG(strstr(dpar_last_error(), "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave MPI_THREAD_FUNNELED"), "%s",
               dpar_last_error());
     dpar_group_destroy(g);
