@@ -29,12 +29,12 @@
    API RULES (every public type and call keeps them)
      Create     dpar_x_create(const dpar_x_desc *desc, dpar_x **out) when dpar allocates the object;
                 dpar_x_init(dpar_x *x, const dpar_x_desc *desc) when the struct is yours (a layer, a mesh, a sampler,
-                an IDX file). Every input is in the desc, its comm or pool included; zero fields (or a NULL desc) mean
-                the defaults, except fields marked required. On error *out is NULL, or *x zeroed. A comm is made from
-                what it belongs to: dpar_group_join, dpar_group_join_mpi, dpar_comm_split, dpar_comm_from_mpi.
-                Exceptions: dpar_group_create takes its comms' dpar_comm_desc; dpar_shard_plan_make fills a plain value.
-     Destroy    dpar_status dpar_x_destroy(dpar_x *x) undoes either; NULL or a zeroed struct is a no-op (DPAR_OK);
-                everything is released unless it returns DPAR_EBUSY.
+                an IDX file, a shard plan). Every input is in the desc, its comm or pool included; zero fields (or a
+                NULL desc) mean the defaults, except fields marked required. On error *out is NULL, or *x zeroed. A
+                comm is made from what it belongs to: dpar_group_join, dpar_group_join_mpi, dpar_comm_split,
+                dpar_comm_from_mpi. The exception: dpar_group_create takes the desc of its comms, dpar_comm_desc.
+     Destroy    dpar_status dpar_x_destroy(dpar_x *x) undoes either (a shard plan holds nothing and has none); NULL or
+                a zeroed struct is a no-op (DPAR_OK); everything is released unless it returns DPAR_EBUSY.
      Memory     only the desc's `dpar_allocator allocator` field (zero: malloc/free), kept until destroy; a comm uses
                 its group's or parent's; a call's scratch memory comes from the object it is called on.
      Callbacks  each a typedef dpar_thing[_role]_fn (dpar_pool_for_fn, dpar_steal_done_fn) whose first parameter is
@@ -776,10 +776,17 @@ typedef struct dpar_shard_plan {
     dpar_shard_axis axis;
 } dpar_shard_plan;
 
-/* dpar_shard_plan_make: fill in a plan.
-   Returns:  DPAR_OK; DPAR_EINVAL (parts < 1, a bad axis, a NULL out, rows x cols too large for size_t).
+/* dpar_shard_plan_desc: the tensor and the cut; a zero field means its default. */
+typedef struct dpar_shard_plan_desc {
+    size_t rows, cols;        /* the whole tensor, row-major (0 is allowed) */
+    int parts;                /* required: the ranks, >= 1 */
+    dpar_shard_axis axis;     /* default DPAR_SHARD_ROWS */
+} dpar_shard_plan_desc;
+/* dpar_shard_plan_init: fill in a plan, checked.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL plan or desc, parts < 1, a bad axis, rows x cols too large for size_t). On
+             error *plan is zeroed.
    Thread safety: any thread. */
-DPAR_API dpar_status dpar_shard_plan_make(size_t rows, size_t cols, int parts, dpar_shard_axis axis, dpar_shard_plan *out);
+DPAR_API dpar_status dpar_shard_plan_init(dpar_shard_plan *plan, const dpar_shard_plan_desc *desc);
 /* dpar_shard_slice: the slice `rank` owns: rows [row0, row0 + nrows), cols [col0, col0 + ncols).
    Returns:  the element count of the shard; 0 for a bad rank.
    Thread safety: any thread. */
@@ -5457,12 +5464,20 @@ DPAR_API dpar_status dpar_sgemm_pool(dpar_pool *pool, dpar_trans ta, dpar_trans 
 /* >>shard: shard plans: scatter, gather, all-gather of row or column blocks --------------------- */
 #define DPAR__SHARD_TAG 0x5348 /* "SH": the point-to-point tag of the shard helpers */
 
-DPAR_API dpar_status dpar_shard_plan_make(size_t rows, size_t cols, int parts, dpar_shard_axis axis, dpar_shard_plan *out)
+DPAR_API dpar_status dpar_shard_plan_init(dpar_shard_plan *out, const dpar_shard_plan_desc *desc)
 {
-    if (!out) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: out is NULL");
-    if (parts < 1) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: parts = %d (needs at least 1)", parts);
-    if ((unsigned)axis > 1) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: axis %d is neither rows nor cols", (int)axis);
-    if (cols && rows > SIZE_MAX / cols) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_make: %zu x %zu is too large", rows, cols);
+    size_t rows, cols;
+    int parts;
+    dpar_shard_axis axis;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_init: plan is NULL");
+    memset(out, 0, sizeof *out);
+    if (!desc) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_init: desc is NULL (parts is required)");
+    rows = desc->rows, cols = desc->cols, parts = desc->parts, axis = desc->axis;
+    if (parts < 1) return dpar__err(DPAR_EINVAL, "dpar_shard_plan_init: parts = %d (needs at least 1)", parts);
+    if ((unsigned)axis > 1)
+        return dpar__err(DPAR_EINVAL, "dpar_shard_plan_init: axis %d is neither rows nor cols", (int)axis);
+    if (cols && rows > SIZE_MAX / cols)
+        return dpar__err(DPAR_EINVAL, "dpar_shard_plan_init: %zu x %zu is too large", rows, cols);
     out->rows = rows;
     out->cols = cols;
     out->parts = parts;

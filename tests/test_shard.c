@@ -43,8 +43,10 @@ static void test_shard_plans_cover_each_element_once(void)
         size_t rows = (size_t)dt_rand_int(12), cols = (size_t)dt_rand_int(12), total = 0, i, j;
         int parts = 1 + dt_rand_int(9), axis = dt_rand_int(2), r, bad = 0;
         dpar_shard_plan p;
+        dpar_shard_plan_desc pd = {0};
         int *seen = (int *)calloc(rows * cols + 1, sizeof(int));
-        CHECK(dpar_shard_plan_make(rows, cols, parts, (dpar_shard_axis)axis, &p) == DPAR_OK);
+        pd.rows = rows, pd.cols = cols, pd.parts = parts, pd.axis = (dpar_shard_axis)axis;
+        CHECK(dpar_shard_plan_init(&p, &pd) == DPAR_OK);
         for (r = 0; r < parts; r++) {
             size_t r0, nr, c0, nc, n = dpar_shard_slice(&p, r, &r0, &nr, &c0, &nc);
             bad |= n != nr * nc || (axis == 0 ? nc != cols : nr != rows);
@@ -58,9 +60,14 @@ static void test_shard_plans_cover_each_element_once(void)
     }
     {
         dpar_shard_plan p;
-        CHECK(dpar_shard_plan_make(3, 3, 0, DPAR_SHARD_ROWS, &p) == DPAR_EINVAL);
-        CHECK(dpar_shard_plan_make(3, 3, 2, (dpar_shard_axis)7, &p) == DPAR_EINVAL);
-        dpar_shard_plan_make(3, 3, 2, DPAR_SHARD_ROWS, &p);
+        dpar_shard_plan_desc pd = {0};
+        pd.rows = 3, pd.cols = 3; /* parts 0 */
+        CHECK(dpar_shard_plan_init(&p, &pd) == DPAR_EINVAL && p.parts == 0);
+        CHECK(dpar_shard_plan_init(&p, NULL) == DPAR_EINVAL);
+        pd.parts = 2, pd.axis = (dpar_shard_axis)7;
+        CHECK(dpar_shard_plan_init(&p, &pd) == DPAR_EINVAL);
+        pd.axis = DPAR_SHARD_ROWS;
+        dpar_shard_plan_init(&p, &pd);
         CHECK(dpar_shard_slice(&p, 5, NULL, NULL, NULL, NULL) == 0);
     }
 }
@@ -70,9 +77,11 @@ static void scatter_rank(world *w, dpar_comm *c, int r)
 {
     scatter_job *j = (scatter_job *)w->user;
     dpar_shard_plan p;
+    dpar_shard_plan_desc pd = {0};
     size_t es = dpar_dtype_size(j->t), n, r0, nr, c0, nc, i;
     int root = j->rows % (size_t)w->n;
-    dpar_shard_plan_make(j->rows, j->cols, w->n, (dpar_shard_axis)j->axis, &p);
+    pd.rows = j->rows, pd.cols = j->cols, pd.parts = w->n, pd.axis = (dpar_shard_axis)j->axis;
+    dpar_shard_plan_init(&p, &pd);
     n = dpar_shard_slice(&p, r, &r0, &nr, &c0, &nc);
     expect_ok(w, dpar_shard_scatter(c, &p, r == root ? j->full : NULL, j->shard[r], j->t, root), "scatter", r);
     for (i = 0; i < nr; i++) /* my shard is my slice of full */
