@@ -3171,7 +3171,8 @@ struct dpar__call;
                                   poison sequentially consistently, so a caller may pair it with a
                                   store of its own (Dekker: "reading now", then "poisoned?").
      poison(c, why, msg)          every current and later call of every rank returns `why` with msg;
-                                  the first poison wins and is what it returns. Any thread.
+                                  the first poison wins and is what it returns. Any thread. Stores the
+                                  poison sequentially consistently (the other half of the Dekker pairs).
      quiesce(c)                   leaving on an error: wait until no peer still reads this rank's
                                   buffers, so the caller may free them (NULL: nothing can be reading)
      split(x, color, key, out)    dpar_comm_split (a transport may run it on the ring algorithms)
@@ -3497,7 +3498,7 @@ static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t byt
         return x->c->tp->recv_into(x, peer, dst, bytes);
     }
     DPAR__TRY(dpar__fetch(x, peer, bytes, &p));
-    if (bytes && p != dst) memcpy(dst, p, bytes);
+    if (p != dst) dpar__tp_copy(x, dst, p, bytes);
     return dpar__release(x, peer);
 }
 
@@ -3810,34 +3811,34 @@ typedef struct dpar__call { /* one collective call, as made */
     const size_t *offs, *lens; /* allgather: rank r's block, when not dpar_block_range's */
 } dpar__call;
 
-static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
+static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
 {
     dpar__ctx x;
     dpar_status st = DPAR_OK;
-    size_t es = dpar__dtype_sizes[k->dtype];
-    const char *send = (const char *)k->send;
-    char *recv = (char *)k->recv;
+    size_t es = dpar__dtype_sizes[call->dtype];
+    const char *send = (const char *)call->send;
+    char *recv = (char *)call->recv;
     uint64_t t0 = dpar_time_ns(), dt, bytes;
     double factor = 1.0, busbw;
     int N = c->size, native = 0;
     memset(&x, 0, sizeof x);
     x.c = c;
     x.lane = DPAR__LANE_COLL;
-    x.fp.seq = k->seq;
-    x.fp.coll = (int)k->coll;
-    x.fp.count = k->count;
-    x.fp.dtype = (int)k->dtype;
-    x.fp.op = (int)k->op;
-    x.fp.root = k->root;
+    x.fp.seq = call->seq;
+    x.fp.coll = (int)call->coll;
+    x.fp.count = call->count;
+    x.fp.dtype = (int)call->dtype;
+    x.fp.op = (int)call->op;
+    x.fp.root = call->root;
     x.fp.rank = c->rank;
-    x.fp.file = k->file;
-    x.fp.line = k->line;
+    x.fp.file = call->file;
+    x.fp.line = call->line;
     x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
     if ((st = dpar__tp_poisoned(c)) != DPAR_OK) return st;
     dpar__tp_enter(&x);
     if (N == 1) { /* nothing to meet: copies only */
-        size_t bytes1 = k->count * es;
-        switch (k->coll) {
+        size_t bytes1 = call->count * es;
+        switch (call->coll) {
         case DPAR_COLL_BROADCAST:
         case DPAR_COLL_ALLGATHER:
         case DPAR_COLL_ALLTOALL:
@@ -3846,59 +3847,59 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
         case DPAR_COLL_REDUCE:
         case DPAR_COLL_REDUCE_SCATTER:
         case DPAR_COLL_ALLREDUCE:
-            if (bytes1) dpar__tp_divide(&x, recv, send, k->count, k->dtype, 1);
+            if (bytes1) dpar__tp_divide(&x, recv, send, call->count, call->dtype, 1);
             break;
         default: break;
         }
-    } else if ((st = dpar__tp_native(&x, k, &native)) != DPAR_OK) {
+    } else if ((st = dpar__tp_native(&x, call, &native)) != DPAR_OK) {
         /* the transport's own collective failed */
     } else if (native) {
         /* done by the transport's own collective */
-    } else if (k->count == 0 && k->coll != DPAR_COLL_BARRIER) {
+    } else if (call->count == 0 && call->coll != DPAR_COLL_BARRIER) {
         st = x.c->check ? dpar__barrier(&x) : DPAR_OK; /* nothing to move; the fingerprints still meet */
     } else {
-        switch (k->coll) {
+        switch (call->coll) {
         case DPAR_COLL_BARRIER: st = dpar__barrier(&x); break;
         case DPAR_COLL_BROADCAST:
-            st = dpar__broadcast_chain(&x, send, recv, k->count, es, k->root);
+            st = dpar__broadcast_chain(&x, send, recv, call->count, es, call->root);
             if (st == DPAR_OK) st = dpar__agree(&x);
             break;
         case DPAR_COLL_REDUCE:
-            st = dpar__reduce_chain(&x, send, recv, k->count, k->dtype, k->op, k->root);
+            st = dpar__reduce_chain(&x, send, recv, call->count, call->dtype, call->op, call->root);
             if (st == DPAR_OK) st = dpar__agree(&x);
             break;
         case DPAR_COLL_REDUCE_SCATTER:
-            st = dpar__ring_reduce_scatter(&x, send, recv, k->count, k->dtype, k->op, 0);
+            st = dpar__ring_reduce_scatter(&x, send, recv, call->count, call->dtype, call->op, 0);
             break;
         case DPAR_COLL_ALLGATHER: {
             size_t off, len;
-            if (k->offs) {
-                off = k->offs[c->rank];
-                len = k->lens[c->rank];
+            if (call->offs) {
+                off = call->offs[c->rank];
+                len = call->lens[c->rank];
             } else {
-                dpar_block_range(k->count, N, c->rank, &off, &len);
+                dpar_block_range(call->count, N, c->rank, &off, &len);
             }
             if (send != recv + off * es) dpar__tp_copy(&x, recv + off * es, send, len * es);
-            st = dpar__ring_allgather(&x, send, recv, k->count, es, k->offs, k->lens);
+            st = dpar__ring_allgather(&x, send, recv, call->count, es, call->offs, call->lens);
             break;
         }
         case DPAR_COLL_ALLREDUCE:
-            st = c->det ? dpar__allreduce_tree(&x, send, recv, k->count, k->dtype, k->op)
-                        : dpar__allreduce_ring(&x, send, recv, k->count, k->dtype, k->op);
+            st = c->det ? dpar__allreduce_tree(&x, send, recv, call->count, call->dtype, call->op)
+                        : dpar__allreduce_ring(&x, send, recv, call->count, call->dtype, call->op);
             break;
-        case DPAR_COLL_ALLTOALL: st = dpar__alltoall_pairwise(&x, send, recv, k->count, es); break;
-        default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)k->coll); break;
+        case DPAR_COLL_ALLTOALL: st = dpar__alltoall_pairwise(&x, send, recv, call->count, es); break;
+        default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)call->coll); break;
         }
     }
     if (st != DPAR_OK) dpar__tp_quiesce(c); /* no peer still reads our buffers */
     dt = dpar_time_ns() - t0;
-    bytes = (uint64_t)k->count * es * (k->coll == DPAR_COLL_ALLTOALL ? (uint64_t)N : 1u);
-    if (k->coll == DPAR_COLL_ALLREDUCE) factor = 2.0 * (N - 1) / N;
-    else if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER || k->coll == DPAR_COLL_ALLTOALL)
+    bytes = (uint64_t)call->count * es * (call->coll == DPAR_COLL_ALLTOALL ? (uint64_t)N : 1u);
+    if (call->coll == DPAR_COLL_ALLREDUCE) factor = 2.0 * (N - 1) / N;
+    else if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER || call->coll == DPAR_COLL_ALLTOALL)
         factor = (double)(N - 1) / N;
     busbw = dt ? (double)bytes / (double)dt * factor : 0.0;
     {
-        dpar_comm_counters *s = &c->stats.by_coll[k->coll];
+        dpar_comm_counters *s = &c->stats.by_coll[call->coll];
         uint64_t bits;
         DPAR__ADD(&s->calls, 1, DPAR__RELAXED);
         DPAR__ADD(&s->bytes_sent, x.sent, DPAR__RELAXED);
@@ -3909,14 +3910,14 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *k)
         DPAR__STORE(&c->stats.last.bytes_received, x.received, DPAR__RELAXED);
         DPAR__STORE(&c->stats.last.time_ns, dt, DPAR__RELAXED);
         memcpy(&bits, &busbw, sizeof bits);
-        DPAR__STORE(&c->last_coll, (int)k->coll, DPAR__RELAXED);
+        DPAR__STORE(&c->last_coll, (int)call->coll, DPAR__RELAXED);
         DPAR__STORE(&c->last_busbw_bits, bits, DPAR__RELAXED);
     }
     if (dpar_trace_enabled())
-        dpar__trace_span(dpar_coll_name(k->coll), "comm", t0,
+        dpar__trace_span(dpar_coll_name(call->coll), "comm", t0,
                          "\"seq\":%llu,\"count\":%llu,\"dtype\":\"%s\",\"bytes\":%llu,\"sent\":%llu,\"received\":%llu,"
                          "\"busbw_GBps\":%.3f,\"status\":%d",
-                         (unsigned long long)k->seq, (unsigned long long)k->count, dpar_dtype_name(k->dtype),
+                         (unsigned long long)call->seq, (unsigned long long)call->count, dpar_dtype_name(call->dtype),
                          (unsigned long long)bytes, (unsigned long long)x.sent, (unsigned long long)x.received, busbw,
                          (int)st);
     return st;
@@ -3939,138 +3940,138 @@ static int dpar__overlap(const void *a, size_t na, const void *b, size_t nb)
 
 static dpar_status dpar__comm_wait_async(dpar_comm *c);
 
-static dpar_status dpar__validate(dpar_comm *c, const dpar__call *k, const char *api)
+static dpar_status dpar__validate(dpar_comm *c, const dpar__call *call, const char *api)
 {
-    size_t es, n = k->count, mine = 0, off = 0, total;
+    size_t es, n = call->count, mine = 0, off = 0, total;
     int N;
     if (!c) return dpar__err(DPAR_EINVAL, "%s: comm is NULL", api);
     N = c->size;
-    es = dpar_dtype_size(k->dtype);
-    if (!es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, k->file, k->line, (int)k->dtype);
-    if ((unsigned)k->op >= DPAR_OP_COUNT)
-        return dpar__err(DPAR_EINVAL, "%s at %s:%d: op %d is not a dpar_op", api, k->file, k->line, (int)k->op);
-    if (n > SIZE_MAX / es / (k->coll == DPAR_COLL_ALLTOALL ? (size_t)N : 1u))
-        return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, k->file, k->line, n);
-    if (k->coll == DPAR_COLL_ALLREDUCE && c->det && (N & (N - 1)))
+    es = dpar_dtype_size(call->dtype);
+    if (!es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, call->file, call->line, (int)call->dtype);
+    if ((unsigned)call->op >= DPAR_OP_COUNT)
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: op %d is not a dpar_op", api, call->file, call->line, (int)call->op);
+    if (n > SIZE_MAX / es / (call->coll == DPAR_COLL_ALLTOALL ? (size_t)N : 1u))
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, call->file, call->line, n);
+    if (call->coll == DPAR_COLL_ALLREDUCE && c->det && (N & (N - 1)))
         return dpar__err(DPAR_EUNSUPPORTED, "%s at %s:%d: the deterministic mode needs a power-of-two number of ranks, "
-                                            "not %d", api, k->file, k->line, N);
-    if ((k->coll == DPAR_COLL_BROADCAST || k->coll == DPAR_COLL_REDUCE) && (k->root < 0 || k->root >= N))
-        return dpar__err(DPAR_EINVAL, "%s at %s:%d: root %d is not a rank of 0..%d", api, k->file, k->line, k->root, N - 1);
+                                            "not %d", api, call->file, call->line, N);
+    if ((call->coll == DPAR_COLL_BROADCAST || call->coll == DPAR_COLL_REDUCE) && (call->root < 0 || call->root >= N))
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: root %d is not a rank of 0..%d", api, call->file, call->line, call->root, N - 1);
     total = n * es;
-    if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER) {
-        if (k->offs) {
-            off = k->offs[c->rank];
-            mine = k->lens[c->rank];
+    if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER) {
+        if (call->offs) {
+            off = call->offs[c->rank];
+            mine = call->lens[c->rank];
         } else {
             dpar_block_range(n, N, c->rank, &off, &mine);
         }
         mine *= es;
         off *= es;
     }
-    if (k->coll == DPAR_COLL_ALLTOALL) total *= (size_t)N;
+    if (call->coll == DPAR_COLL_ALLTOALL) total *= (size_t)N;
     if (total == 0) return DPAR_OK;
-    switch (k->coll) {
+    switch (call->coll) {
     case DPAR_COLL_BROADCAST:
-        if (!k->recv || (c->rank == k->root && !k->send))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
-        if (c->rank == k->root && k->send != k->recv && dpar__overlap(k->send, total, k->recv, total))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, k->file, k->line);
+        if (!call->recv || (c->rank == call->root && !call->send))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
+        if (c->rank == call->root && call->send != call->recv && dpar__overlap(call->send, total, call->recv, total))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file, call->line);
         break;
     case DPAR_COLL_REDUCE:
-        if (!k->send || (c->rank == k->root && !k->recv))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
-        if (c->rank == k->root && k->send != k->recv && dpar__overlap(k->send, total, k->recv, total))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, k->file, k->line);
+        if (!call->send || (c->rank == call->root && !call->recv))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
+        if (c->rank == call->root && call->send != call->recv && dpar__overlap(call->send, total, call->recv, total))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file, call->line);
         break;
     case DPAR_COLL_REDUCE_SCATTER: /* in place: recv is my block of send */
-        if (!k->send || (mine && !k->recv))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
-        if ((const char *)k->recv != (const char *)k->send + off && dpar__overlap(k->send, total, k->recv, mine))
+        if (!call->send || (mine && !call->recv))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
+        if ((const char *)call->recv != (const char *)call->send + off && dpar__overlap(call->send, total, call->recv, mine))
             return dpar__err(DPAR_EINVAL, "%s at %s:%d: recv overlaps send without being this rank's block of it (offset "
-                                          "%zu)", api, k->file, k->line, off / es);
+                                          "%zu)", api, call->file, call->line, off / es);
         break;
     case DPAR_COLL_ALLGATHER: /* in place: send is my block of recv */
-        if (!k->recv || (mine && !k->send))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
-        if ((const char *)k->send != (const char *)k->recv + off && dpar__overlap(k->send, mine, k->recv, total))
+        if (!call->recv || (mine && !call->send))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
+        if ((const char *)call->send != (const char *)call->recv + off && dpar__overlap(call->send, mine, call->recv, total))
             return dpar__err(DPAR_EINVAL, "%s at %s:%d: send overlaps recv without being this rank's block of it (offset "
-                                          "%zu)", api, k->file, k->line, off / es);
+                                          "%zu)", api, call->file, call->line, off / es);
         break;
     default:
-        if (!k->send || !k->recv) return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, k->file, k->line);
-        if (k->send != k->recv && dpar__overlap(k->send, total, k->recv, total))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, k->file, k->line);
+        if (!call->send || !call->recv) return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
+        if (call->send != call->recv && dpar__overlap(call->send, total, call->recv, total))
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file, call->line);
         break;
     }
     return DPAR_OK;
 }
 
-static dpar_status dpar__collective(dpar_comm *comm, dpar__call *k, const char *api)
+static dpar_status dpar__collective(dpar_comm *comm, dpar__call *call, const char *api)
 {
-    dpar_status st = dpar__validate(comm, k, api);
+    dpar_status st = dpar__validate(comm, call, api);
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     DPAR__TRY(dpar__comm_wait_async(comm)); /* calls keep their order */
-    k->seq = ++comm->seq;
-    return dpar__execute(comm, k);
+    call->seq = ++comm->seq;
+    return dpar__execute(comm, call);
 }
 
 static dpar__call dpar__call_make(dpar_coll coll, const void *send, void *recv, size_t count, dpar_dtype t, dpar_op op,
                                   int root, const char *file, int line)
 {
-    dpar__call k;
-    memset(&k, 0, sizeof k);
-    k.coll = coll;
-    k.send = send;
-    k.recv = recv;
-    k.count = count;
-    k.dtype = t;
-    k.op = op;
-    k.root = root;
-    k.file = file;
-    k.line = line;
-    return k;
+    dpar__call call;
+    memset(&call, 0, sizeof call);
+    call.coll = coll;
+    call.send = send;
+    call.recv = recv;
+    call.count = count;
+    call.dtype = t;
+    call.op = op;
+    call.root = root;
+    call.file = file;
+    call.line = line;
+    return call;
 }
 
 DPAR_API dpar_status dpar_barrier_at(dpar_comm *comm, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_BARRIER, NULL, NULL, 0, DPAR_U8, DPAR_SUM, 0, file, line);
-    return dpar__collective(comm, &k, "dpar_barrier");
+    dpar__call call = dpar__call_make(DPAR_COLL_BARRIER, NULL, NULL, 0, DPAR_U8, DPAR_SUM, 0, file, line);
+    return dpar__collective(comm, &call, "dpar_barrier");
 }
 DPAR_API dpar_status dpar_broadcast_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                        int root, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_BROADCAST, send, recv, count, dtype, DPAR_SUM, root, file, line);
-    return dpar__collective(comm, &k, "dpar_broadcast");
+    dpar__call call = dpar__call_make(DPAR_COLL_BROADCAST, send, recv, count, dtype, DPAR_SUM, root, file, line);
+    return dpar__collective(comm, &call, "dpar_broadcast");
 }
 DPAR_API dpar_status dpar_reduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                     dpar_op op, int root, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_REDUCE, send, recv, count, dtype, op, root, file, line);
-    return dpar__collective(comm, &k, "dpar_reduce");
+    dpar__call call = dpar__call_make(DPAR_COLL_REDUCE, send, recv, count, dtype, op, root, file, line);
+    return dpar__collective(comm, &call, "dpar_reduce");
 }
 DPAR_API dpar_status dpar_reduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                             dpar_dtype dtype, dpar_op op, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
-    return dpar__collective(comm, &k, "dpar_reduce_scatter");
+    dpar__call call = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
+    return dpar__collective(comm, &call, "dpar_reduce_scatter");
 }
 DPAR_API dpar_status dpar_allgather_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                        const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
-    return dpar__collective(comm, &k, "dpar_allgather");
+    dpar__call call = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
+    return dpar__collective(comm, &call, "dpar_allgather");
 }
 DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                        dpar_op op, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, file, line);
-    return dpar__collective(comm, &k, "dpar_allreduce");
+    dpar__call call = dpar__call_make(DPAR_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, file, line);
+    return dpar__collective(comm, &call, "dpar_allreduce");
 }
 DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                       const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_ALLTOALL, send, recv, count, dtype, DPAR_SUM, 0, file, line);
-    return dpar__collective(comm, &k, "dpar_alltoall");
+    dpar__call call = dpar__call_make(DPAR_COLL_ALLTOALL, send, recv, count, dtype, DPAR_SUM, 0, file, line);
+    return dpar__collective(comm, &call, "dpar_alltoall");
 }
 
 /* ---- point-to-point ---- */
@@ -4188,7 +4189,7 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
    named by `tag`, counted in the comm's stats as sends and receives (not traced: the caller traces
    what they mean). dpar__send_posted returns once the message is offered: buf stays untouched until
    the receiver has taken it, and a send waits while DPAR__QDEPTH of this rank's messages to peer are
-   not taken yet; dpar__send_flush waits until at most `keep` are left. `who` names the caller in the
+   not taken yet; dpar__send_flush waits until at most `keep` (of `bytes` each) are left. `who` names the caller in the
    contract checker's and the timeout's messages. */
 static void dpar__p2p_begin(dpar__ctx *x, dpar_comm *c, dpar_coll coll, size_t bytes, int tag, const char *who)
 {
@@ -4215,10 +4216,10 @@ static dpar_status dpar__recv_tagged(dpar_comm *c, int peer, void *buf, size_t b
     if (st == DPAR_OK) dpar__p2p_count(c, DPAR_COLL_RECV, 0, bytes, t0);
     return st;
 }
-static dpar_status dpar__send_flush(dpar_comm *c, int peer, int keep, const char *who)
+static dpar_status dpar__send_flush(dpar_comm *c, int peer, int keep, size_t bytes, const char *who)
 {
-    dpar__ctx x;
-    dpar__p2p_begin(&x, c, DPAR_COLL_SEND, 0, 0, who);
+    dpar__ctx x; /* a timeout names the messages it waits for: sends of `bytes` */
+    dpar__p2p_begin(&x, c, DPAR_COLL_SEND, bytes, 0, who);
     return dpar__drain(&x, peer, keep);
 }
 
@@ -4342,25 +4343,30 @@ DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm)
     return DPAR_OK;
 }
 
+/* A collective the transport runs as a whole (split, expose): its call context, entered. */
+static dpar_status dpar__coll_begin(dpar__ctx *x, dpar_comm *c, dpar_coll coll, const char *who)
+{
+    DPAR__TRY(dpar__comm_wait_async(c));
+    DPAR__TRY(dpar__tp_poisoned(c));
+    memset(x, 0, sizeof *x);
+    x->c = c;
+    x->lane = DPAR__LANE_COLL;
+    x->fp.seq = ++c->seq;
+    x->fp.coll = (int)coll;
+    x->fp.rank = c->rank;
+    x->fp.file = who;
+    x->deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
+    dpar__tp_enter(x);
+    return DPAR_OK;
+}
+
 DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_comm **out)
 {
     dpar__ctx x;
-    dpar_status st;
     if (out) *out = NULL;
     if (!comm || !out) return dpar__err(DPAR_EINVAL, "dpar_comm_split: comm or out is NULL");
-    DPAR__TRY(dpar__comm_wait_async(comm));
-    DPAR__TRY(dpar__tp_poisoned(comm));
-    memset(&x, 0, sizeof x);
-    x.c = comm;
-    x.lane = DPAR__LANE_COLL;
-    x.fp.seq = ++comm->seq;
-    x.fp.coll = DPAR_COLL_SPLIT;
-    x.fp.rank = comm->rank;
-    x.fp.file = "dpar_comm_split";
-    x.deadline = comm->timeout_ns ? dpar_time_ns() + comm->timeout_ns : 0;
-    dpar__tp_enter(&x);
-    st = dpar__tp_split(&x, color, key, out);
-    return st;
+    DPAR__TRY(dpar__coll_begin(&x, comm, DPAR_COLL_SPLIT, "dpar_comm_split"));
+    return dpar__tp_split(&x, color, key, out);
 }
 
 /* Collective, for the modules that share memory between ranks (direct buckets, work stealing): each
@@ -4371,21 +4377,16 @@ static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, vo
                                 const char *who)
 {
     dpar__ctx x;
+    dpar_status st;
+    char msg[DPAR__ERROR_TEXT];
     if (!dpar__tp_shares_memory(c, one_process))
         return dpar__err(DPAR_EUNSUPPORTED, "%s: %s is not a comm of thread ranks (%s)", who, c->name,
                          one_process ? "this runs tasks on the other ranks' threads" : "this reads the other ranks' memory");
-    DPAR__TRY(dpar__comm_wait_async(c));
-    DPAR__TRY(dpar__tp_poisoned(c));
-    memset(&x, 0, sizeof x);
-    x.c = c;
-    x.lane = DPAR__LANE_COLL;
-    x.fp.seq = ++c->seq;
-    x.fp.coll = DPAR_COLL_ALLGATHER;
-    x.fp.rank = c->rank;
-    x.fp.file = who;
-    x.deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
-    dpar__tp_enter(&x);
-    return c->tp->expose(&x, bufs, n, peers);
+    DPAR__TRY(dpar__coll_begin(&x, c, DPAR_COLL_ALLGATHER, who));
+    if ((st = c->tp->expose(&x, bufs, n, peers)) == DPAR_OK) return DPAR_OK;
+    /* a failure of this rank alone must not leave the others waiting, nor a peer reading what it posted */
+    snprintf(msg, sizeof msg, "%s", dpar__tls_error);
+    return dpar__tp_fail(c, st, msg);
 }
 
 DPAR_API dpar_status dpar_mesh_init(dpar_mesh *out, const dpar_mesh_desc *desc)
@@ -4453,18 +4454,18 @@ static void dpar__request_finish(dpar_request *q, dpar_status st)
 /* run a request: its collective, and for a chained one the update and the all-gather */
 static dpar_status dpar__request_run(dpar_comm *c, dpar_request *q)
 {
-    dpar__call k = dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file, q->line);
+    dpar__call call = dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file, q->line);
     dpar_status st;
-    k.seq = q->seq;
-    st = dpar__execute(c, &k);
+    call.seq = q->seq;
+    st = dpar__execute(c, &call);
     if (st == DPAR_OK && q->then.fn) { /* update my block, then gather everyone's */
         size_t off, len;
         dpar_block_range(q->count, c->size, c->rank, &off, &len);
         q->then.fn(q->then.user, q->then.base + off, len);
-        k = dpar__call_make(DPAR_COLL_ALLGATHER, q->then.gather + off, q->then.gather, q->count, DPAR_F32, DPAR_SUM, 0,
+        call = dpar__call_make(DPAR_COLL_ALLGATHER, q->then.gather + off, q->then.gather, q->count, DPAR_F32, DPAR_SUM, 0,
                             q->file, q->line);
-        k.seq = q->seq2;
-        st = dpar__execute(c, &k);
+        call.seq = q->seq2;
+        st = dpar__execute(c, &call);
     }
     return st;
 }
@@ -4499,20 +4500,20 @@ static void *dpar__progress_main(void *arg)
     return NULL;
 }
 
-static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_request **req, const char *api,
+static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *call, dpar_request **req, const char *api,
                                      const dpar__then *then)
 {
     dpar_request *q;
     dpar_status st;
     if (req) *req = NULL;
     if (!req) {
-        st = dpar__err(DPAR_EINVAL, "%s at %s:%d: req is NULL", api, k->file, k->line);
+        st = dpar__err(DPAR_EINVAL, "%s at %s:%d: req is NULL", api, call->file, call->line);
         return comm ? dpar__bad_call(comm, st) : st;
     }
-    st = dpar__validate(comm, k, api);
+    st = dpar__validate(comm, call, api);
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     if (comm->no_async) {
-        st = dpar__err(DPAR_EUNSUPPORTED, "%s at %s:%d: %s", api, k->file, k->line, comm->no_async);
+        st = dpar__err(DPAR_EUNSUPPORTED, "%s at %s:%d: %s", api, call->file, call->line, comm->no_async);
         return dpar__bad_call(comm, st);
     }
     pthread_mutex_lock(&comm->qlock);
@@ -4523,14 +4524,14 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *k, dpar_reques
         return dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
     memset(q, 0, sizeof *q);
     q->comm = comm;
-    q->coll = (int)k->coll;
-    q->send = k->send;
-    q->recv = k->recv;
-    q->count = k->count;
-    q->dtype = k->dtype;
-    q->op = k->op;
-    q->file = k->file;
-    q->line = k->line;
+    q->coll = (int)call->coll;
+    q->send = call->send;
+    q->recv = call->recv;
+    q->count = call->count;
+    q->dtype = call->dtype;
+    q->op = call->op;
+    q->file = call->file;
+    q->line = call->line;
     q->seq = ++comm->seq;
     if (then) {
         q->then = *then;
@@ -4573,20 +4574,20 @@ static dpar_status dpar__comm_wait_async(dpar_comm *c)
 DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                         dpar_op op, dpar_request **req, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, file, line);
-    return dpar__icollective(comm, &k, req, "dpar_iallreduce", NULL);
+    dpar__call call = dpar__call_make(DPAR_COLL_ALLREDUCE, send, recv, count, dtype, op, 0, file, line);
+    return dpar__icollective(comm, &call, req, "dpar_iallreduce", NULL);
 }
 DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                              dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
-    return dpar__icollective(comm, &k, req, "dpar_ireduce_scatter", NULL);
+    dpar__call call = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
+    return dpar__icollective(comm, &call, req, "dpar_ireduce_scatter", NULL);
 }
 DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                         dpar_request **req, const char *file, int line)
 {
-    dpar__call k = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
-    return dpar__icollective(comm, &k, req, "dpar_iallgather", NULL);
+    dpar__call call = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
+    return dpar__icollective(comm, &call, req, "dpar_iallgather", NULL);
 }
 
 static dpar_status dpar__request_release(dpar_request *q)
@@ -4643,6 +4644,8 @@ typedef struct dpar__slot {
     uint64_t at_seq;
     int at_coll, at_line, joined, cpu;
     const char *at_file;
+    int at_seq_coll, at_seq_line; /* the collective #at_seq itself (at_coll..: the last call of either lane) */
+    const char *at_seq_file;
     uint64_t moved_ns;
     char pad1[DPAR__CACHE_LINE];
 } dpar__slot;
@@ -4726,7 +4729,12 @@ static void dpar__t_enter(dpar__ctx *x)
     DPAR__STORE(&s->at_coll, x->fp.coll, DPAR__RELAXED);
     DPAR__STORE(&s->at_file, x->fp.file, DPAR__RELAXED);
     DPAR__STORE(&s->at_line, x->fp.line, DPAR__RELAXED);
-    if (x->lane == DPAR__LANE_COLL) DPAR__STORE(&s->at_seq, x->fp.seq, DPAR__RELEASE);
+    if (x->lane == DPAR__LANE_COLL) {
+        DPAR__STORE(&s->at_seq_coll, x->fp.coll, DPAR__RELAXED);
+        DPAR__STORE(&s->at_seq_file, x->fp.file, DPAR__RELAXED);
+        DPAR__STORE(&s->at_seq_line, x->fp.line, DPAR__RELAXED);
+        DPAR__STORE(&s->at_seq, x->fp.seq, DPAR__RELEASE);
+    }
     dpar__cpu_note(&s->cpu);
 }
 
@@ -4743,8 +4751,10 @@ static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
     for (i = 0; i < g->size && k > 0 && (size_t)k < sizeof msg; i++) {
         dpar__slot *s = &g->slots[i];
         uint64_t at = DPAR__LOAD(&s->at_seq, DPAR__ACQUIRE);
-        int coll = DPAR__LOAD(&s->at_coll, DPAR__RELAXED), line = DPAR__LOAD(&s->at_line, DPAR__RELAXED);
-        const char *file = DPAR__LOAD(&s->at_file, DPAR__RELAXED);
+        int coll_lane = x->lane == DPAR__LANE_COLL;
+        int coll = DPAR__LOAD(coll_lane ? &s->at_seq_coll : &s->at_coll, DPAR__RELAXED);
+        int line = DPAR__LOAD(coll_lane ? &s->at_seq_line : &s->at_line, DPAR__RELAXED);
+        const char *file = DPAR__LOAD(coll_lane ? &s->at_seq_file : &s->at_file, DPAR__RELAXED);
         int behind = x->lane == DPAR__LANE_COLL ? at < x->fp.seq : i == peer;
         if (!behind || i == x->c->rank) continue;
         int joined = DPAR__LOAD(&s->joined, DPAR__RELAXED);
@@ -4933,18 +4943,12 @@ static void dpar__t_destroy(dpar_comm *c)
 static dpar_status dpar__t_expose(dpar__ctx *x, const void *const *bufs, int n, void **peers)
 {
     dpar_comm *c = x->c;
-    size_t N = (size_t)c->size, i, words = N * (size_t)n;
-    uint64_t *all;
-    char *scr = NULL;
-    DPAR__TRY(dpar__scratch(c, words * sizeof(uint64_t), &scr));
-    all = (uint64_t *)(void *)scr;
-    for (i = 0; i < (size_t)n; i++) all[(size_t)c->rank * (size_t)n + i] = (uint64_t)(uintptr_t)bufs[i];
+    size_t words = (size_t)c->size * (size_t)n, i;
+    void **mine = peers + (size_t)c->rank * (size_t)n;
+    for (i = 0; i < (size_t)n; i++) mine[i] = (void *)(uintptr_t)bufs[i]; /* gathered in place: nothing to allocate */
     x->fp.count = words;
-    x->fp.dtype = DPAR_I64;
-    DPAR__TRY(dpar__ring_allgather(x, (const char *)(all + (size_t)c->rank * (size_t)n), (char *)all, words,
-                                   sizeof(uint64_t), NULL, NULL));
-    for (i = 0; i < words; i++) peers[i] = (void *)(uintptr_t)all[i];
-    return DPAR_OK;
+    x->fp.dtype = sizeof(void *) == 8 ? DPAR_I64 : DPAR_I32;
+    return dpar__ring_allgather(x, (const char *)mine, (char *)peers, words, sizeof(void *), NULL, NULL);
 }
 
 static uint32_t dpar__t_doorbell(dpar_comm *c)
@@ -5583,7 +5587,7 @@ DPAR_API dpar_status dpar_shard_allgather(dpar_comm *c, const dpar_shard_plan *p
     size_t es = dpar_dtype_size(t), total, *layout, off = 0;
     char *dst, *scr = NULL;
     int r;
-    dpar__call k;
+    dpar__call call;
     dpar_status st = dpar__shard_check(c, p, t, 0, "dpar_shard_allgather");
     if (st != DPAR_OK) return c ? dpar__bad_call(c, st) : st;
     total = p->rows * p->cols;
@@ -5604,11 +5608,11 @@ DPAR_API dpar_status dpar_shard_allgather(dpar_comm *c, const dpar_shard_plan *p
     if (st == DPAR_OK) {
         if (dst + layout[c->rank] * es != (const char *)shard && layout[c->size + c->rank])
             memcpy(dst + layout[c->rank] * es, shard, layout[c->size + c->rank] * es);
-        k = dpar__call_make(DPAR_COLL_ALLGATHER, dst + layout[c->rank] * es, dst, total, t, DPAR_SUM, 0,
+        call = dpar__call_make(DPAR_COLL_ALLGATHER, dst + layout[c->rank] * es, dst, total, t, DPAR_SUM, 0,
                             "dpar_shard_allgather", 0);
-        k.offs = layout;
-        k.lens = layout + c->size;
-        st = dpar__collective(c, &k, "dpar_shard_allgather");
+        call.offs = layout;
+        call.lens = layout + c->size;
+        st = dpar__collective(c, &call, "dpar_shard_allgather");
     }
     if (st == DPAR_OK && scr)
         for (r = 0; r < c->size; r++) dpar__shard_copy(p, r, (char *)full, scr + layout[r] * es, es, 0);
@@ -6464,8 +6468,8 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
     /* every message delivered, every buffer back in the list */
     if (st == DPAR_OK && (pp->posted[0] || pp->posted[1])) {
         int next = (pp->stage + 1) % p, prev = (pp->stage + p - 1) % p;
-        st = dpar__send_flush(c, next, 0, "dpar_pipe_run");
-        if (st == DPAR_OK && prev != next) st = dpar__send_flush(c, prev, 0, "dpar_pipe_run");
+        st = dpar__send_flush(c, next, 0, pp->d.act_bytes, "dpar_pipe_run (the last sends)");
+        if (st == DPAR_OK && prev != next) st = dpar__send_flush(c, prev, 0, pp->d.act_bytes, "dpar_pipe_run (the last sends)");
         for (dir = 0; dir < 2 && st == DPAR_OK; dir++) {
             uint32_t i, n = pp->posted[dir] < DPAR__QDEPTH ? pp->posted[dir] : DPAR__QDEPTH;
             for (i = 0; i < n; i++) dpar__pipe_give(pp, pp->ring[dir][(pp->posted[dir] - 1 - i) % DPAR__QDEPTH]);
@@ -6817,13 +6821,13 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
             } else if (b->update.fn) { /* reduce-scatter, update my block, all-gather the params: one chained request */
                 dpar__then then = b->update;
                 size_t off;
-                dpar__call k;
+                dpar__call call;
                 dpar_block_range(be - bs, b->comm->size, b->comm->rank, &off, NULL);
-                k = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, b->grads + bs, b->grads + bs + off, be - bs, DPAR_F32,
+                call = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, b->grads + bs, b->grads + bs + off, be - bs, DPAR_F32,
                                     b->op, 0, __FILE__, __LINE__);
                 then.base = bs;
                 then.gather += bs;
-                st = dpar__icollective(b->comm, &k, &b->req[i], "dpar_buckets_ready", &then);
+                st = dpar__icollective(b->comm, &call, &b->req[i], "dpar_buckets_ready", &then);
             } else {
                 st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
             }
@@ -6954,7 +6958,8 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     int N, r, q, ok, shared = 0;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
     c = b->comm;
-    if (on && !dpar__tp_shares_memory(c, 0)) /* the same on every rank: nobody waits */
+    /* one process: the last rank to leave frees the flags with rank 0's allocator; params are compared by address */
+    if (on && !dpar__tp_shares_memory(c, 1)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
                          "read the other ranks' memory)", c->name);
     if (b->nmarks) {
@@ -7002,7 +7007,7 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
         mine[S_GRADS] = b->grads;
         mine[S_PARAMS] = b->update.fn ? b->update.gather : NULL;
         mine[S_FLAGS] = d;
-        if ((st = dpar__expose(c, mine, S_N, peers, 0, "dpar_buckets_set_direct")) != DPAR_OK) d = NULL;
+        if ((st = dpar__expose(c, mine, S_N, peers, 1, "dpar_buckets_set_direct")) != DPAR_OK) d = NULL;
     }
     for (q = 0; q < N && st == DPAR_OK; q++) { /* the same count on every rank: how many ranks share an earlier rank's params */
         int e;
@@ -8163,8 +8168,9 @@ static dpar_status dpar__m_drain(dpar__ctx *x, int peer, int max)
 static void dpar__m_enter(dpar__ctx *x)
 {
     dpar__mpi *m = DPAR__M(x->c);
+    if (x->lane != DPAR__LANE_COLL) return; /* the survey asks where a rank is in its collectives */
     pthread_mutex_lock(&m->lock);
-    if (x->lane == DPAR__LANE_COLL) m->where.seq = x->fp.seq;
+    m->where.seq = x->fp.seq;
     m->where.coll = x->fp.coll;
     m->where.line = x->fp.line;
     m->where.rank = x->c->rank;
@@ -8177,7 +8183,7 @@ static dpar_status dpar__m_poisoned(dpar_comm *c)
     dpar__mpi *m = DPAR__M(c);
     int st = DPAR__LOAD(&m->poison, DPAR__ACQUIRE);
     if (!st) {
-        if (DPAR__LOAD(&m->abort, DPAR__ACQUIRE) || (m->local && dpar__tp_is_poisoned(m->local)))
+        if (DPAR__LOAD(&m->abort, DPAR__ACQUIRE) || (m->local && dpar__tp_poisoned(m->local) != DPAR_OK))
             return dpar__m_watch(c);
         return DPAR_OK;
     }
@@ -8440,7 +8446,7 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
 }
 
 /* >>hybrid: MPI's own collectives (desc.native) and the processes x threads comm ---------------- */
-static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *k);
+static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call);
 static MPI_Datatype dpar__m_type(dpar_dtype t)
 {
     switch (t) {
@@ -8462,56 +8468,56 @@ static MPI_Op dpar__m_op(dpar_op op)
     }
 }
 
-static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *k, int *done)
+static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, int *done)
 {
     dpar_comm *c = x->c;
     dpar__mpi *m = DPAR__M(c);
-    MPI_Datatype ty = dpar__m_type(k->dtype);
-    MPI_Op op = dpar__m_op(k->op);
+    MPI_Datatype ty = dpar__m_type(call->dtype);
+    MPI_Op op = dpar__m_op(call->op);
     MPI_Request r = MPI_REQUEST_NULL;
-    size_t es = dpar__dtype_sizes[k->dtype], i;
+    size_t es = dpar__dtype_sizes[call->dtype], i;
     int rc = MPI_SUCCESS, N = c->size;
     int *counts = NULL, *displs = NULL;
     void *in_place_send;
     char *staged = NULL;
     *done = 0;
-    if (m->T > 1 && k->coll == DPAR_COLL_ALLREDUCE) {
-        dpar_status st = dpar__h_allreduce(x, k);
+    if (m->T > 1 && call->coll == DPAR_COLL_ALLREDUCE) {
+        dpar_status st = dpar__h_allreduce(x, call);
         *done = st == DPAR_OK;
         return st;
     }
-    if (!m->native || m->T != 1 || c->det || (ty == MPI_DATATYPE_NULL && k->coll != DPAR_COLL_BARRIER)) return DPAR_OK;
-    if (k->count > (size_t)INT_MAX / (size_t)N || k->offs) return DPAR_OK; /* MPI counts are ints; own layouts: the ring */
+    if (!m->native || m->T != 1 || c->det || (ty == MPI_DATATYPE_NULL && call->coll != DPAR_COLL_BARRIER)) return DPAR_OK;
+    if (call->count > (size_t)INT_MAX / (size_t)N || call->offs) return DPAR_OK; /* MPI counts are ints; own layouts: the ring */
     if (c->check) DPAR__TRY(dpar__ring_check(x)); /* fingerprints meet before MPI's call, which cannot time out */
-    if (k->coll == DPAR_COLL_REDUCE_SCATTER || k->coll == DPAR_COLL_ALLGATHER) {
+    if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER) {
         counts = (int *)dpar__alloc(&c->allocator, 2 * (size_t)N * sizeof(int));
         if (!counts) return dpar__err(DPAR_ENOMEM, "%s: out of memory", c->name);
         displs = counts + N;
         for (i = 0; i < (size_t)N; i++) {
             size_t o, l;
-            dpar_block_range(k->count, N, (int)i, &o, &l);
+            dpar_block_range(call->count, N, (int)i, &o, &l);
             counts[i] = (int)l;
             displs[i] = (int)o;
         }
     }
-    in_place_send = k->send == k->recv ? MPI_IN_PLACE : (void *)(uintptr_t)k->send;
-    switch (k->coll) {
+    in_place_send = call->send == call->recv ? MPI_IN_PLACE : (void *)(uintptr_t)call->send;
+    switch (call->coll) {
     case DPAR_COLL_BARRIER: rc = MPI_Ibarrier(m->comm, &r); break;
     case DPAR_COLL_ALLREDUCE:
-        rc = MPI_Iallreduce(in_place_send, k->recv, (int)k->count, ty, op, m->comm, &r);
+        rc = MPI_Iallreduce(in_place_send, call->recv, (int)call->count, ty, op, m->comm, &r);
         break;
     case DPAR_COLL_REDUCE:
-        rc = MPI_Ireduce(c->rank == k->root ? in_place_send : k->send, k->recv, (int)k->count, ty, op, k->root, m->comm, &r);
+        rc = MPI_Ireduce(c->rank == call->root ? in_place_send : call->send, call->recv, (int)call->count, ty, op, call->root, m->comm, &r);
         break;
     case DPAR_COLL_BROADCAST:
-        if (c->rank == k->root && k->send != k->recv) memcpy(k->recv, k->send, k->count * es);
-        rc = MPI_Ibcast(k->recv, (int)k->count, ty, k->root, m->comm, &r);
+        if (c->rank == call->root && call->send != call->recv) memcpy(call->recv, call->send, call->count * es);
+        rc = MPI_Ibcast(call->recv, (int)call->count, ty, call->root, m->comm, &r);
         break;
     case DPAR_COLL_REDUCE_SCATTER: {
         /* dpar's in place (recv = my block of send) is not MPI's: the block goes through scratch,
            so that every rank takes this path whatever its layout */
-        char *dst = (char *)k->recv;
-        if (counts[c->rank] && dpar__overlap(k->send, k->count * es, k->recv, (size_t)counts[c->rank] * es)) {
+        char *dst = (char *)call->recv;
+        if (counts[c->rank] && dpar__overlap(call->send, call->count * es, call->recv, (size_t)counts[c->rank] * es)) {
             dpar_status st = dpar__scratch(c, (size_t)counts[c->rank] * es, &dst);
             if (st != DPAR_OK) {
                 dpar__free(&c->allocator, counts);
@@ -8519,33 +8525,33 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *k, int 
             }
             staged = dst;
         }
-        rc = MPI_Ireduce_scatter(k->send, dst, counts, ty, op, m->comm, &r);
+        rc = MPI_Ireduce_scatter(call->send, dst, counts, ty, op, m->comm, &r);
         break;
     }
     case DPAR_COLL_ALLGATHER:
-        rc = MPI_Iallgatherv((const char *)k->send == (const char *)k->recv + (size_t)displs[c->rank] * es ? MPI_IN_PLACE
-                                                                                                     : k->send,
-                             counts[c->rank], ty, k->recv, counts, displs, ty, m->comm, &r);
+        rc = MPI_Iallgatherv((const char *)call->send == (const char *)call->recv + (size_t)displs[c->rank] * es ? MPI_IN_PLACE
+                                                                                                     : call->send,
+                             counts[c->rank], ty, call->recv, counts, displs, ty, m->comm, &r);
         break;
     case DPAR_COLL_ALLTOALL:
-        rc = MPI_Ialltoall(in_place_send, (int)k->count, ty, k->recv, (int)k->count, ty, m->comm, &r);
+        rc = MPI_Ialltoall(in_place_send, (int)call->count, ty, call->recv, (int)call->count, ty, m->comm, &r);
         break;
     default: dpar__free(&c->allocator, counts); return DPAR_OK;
     }
     if (rc != MPI_SUCCESS) {
         dpar__free(&c->allocator, counts);
-        return dpar__m_poison(c, dpar__m_error(c, rc, dpar_coll_name(k->coll), -1), dpar_last_error());
+        return dpar__m_poison(c, dpar__m_error(c, rc, dpar_coll_name(call->coll), -1), dpar_last_error());
     }
     rc = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
-    if (rc == DPAR_OK && staged) memcpy(k->recv, staged, (size_t)counts[c->rank] * es);
+    if (rc == DPAR_OK && staged) memcpy(call->recv, staged, (size_t)counts[c->rank] * es);
     dpar__free(&c->allocator, counts);
     if (rc != DPAR_OK) return (dpar_status)rc;
-    if (k->op == DPAR_AVG && (k->coll == DPAR_COLL_ALLREDUCE || (k->coll == DPAR_COLL_REDUCE && c->rank == k->root)))
-        dpar__divide(k->recv, k->recv, k->count, k->dtype, N);
-    if (k->op == DPAR_AVG && k->coll == DPAR_COLL_REDUCE_SCATTER) {
+    if (call->op == DPAR_AVG && (call->coll == DPAR_COLL_ALLREDUCE || (call->coll == DPAR_COLL_REDUCE && c->rank == call->root)))
+        dpar__divide(call->recv, call->recv, call->count, call->dtype, N);
+    if (call->op == DPAR_AVG && call->coll == DPAR_COLL_REDUCE_SCATTER) {
         size_t l;
-        dpar_block_range(k->count, N, c->rank, NULL, &l);
-        dpar__divide(k->recv, k->recv, l, k->dtype, N);
+        dpar_block_range(call->count, N, c->rank, NULL, &l);
+        dpar__divide(call->recv, call->recv, l, call->dtype, N);
     }
     *done = 1;
     return DPAR_OK;
@@ -8557,14 +8563,14 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *k, int 
    deterministic mode); thread 0 allreduces that over MPI with the other processes' thread 0; every
    thread copies the result. World rank = process * T + thread, so in the deterministic mode the
    tree over threads and then over processes is the tree over world ranks: the bits of a flat comm. */
-static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *k)
+static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call)
 {
     dpar_comm *c = x->c;
     dpar__mpi *m = DPAR__M(c);
     dpar_comm *lc = m->local;
     int T = m->T, t = m->t, j;
-    size_t es = dpar__dtype_sizes[k->dtype], off, len;
-    dpar_op op = k->op == DPAR_AVG ? DPAR_SUM : k->op;
+    size_t es = dpar__dtype_sizes[call->dtype], off, len;
+    dpar_op op = call->op == DPAR_AVG ? DPAR_SUM : call->op;
     char *scr = NULL, *root;
     int64_t *ptrs;
     const void **leaves;
@@ -8572,28 +8578,28 @@ static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *k)
     DPAR__TRY(dpar__scratch(c, (size_t)T * 3 * sizeof(int64_t), &scr));
     ptrs = (int64_t *)(void *)scr;
     leaves = (const void **)(void *)(ptrs + 2 * T);
-    ptrs[2 * t] = (int64_t)(uintptr_t)k->send;
-    ptrs[2 * t + 1] = (int64_t)(uintptr_t)k->recv;
-    st = dpar_allgather_at(lc, ptrs + 2 * t, ptrs, 2 * (size_t)T, DPAR_I64, k->file, k->line);
+    ptrs[2 * t] = (int64_t)(uintptr_t)call->send;
+    ptrs[2 * t + 1] = (int64_t)(uintptr_t)call->recv;
+    st = dpar_allgather_at(lc, ptrs + 2 * t, ptrs, 2 * (size_t)T, DPAR_I64, call->file, call->line);
     if (st != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
     root = (char *)(uintptr_t)ptrs[1];
-    dpar_block_range(k->count, T, t, &off, &len);
+    dpar_block_range(call->count, T, t, &off, &len);
     if (len) {
         for (j = 0; j < T; j++) leaves[j] = (const char *)(uintptr_t)ptrs[2 * j] + off * es;
         if (c->det) {
-            dpar_tree_reduce(root + off * es, leaves, T, len, k->dtype, op);
+            dpar_tree_reduce(root + off * es, leaves, T, len, call->dtype, op);
         } else {
-            dpar__reduce(root + off * es, leaves[0], T > 1 ? leaves[1] : leaves[0], len, k->dtype, op, 0);
-            for (j = 2; j < T; j++) dpar__reduce(root + off * es, root + off * es, leaves[j], len, k->dtype, op, 0);
+            dpar__reduce(root + off * es, leaves[0], T > 1 ? leaves[1] : leaves[0], len, call->dtype, op, 0);
+            for (j = 2; j < T; j++) dpar__reduce(root + off * es, root + off * es, leaves[j], len, call->dtype, op, 0);
             if (T == 1) memcpy(root + off * es, leaves[0], len * es);
         }
         x->received += (uint64_t)(T - 1) * len * es;
     }
-    if ((st = dpar_barrier_at(lc, k->file, k->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
     if (t == 0) {
-        st = dpar_allreduce_at(m->leaders, root, root, k->count, k->dtype, op, k->file, k->line);
+        st = dpar_allreduce_at(m->leaders, root, root, call->count, call->dtype, op, call->file, call->line);
         if (st != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
-        if (k->op == DPAR_AVG) dpar__divide(root, root, k->count, k->dtype, c->size);
+        if (call->op == DPAR_AVG) dpar__divide(root, root, call->count, call->dtype, c->size);
         {
             dpar_comm_stats ls;
             dpar_comm_stats_get(m->leaders, &ls);
@@ -8601,12 +8607,12 @@ static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *k)
             x->received += ls.last.bytes_received;
         }
     }
-    if ((st = dpar_barrier_at(lc, k->file, k->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
     if (t != 0) {
-        memcpy(k->recv, root, k->count * es);
-        x->received += k->count * es;
+        memcpy(call->recv, root, call->count * es);
+        x->received += call->count * es;
     }
-    if ((st = dpar_barrier_at(lc, k->file, k->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
     return DPAR_OK;
 }
 

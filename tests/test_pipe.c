@@ -335,6 +335,52 @@ static void test_buffers_reused_and_traced(void)
     remove(path);
 }
 
+/* A timeout after the messages of a run names the collective the slow stage is in, not its last
+   message: p = 2, m = 1; stage 0's backward outlasts the timeout, so stage 1 gives up in the run's
+   closing allreduce while stage 0 was last seen in the run's opening barrier (#1), its receive since. */
+typedef struct { dpar_status st[2]; char msg[2][DPAR__ERROR_TEXT]; dpar_pipe_schedule *S; } late_job;
+static dpar_status late_backward(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
+{
+    (void)micro; (void)chunk; (void)in; (void)g;
+    if (*(const int *)user == 0) usleep(600 * 1000);
+    if (gi) memset(gi, 0, 64);
+    return DPAR_OK;
+}
+static void late_rank(world *w, dpar_comm *c, int r)
+{
+    late_job *j = (late_job *)w->user;
+    dpar_pipe_desc d;
+    dpar_pipe *pp = NULL;
+    memset(&d, 0, sizeof d);
+    d.schedule = j->S;
+    d.comm = c;
+    d.act_bytes = 64;
+    d.forward = sleepy_forward;
+    d.backward = late_backward;
+    d.user = &r;
+    expect_ok(w, dpar_pipe_create(&d, &pp), "pipe_create", r);
+    j->st[r] = dpar_pipe_run(pp, NULL);
+    snprintf(j->msg[r], sizeof j->msg[r], "%s", dpar_last_error());
+    dpar_pipe_destroy(pp);
+}
+static void test_timeout_names_the_collective(void)
+{
+    late_job j;
+    dpar_comm_desc d;
+    dpar_pipe_schedule_desc sd;
+    memset(&j, 0, sizeof j);
+    memset(&d, 0, sizeof d);
+    memset(&sd, 0, sizeof sd);
+    sd.kind = DPAR_PIPE_GPIPE, sd.p = 2, sd.m = 1;
+    CHECK(dpar_pipe_schedule_create(&sd, &j.S) == DPAR_OK);
+    d.timeout_ms = 200;
+    run_world_desc(2, &d, late_rank, &j, NULL, 0);
+    CHECK_MSG(j.st[1] == DPAR_ETIMEDOUT && strstr(j.msg[1], "rank 0 never arrived (its last call: barrier #1"),
+              "stage 1 got %s: %s", dpar_status_string(j.st[1]), j.msg[1]);
+    printf("    e.g. %s\n", j.msg[1]);
+    dpar_pipe_schedule_destroy(j.S);
+}
+
 int main(int argc, char **argv)
 {
     DT_MAIN_BEGIN(argc, argv);
@@ -343,6 +389,7 @@ int main(int argc, char **argv)
     RUN(test_pipelined_mlp_matches_sequential);
     RUN(test_failing_callback_stops_every_stage);
     RUN(test_buffers_reused_and_traced);
+    RUN(test_timeout_names_the_collective);
     pools_free();
     return dt_summary();
 }
