@@ -1,9 +1,10 @@
-# dpar - make demo | test | check | bench | cuda | install | clean
+# dpar - make demo | test | check | bench | cuda | format | install | clean
 #
 #   make demo    build and run the demo (a char-level language model, data-parallel)
-#   make test    compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
+#   make test    formatting, layout, compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
 #   make check   the test programs under AddressSanitizer+UBSan, then ThreadSanitizer
 #   make bench   benchmarks, one machine-readable line per figure
+#   make format  rewrite the C files as clang-format 14 writes them (.clang-format); make test checks them
 #   make install copy the headers to $(PREFIX)/include
 #
 # Optional dependencies are detected; each gets one line saying whether it was found.
@@ -23,7 +24,7 @@ MPIRUN  := $(shell command -v mpirun 2>/dev/null)
 OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo yes)
 OPENMP  := $(shell printf 'int main(void){return 0;}\n' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
 
-ifeq ($(MAKECMDGOALS),clean)
+ifeq ($(filter-out clean format,$(or $(MAKECMDGOALS),all)),)
 else
 $(info dpar: OpenBLAS $(if $(OPENBLAS),found (-lopenblas),not found: the built-in GEMM is used))
 $(info dpar: MPI $(if $(and $(MPICC),$(MPIRUN)),found ($(MPICC), $(MPIRUN)),not found: MPI tests and examples are skipped))
@@ -35,7 +36,7 @@ HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h tests/pipe_
 MPITEST := $(if $(and $(MPICC),$(MPIRUN)),$(BUILD)/test_mpi)
 MPIASAN := $(if $(MPITEST),$(BUILD)/asan/test_mpi)
 
-.PHONY: all demo test check bench cuda install clean
+.PHONY: all demo test check bench cuda format install clean
 all: $(TESTS) $(BUILD)/pool_demo $(BUILD)/char_lm
 
 $(BUILD):
@@ -142,6 +143,10 @@ ifneq ($(NVCC),)
 else
 	@echo "cuda: nvcc not found"
 endif
+
+# the C files as clang-format writes them (tests/format.sh --fix; make test runs the check)
+format:
+	tests/format.sh --fix
 
 install:
 	install -d $(DESTDIR)$(PREFIX)/include

@@ -193,22 +193,22 @@ extern "C" {
 /* ============================================================================================== */
 /* dpar_status: one list makes both the enum and the strings. 0 is success; errors are negative.
    See:      docs/runtime.md, 'Status codes and error text'. */
-#define DPAR_STATUS_LIST(X)                                                                        \
-    X(DPAR_OK, 0, "success")                                                                       \
-    X(DPAR_EINVAL, -1, "invalid argument")                                                         \
-    X(DPAR_ENOMEM, -2, "out of memory")                                                            \
-    X(DPAR_EBUSY, -3, "not allowed from this thread or while the object is busy")                 \
-    X(DPAR_ECANCELED, -4, "cancelled")                                                             \
-    X(DPAR_EDEADLK, -5, "the call would deadlock")                                                 \
-    X(DPAR_ETIMEDOUT, -6, "timed out")                                                             \
-    X(DPAR_EMISMATCH, -7, "ranks disagree on a collective call")                                   \
-    X(DPAR_EABORTED, -8, "aborted")                                                                \
-    X(DPAR_EIO, -9, "input/output error")                                                          \
-    X(DPAR_ESYSTEM, -10, "operating system call failed")                                           \
-    X(DPAR_EUNSUPPORTED, -11, "not supported")                                                     \
-    X(DPAR_ERANGE, -12, "value out of range")                                                      \
-    X(DPAR_ESTATE, -13, "object in the wrong state for this call")                                 \
-    X(DPAR_ECORRUPT, -14, "data is damaged")                                                       \
+#define DPAR_STATUS_LIST(X)                                                       \
+    X(DPAR_OK, 0, "success")                                                      \
+    X(DPAR_EINVAL, -1, "invalid argument")                                        \
+    X(DPAR_ENOMEM, -2, "out of memory")                                           \
+    X(DPAR_EBUSY, -3, "not allowed from this thread or while the object is busy") \
+    X(DPAR_ECANCELED, -4, "cancelled")                                            \
+    X(DPAR_EDEADLK, -5, "the call would deadlock")                                \
+    X(DPAR_ETIMEDOUT, -6, "timed out")                                            \
+    X(DPAR_EMISMATCH, -7, "ranks disagree on a collective call")                  \
+    X(DPAR_EABORTED, -8, "aborted")                                               \
+    X(DPAR_EIO, -9, "input/output error")                                         \
+    X(DPAR_ESYSTEM, -10, "operating system call failed")                          \
+    X(DPAR_EUNSUPPORTED, -11, "not supported")                                    \
+    X(DPAR_ERANGE, -12, "value out of range")                                     \
+    X(DPAR_ESTATE, -13, "object in the wrong state for this call")                \
+    X(DPAR_ECORRUPT, -14, "data is damaged")                                      \
     X(DPAR_EUSER, -15, "error raised by user code")
 
 #define DPAR__STATUS_ENUM(name, value, text) name = value,
@@ -371,8 +371,7 @@ typedef void (*dpar_pool_for_fn)(void *user, int64_t begin, int64_t end, int thr
              the loop runs inline (in chunks of `grain`).
    See:      docs/pool.md, 'Parallel-for'. */
 DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_pool_for_fn fn, void *user);
-DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_pool_for_fn fn,
-                                           void *user);
+DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_pool_for_fn fn, void *user);
 
 /* dpar_pool_run_fn: the body of an SPMD run, on thread `thread` of `num_threads`.
    Returns:  DPAR_OK or an error (dpar_set_error gives it its text). */
@@ -398,18 +397,18 @@ typedef uint64_t dpar_task;
 typedef dpar_status (*dpar_task_fn)(void *user);
 
 typedef struct dpar_task_desc {
-    dpar_task_fn fn;         /* required */
-    void *user;              /* passed to fn */
-    const dpar_task *deps;   /* tasks that must finish first (num_deps of them); may repeat */
+    dpar_task_fn fn;       /* required */
+    void *user;            /* passed to fn */
+    const dpar_task *deps; /* tasks that must finish first (num_deps of them); may repeat */
     int num_deps;
-    const char *name;        /* trace event name; not copied, must outlive the task (default "task") */
+    const char *name; /* trace event name; not copied, must outlive the task (default "task") */
 } dpar_task_desc;
 
 typedef enum dpar_task_state {
-    DPAR_TASK_PENDING = 0,   /* waiting for dependencies, queued or running */
-    DPAR_TASK_DONE = 1,      /* ran and returned DPAR_OK */
-    DPAR_TASK_FAILED = 2,    /* ran and returned an error */
-    DPAR_TASK_CANCELLED = 3  /* never ran: a dependency failed or the pool was destroyed */
+    DPAR_TASK_PENDING = 0,  /* waiting for dependencies, queued or running */
+    DPAR_TASK_DONE = 1,     /* ran and returned DPAR_OK */
+    DPAR_TASK_FAILED = 2,   /* ran and returned an error */
+    DPAR_TASK_CANCELLED = 3 /* never ran: a dependency failed or the pool was destroyed */
 } dpar_task_state;
 
 /* dpar_task_submit: add a task; it runs once all its dependencies are done.
@@ -441,7 +440,6 @@ DPAR_API dpar_task_state dpar_task_state_of(dpar_pool *pool, dpar_task task);
    Remarks:  ending the epoch makes every handle invalid and reuses the task records.
    Thread safety: any thread outside the pool; tasks submitted meanwhile by others are waited for too. */
 DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
-
 
 /* ============================================================================================== */
 /* >>dtype: element types, ops, call kinds, block ranges, bf16/f16, the fixed tree               */
@@ -599,13 +597,12 @@ DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm);
              dpar_sendrecv); the comm's errors (see dpar_comm).
    Remarks:  dpar_send is synchronous: it returns when the receiver has the data.
    Thread safety: the comm's thread. */
-DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count, dpar_dtype dtype, int peer,
-                                  int tag, const char *file, int line);
+DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count, dpar_dtype dtype, int peer, int tag,
+                                  const char *file, int line);
 DPAR_API dpar_status dpar_recv_at(dpar_comm *comm, void *buf, size_t count, dpar_dtype dtype, int peer, int tag,
                                   const char *file, int line);
-DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size_t sendcount, int dst,
-                                      void *recvbuf, size_t recvcount, int src, dpar_dtype dtype, int tag,
-                                      const char *file, int line);
+DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size_t sendcount, int dst, void *recvbuf,
+                                      size_t recvcount, int src, dpar_dtype dtype, int tag, const char *file, int line);
 
 /* dpar_barrier, _broadcast, _reduce, _reduce_scatter, _allgather, _allreduce, _alltoall: the collectives.
    Macros:   the names below; they call these _at functions with the caller's file and line.
@@ -617,18 +614,18 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
              them, so the order of calls is kept.
    See:      docs/comm.md, 'The calls'. */
 DPAR_API dpar_status dpar_barrier_at(dpar_comm *comm, const char *file, int line);
-DPAR_API dpar_status dpar_broadcast_at(dpar_comm *comm, const void *send, void *recv, size_t count,
-                                       dpar_dtype dtype, int root, const char *file, int line);
+DPAR_API dpar_status dpar_broadcast_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                       int root, const char *file, int line);
 DPAR_API dpar_status dpar_reduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                     dpar_op op, int root, const char *file, int line);
 DPAR_API dpar_status dpar_reduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                             dpar_dtype dtype, dpar_op op, const char *file, int line);
-DPAR_API dpar_status dpar_allgather_at(dpar_comm *comm, const void *send, void *recv, size_t count,
-                                       dpar_dtype dtype, const char *file, int line);
-DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count,
-                                       dpar_dtype dtype, dpar_op op, const char *file, int line);
-DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count,
-                                      dpar_dtype dtype, const char *file, int line);
+DPAR_API dpar_status dpar_allgather_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                       const char *file, int line);
+DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                       dpar_op op, const char *file, int line);
+DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                      const char *file, int line);
 
 /* dpar_iallreduce / dpar_ireduce_scatter / dpar_iallgather: start an asynchronous collective.
    Macros:   the names below; they call these _at functions with the caller's file and line.
@@ -638,14 +635,13 @@ DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *r
              of one rank, at once, on the calling thread (no thread is started).
    Thread safety: the comm's thread.
    See:      docs/comm.md, 'Async'. */
-DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count,
-                                        dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
-                                        int line);
+DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                        dpar_op op, dpar_request **req, const char *file, int line);
 DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
                                              dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
                                              int line);
-DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count,
-                                        dpar_dtype dtype, dpar_request **req, const char *file, int line);
+DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
+                                        dpar_request **req, const char *file, int line);
 /* dpar_request_wait / dpar_request_test: wait for a request / ask whether it has finished.
    Returns:  wait: the request's status, and the request is released. test: once finished, *done = 1 and
              the same as wait (the request is released); else *done = 0 and DPAR_OK. Both: DPAR_EINVAL for
@@ -655,8 +651,10 @@ DPAR_API dpar_status dpar_request_wait(dpar_request *req);
 DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
 
 /* The calls with the caller's file and line, for the contract checker's messages (documented above). */
-#define dpar_send(comm, buf, count, dtype, peer, tag) dpar_send_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
-#define dpar_recv(comm, buf, count, dtype, peer, tag) dpar_recv_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
+#define dpar_send(comm, buf, count, dtype, peer, tag) \
+    dpar_send_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
+#define dpar_recv(comm, buf, count, dtype, peer, tag) \
+    dpar_recv_at(comm, buf, count, dtype, peer, tag, __FILE__, __LINE__)
 #define dpar_sendrecv(comm, sendbuf, sendcount, dst, recvbuf, recvcount, src, dtype, tag) \
     dpar_sendrecv_at(comm, sendbuf, sendcount, dst, recvbuf, recvcount, src, dtype, tag, __FILE__, __LINE__)
 #define dpar_barrier(comm) dpar_barrier_at(comm, __FILE__, __LINE__)
@@ -666,10 +664,12 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
     dpar_reduce_at(comm, send, recv, count, dtype, op, root, __FILE__, __LINE__)
 #define dpar_reduce_scatter(comm, send, recv, count, dtype, op) \
     dpar_reduce_scatter_at(comm, send, recv, count, dtype, op, __FILE__, __LINE__)
-#define dpar_allgather(comm, send, recv, count, dtype) dpar_allgather_at(comm, send, recv, count, dtype, __FILE__, __LINE__)
+#define dpar_allgather(comm, send, recv, count, dtype) \
+    dpar_allgather_at(comm, send, recv, count, dtype, __FILE__, __LINE__)
 #define dpar_allreduce(comm, send, recv, count, dtype, op) \
     dpar_allreduce_at(comm, send, recv, count, dtype, op, __FILE__, __LINE__)
-#define dpar_alltoall(comm, send, recv, count, dtype) dpar_alltoall_at(comm, send, recv, count, dtype, __FILE__, __LINE__)
+#define dpar_alltoall(comm, send, recv, count, dtype) \
+    dpar_alltoall_at(comm, send, recv, count, dtype, __FILE__, __LINE__)
 #define dpar_iallreduce(comm, send, recv, count, dtype, op, req) \
     dpar_iallreduce_at(comm, send, recv, count, dtype, op, req, __FILE__, __LINE__)
 #define dpar_ireduce_scatter(comm, send, recv, count, dtype, op, req) \
@@ -778,9 +778,9 @@ typedef struct dpar_shard_plan {
 
 /* dpar_shard_plan_desc: the tensor and the cut; a zero field means its default. */
 typedef struct dpar_shard_plan_desc {
-    size_t rows, cols;        /* the whole tensor, row-major (0 is allowed) */
-    int parts;                /* required: the ranks, >= 1 */
-    dpar_shard_axis axis;     /* default DPAR_SHARD_ROWS */
+    size_t rows, cols;    /* the whole tensor, row-major (0 is allowed) */
+    int parts;            /* required: the ranks, >= 1 */
+    dpar_shard_axis axis; /* default DPAR_SHARD_ROWS */
 } dpar_shard_plan_desc;
 /* dpar_shard_plan_init: fill in a plan, checked.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL plan or desc, parts < 1, a bad axis, rows x cols too large for size_t). On
@@ -823,13 +823,13 @@ typedef enum dpar_linear_mode { DPAR_LINEAR_FULL = 0, DPAR_LINEAR_COLUMN = 1, DP
 
 typedef struct dpar_linear {
     dpar_linear_mode mode;
-    int in, out;                /* the whole layer */
-    int in_local, out_local;    /* this rank's W is (in_local x out_local), row-major */
-    int in_offset, out_offset;  /* where it sits in the whole W */
-    int bias_local;             /* floats in b and db (0: no bias) */
-    float *w, *b, *dw, *db;     /* parameters and their gradients */
-    dpar_comm *comm;            /* the tensor-parallel comm (NULL for FULL) */
-    dpar_pool *pool;            /* optional: GEMMs cut over this pool's threads */
+    int in, out;               /* the whole layer */
+    int in_local, out_local;   /* this rank's W is (in_local x out_local), row-major */
+    int in_offset, out_offset; /* where it sits in the whole W */
+    int bias_local;            /* floats in b and db (0: no bias) */
+    float *w, *b, *dw, *db;    /* parameters and their gradients */
+    dpar_comm *comm;           /* the tensor-parallel comm (NULL for FULL) */
+    dpar_pool *pool;           /* optional: GEMMs cut over this pool's threads */
     dpar_allocator allocator;
 } dpar_linear;
 
@@ -877,14 +877,14 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
 typedef struct dpar_zero_desc {
-    dpar_comm *comm;     /* required: the data-parallel ranks the state is cut over */
-    size_t count;        /* the parameters, the same on every rank */
-    dpar_optim kind;     /* default DPAR_OPTIM_SGD */
-    float lr;            /* required */
-    float momentum;      /* SGD: v = momentum v + g; p -= lr v (0: plain SGD) */
-    float beta1, beta2;  /* Adam (AdamW); 0: 0.9 and 0.999 */
-    float eps;           /* Adam; 0: 1e-8 */
-    float weight_decay;  /* SGD: added to the gradient; Adam: decoupled (AdamW) */
+    dpar_comm *comm;    /* required: the data-parallel ranks the state is cut over */
+    size_t count;       /* the parameters, the same on every rank */
+    dpar_optim kind;    /* default DPAR_OPTIM_SGD */
+    float lr;           /* required */
+    float momentum;     /* SGD: v = momentum v + g; p -= lr v (0: plain SGD) */
+    float beta1, beta2; /* Adam (AdamW); 0: 0.9 and 0.999 */
+    float eps;          /* Adam; 0: 1e-8 */
+    float weight_decay; /* SGD: added to the gradient; Adam: decoupled (AdamW) */
     dpar_allocator allocator;
 } dpar_zero_desc;
 
@@ -944,10 +944,10 @@ typedef struct dpar_pipe_op {
 typedef struct dpar_pipe_schedule {
     int p, m, v;
     dpar_pipe_kind kind;
-    int *num_ops;        /* [p] */
-    dpar_pipe_op **ops;  /* [p][num_ops[s]] */
-    double bubble;       /* predicted: idle over makespan, simulated with backward = 2 x forward */
-    int *peak_stash;     /* [p]: most activations held between a forward and its backward */
+    int *num_ops;       /* [p] */
+    dpar_pipe_op **ops; /* [p][num_ops[s]] */
+    double bubble;      /* predicted: idle over makespan, simulated with backward = 2 x forward */
+    int *peak_stash;    /* [p]: most activations held between a forward and its backward */
     dpar_allocator allocator;
 } dpar_pipe_schedule;
 
@@ -1046,16 +1046,16 @@ typedef struct dpar_sampler {
     size_t n, per_rank;
     int ranks, rank, drop_last;
     uint64_t seed;
-    size_t *perm;   /* n, the current epoch's permutation */
-    size_t *mine;   /* per_rank, this rank's indices */
+    size_t *perm; /* n, the current epoch's permutation */
+    size_t *mine; /* per_rank, this rank's indices */
     dpar_allocator allocator;
 } dpar_sampler;
 
 /* dpar_sampler_desc: how to set up a sampler; a zero field means its default. */
 typedef struct dpar_sampler_desc {
-    size_t n;                 /* required: the number of samples, >= 1 */
-    int ranks;                /* the data-parallel ranks; 0: 1 */
-    int rank;                 /* this rank, 0..ranks-1 */
+    size_t n;  /* required: the number of samples, >= 1 */
+    int ranks; /* the data-parallel ranks; 0: 1 */
+    int rank;  /* this rank, 0..ranks-1 */
     uint64_t seed;
     int drop_last;            /* 1: floor(n / ranks) each, the rest dropped (default: ceil, wrapping around) */
     dpar_allocator allocator; /* where perm and mine come from (zero: malloc/free) */
@@ -1087,8 +1087,8 @@ DPAR_API dpar_status dpar_sampler_destroy(dpar_sampler *s);
 typedef struct dpar_buckets dpar_buckets;
 /* dpar_buckets_desc: how to make gradient buckets; a zero field means its default. */
 typedef struct dpar_buckets_desc {
-    dpar_comm *comm;          /* required: the data-parallel comm the buckets are reduced over */
-    float *grads;             /* the flat gradients, count floats (required when count > 0) */
+    dpar_comm *comm; /* required: the data-parallel comm the buckets are reduced over */
+    float *grads;    /* the flat gradients, count floats (required when count > 0) */
     size_t count;
     size_t bucket_bytes;      /* the size of a bucket, about; 0: 4 MiB */
     dpar_op op;               /* default DPAR_SUM; usually DPAR_AVG */
@@ -1209,8 +1209,7 @@ typedef dpar_status (*dpar_steal_done_fn)(void *user, int index);
              with n > 0), which poisons the comm so that the others do not wait.
    Thread safety: the rank's thread, once per round on every rank (collective; n may differ, 0 too); task on
              any rank's thread, done on this one. */
-DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn task, dpar_steal_done_fn done,
-                                    void *user);
+DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn task, dpar_steal_done_fn done, void *user);
 /* dpar_steal_counts: since dpar_steal_create, the tasks this rank took and gave.
    taken:    tasks of other ranks this rank has run; may be NULL.
    given:    tasks of this rank that other ranks have run; may be NULL.
@@ -1231,7 +1230,7 @@ DPAR_API dpar_status dpar_steal_destroy(dpar_steal *s);
 typedef struct dpar_idx {
     int ndims;
     uint32_t dims[8];
-    size_t count;   /* product of dims */
+    size_t count; /* product of dims */
     float *data;
     dpar_allocator allocator;
 } dpar_idx;
@@ -1355,7 +1354,7 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
 #include <cblas.h>
 #endif
 #if !defined(CLOCK_MONOTONIC)
-#error "dpar.h: CLOCK_MONOTONIC is missing: include dpar.h before any system header in the file that defines DPAR_IMPLEMENTATION, or compile with -D_DEFAULT_SOURCE"
+#error "dpar.h: CLOCK_MONOTONIC is missing: include dpar.h before system headers, or compile with -D_DEFAULT_SOURCE"
 #endif
 
 #ifndef DPAR_ASSERT
@@ -1423,10 +1422,10 @@ static void dpar__cpu_relax(void)
 
 /* >>status: the error text, status strings ------------------------------------------------------ */
 /* return the status of a call that failed, as it is */
-#define DPAR__TRY(expr)                          \
-    do {                                         \
-        dpar_status st_ = (expr);                \
-        if (st_ != DPAR_OK) return st_;          \
+#define DPAR__TRY(expr)                 \
+    do {                                \
+        dpar_status st_ = (expr);       \
+        if (st_ != DPAR_OK) return st_; \
     } while (0)
 
 #define DPAR__ERROR_TEXT 512
@@ -1436,8 +1435,7 @@ DPAR_API const char *dpar_status_string(dpar_status status)
 {
     switch (status) {
 #define DPAR__STATUS_CASE(name, value, text) \
-    case name:                               \
-        return text " (" #name ")";
+    case name: return text " (" #name ")";
         DPAR_STATUS_LIST(DPAR__STATUS_CASE)
 #undef DPAR__STATUS_CASE
     }
@@ -1526,10 +1524,8 @@ DPAR_API void dpar_log_message(dpar_log_level level, const char *file, int line,
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     pthread_mutex_lock(&dpar__log_mutex);
-    if (dpar__log_fn)
-        dpar__log_fn(dpar__log_user, level, file, line, msg);
-    else
-        fprintf(stderr, "dpar %s: %s\n", names[level], msg);
+    if (dpar__log_fn) dpar__log_fn(dpar__log_user, level, file, line, msg);
+    else fprintf(stderr, "dpar %s: %s\n", names[level], msg);
     pthread_mutex_unlock(&dpar__log_mutex);
 }
 
@@ -1565,10 +1561,8 @@ static void dpar__free(const dpar_allocator *a, void *p)
     void *raw;
     if (!p) return;
     memcpy(&raw, (unsigned char *)p - sizeof(void *), sizeof raw);
-    if (a && a->free)
-        a->free(a->user, raw);
-    else
-        free(raw);
+    if (a && a->free) a->free(a->user, raw);
+    else free(raw);
 }
 
 static dpar_status dpar__check_allocator(const char *fn, const dpar_allocator *a)
@@ -1735,13 +1729,13 @@ static dpar__spin dpar__spin_make(int spin_us, int threads)
 /* >>trace: the Chrome trace-event sink ---------------------------------------------------------- */
 static pthread_mutex_t dpar__trace_mutex = PTHREAD_MUTEX_INITIALIZER;
 static FILE *dpar__trace_file = NULL;
-static int dpar__trace_on = 0;          /* read relaxed on hot paths */
+static int dpar__trace_on = 0; /* read relaxed on hot paths */
 static uint64_t dpar__trace_t0 = 0;
 static uint32_t dpar__trace_session = 0; /* bumped by every start; threads re-emit their names */
 static int dpar__trace_events = 0;
 static int dpar__trace_next_track = 0;
 static int dpar__trace_env_checked = 0;
-static int dpar__pool_next_id = 0;      /* names pools' tracks */
+static int dpar__pool_next_id = 0; /* names pools' tracks */
 
 static DPAR__TLS int dpar__tls_track = 0;
 static DPAR__TLS uint32_t dpar__tls_track_session = 0;
@@ -1754,12 +1748,9 @@ static void dpar__json_string(FILE *f, const char *s)
     fputc('"', f);
     for (; s && *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
     }
     fputc('"', f);
 }
@@ -1821,10 +1812,8 @@ static void dpar__trace_from_env(void)
     if (DPAR__ADD(&dpar__trace_env_checked, 1, DPAR__ACQ_REL) != 0) return;
     path = getenv("DPAR_TRACE");
     if (!path || !*path) return;
-    if (dpar_trace_start(path) == DPAR_OK)
-        atexit(dpar__trace_stop_at_exit);
-    else
-        DPAR__LOG(DPAR_LOG_WARN, "DPAR_TRACE: %s", dpar_last_error());
+    if (dpar_trace_start(path) == DPAR_OK) atexit(dpar__trace_stop_at_exit);
+    else DPAR__LOG(DPAR_LOG_WARN, "DPAR_TRACE: %s", dpar_last_error());
 }
 
 DPAR_API void dpar_trace_set_thread_name(const char *name)
@@ -1843,12 +1832,11 @@ static int dpar__trace_track_locked(void)
     if (dpar__tls_track_session != dpar__trace_session) {
         dpar__tls_track_session = dpar__trace_session;
         dpar__trace_sep();
-        fprintf(dpar__trace_file, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%ld,\"tid\":%d,\"args\":{\"name\":",
-                (long)getpid(), dpar__tls_track);
-        if (dpar__tls_track_name[0])
-            dpar__json_string(dpar__trace_file, dpar__tls_track_name);
-        else
-            fprintf(dpar__trace_file, "\"thread %d\"", dpar__tls_track);
+        fprintf(dpar__trace_file,
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%ld,\"tid\":%d,\"args\":{\"name\":", (long)getpid(),
+                dpar__tls_track);
+        if (dpar__tls_track_name[0]) dpar__json_string(dpar__trace_file, dpar__tls_track_name);
+        else fprintf(dpar__trace_file, "\"thread %d\"", dpar__tls_track);
         fputs("}}", dpar__trace_file);
     }
     return dpar__tls_track;
@@ -1884,11 +1872,17 @@ DPAR_API void dpar_trace_event(const char *name, const char *cat, uint64_t begin
 
 /* >>pool: the pool object, parallel-for, SPMD run, barrier -------------------------------------- */
 enum { DPAR__JOB_FOR_STATIC, DPAR__JOB_FOR_DYNAMIC, DPAR__JOB_RUN };
-enum { DPAR__TASK_PENDING, DPAR__TASK_READY, DPAR__TASK_RUNNING, DPAR__TASK_DONE, DPAR__TASK_FAILED,
-       DPAR__TASK_CANCELLED };
+enum {
+    DPAR__TASK_PENDING,
+    DPAR__TASK_READY,
+    DPAR__TASK_RUNNING,
+    DPAR__TASK_DONE,
+    DPAR__TASK_FAILED,
+    DPAR__TASK_CANCELLED
+};
 
-#define DPAR__TASK_CHUNK 1024u  /* records per slab chunk */
-#define DPAR__EDGE_CHUNK 4096u  /* dependency edges per slab chunk */
+#define DPAR__TASK_CHUNK 1024u /* records per slab chunk */
+#define DPAR__EDGE_CHUNK 4096u /* dependency edges per slab chunk */
 #define DPAR__NONE 0xffffffffu
 
 typedef struct dpar__task_rec {
@@ -1896,13 +1890,13 @@ typedef struct dpar__task_rec {
     void *user;
     const char *name;
     int state;
-    dpar_status status;   /* the status waiters get (the root failure's for a cancelled task) */
-    uint32_t unresolved;  /* dependencies not finished */
-    uint32_t dependents;  /* first edge of the list of tasks waiting for this one */
-    uint32_t next, prev;  /* ready-queue links; next is also the work-list link */
-    uint32_t root;        /* the failed task that cancelled this one (itself when it failed) */
-    uint32_t mark;        /* deadlock search stamp */
-    char *message;        /* failure text (failed tasks only) */
+    dpar_status status;  /* the status waiters get (the root failure's for a cancelled task) */
+    uint32_t unresolved; /* dependencies not finished */
+    uint32_t dependents; /* first edge of the list of tasks waiting for this one */
+    uint32_t next, prev; /* ready-queue links; next is also the work-list link */
+    uint32_t root;       /* the failed task that cancelled this one (itself when it failed) */
+    uint32_t mark;       /* deadlock search stamp */
+    char *message;       /* failure text (failed tasks only) */
 } dpar__task_rec;
 
 typedef struct dpar__edge {
@@ -1912,27 +1906,27 @@ typedef struct dpar__edge {
 typedef struct dpar__thread {
     dpar_pool *pool;
     int index;
-    uint32_t seen_fork;            /* last fork generation this worker ran its part of */
-    dpar_status run_status;        /* dpar_pool_run result of this thread */
+    uint32_t seen_fork;     /* last fork generation this worker ran its part of */
+    dpar_status run_status; /* dpar_pool_run result of this thread */
     char run_error[256];
     pthread_t handle;
-    int cpu;                       /* the CPU it last ran on, or -1 (see dpar__unshare) */
-    uint64_t moved_ns;             /* when it last moved */
+    int cpu;           /* the CPU it last ran on, or -1 (see dpar__unshare) */
+    uint64_t moved_ns; /* when it last moved */
     char pad[DPAR__CACHE_LINE];
 } dpar__thread;
 
 struct dpar_pool {
     dpar_allocator allocator;
     int nthreads, pin, spin_us, id, started;
-    int unshare;                   /* workers move off a CPU another thread of the pool is on */
+    int unshare; /* workers move off a CPU another thread of the pool is on */
     dpar__spin spin;
     char name[32];
-    dpar__thread *threads;         /* [nthreads]; [0] stands for the caller of fork-join calls */
-    pthread_mutex_t fork_lock;     /* outside callers of fork-join calls take turns */
+    dpar__thread *threads;     /* [nthreads]; [0] stands for the caller of fork-join calls */
+    pthread_mutex_t fork_lock; /* outside callers of fork-join calls take turns */
 
     /* fork-join: written by the caller before fork_gen is bumped, read by workers after */
     uint32_t fork_gen;
-    uint32_t wake_seq;             /* bumped on every new work: fork, ready task, shutdown */
+    uint32_t wake_seq; /* bumped on every new work: fork, ready task, shutdown */
     uint32_t wake_sleepers;
     int job_kind;
     int64_t job_n, job_grain, job_chunks;
@@ -1943,28 +1937,28 @@ struct dpar_pool {
     int shutdown;
     char pad0[DPAR__CACHE_LINE];
 
-    uint32_t join_pending;         /* workers not done with the current fork */
+    uint32_t join_pending; /* workers not done with the current fork */
     uint32_t join_sleepers;
     char pad1[DPAR__CACHE_LINE];
-    uint64_t next_chunk;           /* dynamic schedule: next chunk to hand out */
+    uint64_t next_chunk; /* dynamic schedule: next chunk to hand out */
     char pad2[DPAR__CACHE_LINE];
     uint32_t bar_count, bar_gen, bar_sleepers;
     char pad3[DPAR__CACHE_LINE];
 
     /* tasks: every field below is guarded by task_lock except the atomics noted */
     pthread_mutex_t task_lock;
-    uint32_t ready_count;          /* atomic: tasks in the ready queue */
-    uint32_t done_seq;             /* atomic: bumped when tasks finish (and on forks, shutdown) */
+    uint32_t ready_count; /* atomic: tasks in the ready queue */
+    uint32_t done_seq;    /* atomic: bumped when tasks finish (and on forks, shutdown) */
     uint32_t done_sleepers;
-    uint32_t epoch;                /* handles carry it; wait_all bumps it */
+    uint32_t epoch; /* handles carry it; wait_all bumps it */
     uint32_t ntasks, nedges, unfinished;
     uint32_t ready_head, ready_tail;
     uint32_t mark_stamp;
-    void **task_chunks;            /* chunks of DPAR__TASK_CHUNK records */
+    void **task_chunks; /* chunks of DPAR__TASK_CHUNK records */
     uint32_t task_chunk_cap;
-    void **edge_chunks;            /* chunks of DPAR__EDGE_CHUNK edges */
+    void **edge_chunks; /* chunks of DPAR__EDGE_CHUNK edges */
     uint32_t edge_chunk_cap;
-    uint32_t *search_stack;        /* deadlock search scratch */
+    uint32_t *search_stack; /* deadlock search scratch */
     uint32_t search_cap;
 };
 
@@ -1983,8 +1977,7 @@ static dpar__edge *dpar__edge_at(dpar_pool *p, uint32_t i)
     return (dpar__edge *)p->edge_chunks[i / DPAR__EDGE_CHUNK] + i % DPAR__EDGE_CHUNK;
 }
 
-static void dpar__trace_span(const char *name, const char *cat, uint64_t t0, const char *fmt, ...)
-    DPAR_PRINTF(4, 5);
+static void dpar__trace_span(const char *name, const char *cat, uint64_t t0, const char *fmt, ...) DPAR_PRINTF(4, 5);
 static void dpar__trace_span(const char *name, const char *cat, uint64_t t0, const char *fmt, ...)
 {
     char args[256];
@@ -2075,7 +2068,7 @@ static void dpar__unshare_cpus(char *cpus, size_t stride, int n, int self, uint6
         if (c >= 0 && c < 1024) mask[c / BITS] &= ~(1ul << (c % BITS));
     }
     for (j = 0; j < WORDS; j++) any |= mask[j] != 0;
-    if (!any) return; /* every allowed CPU is taken: stay */
+    if (!any) return;                                              /* every allowed CPU is taken: stay */
     if (syscall(SYS_sched_setaffinity, 0, sizeof mask, mask) == 0) /* the kernel moves us now */
         syscall(SYS_sched_setaffinity, 0, sizeof allowed, allowed);
     dpar__cpu_note(mine);
@@ -2092,8 +2085,7 @@ static void dpar__unshare(dpar_pool *p, dpar__thread *t)
 {
     if (p->unshare)
         dpar__unshare_cpus((char *)&p->threads[0].cpu, sizeof(dpar__thread), p->nthreads, t->index, &t->moved_ns);
-    else
-        dpar__cpu_note(&t->cpu);
+    else dpar__cpu_note(&t->cpu);
 }
 
 /* A worker takes part in a fork it has not seen yet. Returns 1 if it did. */
@@ -2130,8 +2122,8 @@ static void dpar__fork(dpar_pool *p)
         dpar__wait_while(&p->join_pending, left, &p->join_sleepers, p->spin, 0, NULL);
 }
 
-static dpar_status dpar__for(dpar_pool *pool, int64_t n, int64_t grain, int dynamic, dpar_pool_for_fn fn,
-                             void *user, const char *api)
+static dpar_status dpar__for(dpar_pool *pool, int64_t n, int64_t grain, int dynamic, dpar_pool_for_fn fn, void *user,
+                             const char *api)
 {
     uint64_t t0;
     if (!pool) return dpar__err(DPAR_EINVAL, "%s: pool is NULL", api);
@@ -2171,8 +2163,7 @@ DPAR_API dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, dpar_pool_for_fn 
     return dpar__for(pool, n, 0, 0, fn, user, "dpar_pool_for");
 }
 
-DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_pool_for_fn fn,
-                                           void *user)
+DPAR_API dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, dpar_pool_for_fn fn, void *user)
 {
     return dpar__for(pool, n, grain, 1, fn, user, "dpar_pool_for_dynamic");
 }
@@ -2185,8 +2176,9 @@ DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *u
     if (!pool) return dpar__err(DPAR_EINVAL, "dpar_pool_run: pool is NULL");
     if (!fn) return dpar__err(DPAR_EINVAL, "dpar_pool_run: fn is NULL");
     if (dpar__in_pool(pool))
-        return dpar__err(DPAR_EBUSY, "dpar_pool_run: called from thread %d of the same pool; an SPMD run "
-                                     "needs every thread of the pool at once, so it cannot nest",
+        return dpar__err(DPAR_EBUSY,
+                         "dpar_pool_run: called from thread %d of the same pool; an SPMD run "
+                         "needs every thread of the pool at once, so it cannot nest",
                          dpar__tls_index);
     t0 = dpar_trace_enabled() ? dpar_time_ns() : 0;
     pthread_mutex_lock(&pool->fork_lock);
@@ -2198,8 +2190,8 @@ DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *u
     DPAR__STORE(&pool->in_run, 0, DPAR__RELAXED);
     for (i = 0; i < pool->nthreads; i++) {
         if (pool->threads[i].run_status != DPAR_OK) {
-            st = dpar__err(pool->threads[i].run_status, "dpar_pool_run: thread %d of %d failed: %s", i,
-                           pool->nthreads, pool->threads[i].run_error);
+            st = dpar__err(pool->threads[i].run_status, "dpar_pool_run: thread %d of %d failed: %s", i, pool->nthreads,
+                           pool->threads[i].run_error);
             break;
         }
     }
@@ -2224,10 +2216,8 @@ DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool)
     } else {
         dpar__wait_while(&pool->bar_gen, gen, &pool->bar_sleepers, pool->spin, 0, NULL);
     }
-    if (self->index > 0)
-        dpar__unshare(pool, self);
-    else
-        dpar__cpu_note(&self->cpu);
+    if (self->index > 0) dpar__unshare(pool, self);
+    else dpar__cpu_note(&self->cpu);
     return DPAR_OK;
 }
 
@@ -2241,7 +2231,10 @@ typedef struct dpar__frame {
 } dpar__frame;
 static DPAR__TLS dpar__frame *dpar__tls_frame = NULL;
 
-static dpar_task dpar__handle(dpar_pool *p, uint32_t index) { return ((uint64_t)p->epoch << 32) | (uint64_t)(index + 1); }
+static dpar_task dpar__handle(dpar_pool *p, uint32_t index)
+{
+    return ((uint64_t)p->epoch << 32) | (uint64_t)(index + 1);
+}
 
 /* Record index of a live handle, or DPAR__NONE. Called with task_lock held. */
 static uint32_t dpar__task_index(dpar_pool *p, dpar_task h)
@@ -2260,10 +2253,8 @@ static void dpar__ready_push(dpar_pool *p, uint32_t i)
     r->state = DPAR__TASK_READY;
     r->next = DPAR__NONE;
     r->prev = p->ready_tail;
-    if (p->ready_tail == DPAR__NONE)
-        p->ready_head = i;
-    else
-        dpar__rec(p, p->ready_tail)->next = i;
+    if (p->ready_tail == DPAR__NONE) p->ready_head = i;
+    else dpar__rec(p, p->ready_tail)->next = i;
     p->ready_tail = i;
     DPAR__ADD(&p->ready_count, 1, DPAR__RELEASE);
 }
@@ -2271,8 +2262,10 @@ static void dpar__ready_push(dpar_pool *p, uint32_t i)
 static void dpar__ready_take(dpar_pool *p, uint32_t i)
 {
     dpar__task_rec *r = dpar__rec(p, i);
-    if (r->prev == DPAR__NONE) p->ready_head = r->next; else dpar__rec(p, r->prev)->next = r->next;
-    if (r->next == DPAR__NONE) p->ready_tail = r->prev; else dpar__rec(p, r->next)->prev = r->prev;
+    if (r->prev == DPAR__NONE) p->ready_head = r->next;
+    else dpar__rec(p, r->prev)->next = r->next;
+    if (r->next == DPAR__NONE) p->ready_tail = r->prev;
+    else dpar__rec(p, r->next)->prev = r->prev;
     r->state = DPAR__TASK_RUNNING;
     DPAR__SUB(&p->ready_count, 1, DPAR__RELAXED);
 }
@@ -2419,7 +2412,8 @@ DPAR_API dpar_status dpar_task_submit(dpar_pool *pool, const dpar_task_desc *des
     if (!pool) return dpar__err(DPAR_EINVAL, "dpar_task_submit: pool is NULL");
     if (!desc) return dpar__err(DPAR_EINVAL, "dpar_task_submit: desc is NULL");
     if (!desc->fn) return dpar__err(DPAR_EINVAL, "dpar_task_submit: desc->fn is NULL");
-    if (desc->num_deps < 0) return dpar__err(DPAR_EINVAL, "dpar_task_submit: num_deps = %d is negative", desc->num_deps);
+    if (desc->num_deps < 0)
+        return dpar__err(DPAR_EINVAL, "dpar_task_submit: num_deps = %d is negative", desc->num_deps);
     if (desc->num_deps > 0 && !desc->deps)
         return dpar__err(DPAR_EINVAL, "dpar_task_submit: num_deps = %d but deps is NULL", desc->num_deps);
     pthread_mutex_lock(&pool->task_lock);
@@ -2432,8 +2426,9 @@ DPAR_API dpar_status dpar_task_submit(dpar_pool *pool, const dpar_task_desc *des
         int s;
         if (d == DPAR__NONE) {
             pthread_mutex_unlock(&pool->task_lock);
-            return dpar__err(DPAR_EINVAL, "dpar_task_submit: deps[%u] = 0x%llx is not a live task of this pool "
-                                          "(never submitted, or ended by dpar_task_wait_all)",
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_task_submit: deps[%u] = 0x%llx is not a live task of this pool "
+                             "(never submitted, or ended by dpar_task_wait_all)",
                              k, (unsigned long long)desc->deps[k]);
         }
         s = dpar__rec(pool, d)->state;
@@ -2487,10 +2482,8 @@ DPAR_API dpar_status dpar_task_submit(dpar_pool *pool, const dpar_task_desc *des
     }
     if (out) *out = dpar__handle(pool, i);
     pthread_mutex_unlock(&pool->task_lock);
-    if (cancelled_by >= 0)
-        dpar__task_notify(pool, 0);
-    else if (woke)
-        dpar__bump(&pool->wake_seq, &pool->wake_sleepers, 1);
+    if (cancelled_by >= 0) dpar__task_notify(pool, 0);
+    else if (woke) dpar__bump(&pool->wake_seq, &pool->wake_sleepers, 1);
     return DPAR_OK;
 }
 
@@ -2568,8 +2561,10 @@ DPAR_API dpar_status dpar_task_wait(dpar_pool *pool, dpar_task task)
     i = dpar__task_index(pool, task);
     if (i == DPAR__NONE) {
         pthread_mutex_unlock(&pool->task_lock);
-        return dpar__err(DPAR_EINVAL, "dpar_task_wait: 0x%llx is not a live task of this pool (never submitted, "
-                                      "or ended by dpar_task_wait_all)", (unsigned long long)task);
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_task_wait: 0x%llx is not a live task of this pool (never submitted, "
+                         "or ended by dpar_task_wait_all)",
+                         (unsigned long long)task);
     }
     /* Every task running lower on this thread's stack can only finish after this wait returns. */
     for (f = dpar__tls_frame; f && !dpar__finished(dpar__rec(pool, i)->state); f = f->up) {
@@ -2577,8 +2572,10 @@ DPAR_API dpar_status dpar_task_wait(dpar_pool *pool, dpar_task task)
             uint32_t self = dpar__tls_frame->task;
             pthread_mutex_unlock(&pool->task_lock);
             if (i == self) return dpar__err(DPAR_EDEADLK, "dpar_task_wait: task %u waits for itself", self + 1);
-            return dpar__err(DPAR_EDEADLK, "dpar_task_wait: task %u waits for task %u, which cannot finish before "
-                                           "task %u does", self + 1, i + 1, f->task + 1);
+            return dpar__err(DPAR_EDEADLK,
+                             "dpar_task_wait: task %u waits for task %u, which cannot finish before "
+                             "task %u does",
+                             self + 1, i + 1, f->task + 1);
         }
     }
     pthread_mutex_unlock(&pool->task_lock);
@@ -2601,7 +2598,8 @@ DPAR_API dpar_task_state dpar_task_state_of(dpar_pool *pool, dpar_task task)
     i = dpar__task_index(pool, task);
     s = i == DPAR__NONE ? DPAR__TASK_PENDING : dpar__rec(pool, i)->state;
     pthread_mutex_unlock(&pool->task_lock);
-    if (i == DPAR__NONE) dpar__err(DPAR_EINVAL, "dpar_task_state_of: 0x%llx is not a live task", (unsigned long long)task);
+    if (i == DPAR__NONE)
+        dpar__err(DPAR_EINVAL, "dpar_task_state_of: 0x%llx is not a live task", (unsigned long long)task);
     switch (s) {
     case DPAR__TASK_DONE: return DPAR_TASK_DONE;
     case DPAR__TASK_FAILED: return DPAR_TASK_FAILED;
@@ -2616,8 +2614,10 @@ DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool)
     uint32_t i, failed = 0, cancelled = 0, first = DPAR__NONE;
     if (!pool) return dpar__err(DPAR_EINVAL, "dpar_task_wait_all: pool is NULL");
     if (dpar__in_pool(pool) || dpar__tls_frame)
-        return dpar__err(DPAR_EBUSY, "dpar_task_wait_all: called from inside the pool (thread %d) or a task; it "
-                                     "would wait for itself (wait on single tasks there)", dpar__tls_index);
+        return dpar__err(DPAR_EBUSY,
+                         "dpar_task_wait_all: called from inside the pool (thread %d) or a task; it "
+                         "would wait for itself (wait on single tasks there)",
+                         dpar__tls_index);
     for (;;) {
         dpar__task_wait_for(pool, DPAR__NONE);
         pthread_mutex_lock(&pool->task_lock);
@@ -2635,8 +2635,10 @@ DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool)
     }
     if (first != DPAR__NONE) {
         dpar__task_rec *r = dpar__rec(pool, first);
-        st = dpar__err(r->status, "dpar_task_wait_all: %u of %u tasks failed and %u were cancelled; the first, task %u "
-                                  "(%s), failed: %s", failed, pool->ntasks, cancelled, first + 1, r->name ? r->name : "task",
+        st = dpar__err(r->status,
+                       "dpar_task_wait_all: %u of %u tasks failed and %u were cancelled; the first, task %u "
+                       "(%s), failed: %s",
+                       failed, pool->ntasks, cancelled, first + 1, r->name ? r->name : "task",
                        r->message && r->message[0] ? r->message : dpar_status_string(r->status));
     }
     /* end the epoch: free failure texts, recycle the records */
@@ -2740,12 +2742,14 @@ DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **ou
     if (desc) d = *desc;
     if ((st = dpar__check_allocator("dpar_pool_create", &d.allocator)) != DPAR_OK) return st;
     if (d.num_threads < 0)
-        return dpar__err(DPAR_EINVAL, "dpar_pool_create: num_threads = %d is negative (0 means the default)", d.num_threads);
+        return dpar__err(DPAR_EINVAL, "dpar_pool_create: num_threads = %d is negative (0 means the default)",
+                         d.num_threads);
     if (d.num_threads > DPAR_MAX_THREADS)
-        return dpar__err(DPAR_ERANGE, "dpar_pool_create: num_threads = %d is above DPAR_MAX_THREADS (%d)", d.num_threads,
-                         DPAR_MAX_THREADS);
+        return dpar__err(DPAR_ERANGE, "dpar_pool_create: num_threads = %d is above DPAR_MAX_THREADS (%d)",
+                         d.num_threads, DPAR_MAX_THREADS);
     if (d.spin_us < -1)
-        return dpar__err(DPAR_EINVAL, "dpar_pool_create: spin_us = %d (use -1 for no spinning, 0 for the default)", d.spin_us);
+        return dpar__err(DPAR_EINVAL, "dpar_pool_create: spin_us = %d (use -1 for no spinning, 0 for the default)",
+                         d.spin_us);
     dpar__trace_from_env();
     n = d.num_threads;
     if (n == 0) {
@@ -2756,8 +2760,7 @@ DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **ou
             if (*end || v < 1 || v > DPAR_MAX_THREADS)
                 DPAR__LOG(DPAR_LOG_WARN, "DPAR_NUM_THREADS=%s is not a thread count in 1..%d; using the online CPUs",
                           env, DPAR_MAX_THREADS);
-            else
-                n = (int)v;
+            else n = (int)v;
         }
         if (n == 0) n = dpar__online_cpus();
         if (n > DPAR_MAX_THREADS) n = DPAR_MAX_THREADS;
@@ -2812,8 +2815,10 @@ DPAR_API dpar_status dpar_pool_destroy(dpar_pool *pool)
     cancelled = dpar__pool_stop(pool);
     dpar__pool_free(pool);
     if (cancelled)
-        return dpar__err(DPAR_ECANCELED, "dpar_pool_destroy: %u tasks had not started and were cancelled; the pool "
-                                         "is destroyed (call dpar_task_wait_all first to run them)", cancelled);
+        return dpar__err(DPAR_ECANCELED,
+                         "dpar_pool_destroy: %u tasks had not started and were cancelled; the pool "
+                         "is destroyed (call dpar_task_wait_all first to run them)",
+                         cancelled);
     return DPAR_OK;
 }
 
@@ -2837,11 +2842,14 @@ DPAR_API int dpar_pool_thread_index(const dpar_pool *pool) { return dpar__in_poo
 static const char *const dpar__dtype_names[] = {"f32", "f64", "i32", "i64", "bf16", "f16", "u8"};
 static const size_t dpar__dtype_sizes[] = {4, 8, 4, 8, 2, 2, 1};
 static const char *const dpar__op_names[] = {"sum", "avg", "min", "max", "prod"};
-static const char *const dpar__coll_names[] = {"send", "recv", "barrier", "broadcast", "reduce", "reduce_scatter",
-                                               "allgather", "allreduce", "alltoall", "split"};
+static const char *const dpar__coll_names[] = {"send",           "recv",      "barrier",   "broadcast", "reduce",
+                                               "reduce_scatter", "allgather", "allreduce", "alltoall",  "split"};
 
 DPAR_API size_t dpar_dtype_size(dpar_dtype t) { return (unsigned)t < DPAR_DTYPE_COUNT ? dpar__dtype_sizes[t] : 0; }
-DPAR_API const char *dpar_dtype_name(dpar_dtype t) { return (unsigned)t < DPAR_DTYPE_COUNT ? dpar__dtype_names[t] : "?"; }
+DPAR_API const char *dpar_dtype_name(dpar_dtype t)
+{
+    return (unsigned)t < DPAR_DTYPE_COUNT ? dpar__dtype_names[t] : "?";
+}
 DPAR_API const char *dpar_op_name(dpar_op op) { return (unsigned)op < DPAR_OP_COUNT ? dpar__op_names[op] : "?"; }
 DPAR_API const char *dpar_coll_name(dpar_coll k) { return (unsigned)k < DPAR_COLL_COUNT ? dpar__coll_names[k] : "?"; }
 
@@ -2929,6 +2937,7 @@ DPAR_API uint16_t dpar_f32_to_f16(float f)
 }
 
 /* ---- the reduction kernel: out[i] = a[i] op b[i] (then / div when div > 1); out may alias a or b ---- */
+/* clang-format off */
 #define DPAR__RED_LOOP(T, EXPR)                                                          \
     do {                                                                                 \
         T *o_ = (T *)out;                                                                \
@@ -2962,6 +2971,7 @@ DPAR_API uint16_t dpar_f32_to_f16(float f)
     case DPAR_MAX: DPAR__RED_LOOP(T, y > x ? y : x); break;                              \
     default: DPAR__RED_LOOP(T, (T)((U)x * (U)y)); break;                                 \
     }
+/* clang-format on */
 
 static float dpar__apply_f32(float x, float y, dpar_op op, int div)
 {
@@ -2983,6 +2993,7 @@ static float dpar__apply_f32(float x, float y, dpar_op op, int div)
 #define DPAR__SIMD 1
 typedef float dpar__v4f __attribute__((vector_size(16)));
 typedef double dpar__v2d __attribute__((vector_size(16)));
+/* clang-format off */
 #define DPAR__VLOOP(T, V, PER, OPER, VPOST, SPOST)                                       \
     do {                                                                                 \
         T *o_ = (T *)out;                                                                \
@@ -3001,6 +3012,7 @@ typedef double dpar__v2d __attribute__((vector_size(16)));
         }                                                                                \
         for (; i_ < n; i_++) o_[i_] = (a_[i_] OPER b_[i_]) SPOST;                        \
     } while (0)
+/* clang-format on */
 #else
 #define DPAR__SIMD 0
 #endif
@@ -3009,8 +3021,14 @@ static void dpar__reduce(void *out, const void *a, const void *b, size_t n, dpar
 {
     size_t i;
 #if DPAR__SIMD
-    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, +, , ); return; }
-    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, +, , ); return; }
+    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F32) {
+        DPAR__VLOOP(float, dpar__v4f, 4, +, , );
+        return;
+    }
+    if ((op == DPAR_SUM || (op == DPAR_AVG && div <= 1)) && t == DPAR_F64) {
+        DPAR__VLOOP(double, dpar__v2d, 2, +, , );
+        return;
+    }
     if (op == DPAR_AVG && t == DPAR_F32) {
         const float f = (float)div;
         const dpar__v4f d = {f, f, f, f};
@@ -3023,8 +3041,14 @@ static void dpar__reduce(void *out, const void *a, const void *b, size_t n, dpar
         DPAR__VLOOP(double, dpar__v2d, 2, +, / d, / f);
         return;
     }
-    if (op == DPAR_PROD && t == DPAR_F32) { DPAR__VLOOP(float, dpar__v4f, 4, *, , ); return; }
-    if (op == DPAR_PROD && t == DPAR_F64) { DPAR__VLOOP(double, dpar__v2d, 2, *, , ); return; }
+    if (op == DPAR_PROD && t == DPAR_F32) {
+        DPAR__VLOOP(float, dpar__v4f, 4, *, , );
+        return;
+    }
+    if (op == DPAR_PROD && t == DPAR_F64) {
+        DPAR__VLOOP(double, dpar__v2d, 2, *, , );
+        return;
+    }
 #endif
     switch (t) {
     case DPAR_F32: DPAR__RED_FLOAT(float); break;
@@ -3035,13 +3059,15 @@ static void dpar__reduce(void *out, const void *a, const void *b, size_t n, dpar
     case DPAR_BF16: {
         uint16_t *o = (uint16_t *)out;
         const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
-        for (i = 0; i < n; i++) o[i] = dpar_f32_to_bf16(dpar__apply_f32(dpar_bf16_to_f32(x[i]), dpar_bf16_to_f32(y[i]), op, div));
+        for (i = 0; i < n; i++)
+            o[i] = dpar_f32_to_bf16(dpar__apply_f32(dpar_bf16_to_f32(x[i]), dpar_bf16_to_f32(y[i]), op, div));
         break;
     }
     default: {
         uint16_t *o = (uint16_t *)out;
         const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
-        for (i = 0; i < n; i++) o[i] = dpar_f32_to_f16(dpar__apply_f32(dpar_f16_to_f32(x[i]), dpar_f16_to_f32(y[i]), op, div));
+        for (i = 0; i < n; i++)
+            o[i] = dpar_f32_to_f16(dpar__apply_f32(dpar_f16_to_f32(x[i]), dpar_f16_to_f32(y[i]), op, div));
         break;
     }
     }
@@ -3056,11 +3082,21 @@ static void dpar__divide(void *out, const void *in, size_t n, dpar_dtype t, int 
         return;
     }
     switch (t) {
-    case DPAR_F32: for (i = 0; i < n; i++) ((float *)out)[i] = ((const float *)in)[i] / (float)div; break;
-    case DPAR_F64: for (i = 0; i < n; i++) ((double *)out)[i] = ((const double *)in)[i] / (double)div; break;
-    case DPAR_I32: for (i = 0; i < n; i++) ((int32_t *)out)[i] = ((const int32_t *)in)[i] / div; break;
-    case DPAR_I64: for (i = 0; i < n; i++) ((int64_t *)out)[i] = ((const int64_t *)in)[i] / div; break;
-    case DPAR_U8: for (i = 0; i < n; i++) ((uint8_t *)out)[i] = (uint8_t)(((const uint8_t *)in)[i] / div); break;
+    case DPAR_F32:
+        for (i = 0; i < n; i++) ((float *)out)[i] = ((const float *)in)[i] / (float)div;
+        break;
+    case DPAR_F64:
+        for (i = 0; i < n; i++) ((double *)out)[i] = ((const double *)in)[i] / (double)div;
+        break;
+    case DPAR_I32:
+        for (i = 0; i < n; i++) ((int32_t *)out)[i] = ((const int32_t *)in)[i] / div;
+        break;
+    case DPAR_I64:
+        for (i = 0; i < n; i++) ((int64_t *)out)[i] = ((const int64_t *)in)[i] / div;
+        break;
+    case DPAR_U8:
+        for (i = 0; i < n; i++) ((uint8_t *)out)[i] = (uint8_t)(((const uint8_t *)in)[i] / div);
+        break;
     case DPAR_BF16:
         for (i = 0; i < n; i++)
             ((uint16_t *)out)[i] = dpar_f32_to_bf16(dpar_bf16_to_f32(((const uint16_t *)in)[i]) / (float)div);
@@ -3098,7 +3134,8 @@ DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int 
     size_t es = dpar_dtype_size(dtype), e;
     int k, depth = 0;
     if (!es) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: dtype %d is not a dpar_dtype", (int)dtype);
-    if ((unsigned)op >= DPAR_OP_COUNT) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: op %d is not a dpar_op", (int)op);
+    if ((unsigned)op >= DPAR_OP_COUNT)
+        return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: op %d is not a dpar_op", (int)op);
     if (num_leaves < 1 || !leaves) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: needs at least one leaf");
     if (count && !out) return dpar__err(DPAR_EINVAL, "dpar_tree_reduce: out is NULL");
     for (k = 0; k < num_leaves; k++)
@@ -3108,10 +3145,8 @@ DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int 
         size_t n = count - e < DPAR__TREE_BLOCK ? count - e : DPAR__TREE_BLOCK;
         /* into a block first: `out` may be a leaf; each block reads only its own elements */
         dpar__tree(block, leaves, 0, num_leaves, e, n, dtype, op, tmp);
-        if (op == DPAR_AVG)
-            dpar__divide((char *)out + e * es, block, n, dtype, num_leaves);
-        else
-            memcpy((char *)out + e * es, block, n * es);
+        if (op == DPAR_AVG) dpar__divide((char *)out + e * es, block, n, dtype, num_leaves);
+        else memcpy((char *)out + e * es, block, n * es);
     }
     return DPAR_OK;
 }
@@ -3120,15 +3155,15 @@ DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int 
 #ifndef DPAR_TIMEOUT_MS_DEFAULT
 #define DPAR_TIMEOUT_MS_DEFAULT 30000
 #endif
-#define DPAR__QDEPTH 4          /* offers in flight per channel */
-#define DPAR__LANE_P2P 0        /* user send/recv */
-#define DPAR__LANE_COLL 1       /* collectives */
+#define DPAR__QDEPTH 4    /* offers in flight per channel */
+#define DPAR__LANE_P2P 0  /* user send/recv */
+#define DPAR__LANE_COLL 1 /* collectives */
 #define DPAR__LANES 2
 #define DPAR__SEGMENT_DEFAULT (128u * 1024u)
 
 /* ---- fingerprints ---- */
 typedef struct dpar__fp {
-    uint64_t seq;     /* collective number on this comm (0 for point-to-point) */
+    uint64_t seq; /* collective number on this comm (0 for point-to-point) */
     uint64_t count;
     int coll, dtype, op, root, tag, rank;
     const char *file;
@@ -3274,12 +3309,12 @@ struct dpar_comm {
     dpar__spin spin;
     char name[32];
     const char *split_suffix; /* set by dpar_mesh_init around its splits: the new comm is "name.suffix" */
-    uint64_t seq;      /* collectives issued by this rank */
-    void *scratch;     /* grown on demand, kept: no allocation per call once warm */
+    uint64_t seq;             /* collectives issued by this rank */
+    void *scratch;            /* grown on demand, kept: no allocation per call once warm */
     size_t scratch_bytes;
-    dpar_comm_stats stats;        /* counters, updated with relaxed atomics */
+    dpar_comm_stats stats; /* counters, updated with relaxed atomics */
     int last_coll;
-    uint64_t last_busbw_bits;     /* the double, as bits, so it can be an atomic */
+    uint64_t last_busbw_bits; /* the double, as bits, so it can be an atomic */
     /* async */
     pthread_mutex_t qlock;
     dpar_request *qhead, *qtail, *free_reqs;
@@ -3295,7 +3330,8 @@ static dpar_status dpar__scratch(dpar_comm *c, size_t bytes, char **out)
 {
     if (bytes > c->scratch_bytes) {
         void *p = dpar__alloc(&c->allocator, bytes);
-        if (!p) return dpar__err(DPAR_ENOMEM, "%s rank %d: cannot allocate %zu bytes of scratch", c->name, c->rank, bytes);
+        if (!p)
+            return dpar__err(DPAR_ENOMEM, "%s rank %d: cannot allocate %zu bytes of scratch", c->name, c->rank, bytes);
         dpar__free(&c->allocator, c->scratch);
         c->scratch = p;
         c->scratch_bytes = bytes;
@@ -3337,9 +3373,9 @@ static void dpar__fp_describe(const dpar__fp *f, char *buf, size_t n)
     }
     if (k < 0 || (size_t)k >= n) return;
     if (f->seq)
-        snprintf(buf + k, n - (size_t)k, " #%llu at %s:%d", (unsigned long long)f->seq, f->file ? f->file : "?", f->line);
-    else
-        snprintf(buf + k, n - (size_t)k, " at %s:%d", f->file ? f->file : "?", f->line);
+        snprintf(buf + k, n - (size_t)k, " #%llu at %s:%d", (unsigned long long)f->seq, f->file ? f->file : "?",
+                 f->line);
+    else snprintf(buf + k, n - (size_t)k, " at %s:%d", f->file ? f->file : "?", f->line);
 }
 
 /* a call's description gets " on NAME" when its comm has a name of its own (not the default "comm"),
@@ -3351,16 +3387,15 @@ static void dpar__on_comm(const dpar_comm *c, char *buf, size_t n)
 }
 
 /* Does the fingerprint `theirs` (from a message) fit the call `x` makes? Writes the mismatch story. */
-static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t their_bytes, size_t my_bytes,
-                          char *msg, size_t n)
+static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t their_bytes, size_t my_bytes, char *msg,
+                          size_t n)
 {
     const dpar__fp *mine = &x->fp;
     char a[200], b[200];
     int same;
     if (x->lane == DPAR__LANE_P2P)
         same = theirs->count == mine->count && theirs->dtype == mine->dtype && theirs->tag == mine->tag;
-    else if (!x->c->check)
-        same = 1;
+    else if (!x->c->check) same = 1;
     else
         same = theirs->seq == mine->seq && theirs->coll == mine->coll && theirs->count == mine->count &&
                theirs->dtype == mine->dtype && theirs->op == mine->op && theirs->root == mine->root;
@@ -3371,8 +3406,7 @@ static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t the
     if (same) /* only possible with no_check, or a bug: never read past the buffer */
         snprintf(msg, n, "rank %d offered %zu bytes where rank %d expected %zu (%s vs %s)", theirs->rank, their_bytes,
                  mine->rank, my_bytes, a, b);
-    else
-        snprintf(msg, n, "rank %d called %s while rank %d called %s", mine->rank, b, theirs->rank, a);
+    else snprintf(msg, n, "rank %d called %s while rank %d called %s", mine->rank, b, theirs->rank, a);
     return 0;
 }
 
@@ -3417,7 +3451,10 @@ static void dpar__tp_copy(dpar__ctx *x, void *dst, const void *src, size_t bytes
 
 /* group state */
 static dpar_status dpar__tp_poisoned(dpar_comm *c) { return c->tp->poisoned(c); }
-static dpar_status dpar__tp_poison(dpar_comm *c, dpar_status why, const char *msg) { return c->tp->poison(c, why, msg); }
+static dpar_status dpar__tp_poison(dpar_comm *c, dpar_status why, const char *msg)
+{
+    return c->tp->poison(c, why, msg);
+}
 static void dpar__tp_quiesce(dpar_comm *c)
 {
     if (c->tp->quiesce) c->tp->quiesce(c);
@@ -3467,7 +3504,10 @@ static void dpar__tp_wake_all(dpar_comm *c) /* every rank but this one */
     for (q = 0; q < c->size; q++)
         if (q != c->rank) c->tp->wake(c, q);
 }
-static dpar_status dpar__tp_timeout(dpar__ctx *x, int peer, const char *what) { return x->c->tp->timeout(x, peer, what); }
+static dpar_status dpar__tp_timeout(dpar__ctx *x, int peer, const char *what)
+{
+    return x->c->tp->timeout(x, peer, what);
+}
 
 /* the rest of a call's life */
 static void dpar__tp_enter(dpar__ctx *x) { x->c->tp->enter(x); }
@@ -3512,7 +3552,7 @@ static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t byt
 typedef struct dpar__chunks {
     size_t count, seg; /* elements, segment length in elements */
     int n;
-    size_t segs;       /* segments per chunk (of the longest chunk; at least 1) */
+    size_t segs;               /* segments per chunk (of the longest chunk; at least 1) */
     const size_t *offs, *lens; /* chunk c, when not dpar_block_range's */
 } dpar__chunks;
 
@@ -3583,8 +3623,8 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
             char *dst;
             dpar__seg(&k, sc, g, &so, &sl, &slo);
             dpar__seg(&k, rc, g, &ro, &rl, &rlo);
-            if (s == 0) src = send + so * es;                    /* my own input, zero-copy */
-            else if (whole) src = recv + so * es;                 /* the partial I made last step */
+            if (s == 0) src = send + so * es;     /* my own input, zero-copy */
+            else if (whole) src = recv + so * es; /* the partial I made last step */
             else src = part[(s - 1) % 2] + slo * es;
             DPAR__TRY(dpar__post(x, next, src, sl * es));
             DPAR__TRY(dpar__fetch(x, prev, rl * es, &p));
@@ -3628,7 +3668,8 @@ static dpar_status dpar__ring_allgather(dpar__ctx *x, const char *mine, char *re
     return dpar__drain(x, next, 0);
 }
 
-static dpar_status dpar__allreduce_ring(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t, dpar_op op)
+static dpar_status dpar__allreduce_ring(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                        dpar_op op)
 {
     size_t es = dpar__dtype_sizes[t], off;
     dpar_block_range(count, x->c->size, x->c->rank, &off, NULL);
@@ -3639,7 +3680,8 @@ static dpar_status dpar__allreduce_ring(dpar__ctx *x, const char *send, char *re
 /* Deterministic allreduce: recursive halving then doubling with partner r ^ 2^k, the lower rank's
    value always on the left, so element e of the result is the fixed tree
    ((x0 op x1) op (x2 op x3)) op ... over the ranks, whatever N. */
-static dpar_status dpar__allreduce_tree(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t, dpar_op op)
+static dpar_status dpar__allreduce_tree(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                        dpar_op op)
 {
     dpar_comm *c = x->c;
     int N = c->size, r = c->rank, levels = 0, k;
@@ -3664,9 +3706,11 @@ static dpar_status dpar__allreduce_tree(dpar__ctx *x, const char *send, char *re
             DPAR__TRY(dpar__post(x, partner, src + (glo + go) * es, gl * es));
             DPAR__TRY(dpar__fetch(x, partner, kl * es, &p));
             if (lower)
-                dpar__tp_reduce(x, recv + (klo + ko) * es, src + (klo + ko) * es, p, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
+                dpar__tp_reduce(x, recv + (klo + ko) * es, src + (klo + ko) * es, p, kl, t,
+                                op == DPAR_AVG ? DPAR_SUM : op, 0);
             else
-                dpar__tp_reduce(x, recv + (klo + ko) * es, p, src + (klo + ko) * es, kl, t, op == DPAR_AVG ? DPAR_SUM : op, 0);
+                dpar__tp_reduce(x, recv + (klo + ko) * es, p, src + (klo + ko) * es, kl, t,
+                                op == DPAR_AVG ? DPAR_SUM : op, 0);
             DPAR__TRY(dpar__release(x, partner));
         }
         lo = klo;
@@ -3895,7 +3939,8 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     dt = dpar_time_ns() - t0;
     bytes = (uint64_t)call->count * es * (call->coll == DPAR_COLL_ALLTOALL ? (uint64_t)N : 1u);
     if (call->coll == DPAR_COLL_ALLREDUCE) factor = 2.0 * (N - 1) / N;
-    else if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER || call->coll == DPAR_COLL_ALLTOALL)
+    else if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER ||
+             call->coll == DPAR_COLL_ALLTOALL)
         factor = (double)(N - 1) / N;
     busbw = dt ? (double)bytes / (double)dt * factor : 0.0;
     {
@@ -3947,16 +3992,22 @@ static dpar_status dpar__validate(dpar_comm *c, const dpar__call *call, const ch
     if (!c) return dpar__err(DPAR_EINVAL, "%s: comm is NULL", api);
     N = c->size;
     es = dpar_dtype_size(call->dtype);
-    if (!es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, call->file, call->line, (int)call->dtype);
+    if (!es)
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, call->file, call->line,
+                         (int)call->dtype);
     if ((unsigned)call->op >= DPAR_OP_COUNT)
-        return dpar__err(DPAR_EINVAL, "%s at %s:%d: op %d is not a dpar_op", api, call->file, call->line, (int)call->op);
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: op %d is not a dpar_op", api, call->file, call->line,
+                         (int)call->op);
     if (n > SIZE_MAX / es / (call->coll == DPAR_COLL_ALLTOALL ? (size_t)N : 1u))
         return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, call->file, call->line, n);
     if (call->coll == DPAR_COLL_ALLREDUCE && c->det && (N & (N - 1)))
-        return dpar__err(DPAR_EUNSUPPORTED, "%s at %s:%d: the deterministic mode needs a power-of-two number of ranks, "
-                                            "not %d", api, call->file, call->line, N);
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "%s at %s:%d: the deterministic mode needs a power-of-two number of ranks, "
+                         "not %d",
+                         api, call->file, call->line, N);
     if ((call->coll == DPAR_COLL_BROADCAST || call->coll == DPAR_COLL_REDUCE) && (call->root < 0 || call->root >= N))
-        return dpar__err(DPAR_EINVAL, "%s at %s:%d: root %d is not a rank of 0..%d", api, call->file, call->line, call->root, N - 1);
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: root %d is not a rank of 0..%d", api, call->file, call->line,
+                         call->root, N - 1);
     total = n * es;
     if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER) {
         if (call->offs) {
@@ -3975,32 +4026,42 @@ static dpar_status dpar__validate(dpar_comm *c, const dpar__call *call, const ch
         if (!call->recv || (c->rank == call->root && !call->send))
             return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
         if (c->rank == call->root && call->send != call->recv && dpar__overlap(call->send, total, call->recv, total))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file, call->line);
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file,
+                             call->line);
         break;
     case DPAR_COLL_REDUCE:
         if (!call->send || (c->rank == call->root && !call->recv))
             return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
         if (c->rank == call->root && call->send != call->recv && dpar__overlap(call->send, total, call->recv, total))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file, call->line);
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file,
+                             call->line);
         break;
     case DPAR_COLL_REDUCE_SCATTER: /* in place: recv is my block of send */
         if (!call->send || (mine && !call->recv))
             return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
-        if ((const char *)call->recv != (const char *)call->send + off && dpar__overlap(call->send, total, call->recv, mine))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: recv overlaps send without being this rank's block of it (offset "
-                                          "%zu)", api, call->file, call->line, off / es);
+        if ((const char *)call->recv != (const char *)call->send + off &&
+            dpar__overlap(call->send, total, call->recv, mine))
+            return dpar__err(DPAR_EINVAL,
+                             "%s at %s:%d: recv overlaps send without being this rank's block of it (offset "
+                             "%zu)",
+                             api, call->file, call->line, off / es);
         break;
     case DPAR_COLL_ALLGATHER: /* in place: send is my block of recv */
         if (!call->recv || (mine && !call->send))
             return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
-        if ((const char *)call->send != (const char *)call->recv + off && dpar__overlap(call->send, mine, call->recv, total))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send overlaps recv without being this rank's block of it (offset "
-                                          "%zu)", api, call->file, call->line, off / es);
+        if ((const char *)call->send != (const char *)call->recv + off &&
+            dpar__overlap(call->send, mine, call->recv, total))
+            return dpar__err(DPAR_EINVAL,
+                             "%s at %s:%d: send overlaps recv without being this rank's block of it (offset "
+                             "%zu)",
+                             api, call->file, call->line, off / es);
         break;
     default:
-        if (!call->send || !call->recv) return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
+        if (!call->send || !call->recv)
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: a buffer is NULL", api, call->file, call->line);
         if (call->send != call->recv && dpar__overlap(call->send, total, call->recv, total))
-            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file, call->line);
+            return dpar__err(DPAR_EINVAL, "%s at %s:%d: send and recv overlap without being equal", api, call->file,
+                             call->line);
         break;
     }
     return DPAR_OK;
@@ -4075,16 +4136,18 @@ DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *r
 }
 
 /* ---- point-to-point ---- */
-static dpar_status dpar__p2p_check(dpar_comm *c, const void *buf, size_t count, dpar_dtype t, int peer,
-                                   const char *api, const char *file, int line)
+static dpar_status dpar__p2p_check(dpar_comm *c, const void *buf, size_t count, dpar_dtype t, int peer, const char *api,
+                                   const char *file, int line)
 {
     size_t es;
     if (!c) return dpar__err(DPAR_EINVAL, "%s: comm is NULL", api);
     es = dpar_dtype_size(t);
     if (!es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, file, line, (int)t);
     if (peer < 0 || peer >= c->size)
-        return dpar__err(DPAR_EINVAL, "%s at %s:%d: peer %d is not a rank of 0..%d", api, file, line, peer, c->size - 1);
-    if (count > SIZE_MAX / es) return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, file, line, count);
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: peer %d is not a rank of 0..%d", api, file, line, peer,
+                         c->size - 1);
+    if (count > SIZE_MAX / es)
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, file, line, count);
     if (count && !buf) return dpar__err(DPAR_EINVAL, "%s at %s:%d: buf is NULL", api, file, line);
     return DPAR_OK;
 }
@@ -4132,8 +4195,10 @@ DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count
     dpar_status st = dpar__p2p_check(comm, buf, count, dtype, peer, "dpar_send", file, line);
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     if (peer == comm->rank)
-        return dpar__err(DPAR_EDEADLK, "dpar_send at %s:%d: rank %d sends to itself; a synchronous send to oneself never "
-                                       "completes (use dpar_sendrecv)", file, line, peer);
+        return dpar__err(DPAR_EDEADLK,
+                         "dpar_send at %s:%d: rank %d sends to itself; a synchronous send to oneself never "
+                         "completes (use dpar_sendrecv)",
+                         file, line, peer);
     DPAR__TRY(dpar__tp_poisoned(comm));
     dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, count, dtype, tag, file, line);
     dpar__tp_enter(&x);
@@ -4169,7 +4234,8 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     if (dst == comm->rank && src == comm->rank && sendcount && recvcount &&
         dpar__overlap(sendbuf, sendcount * dpar__dtype_sizes[dtype], recvbuf, recvcount * dpar__dtype_sizes[dtype]))
-        return dpar__bad_call(comm, dpar__err(DPAR_EINVAL, "dpar_sendrecv at %s:%d: send and recv buffers overlap", file, line));
+        return dpar__bad_call(
+            comm, dpar__err(DPAR_EINVAL, "dpar_sendrecv at %s:%d: send and recv buffers overlap", file, line));
     DPAR__TRY(dpar__tp_poisoned(comm));
     es = dpar__dtype_sizes[dtype];
     dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, sendcount, dtype, tag, file, line);
@@ -4241,8 +4307,7 @@ static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int ra
             if (*end || v < -1)
                 DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
                           DPAR_TIMEOUT_MS_DEFAULT);
-            else
-                ms = v;
+            else ms = v;
         }
         to = ms > 0 ? (uint64_t)ms * 1000000u : 0;
     }
@@ -4381,7 +4446,8 @@ static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, vo
     char msg[DPAR__ERROR_TEXT];
     if (!dpar__tp_shares_memory(c, one_process))
         return dpar__err(DPAR_EUNSUPPORTED, "%s: %s is not a comm of thread ranks (%s)", who, c->name,
-                         one_process ? "this runs tasks on the other ranks' threads" : "this reads the other ranks' memory");
+                         one_process ? "this runs tasks on the other ranks' threads"
+                                     : "this reads the other ranks' memory");
     DPAR__TRY(dpar__coll_begin(&x, c, DPAR_COLL_ALLGATHER, who));
     if ((st = c->tp->expose(&x, bufs, n, peers)) == DPAR_OK) return DPAR_OK;
     /* a failure of this rank alone must not leave the others waiting, nor a peer reading what it posted */
@@ -4402,8 +4468,10 @@ DPAR_API dpar_status dpar_mesh_init(dpar_mesh *out, const dpar_mesh_desc *desc)
     pp = desc->pp ? desc->pp : 1;
     dp = desc->dp ? desc->dp : (tp > 0 && pp > 0 ? (int)(world->size / ((long)tp * pp)) : 0);
     if (dp < 1 || tp < 1 || pp < 1 || (long)dp * tp * pp != world->size)
-        return dpar__bad_call(world, dpar__err(DPAR_EINVAL, "dpar_mesh_init: dp %d x tp %d x pp %d is not the %d "
-                                                            "ranks of the world", dp, tp, pp, world->size));
+        return dpar__bad_call(world, dpar__err(DPAR_EINVAL,
+                                               "dpar_mesh_init: dp %d x tp %d x pp %d is not the %d "
+                                               "ranks of the world",
+                                               dp, tp, pp, world->size));
     w = world->rank;
     out->dp = dp;
     out->tp = tp;
@@ -4454,7 +4522,8 @@ static void dpar__request_finish(dpar_request *q, dpar_status st)
 /* run a request: its collective, and for a chained one the update and the all-gather */
 static dpar_status dpar__request_run(dpar_comm *c, dpar_request *q)
 {
-    dpar__call call = dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file, q->line);
+    dpar__call call =
+        dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file, q->line);
     dpar_status st;
     call.seq = q->seq;
     st = dpar__execute(c, &call);
@@ -4462,8 +4531,8 @@ static dpar_status dpar__request_run(dpar_comm *c, dpar_request *q)
         size_t off, len;
         dpar_block_range(q->count, c->size, c->rank, &off, &len);
         q->then.fn(q->then.user, q->then.base + off, len);
-        call = dpar__call_make(DPAR_COLL_ALLGATHER, q->then.gather + off, q->then.gather, q->count, DPAR_F32, DPAR_SUM, 0,
-                            q->file, q->line);
+        call = dpar__call_make(DPAR_COLL_ALLGATHER, q->then.gather + off, q->then.gather, q->count, DPAR_F32, DPAR_SUM,
+                               0, q->file, q->line);
         call.seq = q->seq2;
         st = dpar__execute(c, &call);
     }
@@ -4555,7 +4624,8 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *call, dpar_req
     }
     DPAR__ADD(&comm->pending, 1, DPAR__SEQ_CST);
     pthread_mutex_lock(&comm->qlock);
-    if (comm->qtail) comm->qtail->next = q; else comm->qhead = q;
+    if (comm->qtail) comm->qtail->next = q;
+    else comm->qhead = q;
     comm->qtail = q;
     pthread_mutex_unlock(&comm->qlock);
     dpar__bump(&comm->qseq, &comm->qsleepers, 1);
@@ -4578,7 +4648,8 @@ DPAR_API dpar_status dpar_iallreduce_at(dpar_comm *comm, const void *send, void 
     return dpar__icollective(comm, &call, req, "dpar_iallreduce", NULL);
 }
 DPAR_API dpar_status dpar_ireduce_scatter_at(dpar_comm *comm, const void *send, void *recv, size_t count,
-                                             dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file, int line)
+                                             dpar_dtype dtype, dpar_op op, dpar_request **req, const char *file,
+                                             int line)
 {
     dpar__call call = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, file, line);
     return dpar__icollective(comm, &call, req, "dpar_ireduce_scatter", NULL);
@@ -4763,10 +4834,11 @@ static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
         else if (joined == 2)
             k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d has left (dpar_comm_destroy)", i);
         else if (x->lane == DPAR__LANE_COLL && at == 0)
-            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never arrived (it has made no collective call)", i);
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never arrived (it has made no collective call)",
+                          i);
         else if (x->lane == DPAR__LANE_COLL)
-            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never arrived (its last call: %s #%llu at %s:%d)", i,
-                          dpar_coll_name((dpar_coll)coll), (unsigned long long)at, file ? file : "?", line);
+            k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never arrived (its last call: %s #%llu at %s:%d)",
+                          i, dpar_coll_name((dpar_coll)coll), (unsigned long long)at, file ? file : "?", line);
         else
             k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d is in %s at %s:%d", i,
                           dpar_coll_name((dpar_coll)coll), file ? file : "?", line);
@@ -4868,8 +4940,8 @@ static void dpar__t_quiesce(dpar_comm *c)
     uint64_t give_up = dpar_time_ns() + 5000000000u;
     for (q = 0; q < g->size; q++)
         for (lane = 0; lane < DPAR__LANES; lane++) {
-            dpar__chan *ch = DPAR__LOAD(&g->chans[((size_t)c->rank * (size_t)g->size + (size_t)q) * DPAR__LANES + (size_t)lane],
-                                        DPAR__ACQUIRE);
+            dpar__chan *ch = DPAR__LOAD(
+                &g->chans[((size_t)c->rank * (size_t)g->size + (size_t)q) * DPAR__LANES + (size_t)lane], DPAR__ACQUIRE);
             if (!ch) continue;
             while ((int32_t)(DPAR__LOAD(&ch->fetched, DPAR__SEQ_CST) - DPAR__LOAD(&ch->released, DPAR__SEQ_CST)) > 0 &&
                    dpar_time_ns() < give_up)
@@ -4895,7 +4967,8 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
     ck[2 * r + 1] = key;
     x->fp.count = 2 * (uint64_t)N;
     x->fp.dtype = DPAR_I64;
-    DPAR__TRY(dpar__ring_allgather(x, (const char *)(ck + 2 * r), (char *)ck, 2 * (size_t)N, sizeof(int64_t), NULL, NULL));
+    DPAR__TRY(
+        dpar__ring_allgather(x, (const char *)(ck + 2 * r), (char *)ck, 2 * (size_t)N, sizeof(int64_t), NULL, NULL));
     if (color >= 0) {
         for (i = 0; i < N; i++) {
             if (ck[2 * i] != color) continue;
@@ -4951,10 +5024,7 @@ static dpar_status dpar__t_expose(dpar__ctx *x, const void *const *bufs, int n, 
     return dpar__ring_allgather(x, (const char *)mine, (char *)peers, words, sizeof(void *), NULL, NULL);
 }
 
-static uint32_t dpar__t_doorbell(dpar_comm *c)
-{
-    return DPAR__LOAD(&DPAR__TG(c)->slots[c->rank].bell, DPAR__ACQUIRE);
-}
+static uint32_t dpar__t_doorbell(dpar_comm *c) { return DPAR__LOAD(&DPAR__TG(c)->slots[c->rank].bell, DPAR__ACQUIRE); }
 
 static dpar_status dpar__t_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
 {
@@ -4964,6 +5034,7 @@ static dpar_status dpar__t_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadl
 
 static void dpar__t_wake(dpar_comm *c, int peer) { dpar__ring_bell(DPAR__TG(c), peer); }
 
+/* clang-format off */
 static const dpar__transport dpar__threads_transport = {
     "threads",
     dpar__t_post, dpar__t_fetch, dpar__t_release, dpar__t_drain, /* moving bytes */
@@ -4972,6 +5043,7 @@ static const dpar__transport dpar__threads_transport = {
     NULL, NULL, NULL, /* recv_into, native, prefetch: zero-copy needs none */
     1, dpar__t_expose, dpar__t_doorbell, dpar__t_wait_bell, dpar__t_wake, dpar__t_timeout, /* shared memory */
 };
+/* clang-format on */
 
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out)
 {
@@ -4983,15 +5055,18 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
     *out = NULL;
     if (!desc) return dpar__err(DPAR_EINVAL, "dpar_group_create: desc is NULL (size is required)");
     if ((st = dpar__check_allocator("dpar_group_create", &desc->allocator)) != DPAR_OK) return st;
-    if (desc->size < 1) return dpar__err(DPAR_EINVAL, "dpar_group_create: size = %d (needs at least 1 rank)", desc->size);
+    if (desc->size < 1)
+        return dpar__err(DPAR_EINVAL, "dpar_group_create: size = %d (needs at least 1 rank)", desc->size);
     if (desc->size > DPAR_MAX_THREADS)
         return dpar__err(DPAR_ERANGE, "dpar_group_create: size = %d is above DPAR_MAX_THREADS (%d)", desc->size,
                          DPAR_MAX_THREADS);
     if (desc->timeout_ms < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: timeout_ms = %d", desc->timeout_ms);
     if (desc->spin_us < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: spin_us = %d", desc->spin_us);
     if (desc->deterministic && (desc->size & (desc->size - 1)))
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_group_create: the deterministic mode needs a power-of-two number of "
-                                            "ranks, not %d", desc->size);
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "dpar_group_create: the deterministic mode needs a power-of-two number of "
+                         "ranks, not %d",
+                         desc->size);
     dpar__trace_from_env();
     g = (dpar_group *)dpar__calloc(&desc->allocator, 1, sizeof *g);
     if (!g) return dpar__err(DPAR_ENOMEM, "dpar_group_create: out of memory");
@@ -5079,7 +5154,8 @@ DPAR_API void dpar_sgemm_ref(dpar_trans ta, dpar_trans tb, int M, int N, int K, 
             for (k = 0; k < K; k++)
                 acc += (double)(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
                        (double)(tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
-            C[(size_t)i * ldc + j] = (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * C[(size_t)i * ldc + j]));
+            C[(size_t)i * ldc + j] =
+                (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * C[(size_t)i * ldc + j]));
         }
 }
 
@@ -5172,8 +5248,8 @@ static void dpar__tile_add(float *c, int ldc, const float *acc, int mr, int nr, 
    C is never read, and never cleared beforehand) ---- */
 #if DPAR__SIMD
 /* portable: 16-byte vectors, 6 x 4 of them (compilers with 32 vector registers keep them all) */
-static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr,
-                                  int store)
+static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr,
+                                  int nr, int store)
 {
     dpar__v4f acc[DPAR__MR][4], bv[4];
     float out[DPAR__MR * DPAR__NR];
@@ -5193,8 +5269,8 @@ static void dpar__ukernel_generic(int kc, const float *a, const float *b, float 
     dpar__tile_add(c, ldc, out, mr, nr, alpha, store);
 }
 #else
-static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr, int nr,
-                                  int store)
+static void dpar__ukernel_generic(int kc, const float *a, const float *b, float *c, int ldc, float alpha, int mr,
+                                  int nr, int store)
 {
     float out[DPAR__MR * DPAR__NR];
     int k, i, j;
@@ -5221,6 +5297,7 @@ __attribute__((target("avx2,fma"))) static void dpar__ukernel_avx2(int kc, const
         _mm_prefetch((const char *)(c + (size_t)k * ldc), _MM_HINT_T0);
         _mm_prefetch((const char *)(c + (size_t)k * ldc + DPAR__NR - 1), _MM_HINT_T0);
     }
+    /* clang-format off */
     for (k = 0; k < kc; k++) {
         b0 = _mm256_load_ps(b);
         b1 = _mm256_load_ps(b + 8);
@@ -5265,6 +5342,7 @@ __attribute__((target("avx2,fma"))) static void dpar__ukernel_avx2(int kc, const
         _mm256_storeu_ps(out + 48, c30); _mm256_storeu_ps(out + 56, c31);
         _mm256_storeu_ps(out + 64, c40); _mm256_storeu_ps(out + 72, c41);
         _mm256_storeu_ps(out + 80, c50); _mm256_storeu_ps(out + 88, c51);
+        /* clang-format on */
         /* leave AVX state clean before the plain (SSE) code: GCC does not do it on this path, and with
            the upper halves left dirty the SSE code after the GEMM (packing, the allreduce's reduction,
            the optimizer) ran 3.5 times slower here (AMD EPYC, KVM) */
@@ -5357,7 +5435,8 @@ DPAR_API dpar_status dpar_sgemm_builtin(dpar_trans ta, dpar_trans tb, int M, int
     void (*kernel)(int, const float *, const float *, float *, int, float, int, int, int) = dpar__ukernel_generic;
     DPAR__TRY(dpar__gemm_check("dpar_sgemm_builtin", ta, tb, M, N, K, A, lda, B, ldb, C, ldc));
     if (M == 0 || N == 0) return DPAR_OK;
-    if (beta != 1.0f && (beta != 0.0f || K == 0 || alpha == 0.0f)) /* C = beta C first; beta 0 clears (NaN too, as BLAS) */
+    /* C = beta C first; beta 0 clears (NaN too, as BLAS) */
+    if (beta != 1.0f && (beta != 0.0f || K == 0 || alpha == 0.0f))
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
     if (K == 0 || alpha == 0.0f) return DPAR_OK;
@@ -5400,8 +5479,8 @@ DPAR_API dpar_status dpar_sgemm(dpar_trans ta, dpar_trans tb, int M, int N, int 
     if (M == 0 || N == 0) return DPAR_OK;
     /* inside a pool thread OpenBLAS runs on this thread only: dpar owns the threads */
     if (dpar__tls_pool && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-                ldb, beta, C, ldc);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+                B, ldb, beta, C, ldc);
     return DPAR_OK;
 #else
     return dpar_sgemm_builtin(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -5424,11 +5503,11 @@ static void dpar__pgemm_part(void *user, int64_t begin, int64_t end, int thread)
     dpar_status st;
     int b = (int)begin, n = (int)(end - begin);
     if (g->by_rows) /* rows [b, b+n) of C: rows of op(A) */
-        st = dpar_sgemm(g->ta, g->tb, n, g->N, g->K, g->alpha, g->ta ? g->A + b : g->A + (size_t)b * g->lda, g->lda, g->B,
-                        g->ldb, g->beta, g->C + (size_t)b * g->ldc, g->ldc);
+        st = dpar_sgemm(g->ta, g->tb, n, g->N, g->K, g->alpha, g->ta ? g->A + b : g->A + (size_t)b * g->lda, g->lda,
+                        g->B, g->ldb, g->beta, g->C + (size_t)b * g->ldc, g->ldc);
     else /* columns [b, b+n): columns of op(B) */
-        st = dpar_sgemm(g->ta, g->tb, g->M, n, g->K, g->alpha, g->A, g->lda, g->tb ? g->B + (size_t)b * g->ldb : g->B + b,
-                        g->ldb, g->beta, g->C + b, g->ldc);
+        st = dpar_sgemm(g->ta, g->tb, g->M, n, g->K, g->alpha, g->A, g->lda,
+                        g->tb ? g->B + (size_t)b * g->ldb : g->B + b, g->ldb, g->beta, g->C + b, g->ldc);
     if (st != DPAR_OK && thread < 64) g->st[thread] = st;
 }
 
@@ -5542,7 +5621,8 @@ static dpar_status dpar__shard_move(dpar_comm *c, const dpar_shard_plan *p, char
     if ((n && !shard) || (c->rank == root && p->rows && p->cols && !full))
         return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "%s: a buffer is NULL", api));
     if (c->rank != root)
-        return to_shards ? dpar_recv(c, shard, n, t, root, DPAR__SHARD_TAG) : dpar_send(c, shard, n, t, root, DPAR__SHARD_TAG);
+        return to_shards ? dpar_recv(c, shard, n, t, root, DPAR__SHARD_TAG)
+                         : dpar_send(c, shard, n, t, root, DPAR__SHARD_TAG);
     for (r = 0; r < c->size; r++) {
         size_t nr = dpar_shard_slice(p, r, NULL, NULL, NULL, NULL), r0;
         char *buf = NULL;
@@ -5573,8 +5653,8 @@ DPAR_API dpar_status dpar_shard_scatter(dpar_comm *c, const dpar_shard_plan *p, 
     return dpar__shard_move(c, p, (char *)(uintptr_t)full, (char *)shard, t, root, 1, "dpar_shard_scatter");
 }
 
-DPAR_API dpar_status dpar_shard_gather(dpar_comm *c, const dpar_shard_plan *p, const void *shard, void *full, dpar_dtype t,
-                                       int root)
+DPAR_API dpar_status dpar_shard_gather(dpar_comm *c, const dpar_shard_plan *p, const void *shard, void *full,
+                                       dpar_dtype t, int root)
 {
     return dpar__shard_move(c, p, (char *)full, (char *)(uintptr_t)shard, t, root, 0, "dpar_shard_gather");
 }
@@ -5609,7 +5689,7 @@ DPAR_API dpar_status dpar_shard_allgather(dpar_comm *c, const dpar_shard_plan *p
         if (dst + layout[c->rank] * es != (const char *)shard && layout[c->size + c->rank])
             memcpy(dst + layout[c->rank] * es, shard, layout[c->size + c->rank] * es);
         call = dpar__call_make(DPAR_COLL_ALLGATHER, dst + layout[c->rank] * es, dst, total, t, DPAR_SUM, 0,
-                            "dpar_shard_allgather", 0);
+                               "dpar_shard_allgather", 0);
         call.offs = layout;
         call.lens = layout + c->size;
         st = dpar__collective(c, &call, "dpar_shard_allgather");
@@ -5640,7 +5720,8 @@ DPAR_API dpar_status dpar_linear_init(dpar_linear *l, const dpar_linear_desc *de
     mode = desc->mode, in = desc->in, out = desc->out, has_bias = !desc->no_bias, comm = desc->comm;
     if ((unsigned)mode > 2) return dpar__err(DPAR_EINVAL, "dpar_linear_init: mode %d", (int)mode);
     if (in < 1 || out < 1) return dpar__err(DPAR_EINVAL, "dpar_linear_init: in = %d, out = %d", in, out);
-    if (mode != DPAR_LINEAR_FULL && !comm) return dpar__err(DPAR_EINVAL, "dpar_linear_init: a parallel layer needs its comm");
+    if (mode != DPAR_LINEAR_FULL && !comm)
+        return dpar__err(DPAR_EINVAL, "dpar_linear_init: a parallel layer needs its comm");
     DPAR__TRY(dpar__check_allocator("dpar_linear_init", &desc->allocator));
     l->allocator = desc->allocator;
     if (mode != DPAR_LINEAR_FULL) {
@@ -5688,8 +5769,9 @@ DPAR_API dpar_status dpar_linear_set_weights(dpar_linear *l, const float *w_full
     for (i = 0; i < l->in_local; i++) /* W is (in x out): my rows and columns of it */
         memcpy(l->w + (size_t)i * l->out_local, w_full + (size_t)(l->in_offset + i) * l->out + l->out_offset,
                (size_t)l->out_local * sizeof(float));
-    if (l->b && b_full) memcpy(l->b, b_full + (l->mode == DPAR_LINEAR_COLUMN ? l->out_offset : 0),
-                               (size_t)l->bias_local * sizeof(float));
+    if (l->b && b_full)
+        memcpy(l->b, b_full + (l->mode == DPAR_LINEAR_COLUMN ? l->out_offset : 0),
+               (size_t)l->bias_local * sizeof(float));
     return DPAR_OK;
 }
 
@@ -5698,8 +5780,8 @@ DPAR_API dpar_status dpar_linear_forward(dpar_linear *l, const float *x, float *
     int i, j;
     if (!l || !l->w || !x || !y || batch < 0) return dpar__err(DPAR_EINVAL, "dpar_linear_forward: bad argument");
     /* y (batch, out_local) = x (batch, in_local) W (in_local, out_local) */
-    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_NO_TRANS, batch, l->out_local, l->in_local, x, l->in_local, l->w,
-                            l->out_local, 0.0f, y, l->out_local));
+    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_NO_TRANS, batch, l->out_local, l->in_local, x, l->in_local,
+                            l->w, l->out_local, 0.0f, y, l->out_local));
     if (l->mode == DPAR_LINEAR_ROW) /* partial sums over my input rows: add them up */
         DPAR__TRY(dpar_allreduce(l->comm, y, y, (size_t)batch * (size_t)l->out, DPAR_F32, DPAR_SUM));
     if (l->b)
@@ -5720,8 +5802,8 @@ DPAR_API dpar_status dpar_linear_backward(dpar_linear *l, const float *x, const 
             for (j = 0; j < l->out_local; j++) l->db[j] += dy[(size_t)i * l->out_local + j];
     if (!dx) return DPAR_OK;
     /* dx (batch, in_local) = dy (batch, out_local) W^T (out_local, in_local) */
-    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_TRANS, batch, l->in_local, l->out_local, dy, l->out_local, l->w,
-                            l->out_local, 0.0f, dx, l->in_local));
+    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_TRANS, batch, l->in_local, l->out_local, dy, l->out_local,
+                            l->w, l->out_local, 0.0f, dx, l->in_local));
     if (l->mode == DPAR_LINEAR_COLUMN) /* each rank saw only its outputs: the input's gradient adds up */
         DPAR__TRY(dpar_allreduce(l->comm, dx, dx, (size_t)batch * (size_t)l->in, DPAR_F32, DPAR_SUM));
     return DPAR_OK;
@@ -5763,7 +5845,8 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
     if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_zero_create: desc or desc->comm is NULL");
     dp = desc->comm;
     if ((unsigned)desc->kind > 1) return dpar__err(DPAR_EINVAL, "dpar_zero_create: kind %d", (int)desc->kind);
-    if (!(desc->lr > 0)) return dpar__err(DPAR_EINVAL, "dpar_zero_create: lr = %g (must be positive)", (double)desc->lr);
+    if (!(desc->lr > 0))
+        return dpar__err(DPAR_EINVAL, "dpar_zero_create: lr = %g (must be positive)", (double)desc->lr);
     DPAR__TRY(dpar__check_allocator("dpar_zero_create", &desc->allocator));
     z = (dpar_zero *)dpar__calloc(&desc->allocator, 1, sizeof *z);
     if (!z) return dpar__err(DPAR_ENOMEM, "dpar_zero_create: out of memory");
@@ -5907,8 +5990,12 @@ static void dpar__pipe_generate(dpar_pipe_schedule *S)
     }
 }
 
-static const char *dpar__pipe_names[] = {"forward", "backward", "send of the activation", "receive of the activation",
-                                         "send of the gradient", "receive of the gradient"};
+static const char *dpar__pipe_names[] = {"forward",
+                                         "backward",
+                                         "send of the activation",
+                                         "receive of the activation",
+                                         "send of the gradient",
+                                         "receive of the gradient"};
 
 /* Where a send from stage s (chunk c) goes: the stage and chunk of the next (act) or previous
    (grad) virtual stage. */
@@ -5927,7 +6014,9 @@ static void dpar__pipe_peer(const dpar_pipe_schedule *S, int s, int c, int act, 
    its message; a send waits while DPAR__QDEPTH messages are unconsumed on its channel. A channel is
    an ordered pair of stages, shared by activations and gradients (as on the transport). Returns 0,
    or 1 with the deadlock story. Fills per-op start times when `start` is not NULL. */
-typedef struct { double ready; } dpar__pipe_msg;
+typedef struct {
+    double ready;
+} dpar__pipe_msg;
 static int dpar__pipe_simulate(dpar_pipe_schedule *S, double *makespan, double *busy, int *peak, double **start,
                                char *msg, size_t n)
 {
@@ -5995,8 +6084,8 @@ static int dpar__pipe_simulate(dpar_pipe_schedule *S, double *makespan, double *
         for (s = 0; s < p && k > 0 && (size_t)k < n; s++)
             if (pc[s] < S->num_ops[s]) {
                 dpar_pipe_op *op = &S->ops[s][pc[s]];
-                k += snprintf(msg + k, n - (size_t)k, " stage %d waits at op %d (%s of micro-batch %d, chunk %d);", s, pc[s],
-                              dpar__pipe_names[op->code], op->micro, op->chunk);
+                k += snprintf(msg + k, n - (size_t)k, " stage %d waits at op %d (%s of micro-batch %d, chunk %d);", s,
+                              pc[s], dpar__pipe_names[op->code], op->micro, op->chunk);
             }
         rc = 1;
         goto out;
@@ -6055,24 +6144,26 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
     v = S->v;
     if (p < 1 || m < 1 || v < 1) DPAR__PIPE_FAIL("p = %d, m = %d, v = %d (each must be at least 1)", p, m, v);
     if (S->kind == DPAR_PIPE_INTERLEAVED && (m < p || m % p))
-        DPAR__PIPE_FAIL("an interleaved schedule needs m at least p and a multiple of it (rule: m >= p); m = %d, p = %d", m, p);
+        DPAR__PIPE_FAIL(
+            "an interleaved schedule needs m at least p and a multiple of it (rule: m >= p); m = %d, p = %d", m, p);
     seen = (unsigned char *)dpar__calloc(&S->allocator, (size_t)p * (size_t)m * (size_t)v, 1);
     if (!seen) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_check: out of memory");
-#define DPAR__SEEN(s, i, c) seen[((size_t)(s) * m + (size_t)(i)) * v + (size_t)(c)]
-#define DPAR__BAD(...)                                                                             \
-    do {                                                                                           \
-        dpar__free(&S->allocator, seen);                                                           \
-        DPAR__PIPE_FAIL(__VA_ARGS__);                                                              \
+#define DPAR__SEEN(s, i, c) seen[(m * (size_t)(s) + (size_t)(i)) * v + (size_t)(c)]
+#define DPAR__BAD(...)                   \
+    do {                                 \
+        dpar__free(&S->allocator, seen); \
+        DPAR__PIPE_FAIL(__VA_ARGS__);    \
     } while (0)
     for (s = 0; s < p; s++) {
         for (k = 0; k < S->num_ops[s]; k++) {
             dpar_pipe_op *op = &S->ops[s][k];
             int first, last;
             unsigned char *b;
-            if ((unsigned)op->code > DPAR_PIPE_RECV_GRAD) DPAR__BAD("stage %d op %d: code %d is not an op", s, k, op->code);
+            if ((unsigned)op->code > DPAR_PIPE_RECV_GRAD)
+                DPAR__BAD("stage %d op %d: code %d is not an op", s, k, op->code);
             if (op->micro < 0 || op->micro >= m || op->chunk < 0 || op->chunk >= v)
-                DPAR__BAD("stage %d op %d: micro-batch %d, chunk %d is outside 0..%d, 0..%d", s, k, op->micro, op->chunk,
-                          m - 1, v - 1);
+                DPAR__BAD("stage %d op %d: micro-batch %d, chunk %d is outside 0..%d, 0..%d", s, k, op->micro,
+                          op->chunk, m - 1, v - 1);
             first = dpar__pipe_first(S, s, op->chunk);
             last = dpar__pipe_last(S, s, op->chunk);
             b = &DPAR__SEEN(s, op->micro, op->chunk);
@@ -6083,22 +6174,26 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
                 if (*b & F) DPAR__BAD(DPAR__AT "appears twice (rule: each forward once)", DPAR__ATV);
                 if (!first && !(*b & RA))
                     DPAR__BAD(DPAR__AT "comes before its activation is received (rule: every receive before the "
-                                       "compute that needs it)", DPAR__ATV);
+                                       "compute that needs it)",
+                              DPAR__ATV);
                 *b |= F;
                 break;
             case DPAR_PIPE_BACKWARD:
                 if (*b & B) DPAR__BAD(DPAR__AT "appears twice (rule: each backward once)", DPAR__ATV);
-                if (!(*b & F)) DPAR__BAD(DPAR__AT "comes before its forward (rule: every backward after its forward)", DPAR__ATV);
+                if (!(*b & F))
+                    DPAR__BAD(DPAR__AT "comes before its forward (rule: every backward after its forward)", DPAR__ATV);
                 if (!last && !(*b & RG))
                     DPAR__BAD(DPAR__AT "comes before the gradient of its output is received (rule: every receive "
-                                       "before the compute that needs it)", DPAR__ATV);
+                                       "before the compute that needs it)",
+                              DPAR__ATV);
                 *b |= B;
                 break;
             case DPAR_PIPE_SEND_ACT:
                 if (last) DPAR__BAD(DPAR__AT "the last virtual stage has no activation to send", DPAR__ATV);
                 if (!(*b & F) || (*b & SA))
                     DPAR__BAD(DPAR__AT "comes before its forward or twice (rule: every send after the compute that "
-                                       "makes it)", DPAR__ATV);
+                                       "makes it)",
+                              DPAR__ATV);
                 *b |= SA;
                 break;
             case DPAR_PIPE_RECV_ACT:
@@ -6110,7 +6205,8 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
                 if (first) DPAR__BAD(DPAR__AT "the first virtual stage has no input gradient to send", DPAR__ATV);
                 if (!(*b & B) || (*b & SG))
                     DPAR__BAD(DPAR__AT "comes before its backward or twice (rule: every send after the compute that "
-                                       "makes it)", DPAR__ATV);
+                                       "makes it)",
+                              DPAR__ATV);
                 *b |= SG;
                 break;
             default:
@@ -6128,7 +6224,13 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
                 if ((b & want) != want)
                     DPAR__BAD("stage %d never does the %s of micro-batch %d, chunk %d (rule: each forward and backward "
                               "once, with its sends and receives)",
-                              s, dpar__pipe_names[!(b & F) ? 0 : !(b & B) ? 1 : !(b & SA) && (want & SA) ? 2 : !(b & RA) && (want & RA) ? 3 : !(b & SG) && (want & SG) ? 4 : 5],
+                              s,
+                              dpar__pipe_names[!(b & F)                   ? 0
+                                               : !(b & B)                 ? 1
+                                               : !(b & SA) && (want & SA) ? 2
+                                               : !(b & RA) && (want & RA) ? 3
+                                               : !(b & SG) && (want & SG) ? 4
+                                                                          : 5],
                               i, c);
             }
     }
@@ -6145,8 +6247,9 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
                 if (!snd || !rcv || snd->micro != rcv->micro || dc != rcv->chunk || snd->code + 1 != rcv->code)
                     DPAR__BAD("stage %d op %d sends %s while stage %d op %d receives %s (rule: sends and receives "
                               "between neighbours in the same order)",
-                              s, ks, snd ? (snd->code == DPAR_PIPE_SEND_ACT ? "an activation" : "a gradient") : "nothing",
-                              d, kr, rcv ? (rcv->code == DPAR_PIPE_RECV_ACT ? "an activation" : "a gradient") : "nothing");
+                              s, ks,
+                              snd ? (snd->code == DPAR_PIPE_SEND_ACT ? "an activation" : "a gradient") : "nothing", d,
+                              kr, rcv ? (rcv->code == DPAR_PIPE_RECV_ACT ? "an activation" : "a gradient") : "nothing");
                 ks++;
                 kr++;
             }
@@ -6199,16 +6302,22 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
     if ((unsigned)kind > DPAR_PIPE_INTERLEAVED)
         return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: kind %d", (int)kind);
     if (p < 1 || m < 1 || p > 4096 || m > 65535)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: p = %d, m = %d (1..4096 stages, 1..65535 "
-                                      "micro-batches)", p, m);
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_pipe_schedule_create: p = %d, m = %d (1..4096 stages, 1..65535 "
+                         "micro-batches)",
+                         p, m);
     if (kind != DPAR_PIPE_INTERLEAVED && v != 1)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: v = %d chunks per stage needs "
-                                      "DPAR_PIPE_INTERLEAVED", v);
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_pipe_schedule_create: v = %d chunks per stage needs "
+                         "DPAR_PIPE_INTERLEAVED",
+                         v);
     if (kind == DPAR_PIPE_INTERLEAVED && (v < 1 || v > 64))
         return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: v = %d chunks per stage (1..64)", v);
     if (kind == DPAR_PIPE_INTERLEAVED && (m < p || m % p))
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: the interleaved schedule needs m at least p and a "
-                                        "multiple of it; m = %d, p = %d", m, p);
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_pipe_schedule_create: the interleaved schedule needs m at least p and a "
+                         "multiple of it; m = %d, p = %d",
+                         m, p);
     S = (dpar_pipe_schedule *)dpar__calloc(&a, 1, sizeof *S);
     if (!S) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
     S->allocator = a;
@@ -6245,10 +6354,10 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
     int p, s, k, cells, *peak;
     size_t len = 0;
     char msg[DPAR__ERROR_TEXT], *line;
-#define DPAR__OUT(...)                                                                                       \
-    do {                                                                                                     \
+#define DPAR__OUT(...)                                                                                            \
+    do {                                                                                                          \
         int w_ = snprintf(buf && len < size ? buf + len : NULL, buf && len < size ? size - len : 0, __VA_ARGS__); \
-        if (w_ > 0) len += (size_t)w_;                                                                       \
+        if (w_ > 0) len += (size_t)w_;                                                                            \
     } while (0)
     if (buf && size) buf[0] = 0;
     if (!S) return 0;
@@ -6256,7 +6365,8 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
     busy = (double *)dpar__calloc(&S->allocator, (size_t)p, sizeof(double));
     peak = (int *)dpar__calloc(&S->allocator, (size_t)p, sizeof(int));
     start = (double **)dpar__calloc(&S->allocator, (size_t)p, sizeof(double *));
-    for (s = 0; s < p && start; s++) start[s] = (double *)dpar__calloc(&S->allocator, (size_t)S->num_ops[s] + 1, sizeof(double));
+    for (s = 0; s < p && start; s++)
+        start[s] = (double *)dpar__calloc(&S->allocator, (size_t)S->num_ops[s] + 1, sizeof(double));
     DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", kinds[S->kind], p, S->m, S->v > 1 ? "" : "");
     if (S->v > 1) DPAR__OUT(", v=%d chunks", S->v);
     DPAR__OUT(": predicted bubble %.3f, peak stash", S->bubble);
@@ -6297,11 +6407,11 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
 struct dpar_pipe {
     dpar_pipe_desc d;
     int stage;
-    void **free_bufs;   /* buffers not in use */
-    void **all_bufs;    /* every buffer, for destroy */
+    void **free_bufs; /* buffers not in use */
+    void **all_bufs;  /* every buffer, for destroy */
     int nfree, nbufs, cap;
     void **stash, **grad_out, **pending; /* [m * v]: input activation, output gradient, made but not sent */
-    void *ring[2][DPAR__QDEPTH];          /* the last buffers posted to the next [0] and previous [1] stage */
+    void *ring[2][DPAR__QDEPTH];         /* the last buffers posted to the next [0] and previous [1] stage */
     uint32_t posted[2];
 };
 
@@ -6341,8 +6451,8 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *d, dpar_pipe **out)
         return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the desc needs a schedule, a comm, forward and backward");
     DPAR__TRY(dpar__check_allocator("dpar_pipe_create", &d->allocator));
     if (d->schedule->p != d->comm->size)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the schedule has %d stages but the comm %d ranks", d->schedule->p,
-                         d->comm->size);
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the schedule has %d stages but the comm %d ranks",
+                         d->schedule->p, d->comm->size);
     pp = (dpar_pipe *)dpar__calloc(&d->allocator, 1, sizeof *pp);
     if (!pp) return dpar__err(DPAR_ENOMEM, "dpar_pipe_create: out of memory");
     pp->d = *d;
@@ -6386,8 +6496,8 @@ static dpar_status dpar__pipe_send(dpar_pipe *pp, int dir, int peer, int tag, vo
 static dpar_status dpar__pipe_fail(dpar_pipe *pp, dpar_status st, const char *what, int micro, int chunk)
 {
     char msg[DPAR__ERROR_TEXT];
-    snprintf(msg, sizeof msg, "pipeline stage %d: %s of micro-batch %d (chunk %d) failed: %.400s", pp->stage, what, micro, chunk,
-             dpar__tls_error[0] ? dpar__tls_error : dpar_status_string(st));
+    snprintf(msg, sizeof msg, "pipeline stage %d: %s of micro-batch %d (chunk %d) failed: %.400s", pp->stage, what,
+             micro, chunk, dpar__tls_error[0] ? dpar__tls_error : dpar_status_string(st));
     return dpar__tp_fail(pp->d.comm, st, msg); /* our buffers may be freed once it returns */
 }
 
@@ -6456,8 +6566,8 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             buf = dpar__pipe_take(pp);
             if (!buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
             /* the tag of the sender's SEND op */
-            st = dpar__recv_tagged(c, peer, buf, pp->d.act_bytes, ((op->code - 1) << 24) | (op->chunk << 16) | op->micro,
-                                   "dpar_pipe_run");
+            st = dpar__recv_tagged(c, peer, buf, pp->d.act_bytes,
+                                   ((op->code - 1) << 24) | (op->chunk << 16) | op->micro, "dpar_pipe_run");
             if (dir == 0) pp->stash[u] = buf;
             else pp->grad_out[u] = buf;
             snprintf(name, sizeof name, "recv %s %d", dir ? "grad" : "act", op->micro);
@@ -6469,7 +6579,8 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
     if (st == DPAR_OK && (pp->posted[0] || pp->posted[1])) {
         int next = (pp->stage + 1) % p, prev = (pp->stage + p - 1) % p;
         st = dpar__send_flush(c, next, 0, pp->d.act_bytes, "dpar_pipe_run (the last sends)");
-        if (st == DPAR_OK && prev != next) st = dpar__send_flush(c, prev, 0, pp->d.act_bytes, "dpar_pipe_run (the last sends)");
+        if (st == DPAR_OK && prev != next)
+            st = dpar__send_flush(c, prev, 0, pp->d.act_bytes, "dpar_pipe_run (the last sends)");
         for (dir = 0; dir < 2 && st == DPAR_OK; dir++) {
             uint32_t i, n = pp->posted[dir] < DPAR__QDEPTH ? pp->posted[dir] : DPAR__QDEPTH;
             for (i = 0; i < n; i++) dpar__pipe_give(pp, pp->ring[dir][(pp->posted[dir] - 1 - i) % DPAR__QDEPTH]);
@@ -6521,7 +6632,8 @@ DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, const dpar_sampler_desc 
     if (ranks < 1 || rank < 0 || rank >= ranks)
         return dpar__err(DPAR_EINVAL, "dpar_sampler_init: rank %d of %d ranks", rank, ranks);
     if (drop_last && n < (size_t)ranks)
-        return dpar__err(DPAR_EINVAL, "dpar_sampler_init: %zu samples cannot give each of %d ranks one (drop_last)", n, ranks);
+        return dpar__err(DPAR_EINVAL, "dpar_sampler_init: %zu samples cannot give each of %d ranks one (drop_last)", n,
+                         ranks);
     s->allocator = desc->allocator;
     s->n = n;
     s->ranks = ranks;
@@ -6572,24 +6684,24 @@ struct dpar_buckets {
     dpar_comm *comm;
     dpar_allocator allocator;
     float *grads;
-    size_t count, per;   /* elements, per bucket */
+    size_t count, per; /* elements, per bucket */
     int nb;
     dpar_op op;
-    size_t *filled;      /* [nb]: elements marked this step */
-    dpar_request **req;  /* [nb]: in flight, or NULL */
-    size_t *marks;       /* marked ranges this step, sorted: [2 k] start, [2 k + 1] end */
+    size_t *filled;     /* [nb]: elements marked this step */
+    dpar_request **req; /* [nb]: in flight, or NULL */
+    size_t *marks;      /* marked ranges this step, sorted: [2 k] start, [2 k + 1] end */
     size_t nmarks, capmarks;
     uint64_t first_launch, overlap;
-    dpar__then update;   /* dpar_buckets_set_update: fn, user, gather = the params (base: per bucket) */
+    dpar__then update; /* dpar_buckets_set_update: fn, user, gather = the params (base: per bucket) */
     /* dpar_buckets_set_direct: flags shared by the ranks, everyone's grads and params, my buckets in
        progress (pend, in marking order) and where each is (0 idle, 1 marked, 2 reduced, 3 done) */
     struct dpar__direct *direct;
     float **dgrads, **dparams;
     int *pend, npend;
     unsigned char *dstate;
-    int dcopy;           /* blocks to copy from the other ranks: no update, or params not shared */
-    dpar_status failed;  /* this step: a bucket that could not start, or an error wait_range saw */
-    uint32_t gen;        /* steps made since direct was set: this step's flags say gen + 1 */
+    int dcopy;          /* blocks to copy from the other ranks: no update, or params not shared */
+    dpar_status failed; /* this step: a bucket that could not start, or an error wait_range saw */
+    uint32_t gen;       /* steps made since direct was set: this step's flags say gen + 1 */
 };
 
 /* Direct buckets (thread ranks): flag[phase][bucket][rank] = the step (gen + 1) in which that rank
@@ -6611,8 +6723,7 @@ DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buc
     *out = NULL;
     if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: desc or desc->comm is NULL");
     if (desc->count && !desc->grads) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: grads is NULL");
-    if ((unsigned)desc->op >= DPAR_OP_COUNT)
-        return dpar__err(DPAR_EINVAL, "dpar_buckets_create: op %d", (int)desc->op);
+    if ((unsigned)desc->op >= DPAR_OP_COUNT) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: op %d", (int)desc->op);
     if ((st = dpar__check_allocator("dpar_buckets_create", &desc->allocator)) != DPAR_OK) return st;
     b = (dpar_buckets *)dpar__calloc(&desc->allocator, 1, sizeof *b);
     if (!b) return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
@@ -6687,7 +6798,8 @@ static void dpar__dquiesce(dpar_buckets *b)
     int q;
     if (!b->direct) return;
     /* the first poison wins: a no-op after an error */
-    dpar__tp_poison_quietly(b->comm, DPAR_EINVAL, "dpar_buckets: a rank left its direct buckets in the middle of a step");
+    dpar__tp_poison_quietly(b->comm, DPAR_EINVAL,
+                            "dpar_buckets: a rank left its direct buckets in the middle of a step");
     for (q = 0; q < b->comm->size; q++)
         while (q != b->comm->rank && DPAR__LOAD(dpar__dreading(b, q), DPAR__SEQ_CST) && dpar_time_ns() < give_up)
             sched_yield();
@@ -6717,8 +6829,8 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
             DPAR__TRY(dpar__dread_begin(b));
             dpar__dbucket(b, k, c->rank, &lo, &len);
             for (q = 1; q < N && len; q++) /* ((mine op next) op next) ... in ring order, into mine */
-                dpar__tp_reduce(&x, b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32, b->op,
-                                q == N - 1 && b->op == DPAR_AVG ? N : 0);
+                dpar__tp_reduce(&x, b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32,
+                                b->op, q == N - 1 && b->op == DPAR_AVG ? N : 0);
             dpar__dread_end(b);
             if (b->update.fn) b->update.fn(b->update.user, lo, len);
             dpar__dset(b, DPAR__D_REDUCED, k);
@@ -6781,7 +6893,8 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: buckets is NULL");
     if (count == 0) return DPAR_OK;
     if (offset > b->count || count > b->count - offset)
-        return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: [%zu, %zu) is outside the %zu gradients", offset, end, b->count);
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: [%zu, %zu) is outside the %zu gradients", offset, end,
+                         b->count);
     /* the marked ranges are sorted: find where this one goes, and refuse overlaps */
     hi = b->nmarks;
     while (lo < hi) {
@@ -6790,8 +6903,9 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
         else hi = mid;
     }
     if ((lo > 0 && b->marks[2 * (lo - 1) + 1] > offset) || (lo < b->nmarks && b->marks[2 * lo] < end))
-        return dpar__err(DPAR_EINVAL, "dpar_buckets_ready: [%zu, %zu) overlaps gradients already marked ready this step",
-                         offset, end);
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_buckets_ready: [%zu, %zu) overlaps gradients already marked ready this step", offset,
+                         end);
     if (b->nmarks == b->capmarks) {
         size_t *m = (size_t *)dpar__alloc(&b->allocator, 4 * b->capmarks * sizeof(size_t));
         if (!m) return dpar__err(DPAR_ENOMEM, "dpar_buckets_ready: out of memory");
@@ -6824,14 +6938,15 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
                 dpar__call call;
                 dpar_block_range(be - bs, b->comm->size, b->comm->rank, &off, NULL);
                 call = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, b->grads + bs, b->grads + bs + off, be - bs, DPAR_F32,
-                                    b->op, 0, __FILE__, __LINE__);
+                                       b->op, 0, __FILE__, __LINE__);
                 then.base = bs;
                 then.gather += bs;
                 st = dpar__icollective(b->comm, &call, &b->req[i], "dpar_buckets_ready", &then);
             } else {
                 st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
             }
-            if (st != DPAR_OK) { /* the bucket never starts: the others must not wait for it, nor this rank's wait pass */
+            /* the bucket never starts: the others must not wait for it, nor this rank's wait pass */
+            if (st != DPAR_OK) {
                 b->failed = st = dpar__bad_call(b->comm, st);
                 return st;
             }
@@ -6851,14 +6966,15 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_wait: buckets is NULL");
     b->overlap = b->first_launch ? now - b->first_launch : 0;
     for (k = 0; k < b->nmarks && st == DPAR_OK; k++) { /* the first gap */
-        if (b->marks[2 * k] > at) st = dpar__err(DPAR_EINVAL, "dpar_buckets_wait: gradients [%zu, %zu) were never marked ready",
-                                                  at, b->marks[2 * k]);
+        if (b->marks[2 * k] > at)
+            st = dpar__err(DPAR_EINVAL, "dpar_buckets_wait: gradients [%zu, %zu) were never marked ready", at,
+                           b->marks[2 * k]);
         at = b->marks[2 * k + 1];
     }
     if (st == DPAR_OK && at < b->count)
         st = dpar__err(DPAR_EINVAL, "dpar_buckets_wait: gradients [%zu, %zu) were never marked ready", at, b->count);
     if (st != DPAR_OK) st = dpar__bad_call(b->comm, st); /* the other ranks must not wait for us */
-    if (st == DPAR_OK && b->failed) st = b->failed;     /* a bucket that never started, or failed in wait_range */
+    if (st == DPAR_OK && b->failed) st = b->failed;      /* a bucket that never started, or failed in wait_range */
     if (st == DPAR_OK && b->direct) st = dpar__dfinish(b, 0, b->nb - 1); /* mine, then everyone's */
     if (st != DPAR_OK && b->direct) dpar__dquiesce(b); /* either way no rank reads my memory after this */
     if (b->direct) {
@@ -6891,9 +7007,10 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
     for (i = first; i <= last; i++) {
         size_t bs = (size_t)i * b->per, be = dpar__bucket_end(b, i);
         if (b->filled[i] != be - bs)
-            return dpar__err(DPAR_EINVAL, "dpar_buckets_wait_range: the bucket [%zu, %zu) holding part of [%zu, %zu) is not "
-                             "full (%zu of %zu gradients marked ready this step)", bs, be, offset, offset + count,
-                             b->filled[i], be - bs);
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_buckets_wait_range: the bucket [%zu, %zu) holding part of [%zu, %zu) is not "
+                             "full (%zu of %zu gradients marked ready this step)",
+                             bs, be, offset, offset + count, b->filled[i], be - bs);
     }
     if (b->direct) {
         if ((st = dpar__dfinish(b, first, last)) != DPAR_OK) dpar__dquiesce(b);
@@ -6947,12 +7064,12 @@ static void dpar__direct_off(dpar_buckets *b)
 
 DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
 {
-    enum { V_OK, V_COUNT, V_UPDATE, V_PER, V_OP, V_N };        /* what the ranks must agree on */
-    enum { S_GRADS, S_PARAMS, S_FLAGS, S_N };                  /* what they share */
+    enum { V_OK, V_COUNT, V_UPDATE, V_PER, V_OP, V_N }; /* what the ranks must agree on */
+    enum { S_GRADS, S_PARAMS, S_FLAGS, S_N };           /* what they share */
     dpar_comm *c;
     dpar__direct *d = NULL;
-    uint64_t *v = NULL; /* V_N words per rank */
-    void **peers = NULL;    /* S_N per rank */
+    uint64_t *v = NULL;  /* V_N words per rank */
+    void **peers = NULL; /* S_N per rank */
     const void *mine[S_N];
     dpar_status st;
     int N, r, q, ok, shared = 0;
@@ -6960,8 +7077,10 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     c = b->comm;
     /* one process: the last rank to leave frees the flags with rank 0's allocator; params are compared by address */
     if (on && !dpar__tp_shares_memory(c, 1)) /* the same on every rank: nobody waits */
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
-                         "read the other ranks' memory)", c->name);
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
+                         "read the other ranks' memory)",
+                         c->name);
     if (b->nmarks) {
         dpar__err(DPAR_EBUSY, "dpar_buckets_set_direct: gradients of this step are marked ready");
         return on ? dpar__bad_call(c, DPAR_EBUSY) : DPAR_EBUSY; /* turning on is collective: the others must not wait */
@@ -6977,7 +7096,8 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     b->pend = (int *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(int));
     b->dstate = (unsigned char *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, 1);
     if (r == 0) { /* the flags, then one "reading" word per rank */
-        d = (dpar__direct *)dpar__calloc(&b->allocator, 1, sizeof *d + (3 * (size_t)b->nb + 1) * (size_t)N * sizeof(uint32_t));
+        d = (dpar__direct *)dpar__calloc(&b->allocator, 1,
+                                         sizeof *d + (3 * (size_t)b->nb + 1) * (size_t)N * sizeof(uint32_t));
         if (d) d->refs = N, d->allocator = b->allocator;
     }
     ok = peers && b->dgrads && b->dparams && b->pend && b->dstate && (r != 0 || d);
@@ -6997,9 +7117,11 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
         const uint64_t *w = v + V_N * q;
         if (!w[V_OK]) st = dpar__err(DPAR_ENOMEM, "dpar_buckets_set_direct: out of memory on rank %d", q);
         else if (w[V_COUNT] != v[V_COUNT] || w[V_UPDATE] != v[V_UPDATE] || w[V_PER] != v[V_PER] || w[V_OP] != v[V_OP])
-            st = dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: rank %d has %llu gradients in buckets of %llu, op %s, %s "
-                           "an update; rank 0 %llu, %llu, %s, %s", q, (unsigned long long)w[V_COUNT],
-                           (unsigned long long)w[V_PER], dpar_op_name((dpar_op)w[V_OP]), w[V_UPDATE] ? "with" : "without",
+            st = dpar__err(DPAR_EINVAL,
+                           "dpar_buckets_set_direct: rank %d has %llu gradients in buckets of %llu, op %s, %s "
+                           "an update; rank 0 %llu, %llu, %s, %s",
+                           q, (unsigned long long)w[V_COUNT], (unsigned long long)w[V_PER],
+                           dpar_op_name((dpar_op)w[V_OP]), w[V_UPDATE] ? "with" : "without",
                            (unsigned long long)v[V_COUNT], (unsigned long long)v[V_PER], dpar_op_name((dpar_op)v[V_OP]),
                            v[V_UPDATE] ? "with" : "without");
     }
@@ -7009,13 +7131,15 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
         mine[S_FLAGS] = d;
         if ((st = dpar__expose(c, mine, S_N, peers, 1, "dpar_buckets_set_direct")) != DPAR_OK) d = NULL;
     }
-    for (q = 0; q < N && st == DPAR_OK; q++) { /* the same count on every rank: how many ranks share an earlier rank's params */
+    /* the same count on every rank: how many ranks share an earlier rank's params */
+    for (q = 0; q < N && st == DPAR_OK; q++) {
         int e;
         for (e = 0; e < q && peers[S_N * e + S_PARAMS] != peers[S_N * q + S_PARAMS]; e++) {}
         shared += e < q;
     }
     if (st == DPAR_OK && v[V_UPDATE] && shared != 0 && shared != N - 1) /* all share one, or none shares */
-        st = dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: some ranks share their params and some do not (all or none)");
+        st = dpar__err(DPAR_EINVAL,
+                       "dpar_buckets_set_direct: some ranks share their params and some do not (all or none)");
     if (st == DPAR_OK) {
         b->direct = (dpar__direct *)peers[S_FLAGS]; /* rank 0's */
         b->dcopy = !b->update.fn || shared == 0;
@@ -7096,7 +7220,7 @@ DPAR_API dpar_status dpar_steal_create(const dpar_steal_desc *desc, dpar_steal *
     int max_tasks;
     dpar_steal *s;
     dpar__steal_shared *sh = NULL;
-    uint64_t *v; /* per rank: ok */
+    uint64_t *v;         /* per rank: ok */
     void **peers = NULL; /* per rank: its shared block (rank 0's is the one) */
     const void *mine;
     dpar_status st;
@@ -7106,11 +7230,13 @@ DPAR_API dpar_status dpar_steal_create(const dpar_steal_desc *desc, dpar_steal *
     if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_steal_create: desc or desc->comm is NULL");
     comm = desc->comm, a = desc->allocator, max_tasks = desc->max_tasks;
     if (!dpar__tp_shares_memory(comm, 1)) /* the same on every rank: nobody waits */
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_steal_create: %s is not a comm of thread ranks (work stealing runs "
-                         "tasks on the other ranks' threads)", comm->name);
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "dpar_steal_create: %s is not a comm of thread ranks (work stealing runs "
+                         "tasks on the other ranks' threads)",
+                         comm->name);
     if (max_tasks < 1 || (unsigned)max_tasks > DPAR__STEAL_MASK)
-        return dpar__bad_call(comm, dpar__err(DPAR_EINVAL, "dpar_steal_create: max_tasks = %d (1 to %u)", max_tasks,
-                                              DPAR__STEAL_MASK));
+        return dpar__bad_call(
+            comm, dpar__err(DPAR_EINVAL, "dpar_steal_create: max_tasks = %d (1 to %u)", max_tasks, DPAR__STEAL_MASK));
     if ((st = dpar__check_allocator("dpar_steal_create", &a)) != DPAR_OK) return dpar__bad_call(comm, st);
     N = comm->size;
     s = (dpar_steal *)dpar__calloc(&a, 1, sizeof *s);
@@ -7183,7 +7309,8 @@ static int dpar__steal_one(dpar_steal *s, int *missing)
         t0 = dpar_time_ns();
         st = l->task(l->user, i, c->rank);
         if (st != DPAR_OK && __atomic_exchange_n(&l->failing, 1, DPAR__ACQ_REL) == 0) {
-            snprintf(l->msg, sizeof l->msg, "task %d of rank %d (run on rank %d): %.440s", i, best, c->rank, dpar__tls_error);
+            snprintf(l->msg, sizeof l->msg, "task %d of rank %d (run on rank %d): %.440s", i, best, c->rank,
+                     dpar__tls_error);
             DPAR__STORE(&l->err, (int)st, DPAR__RELEASE);
         }
         if (dpar_trace_enabled()) {
@@ -7198,8 +7325,7 @@ static int dpar__steal_one(dpar_steal *s, int *missing)
     }
 }
 
-DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn task, dpar_steal_done_fn done,
-                                    void *user)
+DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn task, dpar_steal_done_fn done, void *user)
 {
     dpar__steal_list *me;
     dpar_comm *c;
@@ -7210,7 +7336,8 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn tas
     c = s->comm;
     if (n < 0 || n > s->max || (n > 0 && !task)) /* the others would wait for this round's list: poison */
         return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "dpar_steal_run: %s (n = %d, max_tasks = %d)",
-                                           n < 0 || n > s->max ? "n is outside 0 to max_tasks" : "task is NULL", n, s->max));
+                                           n < 0 || n > s->max ? "n is outside 0 to max_tasks" : "task is NULL", n,
+                                           s->max));
     me = &s->sh->lists[c->rank];
     /* post this round's list (nobody takes from it before the word says so) and wake the ranks
        waiting for it */
@@ -7256,8 +7383,7 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn tas
             dpar__tp_wait_bell(c, bell, 0);
         }
         if (st != DPAR_OK) continue;
-        if (DPAR__LOAD(&me->err, DPAR__ACQUIRE))
-            st = dpar__err((dpar_status)me->err, "dpar_steal_run: %s", me->msg);
+        if (DPAR__LOAD(&me->err, DPAR__ACQUIRE)) st = dpar__err((dpar_status)me->err, "dpar_steal_run: %s", me->msg);
         else if (done && (st = done(user, i)) != DPAR_OK)
             dpar__err(st, "dpar_steal_run: done(%d) of rank %d: %s", i, c->rank, dpar__tls_error);
     }
@@ -7272,9 +7398,10 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn tas
         if (got == 0) break;
         if ((st = dpar__tp_poisoned(c)) != DPAR_OK) break;
         if (dpar__tp_wait_bell(c, bell, deadline) == DPAR_OK) continue;
-        snprintf(msg, sizeof msg, "dpar_steal_run: rank %d timed out after %llu ms waiting for rank %d to start its "
-                 "tasks of round %llu on %s", c->rank, (unsigned long long)(c->timeout_ns / 1000000u), q,
-                 (unsigned long long)s->run, c->name);
+        snprintf(msg, sizeof msg,
+                 "dpar_steal_run: rank %d timed out after %llu ms waiting for rank %d to start its "
+                 "tasks of round %llu on %s",
+                 c->rank, (unsigned long long)(c->timeout_ns / 1000000u), q, (unsigned long long)s->run, c->name);
         st = dpar__tp_poison(c, DPAR_ETIMEDOUT, msg);
     }
     return st;
@@ -7301,7 +7428,10 @@ DPAR_API dpar_status dpar_steal_destroy(dpar_steal *s)
 }
 
 /* >>idx: IDX data files (MNIST format) ---------------------------------------------------------- */
-static uint32_t dpar__be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static uint32_t dpar__be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
 
 static dpar_status dpar__idx_read(dpar_idx *out, const char *path, float scale)
 {
@@ -7325,13 +7455,15 @@ static dpar_status dpar__idx_read(dpar_idx *out, const char *path, float scale)
     out->ndims = head[3];
     if (head[0] || head[1]) {
         fclose(f);
-        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' is not an IDX file (magic %02x %02x %02x %02x)", path, head[0],
-                         head[1], head[2], head[3]);
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' is not an IDX file (magic %02x %02x %02x %02x)", path,
+                         head[0], head[1], head[2], head[3]);
     }
     if (type != 0x08 && type != 0x0D) {
         fclose(f);
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_idx_init: '%s' has data type 0x%02x; u8 (0x08) and f32 (0x0D) are "
-                                            "supported", path, type);
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "dpar_idx_init: '%s' has data type 0x%02x; u8 (0x08) and f32 (0x0D) are "
+                         "supported",
+                         path, type);
     }
     if (out->ndims < 1 || out->ndims > 8) {
         fclose(f);
@@ -7353,8 +7485,9 @@ static dpar_status dpar__idx_read(dpar_idx *out, const char *path, float scale)
     want = count * es;
     if ((size_t)(size - 4 - 4 * out->ndims) != want) {
         fclose(f);
-        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' has %ld bytes of data where its dimensions say %zu (%s)", path,
-                         size - 4 - 4L * out->ndims, want, (size_t)(size - 4 - 4 * out->ndims) < want ? "truncated" : "extra bytes");
+        return dpar__err(DPAR_ECORRUPT, "dpar_idx_init: '%s' has %ld bytes of data where its dimensions say %zu (%s)",
+                         path, size - 4 - 4L * out->ndims, want,
+                         (size_t)(size - 4 - 4 * out->ndims) < want ? "truncated" : "extra bytes");
     }
     out->count = count;
     out->data = (float *)dpar__alloc(&out->allocator, count * sizeof(float) + 1);
@@ -7426,8 +7559,14 @@ static void dpar__put64(unsigned char *p, uint64_t v)
     int i;
     for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
-static uint32_t dpar__get32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-static uint64_t dpar__get64(const unsigned char *p) { return (uint64_t)dpar__get32(p) | (uint64_t)dpar__get32(p + 4) << 32; }
+static uint32_t dpar__get32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t dpar__get64(const unsigned char *p)
+{
+    return (uint64_t)dpar__get32(p) | (uint64_t)dpar__get32(p + 4) << 32;
+}
 
 /* write `bytes` to path atomically: a temporary file, fsync, rename, fsync of the directory */
 static dpar_status dpar__write_atomic(const char *path, const void *a, size_t na, const void *b, size_t nb)
@@ -7440,7 +7579,8 @@ static dpar_status dpar__write_atomic(const char *path, const void *a, size_t na
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     f = fopen(tmp, "wb");
     if (!f) return dpar__err(DPAR_EIO, "checkpoint: cannot create '%s': %s", tmp, strerror(errno));
-    bad = (na && fwrite(a, 1, na, f) != na) || (nb && fwrite(b, 1, nb, f) != nb) || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad = (na && fwrite(a, 1, na, f) != na) || (nb && fwrite(b, 1, nb, f) != nb) || fflush(f) != 0 ||
+          fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {
         int e = errno;
@@ -7449,7 +7589,8 @@ static dpar_status dpar__write_atomic(const char *path, const void *a, size_t na
     }
     snprintf(dir, sizeof dir, "%s", path);
     slash = strrchr(dir, '/');
-    if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
     if (slash == dir) snprintf(dir, sizeof dir, "/");
     if ((fd = open(dir, O_RDONLY)) >= 0) { /* the rename itself reaches the disk */
         fsync(fd);
@@ -7503,7 +7644,8 @@ static dpar_status dpar__manifest_read(const char *path, uint64_t *gen, uint32_t
     need = 20 + 12 * (size_t)*nranks + 4;
     if (*nranks < 1 || *nranks > 1u << 20 || n != need || dpar_crc32(0, m, n - 4) != dpar__get32(m + n - 4)) {
         dpar__free(a, m);
-        return dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged (%zu bytes, CRC mismatch or bad size)", path, n);
+        return dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged (%zu bytes, CRC mismatch or bad size)",
+                         path, n);
     }
     *shards = (uint64_t *)dpar__alloc(a, 2 * (size_t)*nranks * sizeof(uint64_t));
     if (!*shards) {
@@ -7529,7 +7671,8 @@ static dpar_status dpar__ckpt_agree(dpar_comm *c, dpar_status mine, const char *
     st = dpar_allreduce(c, &v, &v, 1, DPAR_I64, DPAR_MIN);
     if (st != DPAR_OK) return st;
     if (mine != DPAR_OK) return dpar__err(mine, "%s", text);
-    if (v != DPAR_OK) return dpar__err((dpar_status)v, "%s: another rank failed: %s", what, dpar_status_string((dpar_status)v));
+    if (v != DPAR_OK)
+        return dpar__err((dpar_status)v, "%s: another rank failed: %s", what, dpar_status_string((dpar_status)v));
     return DPAR_OK;
 }
 
@@ -7540,9 +7683,11 @@ static dpar_status dpar__ckpt_check_items(const dpar_ckpt_item *items, int count
     for (i = 0; i < count; i++) {
         if (!items[i].name || !*items[i].name || strlen(items[i].name) > 63)
             return dpar__err(DPAR_EINVAL, "%s: item %d needs a name of 1..63 characters", api, i);
-        if (items[i].bytes && !items[i].data) return dpar__err(DPAR_EINVAL, "%s: item '%s' has no data", api, items[i].name);
+        if (items[i].bytes && !items[i].data)
+            return dpar__err(DPAR_EINVAL, "%s: item '%s' has no data", api, items[i].name);
         for (j = 0; j < i; j++)
-            if (!strcmp(items[i].name, items[j].name)) return dpar__err(DPAR_EINVAL, "%s: two items are called '%s'", api, items[i].name);
+            if (!strcmp(items[i].name, items[j].name))
+                return dpar__err(DPAR_EINVAL, "%s: two items are called '%s'", api, items[i].name);
     }
     return DPAR_OK;
 }
@@ -7683,8 +7828,9 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
     if (info[0] != DPAR_OK) {
         dpar__free(&a, shards);
         if (rank == 0) return dpar__ckpt_agree(comm, (dpar_status)info[0], "checkpoint");
-        return dpar__ckpt_agree(comm, dpar__err((dpar_status)info[0], "rank 0 cannot read the checkpoint manifest '%s'", path),
-                                "checkpoint");
+        return dpar__ckpt_agree(
+            comm, dpar__err((dpar_status)info[0], "rank 0 cannot read the checkpoint manifest '%s'", path),
+            "checkpoint");
     }
     gen = (uint64_t)info[1];
     if (!shards) shards = (uint64_t *)dpar__alloc(&a, 2 * (size_t)nranks * sizeof(uint64_t));
@@ -7695,14 +7841,18 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
     if (st != DPAR_OK) {
         st = dpar__err(DPAR_ECORRUPT, "the checkpoint's shard is missing: %s", dpar_last_error());
     } else if (size != shards[2 * rank] || dpar_crc32(0, file, size) != (uint32_t)shards[2 * rank + 1]) {
-        st = dpar__err(DPAR_ECORRUPT, "'%s' is damaged: %zu bytes with CRC 0x%08x, the manifest says %llu bytes with CRC "
-                                      "0x%08x", shard, size, dpar_crc32(0, file, size), (unsigned long long)shards[2 * rank],
+        st = dpar__err(DPAR_ECORRUPT,
+                       "'%s' is damaged: %zu bytes with CRC 0x%08x, the manifest says %llu bytes with CRC "
+                       "0x%08x",
+                       shard, size, dpar_crc32(0, file, size), (unsigned long long)shards[2 * rank],
                        (unsigned)shards[2 * rank + 1]);
     } else if (size < 32 || memcmp(file, DPAR__CKPT_MAGIC, 8) || dpar__get32(file + 12) != (uint32_t)rank ||
                dpar__get32(file + 16) != (uint32_t)nranks || dpar__get64(file + 24) != gen) {
-        st = dpar__err(DPAR_ECORRUPT, "'%s' is not rank %d's shard of generation %llu", shard, rank, (unsigned long long)gen);
+        st = dpar__err(DPAR_ECORRUPT, "'%s' is not rank %d's shard of generation %llu", shard, rank,
+                       (unsigned long long)gen);
     } else if (dpar__get32(file + 20) != (uint32_t)count) {
-        st = dpar__err(DPAR_ECORRUPT, "'%s' has %u items, the program asks for %d", shard, dpar__get32(file + 20), count);
+        st = dpar__err(DPAR_ECORRUPT, "'%s' has %u items, the program asks for %d", shard, dpar__get32(file + 20),
+                       count);
     }
     if (st == DPAR_OK) { /* the items: names and sizes in order, then each one's CRC */
         size_t data_at = 32, at;
@@ -7717,8 +7867,8 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
                 st = dpar__err(DPAR_ECORRUPT, "'%s': item %d is '%.*s', the program asks for '%s'", shard, i, (int)ln,
                                (const char *)p + 4, items[i].name);
             else if (dpar__get64(p + 4 + ln) != items[i].bytes)
-                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' has %llu bytes, the program asks for %zu", shard, items[i].name,
-                               (unsigned long long)dpar__get64(p + 4 + ln), items[i].bytes);
+                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' has %llu bytes, the program asks for %zu", shard,
+                               items[i].name, (unsigned long long)dpar__get64(p + 4 + ln), items[i].bytes);
             p += 16 + ln;
         }
         data_at = (size_t)(p - file);
@@ -7755,10 +7905,10 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
    has for the dtype run as MPI's non-blocking collectives (MPI_Iallreduce, ...) inside that loop. */
 #ifdef DPAR_MPI
 
-#define DPAR__TAG_POISON 0      /* "the group is poisoned: status + message" */
-#define DPAR__TAG_ASK 1         /* "where are you?" (from a rank that timed out) */
-#define DPAR__TAG_ANSWER 2      /* "rank r is in call c #seq at file:line" */
-#define DPAR__TAG_DATA 3        /* the first tag of the data and header messages */
+#define DPAR__TAG_POISON 0 /* "the group is poisoned: status + message" */
+#define DPAR__TAG_ASK 1    /* "where are you?" (from a rank that timed out) */
+#define DPAR__TAG_ANSWER 2 /* "rank r is in call c #seq at file:line" */
+#define DPAR__TAG_DATA 3   /* the first tag of the data and header messages */
 
 typedef struct dpar__wire { /* a fingerprint on the wire */
     uint64_t seq, count;
@@ -7767,26 +7917,26 @@ typedef struct dpar__wire { /* a fingerprint on the wire */
 } dpar__wire;
 
 typedef struct dpar__mpi {
-    MPI_Comm comm;         /* ours: a duplicate (flat) or shared by a process's threads (hybrid) */
-    int own_comm;          /* free it on destroy */
-    int level;             /* the thread level MPI gave */
+    MPI_Comm comm; /* ours: a duplicate (flat) or shared by a process's threads (hybrid) */
+    int own_comm;  /* free it on destroy */
+    int level;     /* the thread level MPI gave */
     int native, oversub;
-    int T, t;              /* hybrid: threads per process, and mine (flat: 1, 0) */
+    int T, t;                 /* hybrid: threads per process, and mine (flat: 1, 0) */
     char *staging, *staging2; /* the segment being reduced, and the next one arriving */
     size_t staging_bytes;
-    MPI_Request pf_req;    /* the receive of the next segment (collective lane), or none */
-    int pf_peer;           /* its peer, -1: none */
-    MPI_Request *sends;    /* [DPAR__LANES][size][DPAR__QDEPTH] */
+    MPI_Request pf_req;            /* the receive of the next segment (collective lane), or none */
+    int pf_peer;                   /* its peer, -1: none */
+    MPI_Request *sends;            /* [DPAR__LANES][size][DPAR__QDEPTH] */
     uint32_t *send_first, *send_n; /* [DPAR__LANES][size] */
     uint64_t *hdr_sent, *hdr_recv; /* [size]: the collective whose header went to / came from a peer */
-    int poison;            /* atomic */
-    int abort;             /* atomic: dpar_comm_abort asked, the rank thread spreads it */
+    int poison;                    /* atomic */
+    int abort;                     /* atomic: dpar_comm_abort asked, the rank thread spreads it */
     char poison_msg[DPAR__ERROR_TEXT];
     pthread_mutex_t lock;
-    dpar_comm *local;      /* hybrid: this thread's comm in its process's group */
-    dpar_comm *leaders;    /* hybrid, thread 0: the comm of the process leaders */
+    dpar_comm *local;            /* hybrid: this thread's comm in its process's group */
+    dpar_comm *leaders;          /* hybrid, thread 0: the comm of the process leaders */
     struct dpar__hybrid *shared; /* hybrid: the process's MPI comm, shared by its threads */
-    dpar__wire where;      /* the call this rank is in (under lock), for the answers to ASK */
+    dpar__wire where;            /* the call this rank is in (under lock), for the answers to ASK */
 } dpar__mpi;
 
 typedef struct dpar__hybrid {
@@ -7809,7 +7959,8 @@ static dpar_status dpar__m_error(dpar_comm *c, int rc, const char *what, int pee
     else if (cls == MPI_ERR_COUNT || cls == MPI_ERR_TYPE || cls == MPI_ERR_TAG || cls == MPI_ERR_RANK ||
              cls == MPI_ERR_COMM || cls == MPI_ERR_BUFFER || cls == MPI_ERR_ARG)
         st = DPAR_EINVAL;
-    return dpar__err(st, "%s rank %d: %s with rank %d failed: MPI error %d: %s", c->name, c->rank, what, peer, rc, text);
+    return dpar__err(st, "%s rank %d: %s with rank %d failed: MPI error %d: %s", c->name, c->rank, what, peer, rc,
+                     text);
 }
 
 static int dpar__m_tag(const dpar__mpi *m, int lane, int hdr, int peer)
@@ -7925,11 +8076,15 @@ static void dpar__m_survey(dpar__ctx *x, char *msg, size_t n, int k)
     for (p = 0; p < procs && seen; p++)
         if (p != me && !seen[p] && k > 0 && (size_t)k < n) {
             if (m->T == 1)
-                k += snprintf(msg + k, n - (size_t)k, "; rank %d never arrived (it does not answer: it is outside dpar, "
-                                                      "busy, stuck or gone)", p);
+                k += snprintf(msg + k, n - (size_t)k,
+                              "; rank %d never arrived (it does not answer: it is outside dpar, "
+                              "busy, stuck or gone)",
+                              p);
             else
-                k += snprintf(msg + k, n - (size_t)k, "; process %d (ranks %d..%d) does not answer: it is outside dpar, "
-                                                      "busy, stuck or gone", p, p * m->T, p * m->T + m->T - 1);
+                k += snprintf(msg + k, n - (size_t)k,
+                              "; process %d (ranks %d..%d) does not answer: it is outside dpar, "
+                              "busy, stuck or gone",
+                              p, p * m->T, p * m->T + m->T - 1);
         }
     free(seen);
 }
@@ -7998,8 +8153,9 @@ static dpar_status dpar__m_isend(dpar__ctx *x, int peer, const void *buf, size_t
     if (bytes > (size_t)INT_MAX)
         return dpar__err(DPAR_ERANGE, "%s: a message of %zu bytes is larger than MPI's int count", x->c->name, bytes);
     while (m->send_n[k] >= DPAR__QDEPTH) DPAR__TRY(dpar__m_retire(x, peer));
-    rc = MPI_Isend((void *)(uintptr_t)buf, (int)bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, hdr, peer),
-                   m->comm, &m->sends[k * DPAR__QDEPTH + (m->send_first[k] + m->send_n[k]) % DPAR__QDEPTH]);
+    rc = MPI_Isend((void *)(uintptr_t)buf, (int)bytes, MPI_BYTE, dpar__m_proc(m, peer),
+                   dpar__m_tag(m, x->lane, hdr, peer), m->comm,
+                   &m->sends[k * DPAR__QDEPTH + (m->send_first[k] + m->send_n[k]) % DPAR__QDEPTH]);
     if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
     m->send_n[k]++;
     return DPAR_OK;
@@ -8028,8 +8184,10 @@ static dpar_status dpar__m_header_out(dpar__ctx *x, int peer, dpar__wire *w)
     /* headers are small: a blocking send completes at once (eager), and keeps the wire copy simple */
     {
         MPI_Request r;
-        int rc = MPI_Isend(w, (int)sizeof *w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, 1, peer), m->comm, &r);
-        if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
+        int rc = MPI_Isend(w, (int)sizeof *w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, 1, peer),
+                           m->comm, &r);
+        if (rc != MPI_SUCCESS)
+            return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
         return dpar__m_wait(x, &r, MPI_STATUS_IGNORE, peer, "take a header");
     }
 }
@@ -8046,7 +8204,8 @@ static dpar_status dpar__m_header_in(dpar__ctx *x, int peer, size_t bytes)
         if (!x->c->check || m->hdr_recv[peer] == x->fp.seq) return DPAR_OK;
         m->hdr_recv[peer] = x->fp.seq;
     }
-    rc = MPI_Irecv(&w, (int)sizeof w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 1, peer), m->comm, &r);
+    rc = MPI_Irecv(&w, (int)sizeof w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 1, peer), m->comm,
+                   &r);
     if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
     DPAR__TRY(dpar__m_wait(x, &r, MPI_STATUS_IGNORE, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
     w.file[sizeof w.file - 1] = 0;
@@ -8093,7 +8252,8 @@ static dpar_status dpar__m_recv_into(dpar__ctx *x, int peer, void *dst, size_t b
     DPAR__TRY(dpar__m_header_in(x, peer, bytes));
     if (bytes > (size_t)INT_MAX)
         return dpar__err(DPAR_ERANGE, "%s: a message of %zu bytes is larger than MPI's int count", x->c->name, bytes);
-    rc = MPI_Irecv(dst, (int)bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 0, peer), m->comm, &r);
+    rc =
+        MPI_Irecv(dst, (int)bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 0, peer), m->comm, &r);
     if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
     DPAR__TRY(dpar__m_wait(x, &r, &s, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
     return dpar__m_check_count(x, &s, peer, bytes);
@@ -8103,8 +8263,8 @@ static void dpar__m_prefetch(dpar__ctx *x, int peer)
 {
     dpar__mpi *m = DPAR__M(x->c);
     if (m->pf_peer >= 0 || x->lane != DPAR__LANE_COLL) return;
-    if (MPI_Irecv(m->staging2, (int)m->staging_bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 0, peer),
-                  m->comm, &m->pf_req) == MPI_SUCCESS)
+    if (MPI_Irecv(m->staging2, (int)m->staging_bytes, MPI_BYTE, dpar__m_proc(m, peer),
+                  dpar__m_tag_from(m, x->lane, 0, peer), m->comm, &m->pf_req) == MPI_SUCCESS)
         m->pf_peer = peer;
 }
 
@@ -8230,7 +8390,7 @@ static dpar_status dpar__m_poison(dpar_comm *c, dpar_status why, const char *msg
 /* (a prefetched receive of a poisoned comm is cancelled when the comm is destroyed) */
 
 static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc, int T, int t, int node_procs,
-                               dpar_comm **out);
+                                dpar_comm **out);
 static int dpar__m_node_procs(MPI_Comm mc);
 
 static dpar_status dpar__m_split(dpar__ctx *x, int color, int key, dpar_comm **out)
@@ -8329,6 +8489,7 @@ static void dpar__m_quiesce(dpar_comm *c)
         }
 }
 
+/* clang-format off */
 static const dpar__transport dpar__mpi_transport = {
     "mpi",
     dpar__m_post, dpar__m_fetch, dpar__m_release, dpar__m_drain, /* moving bytes */
@@ -8337,6 +8498,7 @@ static const dpar__transport dpar__mpi_transport = {
     dpar__m_recv_into, dpar__m_native, dpar__m_prefetch,
     0, NULL, NULL, NULL, NULL, NULL, /* no shared memory between processes */
 };
+/* clang-format on */
 
 /* processes of mc on this node (collective over mc: one thread per process calls it) */
 static int dpar__m_node_procs(MPI_Comm mc)
@@ -8354,7 +8516,7 @@ static int dpar__m_node_procs(MPI_Comm mc)
 /* Make a comm on MPI communicator mc (freed with the comm when own). Hybrid: T threads per process,
    this is thread t. node_procs: processes of mc on this node, to tell oversubscription. */
 static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc, int T, int t, int node_procs,
-                               dpar_comm **out)
+                                dpar_comm **out)
 {
     dpar_comm *c;
     dpar__mpi *m;
@@ -8383,7 +8545,8 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
                       "MPI_Init_thread)";
     pthread_mutex_init(&m->lock, NULL);
     m->oversub = node_procs * T > dpar__online_cpus(); /* then waits yield */
-    c->spin = dpar__spin_make(desc->spin_us == 0 ? DPAR_SPIN_US : (desc->spin_us < 0 ? 0 : desc->spin_us), node_procs * T);
+    c->spin =
+        dpar__spin_make(desc->spin_us == 0 ? DPAR_SPIN_US : (desc->spin_us < 0 ? 0 : desc->spin_us), node_procs * T);
     m->staging_bytes = c->segment_bytes;
     n = (size_t)DPAR__LANES * (size_t)c->size;
     m->pf_peer = -1;
@@ -8421,7 +8584,8 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
     MPI_Finalized(&finalized);
     if (!inited || finalized)
         return dpar__err(DPAR_ESTATE, "dpar_comm_from_mpi: MPI is not initialised (call MPI_Init_thread first)");
-    if (mpi_comm == MPI_COMM_NULL) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: the communicator is MPI_COMM_NULL");
+    if (mpi_comm == MPI_COMM_NULL)
+        return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: the communicator is MPI_COMM_NULL");
     dpar__trace_from_env();
     rc = MPI_Comm_dup(mpi_comm, &dup); /* dpar's traffic never meets the program's */
     if (rc != MPI_SUCCESS) {
@@ -8436,8 +8600,10 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
         MPI_Comm_size(dup, &size);
         if (d.deterministic && (size & (size - 1))) {
             MPI_Comm_free(&dup);
-            return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_from_mpi: the deterministic mode needs a power-of-two "
-                                                "number of ranks, not %d", size);
+            return dpar__err(DPAR_EUNSUPPORTED,
+                             "dpar_comm_from_mpi: the deterministic mode needs a power-of-two "
+                             "number of ranks, not %d",
+                             size);
         }
     }
     st = dpar__m_make(dup, 1, &d, 1, 0, dpar__m_node_procs(dup), out);
@@ -8486,8 +8652,10 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
         *done = st == DPAR_OK;
         return st;
     }
-    if (!m->native || m->T != 1 || c->det || (ty == MPI_DATATYPE_NULL && call->coll != DPAR_COLL_BARRIER)) return DPAR_OK;
-    if (call->count > (size_t)INT_MAX / (size_t)N || call->offs) return DPAR_OK; /* MPI counts are ints; own layouts: the ring */
+    if (!m->native || m->T != 1 || c->det || (ty == MPI_DATATYPE_NULL && call->coll != DPAR_COLL_BARRIER))
+        return DPAR_OK;
+    if (call->count > (size_t)INT_MAX / (size_t)N || call->offs)
+        return DPAR_OK;                           /* MPI counts are ints; own layouts: the ring */
     if (c->check) DPAR__TRY(dpar__ring_check(x)); /* fingerprints meet before MPI's call, which cannot time out */
     if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER) {
         counts = (int *)dpar__alloc(&c->allocator, 2 * (size_t)N * sizeof(int));
@@ -8507,7 +8675,8 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
         rc = MPI_Iallreduce(in_place_send, call->recv, (int)call->count, ty, op, m->comm, &r);
         break;
     case DPAR_COLL_REDUCE:
-        rc = MPI_Ireduce(c->rank == call->root ? in_place_send : call->send, call->recv, (int)call->count, ty, op, call->root, m->comm, &r);
+        rc = MPI_Ireduce(c->rank == call->root ? in_place_send : call->send, call->recv, (int)call->count, ty, op,
+                         call->root, m->comm, &r);
         break;
     case DPAR_COLL_BROADCAST:
         if (c->rank == call->root && call->send != call->recv) memcpy(call->recv, call->send, call->count * es);
@@ -8529,8 +8698,9 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
         break;
     }
     case DPAR_COLL_ALLGATHER:
-        rc = MPI_Iallgatherv((const char *)call->send == (const char *)call->recv + (size_t)displs[c->rank] * es ? MPI_IN_PLACE
-                                                                                                     : call->send,
+        rc = MPI_Iallgatherv((const char *)call->send == (const char *)call->recv + (size_t)displs[c->rank] * es
+                                 ? MPI_IN_PLACE
+                                 : call->send,
                              counts[c->rank], ty, call->recv, counts, displs, ty, m->comm, &r);
         break;
     case DPAR_COLL_ALLTOALL:
@@ -8546,7 +8716,8 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
     if (rc == DPAR_OK && staged) memcpy(call->recv, staged, (size_t)counts[c->rank] * es);
     dpar__free(&c->allocator, counts);
     if (rc != DPAR_OK) return (dpar_status)rc;
-    if (call->op == DPAR_AVG && (call->coll == DPAR_COLL_ALLREDUCE || (call->coll == DPAR_COLL_REDUCE && c->rank == call->root)))
+    if (call->op == DPAR_AVG &&
+        (call->coll == DPAR_COLL_ALLREDUCE || (call->coll == DPAR_COLL_REDUCE && c->rank == call->root)))
         dpar__divide(call->recv, call->recv, call->count, call->dtype, N);
     if (call->op == DPAR_AVG && call->coll == DPAR_COLL_REDUCE_SCATTER) {
         size_t l;
@@ -8618,8 +8789,10 @@ static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call
 
 static const char *dpar__m_level_name(int level)
 {
-    return level == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED"
-           : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED" : "MPI_THREAD_MULTIPLE";
+    return level == MPI_THREAD_SINGLE       ? "MPI_THREAD_SINGLE"
+           : level == MPI_THREAD_FUNNELED   ? "MPI_THREAD_FUNNELED"
+           : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+                                            : "MPI_THREAD_MULTIPLE";
 }
 
 DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_Comm mpi_comm, dpar_comm **out)
@@ -8634,12 +8807,14 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
     *out = NULL;
     if (!local) return dpar__err(DPAR_EINVAL, "dpar_group_join_mpi: local group is NULL");
     MPI_Initialized(&inited);
-    if (!inited) return dpar__err(DPAR_ESTATE, "dpar_group_join_mpi: MPI is not initialised (call MPI_Init_thread "
-                                               "with MPI_THREAD_MULTIPLE first)");
+    if (!inited)
+        return dpar__err(DPAR_ESTATE, "dpar_group_join_mpi: MPI is not initialised (call MPI_Init_thread "
+                                      "with MPI_THREAD_MULTIPLE first)");
     MPI_Query_thread(&level);
     if (level < MPI_THREAD_MULTIPLE)
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_group_join_mpi: the threads of a process call MPI at once, which "
-                                            "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "dpar_group_join_mpi: the threads of a process call MPI at once, which "
+                         "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
                          dpar__m_level_name(level));
     DPAR__TRY(dpar_group_join(local, local_rank, &lc));
     T = lc->size;
@@ -8667,11 +8842,15 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
             st = dpar_allreduce(ld, &tmax, &tmax, 1, DPAR_I64, DPAR_MAX);
             if (st == DPAR_OK) st = dpar_allreduce(ld, &tmin, &tmin, 1, DPAR_I64, DPAR_MAX);
             if (st == DPAR_OK && (tmax != T || -tmin != T))
-                st = dpar__err(DPAR_EINVAL, "dpar_group_join_mpi: processes have from %lld to %lld threads; every "
-                                            "process needs the same", (long long)-tmin, (long long)tmax);
+                st = dpar__err(DPAR_EINVAL,
+                               "dpar_group_join_mpi: processes have from %lld to %lld threads; every "
+                               "process needs the same",
+                               (long long)-tmin, (long long)tmax);
             if (st == DPAR_OK && d.deterministic && ((ld->size * T) & (ld->size * T - 1)))
-                st = dpar__err(DPAR_EUNSUPPORTED, "dpar_group_join_mpi: the deterministic mode needs a power-of-two "
-                                                  "number of ranks, not %d processes x %d threads", ld->size, T);
+                st = dpar__err(DPAR_EUNSUPPORTED,
+                               "dpar_group_join_mpi: the deterministic mode needs a power-of-two "
+                               "number of ranks, not %d processes x %d threads",
+                               ld->size, T);
             if (st == DPAR_OK) {
                 ld->det = d.deterministic;
                 node = dpar__m_node_procs(h->comm);

@@ -39,8 +39,8 @@ extern "C" {
 typedef struct dpar_cuda_device_info {
     int device;
     char name[256];
-    size_t total_bytes;     /* global memory */
-    int major, minor;       /* compute capability */
+    size_t total_bytes; /* global memory */
+    int major, minor;   /* compute capability */
     int multiprocessors;
 } dpar_cuda_device_info;
 
@@ -104,8 +104,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_query(int device, dpar_cuda_dev
     if ((st = dpar_cuda_device_count(&n)) != DPAR_OK) return st;
     if (device < 0 || device >= n)
         return dpar_set_error(DPAR_EINVAL, "dpar_cuda_device_query: device %d is not in 0..%d", device, n - 1);
-    if ((st = dpar_cuda__check(cudaGetDeviceProperties(&prop, device), "dpar_cuda_device_query")) != DPAR_OK)
-        return st;
+    if ((st = dpar_cuda__check(cudaGetDeviceProperties(&prop, device), "dpar_cuda_device_query")) != DPAR_OK) return st;
     memset(info, 0, sizeof *info);
     info->device = device;
     strncpy(info->name, prop.name, sizeof info->name - 1);

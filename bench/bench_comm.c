@@ -130,8 +130,9 @@ int main(int argc, char **argv)
                 ref = w.b.sample_us[0][SAMPLES / 2];
                 us = w.b.sample_us[1][SAMPLES / 2];
                 busbw = (double)bytes / (us * 1e3) * 2.0 * (n - 1) / n;
-                printf("bench=allreduce transport=%s ranks=%d bytes=%zu us=%.2f busbw_GBps=%.2f ref_us=%.2f ratio=%.2f\n",
-                       det ? "threads-det" : "threads", n, bytes, us, busbw, ref, ref / us);
+                printf(
+                    "bench=allreduce transport=%s ranks=%d bytes=%zu us=%.2f busbw_GBps=%.2f ref_us=%.2f ratio=%.2f\n",
+                    det ? "threads-det" : "threads", n, bytes, us, busbw, ref, ref / us);
                 fflush(stdout);
             }
             dpar_pool_run(w.b.pool, leave, &w.b);

@@ -75,26 +75,35 @@ static float fma_loop(long n)
 
 /* the step's GEMMs at batch b (as examples/data_parallel.c makes them): forward, input gradients,
    weight gradients in row blocks of one 1 MiB bucket */
-typedef struct { float *x, *w, *y; } bufs;
+typedef struct {
+    float *x, *w, *y;
+} bufs;
 static void step_gemms(const bufs *m, int b)
 {
     static const int width[4] = {784, 1024, 1024, 10};
     int l, r0;
     for (l = 0; l < 3; l++) /* forward: (b, in) x (in, out) */
-        dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, width[l + 1], width[l], 1, m->x, width[l], m->w, width[l + 1], 0, m->y,
-                   width[l + 1]);
+        dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, width[l + 1], width[l], 1, m->x, width[l], m->w, width[l + 1], 0,
+                   m->y, width[l + 1]);
     for (l = 2; l > 0; l--) /* input gradients: (b, out) x (out, in)^T */
-        dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, width[l], width[l + 1], 1, m->x, width[l + 1], m->w, width[l + 1], 0, m->y,
-                   width[l]);
+        dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, width[l], width[l + 1], 1, m->x, width[l + 1], m->w, width[l + 1], 0,
+                   m->y, width[l]);
     for (l = 0; l < 3; l++) { /* weight gradients: (b, in)^T x (b, out), in blocks of rows */
         int rows = (1 << 18) / width[l + 1] < width[l] ? (1 << 18) / width[l + 1] : width[l];
         for (r0 = 0; r0 < width[l]; r0 += rows)
-            dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, width[l] - r0 < rows ? width[l] - r0 : rows, width[l + 1], b, 1, m->x + r0,
-                       width[l], m->y, width[l + 1], 0, m->w + (size_t)r0 * width[l + 1], width[l + 1]);
+            dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, width[l] - r0 < rows ? width[l] - r0 : rows, width[l + 1], b, 1,
+                       m->x + r0, width[l], m->y, width[l + 1], 0, m->w + (size_t)r0 * width[l + 1], width[l + 1]);
     }
 }
 
-typedef struct { int what; long n; int batch; bufs m[2]; double ns[2]; float sink[2]; } job;
+typedef struct {
+    int what;
+    long n;
+    int batch;
+    bufs m[2];
+    double ns[2];
+    float sink[2];
+} job;
 
 static dpar_status body(void *user, int rank, int nranks)
 {
@@ -123,14 +132,16 @@ int main(int argc, char **argv)
     if (samples < 1 || samples > 64) return fprintf(stderr, "bench_cores: samples 1 to 64\n"), 2;
     for (t = 1; t <= 2; t++) {
         pd.num_threads = t;
-        if (dpar_pool_create(&pd, &pool[t]) != DPAR_OK) return fprintf(stderr, "bench_cores: %s\n", dpar_last_error()), 1;
+        if (dpar_pool_create(&pd, &pool[t]) != DPAR_OK)
+            return fprintf(stderr, "bench_cores: %s\n", dpar_last_error()), 1;
     }
     for (r = 0; r < 2; r++) { /* each thread its own matrices, touched once here */
         j.m[r].x = (float *)malloc(sizeof(float) * 256 * 1024);
         j.m[r].w = (float *)malloc(sizeof(float) * 1024 * 1024);
         j.m[r].y = (float *)malloc(sizeof(float) * 256 * 1024);
         if (!j.m[r].x || !j.m[r].w || !j.m[r].y) return fprintf(stderr, "bench_cores: out of memory\n"), 1;
-        for (i = 0; i < 256 * 1024; i++) j.m[r].x[i] = (float)(i % 13) / 13.0f - 0.5f, j.m[r].y[i] = (float)(i % 7) / 7.0f;
+        for (i = 0; i < 256 * 1024; i++)
+            j.m[r].x[i] = (float)(i % 13) / 13.0f - 0.5f, j.m[r].y[i] = (float)(i % 7) / 7.0f;
         for (i = 0; i < 1024 * 1024; i++) j.m[r].w[i] = (float)(i % 11) / 11.0f - 0.5f;
     }
     j.n = 20000000; /* about 0.1 s of FMAs on one core */

@@ -57,8 +57,7 @@ int main(void)
                 for (k = 0; k < reps; k++) {
                     if (mode == 0)
                         dpar_sgemm_pool(pool, DPAR_NO_TRANS, DPAR_NO_TRANS, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-                    else
-                        dpar_sgemm_builtin(DPAR_NO_TRANS, DPAR_NO_TRANS, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
+                    else dpar_sgemm_builtin(DPAR_NO_TRANS, DPAR_NO_TRANS, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
                 }
                 if (r >= 0) d[r] = gflops(n, (dpar_time_ns() - t0) / (uint64_t)reps);
                 usleep(150000);
@@ -71,7 +70,8 @@ int main(void)
             qsort(d, RUNS, sizeof(double), cmp_double);
             qsort(o, RUNS, sizeof(double), cmp_double);
             printf("bench=gemm mode=%s threads=%d n=%d dpar_gflops=%.1f openblas_gflops=%.1f ratio=%.2f\n",
-                   mode == 0 ? "sharded" : "builtin", mode == 0 ? 2 : 1, n, d[RUNS / 2], o[RUNS / 2], d[RUNS / 2] / o[RUNS / 2]);
+                   mode == 0 ? "sharded" : "builtin", mode == 0 ? 2 : 1, n, d[RUNS / 2], o[RUNS / 2],
+                   d[RUNS / 2] / o[RUNS / 2]);
             fflush(stdout);
             free(A);
             free(B);

@@ -23,17 +23,28 @@ static void nap(long us)
     nanosleep(&ts, NULL);
 }
 
-typedef struct { dpar_group *g; dpar_pipe_schedule *S; double measured[3]; } job;
+typedef struct {
+    dpar_group *g;
+    dpar_pipe_schedule *S;
+    double measured[3];
+} job;
 
 static dpar_status fwd(void *user, int micro, int chunk, const void *in, void *out)
 {
-    (void)micro; (void)chunk; (void)in; (void)out;
+    (void)micro;
+    (void)chunk;
+    (void)in;
+    (void)out;
     nap(FORWARD_US / *(int *)user);
     return DPAR_OK;
 }
 static dpar_status bwd(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
 {
-    (void)micro; (void)chunk; (void)in; (void)g; (void)gi;
+    (void)micro;
+    (void)chunk;
+    (void)in;
+    (void)g;
+    (void)gi;
     nap(2 * FORWARD_US / *(int *)user);
     return DPAR_OK;
 }
@@ -92,15 +103,14 @@ int main(void)
                 memset(&cd, 0, sizeof cd);
                 cd.size = ps[pi];
                 sd.kind = (dpar_pipe_kind)kind, sd.p = ps[pi], sd.m = ms[mi], sd.v = kind == 2 ? 2 : 1;
-                if (dpar_pipe_schedule_create(&sd, &j.S) != DPAR_OK ||
-                    dpar_group_create(&cd, &j.g) != DPAR_OK) {
+                if (dpar_pipe_schedule_create(&sd, &j.S) != DPAR_OK || dpar_group_create(&cd, &j.g) != DPAR_OK) {
                     fprintf(stderr, "bench_pipe: %s\n", dpar_last_error());
                     return 1;
                 }
                 dpar_pool_run(pool, stage_main, &j);
                 qsort(j.measured, 3, sizeof(double), cmp_double);
-                printf("bench=pipeline sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f\n", names[kind], ps[pi],
-                       ms[mi], j.S->bubble, j.measured[1]);
+                printf("bench=pipeline sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f\n", names[kind],
+                       ps[pi], ms[mi], j.S->bubble, j.measured[1]);
                 fflush(stdout);
                 dpar_group_destroy(j.g);
                 dpar_pipe_schedule_destroy(j.S);

@@ -64,7 +64,10 @@ static void for_body(void *user, int64_t begin, int64_t end, int thread)
     (void)thread;
 }
 
-typedef struct { dpar_pool *pool; int reps; } barrier_job;
+typedef struct {
+    dpar_pool *pool;
+    int reps;
+} barrier_job;
 static dpar_status barrier_body(void *user, int thread, int nthreads)
 {
     barrier_job *b = (barrier_job *)user;

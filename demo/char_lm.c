@@ -20,10 +20,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CTX 16    /* characters of context */
-#define EMB 16    /* embedding width */
-#define HID 512   /* hidden units */
-#define MAXR 64   /* most ranks */
+#define CTX 16  /* characters of context */
+#define EMB 16  /* embedding width */
+#define HID 512 /* hidden units */
+#define MAXR 64 /* most ranks */
 
 typedef struct {
     const char *data, *ckpt, *trace;
@@ -31,27 +31,31 @@ typedef struct {
     float lr;
 } options;
 
-typedef struct {              /* what every rank shares */
+typedef struct { /* what every rank shares */
     options o;
-    unsigned char *text;      /* the text as alphabet indices */
+    unsigned char *text; /* the text as alphabet indices */
     size_t n;
-    int V;                    /* alphabet size */
+    int V; /* alphabet size */
     unsigned char alphabet[256];
-    size_t np;                /* parameters */
-    float *params[MAXR];      /* each rank's replica */
-    float *adam_m, *adam_v;   /* rank 0's optimizer state; every rank keeps its own copy below */
-    int64_t step0, step;      /* first step of this run, steps done */
+    size_t np;                   /* parameters */
+    float *params[MAXR];         /* each rank's replica */
+    float *adam_m, *adam_v;      /* rank 0's optimizer state; every rank keeps its own copy below */
+    int64_t step0, step;         /* first step of this run, steps done */
     float first_loss, last_loss; /* rank 0's view: the first step's loss, a running mean of the last ~50 */
     dpar_group *group;
     double t_start;
-    int tty;                  /* stdout is a terminal: one refreshing progress line */
+    int tty; /* stdout is a terminal: one refreshing progress line */
 } trainer;
 
 static volatile sig_atomic_t interrupted;
-static void on_sigint(int sig) { (void)sig; interrupted = 1; }
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
 
 /* parameters in one flat array: [embedding V x EMB | W1 CTX*EMB x HID | b1 HID | W2 HID x V | b2 V] */
-#define OFF_W1(V) ((size_t)(V) * EMB)
+#define OFF_W1(V) ((size_t)EMB * (V))
 #define OFF_B1(V) (OFF_W1(V) + (size_t)CTX * EMB * HID)
 #define OFF_W2(V) (OFF_B1(V) + HID)
 #define OFF_B2(V) (OFF_W2(V) + (size_t)HID * (V))
@@ -71,7 +75,8 @@ static void forward(const trainer *t, const float *p, const size_t *pos, int b, 
 {
     int V = t->V, i, j, k;
     for (i = 0; i < b; i++)
-        for (j = 0; j < CTX; j++) memcpy(X + (size_t)i * CTX * EMB + j * EMB, p + (size_t)t->text[pos[i] + j] * EMB, EMB * sizeof(float));
+        for (j = 0; j < CTX; j++)
+            memcpy(X + (size_t)i * CTX * EMB + j * EMB, p + (size_t)t->text[pos[i] + j] * EMB, EMB * sizeof(float));
     for (i = 0; i < b; i++) memcpy(H + (size_t)i * HID, p + OFF_B1(V), HID * sizeof(float));
     dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, HID, CTX * EMB, 1, X, CTX * EMB, p + OFF_W1(V), HID, 1, H, HID);
     for (k = 0; k < b * HID; k++) H[k] = tanhf(H[k]);
@@ -94,7 +99,7 @@ static float softmax_loss(const trainer *t, const size_t *pos, int b, float *Z)
     return (float)(loss / b);
 }
 
-typedef struct {              /* one rank's working memory, allocated once */
+typedef struct { /* one rank's working memory, allocated once */
     float *p, *g, *m, *v, *X, *H, *Z, *dH, *dX;
     size_t *pos;
 } rank_mem;
@@ -124,13 +129,18 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     w.dH = (float *)malloc(sizeof(float) * b * HID);
     w.Z = (float *)malloc(sizeof(float) * b * V);
     w.pos = (size_t *)malloc(sizeof(size_t) * b);
-    if (!w.g || !w.m || !w.v || !w.X || !w.dX || !w.H || !w.dH || !w.Z || !w.pos) { st = DPAR_ENOMEM; goto out; }
+    if (!w.g || !w.m || !w.v || !w.X || !w.dX || !w.H || !w.dH || !w.Z || !w.pos) {
+        st = DPAR_ENOMEM;
+        goto out;
+    }
     /* the same start everywhere: rank 0's parameters and optimizer state (fresh or resumed) */
-    if ((st = dpar_broadcast(comm, w.p, w.p, np, DPAR_F32, 0)) || (st = dpar_broadcast(comm, w.m, w.m, np, DPAR_F32, 0)) ||
+    if ((st = dpar_broadcast(comm, w.p, w.p, np, DPAR_F32, 0)) ||
+        (st = dpar_broadcast(comm, w.m, w.m, np, DPAR_F32, 0)) ||
         (st = dpar_broadcast(comm, w.v, w.v, np, DPAR_F32, 0)))
         goto out;
     for (step = t->step0; step < o->steps; step++) {
-        uint64_t rng = ((uint64_t)o->seed << 32) ^ ((uint64_t)step * 1000003u) ^ (uint64_t)rank * 0x5851F42D4C957F2Dull, t0 = dpar_time_ns(), t1, t2, t3;
+        uint64_t rng = ((uint64_t)o->seed << 32) ^ ((uint64_t)step * 1000003u) ^ (uint64_t)rank * 0x5851F42D4C957F2Dull,
+                 t0 = dpar_time_ns(), t1, t2, t3;
         float loss, lr, *g = w.g, *p = w.p;
         double c1, c2;
         for (i = 0; i < b; i++) w.pos[i] = (size_t)(splitmix(&rng) % (t->n - CTX));
@@ -145,11 +155,14 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         for (i = 0; i < b; i++)
             for (k = 0; k < V; k++) g[OFF_B2(V) + k] += w.Z[(size_t)i * V + k];
         dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, HID, V, 1, w.Z, V, p + OFF_W2(V), V, 0, w.dH, HID); /* dH = dZ W2^T */
-        for (q = 0; q < (size_t)b * HID; q++) w.H[q] = w.dH[q] * (1.0f - w.H[q] * w.H[q]); /* through tanh: H now holds dA */
+        for (q = 0; q < (size_t)b * HID; q++)
+            w.H[q] = w.dH[q] * (1.0f - w.H[q] * w.H[q]); /* through tanh: H now holds dA */
         for (i = 0; i < b; i++)
             for (k = 0; k < HID; k++) g[OFF_B1(V) + k] += w.H[(size_t)i * HID + k];
-        dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, CTX * EMB, HID, b, 1, w.X, CTX * EMB, w.H, HID, 0, g + OFF_W1(V), HID); /* dW1 */
-        dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, CTX * EMB, HID, 1, w.H, HID, p + OFF_W1(V), HID, 0, w.dX, CTX * EMB); /* dX */
+        /* dW1 */
+        dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, CTX * EMB, HID, b, 1, w.X, CTX * EMB, w.H, HID, 0, g + OFF_W1(V), HID);
+        /* dX */
+        dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, CTX * EMB, HID, 1, w.H, HID, p + OFF_W1(V), HID, 0, w.dX, CTX * EMB);
         for (i = 0; i < b; i++) /* scatter dX back onto the embedding rows it came from */
             for (j = 0; j < CTX; j++) {
                 float *ge = g + (size_t)t->text[w.pos[i] + j] * EMB, *dx = w.dX + (size_t)i * CTX * EMB + j * EMB;
@@ -189,8 +202,9 @@ static dpar_status rank_main(void *user, int rank, int nranks)
                     int bar = (int)(30 * (step + 1) / o->steps);
                     double eta = left * el / (double)done;
                     tick = now_tick;
-                    printf("\r[%.*s%*s] step %5lld/%d  loss %.3f  %6.0f tok/s  ETA %d:%02d ", bar, "##############################",
-                           30 - bar, "", (long long)(step + 1), o->steps, t->last_loss, tps, (int)eta / 60, (int)eta % 60);
+                    printf("\r[%.*s%*s] step %5lld/%d  loss %.3f  %6.0f tok/s  ETA %d:%02d ", bar,
+                           "##############################", 30 - bar, "", (long long)(step + 1), o->steps,
+                           t->last_loss, tps, (int)eta / 60, (int)eta % 60);
                     fflush(stdout);
                 }
             } else if ((step + 1) % (o->steps >= 10 ? o->steps / 10 : 1) == 0 || left == 0) {
@@ -228,7 +242,8 @@ static dpar_status checkpoint(trainer *t, int save)
         memcpy(alphabet, t->alphabet, sizeof alphabet);
         if ((st = dpar_ckpt_load(NULL, t->o.ckpt, items, 5)) != DPAR_OK) return st;
         if (memcmp(alphabet, t->alphabet, sizeof alphabet) || shape[0] != t->V)
-            return dpar_set_error(DPAR_EINVAL, "the checkpoint '%s' was trained on another text (its alphabet differs)", t->o.ckpt);
+            return dpar_set_error(DPAR_EINVAL, "the checkpoint '%s' was trained on another text (its alphabet differs)",
+                                  t->o.ckpt);
         return DPAR_OK;
     }
 }
@@ -311,7 +326,9 @@ int main(int argc, char **argv)
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = strcmp(a, "--help") && strcmp(a, "-h") && strcmp(a, "--resume");
-        if (strncmp(a, "--", 2) || !strstr(" --help --resume --data --ckpt --trace --steps --stop-at --threads --batch --seed --sample --lr ", a))
+        if (strncmp(a, "--", 2) ||
+            !strstr(" --help --resume --data --ckpt --trace --steps --stop-at --threads --batch --seed --sample --lr ",
+                    a))
             if (strcmp(a, "-h")) return fail("unknown option", a);
         if (takes && !v) return fail("missing value after", a);
         if (!takes) {
@@ -323,13 +340,19 @@ int main(int argc, char **argv)
         if (strcmp(a, "--data") == 0) o->data = v;
         else if (strcmp(a, "--ckpt") == 0) o->ckpt = v;
         else if (strcmp(a, "--trace") == 0) o->trace = v;
-        else if (strcmp(a, "--steps") == 0) { if (!int_arg(v, 1, 100000000, &o->steps)) return fail("--steps wants 1 or more, not", v); }
-        else if (strcmp(a, "--stop-at") == 0) { if (!int_arg(v, 1, 100000000, &o->stop_at)) return fail("--stop-at wants 1 or more, not", v); }
-        else if (strcmp(a, "--threads") == 0) { if (!int_arg(v, 1, MAXR, &o->threads)) return fail("--threads wants 1 to 64, not", v); }
-        else if (strcmp(a, "--batch") == 0) { if (!int_arg(v, 1, 1 << 20, &o->batch)) return fail("--batch wants 1 or more, not", v); }
-        else if (strcmp(a, "--seed") == 0) { if (!int_arg(v, 0, 2147483647, &o->seed)) return fail("--seed wants 0 or more, not", v); }
-        else if (strcmp(a, "--sample") == 0) { if (!int_arg(v, 0, 1 << 20, &o->sample)) return fail("--sample wants 0 or more, not", v); }
-        else if (strcmp(a, "--lr") == 0) {
+        else if (strcmp(a, "--steps") == 0) {
+            if (!int_arg(v, 1, 100000000, &o->steps)) return fail("--steps wants 1 or more, not", v);
+        } else if (strcmp(a, "--stop-at") == 0) {
+            if (!int_arg(v, 1, 100000000, &o->stop_at)) return fail("--stop-at wants 1 or more, not", v);
+        } else if (strcmp(a, "--threads") == 0) {
+            if (!int_arg(v, 1, MAXR, &o->threads)) return fail("--threads wants 1 to 64, not", v);
+        } else if (strcmp(a, "--batch") == 0) {
+            if (!int_arg(v, 1, 1 << 20, &o->batch)) return fail("--batch wants 1 or more, not", v);
+        } else if (strcmp(a, "--seed") == 0) {
+            if (!int_arg(v, 0, 2147483647, &o->seed)) return fail("--seed wants 0 or more, not", v);
+        } else if (strcmp(a, "--sample") == 0) {
+            if (!int_arg(v, 0, 1 << 20, &o->sample)) return fail("--sample wants 0 or more, not", v);
+        } else if (strcmp(a, "--lr") == 0) {
             char *end;
             o->lr = strtof(v, &end);
             if (*v == 0 || *end || !(o->lr > 0 && o->lr < 10)) return fail("--lr wants a number in (0, 10), not", v);
@@ -341,20 +364,26 @@ int main(int argc, char **argv)
         const char *slash = strrchr(o->ckpt, '/');
         int len = slash ? (int)(slash - o->ckpt) : 1;
         snprintf(dir, sizeof dir, "%.*s", len ? len : 1, slash ? o->ckpt : ".");
-        if (access(dir, W_OK)) return fprintf(stderr, "char_lm: --ckpt %s: cannot write in '%s': %s\n", o->ckpt, dir, strerror(errno)), 1;
+        if (access(dir, W_OK))
+            return fprintf(stderr, "char_lm: --ckpt %s: cannot write in '%s': %s\n", o->ckpt, dir, strerror(errno)), 1;
     }
 
     /* the text, as indices into its sorted alphabet */
     errno = 0;
-    if (!(f = fopen(o->data, "rb")) || fstat(fileno(f), &sb) || (!S_ISREG(sb.st_mode) && (errno = EINVAL)) || fseek(f, 0, SEEK_END) || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) ||
+    if (!(f = fopen(o->data, "rb")) || fstat(fileno(f), &sb) || (!S_ISREG(sb.st_mode) && (errno = EINVAL)) ||
+        fseek(f, 0, SEEK_END) || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) ||
         !(t.text = (unsigned char *)malloc((size_t)size + 1)) || fread(t.text, 1, (size_t)size, f) != (size_t)size) {
-        fprintf(stderr, "char_lm: cannot read '%s': %s%s\n", o->data, errno == EINVAL ? "not a regular file" : errno ? strerror(errno) : "read error",
+        fprintf(stderr, "char_lm: cannot read '%s': %s%s\n", o->data,
+                errno == EINVAL ? "not a regular file"
+                : errno         ? strerror(errno)
+                                : "read error",
                 o->data == usage_data ? " (run from the repository's root, or give --data FILE)" : "");
         return 1;
     }
     fclose(f);
     t.n = (size_t)size;
-    if (t.n < CTX + 2) return fprintf(stderr, "char_lm: '%s' has %zu bytes; it needs at least %d\n", o->data, t.n, CTX + 2), 1;
+    if (t.n < CTX + 2)
+        return fprintf(stderr, "char_lm: '%s' has %zu bytes; it needs at least %d\n", o->data, t.n, CTX + 2), 1;
     memset(map, -1, sizeof map);
     for (size_t q = 0; q < t.n; q++) map[t.text[q]] = 0;
     for (i = 0; i < 256; i++)
@@ -364,7 +393,8 @@ int main(int argc, char **argv)
     /* rank 0's replica: fresh (small random weights) or from the checkpoint; the others get it by broadcast */
     t.np = NPARAMS(t.V);
     for (i = 0; i < o->threads; i++)
-        if (!(t.params[i] = (float *)calloc(t.np, sizeof(float)))) return fprintf(stderr, "char_lm: out of memory\n"), 1;
+        if (!(t.params[i] = (float *)calloc(t.np, sizeof(float))))
+            return fprintf(stderr, "char_lm: out of memory\n"), 1;
     if (!(t.adam_m = (float *)calloc(2 * t.np, sizeof(float)))) return fprintf(stderr, "char_lm: out of memory\n"), 1;
     t.adam_v = t.adam_m + t.np;
     if (o->resume) {
@@ -375,19 +405,24 @@ int main(int argc, char **argv)
         float s1 = 1.0f / sqrtf(CTX * EMB), s2 = 1.0f / sqrtf(HID);
         for (size_t q = 0; q < t.np; q++) {
             float u = 2 * uniform(&rng) - 1;
-            t.params[0][q] = q < OFF_W1(t.V) ? u : q < OFF_B1(t.V) ? u * s1 : q >= OFF_W2(t.V) && q < OFF_B2(t.V) ? u * s2 : 0;
+            t.params[0][q] = q < OFF_W1(t.V)                       ? u
+                             : q < OFF_B1(t.V)                     ? u * s1
+                             : q >= OFF_W2(t.V) && q < OFF_B2(t.V) ? u * s2
+                                                                   : 0;
         }
     }
     printf("char_lm: %zu characters of '%s', alphabet of %d; %zu parameters; %d thread ranks x %d contexts per step\n",
            t.n, o->data, t.V, t.np, o->threads, o->batch / o->threads);
-    if (t.step0 >= o->steps) printf("the checkpoint is at step %lld already: nothing to train (raise --steps)\n", (long long)t.step0);
+    if (t.step0 >= o->steps)
+        printf("the checkpoint is at step %lld already: nothing to train (raise --steps)\n", (long long)t.step0);
 
     pd.num_threads = o->threads;
     cd.size = o->threads;
     cd.name = "dp";
     if ((st = dpar_pool_create(&pd, &pool)) != DPAR_OK || (st = dpar_group_create(&cd, &t.group)) != DPAR_OK)
         return fprintf(stderr, "char_lm: %s\n", dpar_last_error()), 1;
-    if (o->trace && dpar_trace_start(o->trace) != DPAR_OK) return fprintf(stderr, "char_lm: --trace: %s\n", dpar_last_error()), 1;
+    if (o->trace && dpar_trace_start(o->trace) != DPAR_OK)
+        return fprintf(stderr, "char_lm: --trace: %s\n", dpar_last_error()), 1;
     signal(SIGINT, on_sigint);
     t.tty = isatty(1);
     t.step = t.step0;
@@ -400,17 +435,22 @@ int main(int argc, char **argv)
     dpar_group_destroy(t.group);
     dpar_pool_destroy(pool);
     if (st != DPAR_OK) return fprintf(stderr, "char_lm: training failed: %s\n", dpar_last_error()), 1;
-    for (i = 1; i < o->threads && t.step > t.step0; i++) /* data parallelism's promise: every replica holds the same weights */
+    /* data parallelism's promise: every replica holds the same weights */
+    for (i = 1; i < o->threads && t.step > t.step0; i++)
         if (memcmp(t.params[i], t.params[0], t.np * sizeof(float)))
             return fprintf(stderr, "char_lm: replica %d differs from replica 0\n", i), 1;
     if (t.step > t.step0) {
         if (checkpoint(&t, 1) != DPAR_OK) return fprintf(stderr, "char_lm: %s\n", dpar_last_error()), 1;
-        printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.3f (first step) -> %.3f (last 50); checkpoint %s\n", (long long)t.step0 + 1,
-               (long long)t.step, secs, (double)(t.step - t.step0) * o->batch / secs, t.first_loss, t.last_loss, o->ckpt);
-        printf("the %d replicas are identical: parameters crc32 %08x\n", o->threads, dpar_crc32(0, t.params[0], t.np * sizeof(float)));
+        printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.3f (first step) -> %.3f (last 50); "
+               "checkpoint %s\n",
+               (long long)t.step0 + 1, (long long)t.step, secs, (double)(t.step - t.step0) * o->batch / secs,
+               t.first_loss, t.last_loss, o->ckpt);
+        printf("the %d replicas are identical: parameters crc32 %08x\n", o->threads,
+               dpar_crc32(0, t.params[0], t.np * sizeof(float)));
     }
     if (interrupted) return printf("interrupted at step %lld: continue with --resume\n", (long long)t.step), 130;
-    if (t.step < o->steps && t.step == o->stop_at) printf("stopped at step %lld (--stop-at): continue with --resume\n", (long long)t.step);
+    if (t.step < o->steps && t.step == o->stop_at)
+        printf("stopped at step %lld (--stop-at): continue with --resume\n", (long long)t.step);
     if (o->sample) {
         printf("sample (temperature 0.8):\n");
         sample(&t, o->sample, 0.8f);

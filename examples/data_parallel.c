@@ -26,7 +26,7 @@
 #include <string.h>
 
 #define MAXL 8
-#define MAXT 256 /* weight-gradient tasks */
+#define MAXT 256                 /* weight-gradient tasks */
 #define BUCKET ((size_t)1 << 18) /* gradients per bucket (1 MiB) */
 
 typedef struct {
@@ -34,15 +34,19 @@ typedef struct {
     float lr;
     const char *images, *labels;
     size_t n, woff[MAXL], boff[MAXL], np; /* samples; offsets of each layer's W and b in the flat arrays */
-    float *x, *params[64];                 /* inputs n x width[0]; the weights (each rank's replica) */
-    dpar_idx images_file;                  /* when x comes from an IDX file */
-    int *y;                                /* labels */
+    float *x, *params[64];                /* inputs n x width[0]; the weights (each rank's replica) */
+    dpar_idx images_file;                 /* when x comes from an IDX file */
+    int *y;                               /* labels */
     dpar_group *group;
     double seconds, first_loss, final_loss, gemm_ns, overlap_ns, wait_ns, task_ns[64]; /* task_ns: by the thread */
-    uint64_t given;                        /* rank 0's tasks that another rank ran */
+    uint64_t given; /* rank 0's tasks that another rank ran */
 } job;
 
-static uint64_t rng_next(uint64_t *s) { *s = *s * 6364136223846793005ull + 1442695040888963407ull; return *s >> 11; }
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
 static float uniform(uint64_t *s) { return (float)((double)rng_next(s) / 9007199254740992.0); }
 
 /* relu and its backward without a branch (on random signs one mispredicts half the time, and
@@ -68,7 +72,9 @@ static void gemm(double *ns, dpar_trans ta, dpar_trans tb, int M, int N, int K, 
 }
 
 /* this rank's share of the SGD step, called by the buckets for each reduced block of gradients */
-typedef struct { float *p, *g, lr; } sgd_state;
+typedef struct {
+    float *p, *g, lr;
+} sgd_state;
 static void sgd(void *user, size_t offset, size_t count)
 {
     sgd_state *s = (sgd_state *)user;
@@ -76,20 +82,26 @@ static void sgd(void *user, size_t offset, size_t count)
     const float *restrict g = s->g + offset;
     size_t q = 0;
     for (; q + 4 <= count; q += 4) { /* four at a time: cc -O2 makes it one SSE multiply and subtract */
-        float a = p[q] - lr * g[q], b = p[q + 1] - lr * g[q + 1], c = p[q + 2] - lr * g[q + 2], d = p[q + 3] - lr * g[q + 3];
+        float a = p[q] - lr * g[q], b = p[q + 1] - lr * g[q + 1], c = p[q + 2] - lr * g[q + 2],
+              d = p[q + 3] - lr * g[q + 3];
         p[q] = a, p[q + 1] = b, p[q + 2] = c, p[q + 3] = d;
     }
     for (; q < count; q++) p[q] -= lr * g[q];
 }
 
 /* one rank's weight gradients as tasks (dpar_steal): task i is rows r0..r0+nr of layer l's, on any rank's thread */
-typedef struct { job *j; float **act, **delta, *g; dpar_buckets *buckets; int b, n, l[MAXT], r0[MAXT], nr[MAXT]; } wgrad;
+typedef struct {
+    job *j;
+    float **act, **delta, *g;
+    dpar_buckets *buckets;
+    int b, n, l[MAXT], r0[MAXT], nr[MAXT];
+} wgrad;
 static dpar_status wgrad_task(void *user, int i, int by)
 {
     wgrad *w = (wgrad *)user;
     int l = w->l[i], in = w->j->width[l], out = w->j->width[l + 1];
-    gemm(&w->j->task_ns[by], DPAR_TRANS, DPAR_NO_TRANS, w->nr[i], out, w->b, w->act[l] + w->r0[i], in, w->delta[l + 1], out,
-         0, w->g + w->j->woff[l] + (size_t)w->r0[i] * out, out);
+    gemm(&w->j->task_ns[by], DPAR_TRANS, DPAR_NO_TRANS, w->nr[i], out, w->b, w->act[l] + w->r0[i], in, w->delta[l + 1],
+         out, 0, w->g + w->j->woff[l] + (size_t)w->r0[i] * out, out);
     return DPAR_OK;
 }
 static dpar_status wgrad_done(void *user, int i) /* on the owner's thread, in order: to the buckets */
@@ -99,14 +111,23 @@ static dpar_status wgrad_done(void *user, int i) /* on the owner's thread, in or
     return dpar_buckets_ready(w->buckets, w->j->woff[w->l[i]] + (size_t)w->r0[i] * out, (size_t)w->nr[i] * out);
 }
 
-#define TRY(call) do { if ((st = (call)) != DPAR_OK) goto out; } while (0)
-#define WAIT(call) do { uint64_t t0_ = dpar_time_ns(); TRY(call); waited += dpar_time_ns() - t0_; } while (0)
+#define TRY(call)                               \
+    do {                                        \
+        if ((st = (call)) != DPAR_OK) goto out; \
+    } while (0)
+#define WAIT(call)                      \
+    do {                                \
+        uint64_t t0_ = dpar_time_ns();  \
+        TRY(call);                      \
+        waited += dpar_time_ns() - t0_; \
+    } while (0)
 
 static dpar_status rank_main(void *user, int rank, int nranks)
 {
     job *j = (job *)user;
     int L = j->nl, b = j->batch / nranks, l, i, k, step;
-    float lr = j->lr, *p = j->params[j->replicas ? rank : 0], *g, *act[MAXL + 1] = {0}, *delta[MAXL + 1] = {0}, loss = 0;
+    float lr = j->lr, *p = j->params[j->replicas ? rank : 0], *g, *act[MAXL + 1] = {0}, *delta[MAXL + 1] = {0},
+          loss = 0;
     double gemm_ns = 0, first = 0;
     uint64_t t_start = 0, overlap = 0, waited = 0, epoch = 0;
     size_t pos, per;
@@ -140,26 +161,32 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     TRY(dpar_buckets_set_direct(buckets, 1)); /* thread ranks: reduce in shared memory, between our GEMMs */
     wg.j = j, wg.act = act, wg.delta = delta, wg.g = g, wg.buckets = buckets, wg.b = b;
     for (l = 0; l < L; l++) /* the weight-gradient tasks, layer by layer from the first */
-        for (k = 0, i = (int)(BUCKET / j->width[l + 1]) > 1 ? (int)(BUCKET / j->width[l + 1]) : 1; k < j->width[l]; k += i) {
-            if (wg.n == MAXT) TRY(dpar_set_error(DPAR_EINVAL, "more than %d weight-gradient tasks: a smaller model", MAXT));
+        for (k = 0, i = (int)(BUCKET / j->width[l + 1]) > 1 ? (int)(BUCKET / j->width[l + 1]) : 1; k < j->width[l];
+             k += i) {
+            if (wg.n == MAXT)
+                TRY(dpar_set_error(DPAR_EINVAL, "more than %d weight-gradient tasks: a smaller model", MAXT));
             wg.l[wg.n] = l, wg.r0[wg.n] = k, wg.nr[wg.n++] = j->width[l] - k < i ? j->width[l] - k : i;
         }
     sd.comm = comm, sd.max_tasks = wg.n;
     TRY(dpar_steal_create(&sd, &steal));
     per = dpar_sampler_epoch(&sampler, 0, &mine), pos = 0;
     for (step = 0; step < j->steps; step++) {
-        if (step == 1) t_start = dpar_time_ns(), gemm_ns = j->task_ns[rank] = 0, overlap = 0, waited = 0; /* step 0 warms up */
+        if (step == 1)
+            t_start = dpar_time_ns(), gemm_ns = j->task_ns[rank] = 0, overlap = 0, waited = 0; /* step 0 warms up */
         if (pos + (size_t)b > per) per = dpar_sampler_epoch(&sampler, ++epoch, &mine), pos = 0;
-        for (i = 0; i < b; i++) memcpy(act[0] + (size_t)i * j->width[0], j->x + mine[pos + i] * j->width[0], sizeof(float) * j->width[0]);
+        for (i = 0; i < b; i++)
+            memcpy(act[0] + (size_t)i * j->width[0], j->x + mine[pos + i] * j->width[0], sizeof(float) * j->width[0]);
         /* forward: act[l+1] = relu(act[l] W_l + b_l); the last layer's are logits. Each layer first
            waits for its own weights to have taken the last step, not for all of them */
         for (l = 0; l < L; l++) {
             int in = j->width[l], out = j->width[l + 1];
             float *bias = p + j->boff[l], *a;
             if (step > 0) WAIT(dpar_buckets_wait_range(buckets, j->woff[l], j->boff[l] + (size_t)out - j->woff[l]));
-            gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, act[l], in, p + j->woff[l], out, 0, act[l + 1], out);
+            gemm(&gemm_ns, DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, act[l], in, p + j->woff[l], out, 0, act[l + 1],
+                 out);
             for (i = 0; i < b; i++) /* + bias, then relu (not on the logits) */
-                for (k = 0, a = act[l + 1] + (size_t)i * out; k < out; k++) a[k] = l + 1 < L ? relu(a[k] + bias[k]) : a[k] + bias[k];
+                for (k = 0, a = act[l + 1] + (size_t)i * out; k < out; k++)
+                    a[k] = l + 1 < L ? relu(a[k] + bias[k]) : a[k] + bias[k];
         }
         /* softmax cross-entropy; delta[L] = (softmax - onehot) / b */
         loss = 0;
@@ -254,20 +281,26 @@ static int load_idx(job *j)
     for (d = 1; d < im->ndims; d++) D *= im->dims[d];
     if (D != (size_t)j->width[0] || lb.ndims != 1 || lb.dims[0] != im->dims[0])
         return fprintf(stderr, "data_parallel: %zu inputs of %zu values and %u labels do not fit --layers %d,...\n",
-                       (size_t)im->dims[0], D, lb.dims[0], j->width[0]), 0;
+                       (size_t)im->dims[0], D, lb.dims[0], j->width[0]),
+               0;
     j->n = im->dims[0], j->x = im->data;
     j->y = (int *)malloc(sizeof(int) * j->n);
     for (i = 0; j->y && i < j->n; i++)
         if ((j->y[i] = (int)lb.data[i]) < 0 || j->y[i] >= j->width[j->nl])
-            return fprintf(stderr, "data_parallel: label %d of sample %zu is not below %d\n", j->y[i], i, j->width[j->nl]), 0;
+            return fprintf(stderr, "data_parallel: label %d of sample %zu is not below %d\n", j->y[i], i,
+                           j->width[j->nl]),
+                   0;
     dpar_idx_destroy(&lb);
     return j->y != NULL;
 }
 
 static int usage(const char *why)
 {
-    fprintf(stderr, "data_parallel: %s\nusage: data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] [--threads 2]"
-                    " [--lr 0.05] [--replicas] [--images FILE --labels FILE]\n", why);
+    fprintf(
+        stderr,
+        "data_parallel: %s\nusage: data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] [--threads 2]"
+        " [--lr 0.05] [--replicas] [--images FILE --labels FILE]\n",
+        why);
     return 2;
 }
 
@@ -283,7 +316,10 @@ int main(int argc, char **argv)
     j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 12 : 30, j.threads = 2, j.lr = 0.05f;
     for (a = 1; a < argc; a++) {
         const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
-        if (!strcmp(o, "--replicas")) { j.replicas = 1; continue; }
+        if (!strcmp(o, "--replicas")) {
+            j.replicas = 1;
+            continue;
+        }
         if (!v) return usage("an option without its value");
         a++;
         if (!strcmp(o, "--layers")) layers = v;
@@ -313,12 +349,13 @@ int main(int argc, char **argv)
         j.np = j.boff[l] + j.width[l + 1];
     }
     for (r = 0; r < (j.replicas ? j.threads : 1); r++)
-        if (!(j.params[r] = (float *)calloc(j.np, sizeof(float)))) return fprintf(stderr, "data_parallel: out of memory\n"), 1;
+        if (!(j.params[r] = (float *)calloc(j.np, sizeof(float))))
+            return fprintf(stderr, "data_parallel: out of memory\n"), 1;
     for (l = 0; l < j.nl; l++) /* He initialisation; replicas start from a broadcast of this copy */
         for (size_t q = 0; q < (size_t)j.width[l] * j.width[l + 1]; q++)
             j.params[0][j.woff[l] + q] = (2 * uniform(&s) - 1) * sqrtf(6.0f / (float)j.width[l]);
-    printf("data_parallel: layers %s (%zu parameters), %zu samples (%s), %d thread ranks x %d samples per step\n", layers,
-           j.np, j.n, j.images ? j.images : "synthetic", j.threads, j.batch / j.threads);
+    printf("data_parallel: layers %s (%zu parameters), %zu samples (%s), %d thread ranks x %d samples per step\n",
+           layers, j.np, j.n, j.images ? j.images : "synthetic", j.threads, j.batch / j.threads);
     pd.num_threads = cd.size = j.threads;
     if (dpar_pool_create(&pd, &pool) != DPAR_OK || dpar_group_create(&cd, &j.group) != DPAR_OK ||
         dpar_pool_run(pool, rank_main, &j) != DPAR_OK)
@@ -326,22 +363,23 @@ int main(int argc, char **argv)
     dpar_group_destroy(j.group);
     dpar_pool_destroy(pool);
     for (r = 1; r < j.threads && j.replicas; r++) same &= !memcmp(j.params[r], j.params[0], j.np * sizeof(float));
-    printf("loss %.4f -> %.4f: %s\n", j.first_loss, j.final_loss, j.final_loss < j.first_loss ? "falls" : "DOES NOT FALL");
+    printf("loss %.4f -> %.4f: %s\n", j.first_loss, j.final_loss,
+           j.final_loss < j.first_loss ? "falls" : "DOES NOT FALL");
     if (j.replicas) printf("weights: %d replicas, %s, ", j.threads, same ? "identical" : "NOT IDENTICAL");
     else printf("weights: one copy shared by %d ranks, ", j.threads);
     printf("crc32 %08x\n", (unsigned)dpar_crc32(0, j.params[0], j.np * sizeof(float)));
     if (j.steps > 1)
-        printf("time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight before "
-               "the step's end) wait_ms=%.2f (then waited for) stolen=%.1f (rank 0's tasks per step run by another rank)\n",
-               j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds, j.overlap_ns * 1e-6 / (j.steps - 1),
-               j.wait_ns * 1e-6 / (j.steps - 1), (double)j.given / j.steps);
-    printf("train samples_per_s=%.1f final_loss=%.4f\n", j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0,
-           j.final_loss);
+        printf(
+            "time: step_ms=%.2f gemm_frac=%.3f (rank 0's time inside GEMM) overlap_ms=%.2f (buckets in flight before "
+            "the step's end) wait_ms=%.2f (then waited for) stolen=%.1f (rank 0's tasks per step run by another "
+            "rank)\n",
+            j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds, j.overlap_ns * 1e-6 / (j.steps - 1),
+            j.wait_ns * 1e-6 / (j.steps - 1), (double)j.given / j.steps);
+    printf("train samples_per_s=%.1f final_loss=%.4f\n",
+           j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0, j.final_loss);
     for (r = 0; r < 64; r++) free(j.params[r]);
-    if (j.images)
-        dpar_idx_destroy(&j.images_file);
-    else
-        free(j.x);
+    if (j.images) dpar_idx_destroy(&j.images_file);
+    else free(j.x);
     free(j.y);
     return same && j.final_loss < j.first_loss ? 0 : 1;
 }

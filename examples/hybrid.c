@@ -25,11 +25,11 @@
 #define DP 2
 #define TP 2
 #define PP 2
-#define D 16                          /* width between the blocks */
-#define F 32                          /* hidden width of a block */
-#define GB 32                         /* the global batch; a replica's half is LB rows */
+#define D 16  /* width between the blocks */
+#define F 32  /* hidden width of a block */
+#define GB 32 /* the global batch; a replica's half is LB rows */
 #define LB (GB / DP)
-#define M 4                           /* micro-batches per replica, of ROWS rows */
+#define M 4 /* micro-batches per replica, of ROWS rows */
 #define ROWS (LB / M)
 #define MAX_STEPS 300
 #define LR 0.5f
@@ -62,7 +62,10 @@ static float gelu_grad(float v)
 }
 
 static float urand(unsigned long long *s) /* uniform in [-1, 1) */
-{ *s = *s * 6364136223846793005ull + 1442695040888963407ull; return (float)((double)(*s >> 40) / 8388608.0 - 1.0); }
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 40) / 8388608.0 - 1.0);
+}
 
 /* my replica's rows of the global batch, micro-batch `micro` */
 static size_t first_row(const rank_state *r, int micro) { return (size_t)r->mesh.dp_rank * LB + (size_t)micro * ROWS; }
@@ -129,7 +132,13 @@ static double slice_diff(const dpar_linear *l, const dpar_linear *whole_layer)
     return num / den;
 }
 
-#define TRY(call) do { if ((st = (call)) != DPAR_OK) { fprintf(stderr, "rank %d: %s: %s\n", wr, #call, dpar_last_error()); goto done; } } while (0)
+#define TRY(call)                                                               \
+    do {                                                                        \
+        if ((st = (call)) != DPAR_OK) {                                         \
+            fprintf(stderr, "rank %d: %s: %s\n", wr, #call, dpar_last_error()); \
+            goto done;                                                          \
+        }                                                                       \
+    } while (0)
 
 static dpar_status train(rank_state *r, dpar_comm *world, int wr)
 {
@@ -180,7 +189,8 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
     TRY(dpar_comm_stats_get(r->mesh.dp_comm, &s[1]));
     j->per_step[wr][0] = (double)s[0].by_coll[DPAR_COLL_ALLREDUCE].calls / j->steps;
     for (k = 0; k < j->S->num_ops[pp]; k++) /* the schedule is data: count its sends */
-        j->per_step[wr][1] += j->S->ops[pp][k].code == DPAR_PIPE_SEND_ACT || j->S->ops[pp][k].code == DPAR_PIPE_SEND_GRAD;
+        j->per_step[wr][1] +=
+            j->S->ops[pp][k].code == DPAR_PIPE_SEND_ACT || j->S->ops[pp][k].code == DPAR_PIPE_SEND_GRAD;
     j->per_step[wr][2] = (double)s[1].by_coll[DPAR_COLL_ALLREDUCE].calls / j->steps;
     /* the replicas must agree to the bit: the MIN and the MAX over the dp comm are the same number */
     j->identical[wr] = 1;
@@ -241,7 +251,8 @@ static dpar_status reference(job *j, rank_state *r)
             for (micro = 0; micro < M && st == DPAR_OK; micro++) {
                 r[0].mesh.dp_rank = r[1].mesh.dp_rank = d; /* which half of the batch */
                 if ((st = fwd(&r[0], micro, 0, NULL, act)) == DPAR_OK &&
-                    (st = fwd(&r[1], micro, 0, act, NULL)) == DPAR_OK && (st = bwd(&r[1], micro, 0, act, NULL, g)) == DPAR_OK)
+                    (st = fwd(&r[1], micro, 0, act, NULL)) == DPAR_OK &&
+                    (st = bwd(&r[1], micro, 0, act, NULL, g)) == DPAR_OK)
                     st = bwd(&r[0], micro, 0, NULL, g, NULL);
             }
         for (k = 0; k < PP; k++) { /* the gradients of the DP halves added up: their average is 1/DP of it */
@@ -283,9 +294,8 @@ int main(void)
     pd.num_threads = cd.size = DP * TP * PP;
     j.ref = ref;
     sd.kind = DPAR_PIPE_1F1B, sd.p = PP, sd.m = M;
-    if ((st = dpar_pipe_schedule_create(&sd, &j.S)) == DPAR_OK &&
-        (st = reference(&j, ref)) == DPAR_OK && (st = dpar_pool_create(&pd, &pool)) == DPAR_OK &&
-        (st = dpar_group_create(&cd, &j.group)) == DPAR_OK)
+    if ((st = dpar_pipe_schedule_create(&sd, &j.S)) == DPAR_OK && (st = reference(&j, ref)) == DPAR_OK &&
+        (st = dpar_pool_create(&pd, &pool)) == DPAR_OK && (st = dpar_group_create(&cd, &j.group)) == DPAR_OK)
         st = dpar_pool_run(pool, rank_main, &j);
     if (st != DPAR_OK) {
         fprintf(stderr, "hybrid: %s\n", dpar_last_error());
@@ -299,14 +309,14 @@ int main(void)
         dpar_linear_destroy(&ref[k].down);
     }
 
-    printf("hybrid: %d thread ranks as dp %d x tp %d x pp %d; world rank = (pp * %d + dp) * %d + tp\n", DP * TP * PP, DP,
-           TP, PP, DP, TP);
+    printf("hybrid: %d thread ranks as dp %d x tp %d x pp %d; world rank = (pp * %d + dp) * %d + tp\n", DP * TP * PP,
+           DP, TP, PP, DP, TP);
     printf("world  dp  tp  pp   holds                                  per step: tp allreduces, pp sends, "
            "dp allreduces (stage 1: +1, the loss)\n");
     for (i = 0; i < DP * TP * PP; i++) {
         const int *c = j.coords[i];
-        printf("%5d %3d %3d %3d   block %d, hidden units %2d-%2d, rows %2d-%2d   %5.0f %5.0f %5.0f\n", i, c[0], c[1], c[2],
-               c[2] + 1, c[1] * F / TP, (c[1] + 1) * F / TP - 1, c[0] * LB, (c[0] + 1) * LB - 1, j.per_step[i][0],
+        printf("%5d %3d %3d %3d   block %d, hidden units %2d-%2d, rows %2d-%2d   %5.0f %5.0f %5.0f\n", i, c[0], c[1],
+               c[2], c[2] + 1, c[1] * F / TP, (c[1] + 1) * F / TP - 1, c[0] * LB, (c[0] + 1) * LB - 1, j.per_step[i][0],
                j.per_step[i][1], j.per_step[i][2]);
         same &= j.identical[i];
         worst = fmax(worst, j.diff[i]);
@@ -315,7 +325,8 @@ int main(void)
         if (s % (j.steps / 6) == 0 || s == j.steps - 1) printf("step %3d  loss %.6f\n", s, j.loss[s]);
     ok = same && worst <= 1e-5 && j.loss[j.steps - 1] < 0.5f * j.loss[0];
     printf("hybrid: dp=%d tp=%d pp=%d, %d steps of 1F1B with %d micro-batches per replica: loss %.6f -> %.6f, "
-           "replicas %s, within %.1e of one-thread training, %s\n", DP, TP, PP, j.steps, M, j.loss[0],
-           j.loss[j.steps - 1], same ? "bitwise identical" : "DIFFER", worst, ok ? "OK" : "FAILED");
+           "replicas %s, within %.1e of one-thread training, %s\n",
+           DP, TP, PP, j.steps, M, j.loss[0], j.loss[j.steps - 1], same ? "bitwise identical" : "DIFFER", worst,
+           ok ? "OK" : "FAILED");
     return ok ? 0 : 1;
 }

@@ -1,4 +1,5 @@
-/* local_sgd.c - local SGD (periodic parameter averaging, as in federated averaging) against a gradient allreduce every step.
+/* local_sgd.c - local SGD (periodic parameter averaging, as in federated averaging) against a gradient allreduce
+   every step.
    Build: cc -std=c99 -O2 -I. examples/local_sgd.c -o local_sgd -pthread -lm
    Run:   ./local_sgd            (./local_sgd --ranks 2 --every 16)
    Check: ^A: allreduce the gradients every step: .* bytes
@@ -24,10 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D 16       /* features */
-#define C 4        /* classes */
+#define D 16 /* features */
+#define C 4  /* classes */
 #define P (C * (D + 1))
-#define PER 512    /* samples per rank */
+#define PER 512 /* samples per rank */
 #define MAX_RANKS 16
 #define MAX_STEPS 1024
 #define LR 0.5f
@@ -44,7 +45,10 @@ static double uniform(unsigned long long *s)
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
     return (double)(*s >> 11) / 9007199254740992.0;
 }
-static double gauss(unsigned long long *s) { return sqrt(-2.0 * log(uniform(s) + 1e-300)) * cos(6.283185307179586 * uniform(s)); }
+static double gauss(unsigned long long *s)
+{
+    return sqrt(-2.0 * log(uniform(s) + 1e-300)) * cos(6.283185307179586 * uniform(s));
+}
 
 /* mean cross-entropy over n samples and, if grad is not NULL, its gradient; w is (C, D+1), bias last */
 static double loss_and_grad(const float *x, const int *y, int n, const float *w, float *grad)
@@ -71,12 +75,12 @@ static double loss_and_grad(const float *x, const int *y, int n, const float *w,
     return loss / n;
 }
 
-#define TRY(call)                                                                    \
-    do {                                                                             \
-        if ((st = (call)) != DPAR_OK) {                                              \
-            fprintf(stderr, "rank %d: %s: %s\n", r, #call, dpar_last_error());       \
-            goto done;                                                               \
-        }                                                                            \
+#define TRY(call)                                                              \
+    do {                                                                       \
+        if ((st = (call)) != DPAR_OK) {                                        \
+            fprintf(stderr, "rank %d: %s: %s\n", r, #call, dpar_last_error()); \
+            goto done;                                                         \
+        }                                                                      \
     } while (0)
 
 static dpar_status rank_main(void *user, int r, int n)
@@ -111,7 +115,7 @@ static dpar_status rank_main(void *user, int r, int n)
         TRY(dpar_allreduce(eval, &loss, &loss, 1, DPAR_F64, DPAR_AVG)); /* equal shards: the mean over all data */
         if (r == 0) j->loss[v][0] = loss; /* the same on every rank: one of them records it */
         for (step = 1; step <= j->steps; step++) {
-            loss_and_grad(x, y, PER, w, grad); /* the gradient of my shard alone */
+            loss_and_grad(x, y, PER, w, grad);                                     /* the gradient of my shard alone */
             if (v == 0) TRY(dpar_allreduce(c, grad, grad, P, DPAR_F32, DPAR_AVG)); /* A: everyone's average */
             for (i = 0; i < P; i++) w[i] -= LR * grad[i];
             if (v == 1 && step % j->every == 0) TRY(dpar_allreduce(c, w, w, P, DPAR_F32, DPAR_AVG)); /* B */
@@ -123,7 +127,8 @@ static dpar_status rank_main(void *user, int r, int n)
         }
         TRY(dpar_comm_stats_get(c, &stats));
         j->calls[v][r] = stats.by_coll[DPAR_COLL_ALLREDUCE].calls;
-        j->bytes[v][r] = stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent + stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_received;
+        j->bytes[v][r] =
+            stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent + stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_received;
     }
 done:
     if (st != DPAR_OK) { /* wake the other ranks instead of letting them time out */
@@ -138,7 +143,8 @@ done:
 int main(int argc, char **argv)
 {
     static job j;
-    static const char *names[2] = {"A: allreduce the gradients every step:", "B: average the parameters every %d steps:"};
+    static const char *names[2] = {"A: allreduce the gradients every step:",
+                                   "B: average the parameters every %d steps:"};
     dpar_pool_desc pd;
     dpar_comm_desc cd;
     dpar_pool *pool = NULL;
@@ -176,8 +182,10 @@ int main(int argc, char **argv)
     dpar_group_destroy(j.group);
     dpar_pool_destroy(pool);
 
-    printf("local_sgd: softmax regression, %d parameters, %d ranks with %d samples each (half of them of the rank's own "
-           "class), %d steps of SGD\n", P, j.ranks, PER, j.steps);
+    printf(
+        "local_sgd: softmax regression, %d parameters, %d ranks with %d samples each (half of them of the rank's own "
+        "class), %d steps of SGD\n",
+        P, j.ranks, PER, j.steps);
     printf(" step   loss A    loss B   (on all the data)\n");
     for (i = 0; i <= rounds; i++)
         if (i % (rounds / 4 > 0 ? rounds / 4 : 1) == 0 || i == rounds)
@@ -186,11 +194,12 @@ int main(int argc, char **argv)
         for (r = 0; r < j.ranks; r++) bytes[v] += j.bytes[v][r];
         snprintf(label, sizeof label, names[v], j.every);
         printf("%-42s %d steps, %llu allreduces of %d floats per rank, %llu bytes sent + received by all ranks, "
-               "final loss %.4f\n", label, j.steps, (unsigned long long)j.calls[v][0], P, (unsigned long long)bytes[v],
-               j.loss[v][rounds]);
+               "final loss %.4f\n",
+               label, j.steps, (unsigned long long)j.calls[v][0], P, (unsigned long long)bytes[v], j.loss[v][rounds]);
         fell &= j.loss[v][rounds] < 0.5 * j.loss[v][0];
     }
-    ratio = bytes[0] ? (double)bytes[1] / bytes[0] : (double)j.calls[1][0] / j.calls[0][0]; /* 1 rank: no bytes, count calls */
+    ratio = bytes[0] ? (double)bytes[1] / bytes[0]
+                     : (double)j.calls[1][0] / j.calls[0][0]; /* 1 rank: no bytes, count calls */
     ok = fell && fabs(ratio * j.every - 1.0) < 0.05;
     printf("local_sgd: B communicated %.4f of A's bytes (1/K = %.4f), %s, %s\n", ratio, 1.0 / j.every,
            fell ? "both losses fell" : "a loss DID NOT FALL", ok ? "OK" : "FAILED");

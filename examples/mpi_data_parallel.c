@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define D 16       /* features */
-#define K 4        /* classes */
-#define PER 2048   /* samples per process */
+#define D 16     /* features */
+#define K 4      /* classes */
+#define PER 2048 /* samples per process */
 #define STEPS 200
 #define LR 0.5f
 

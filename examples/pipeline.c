@@ -32,9 +32,9 @@
 
 #define LAYERS 8
 #define IN 8
-#define H 128  /* hidden width: every activation crossing a stage boundary is (rows x H) */
+#define H 128 /* hidden width: every activation crossing a stage boundary is (rows x H) */
 #define OUT 4
-#define B 64   /* the global batch */
+#define B 64 /* the global batch */
 #define MAX_STEPS 200
 #define LR 0.05f
 static const int dims[LAYERS + 1] = {IN, H, H, H, H, H, H, H, OUT};
@@ -255,7 +255,8 @@ int main(int argc, char **argv)
     if ((text = (char *)malloc(len)) != NULL) {
         dpar_pipe_schedule_format(j.S, text, len);
         printf("pipeline: %d layers on %d stages, batch %d in %d micro-batches of %d rows; the schedule "
-               "(F = forward, B = backward, . = idle):\n%s", LAYERS, j.p, B, j.m, B / j.m, text);
+               "(F = forward, B = backward, . = idle):\n%s",
+               LAYERS, j.p, B, j.m, B / j.m, text);
         free(text);
     }
 
@@ -303,15 +304,17 @@ int main(int argc, char **argv)
     stage_free(&ref);
     cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
     printf("bubble: predicted %.3f (the schedule, simulated), measured %.3f (mean of %d steps): the measured one "
-           "also counts the stages' messages", j.stats.predicted_bubble, j.steps > 1 ? j.bubble_sum / (j.steps - 1) : 0.0,
-           j.steps - 1);
-    if (cpus > 0 && cpus < j.p) printf(", and with %d stages on %d CPUs at most %d compute at once (at least %.3f idle)",
-                                       j.p, cpus, cpus, 1.0 - (double)cpus / j.p);
+           "also counts the stages' messages",
+           j.stats.predicted_bubble, j.steps > 1 ? j.bubble_sum / (j.steps - 1) : 0.0, j.steps - 1);
+    if (cpus > 0 && cpus < j.p)
+        printf(", and with %d stages on %d CPUs at most %d compute at once (at least %.3f idle)", j.p, cpus, cpus,
+               1.0 - (double)cpus / j.p);
     printf("\n");
     snprintf(how, sizeof how, worst == 0 ? "bitwise equal" : "within %.1e (relative)", worst);
     ok = worst <= 1e-5 && j.loss[j.steps - 1] < 0.5f * j.loss[0];
     printf("pipeline: 1F1B p=%d m=%d %s sequential training: loss %.6f -> %.6f (sequential %.6f), parameters "
-           "%s, %s\n", j.p, j.m, ok ? "matches" : "DOES NOT MATCH", j.loss[0], j.loss[j.steps - 1], seq_loss, how,
+           "%s, %s\n",
+           j.p, j.m, ok ? "matches" : "DOES NOT MATCH", j.loss[0], j.loss[j.steps - 1], seq_loss, how,
            ok ? "OK" : "FAILED");
     free(j.stages);
     dpar_pipe_schedule_destroy(j.S);

@@ -42,7 +42,11 @@ static void render_rows(void *user, int64_t begin, int64_t end, int thread)
     }
 }
 
-typedef struct { int block; unsigned long long sum; unsigned max; } block_stats;
+typedef struct {
+    int block;
+    unsigned long long sum;
+    unsigned max;
+} block_stats;
 static block_stats stats[BLOCKS];
 static unsigned long long total_sum;
 static unsigned total_max;
@@ -71,7 +75,11 @@ static dpar_status reduce_task(void *user)
 }
 
 static float normalised[H][W];
-typedef struct { dpar_pool *pool; double partial[64]; double mean; } norm_job;
+typedef struct {
+    dpar_pool *pool;
+    double partial[64];
+    double mean;
+} norm_job;
 
 static dpar_status normalise(void *user, int thread, int nthreads)
 {

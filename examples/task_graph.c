@@ -25,25 +25,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D 64          /* features */
-#define H 128         /* hidden units */
-#define K 4           /* classes */
-#define BS 128        /* samples per batch */
-#define SLOTS 4       /* batch buffers: how far loading may run ahead */
-#define EVALS 4       /* evaluation tasks */
-#define EVAL_N 512    /* held-out samples */
+#define D 64       /* features */
+#define H 128      /* hidden units */
+#define K 4        /* classes */
+#define BS 128     /* samples per batch */
+#define SLOTS 4    /* batch buffers: how far loading may run ahead */
+#define EVALS 4    /* evaluation tasks */
+#define EVAL_N 512 /* held-out samples */
 #define MAX_BATCHES 32
 #define MAX_TASKS (3 * MAX_BATCHES + EVALS + 1)
 #define LR 0.1f
 
 enum { LOAD, AUGMENT, TRAIN, EVAL, REPORT }; /* printed as their initials: "LATER"[kind] */
 
-typedef struct record { int kind, batch, thread; uint64_t t0, t1; } record;
+typedef struct record {
+    int kind, batch, thread;
+    uint64_t t0, t1;
+} record;
 
 typedef struct ctx {
-    dpar_pool *pool;                          /* NULL: the serial run */
+    dpar_pool *pool; /* NULL: the serial run */
     int epoch, batches, ntasks;
-    float x[SLOTS][BS * D], ex[EVAL_N * D];   /* the batch ring; the held-out set */
+    float x[SLOTS][BS * D], ex[EVAL_N * D]; /* the batch ring; the held-out set */
     int y[SLOTS][BS], ey[EVAL_N];
     dpar_linear l1, l2;
     float h[BS * H], z[BS * K], dz[BS * K], dh[BS * H];
@@ -51,7 +54,10 @@ typedef struct ctx {
     record rec[MAX_TASKS];
 } ctx;
 
-typedef struct task_arg { ctx *c; record *r; } task_arg;
+typedef struct task_arg {
+    ctx *c;
+    record *r;
+} task_arg;
 
 static int by_start(const void *a, const void *b)
 {
@@ -75,7 +81,8 @@ static void decode(uint64_t id, float *x, int *y)
     float phase = unit(&s) * 6.2831853f;
     for (k = 0; k < D; k++) {
         float v = 0;
-        for (f = 1; f <= 16; f++) v += sinf((float)(f * (c + 1)) * 0.05f * (float)k + phase * (float)(f % 2)) / (float)f;
+        for (f = 1; f <= 16; f++)
+            v += sinf((float)(f * (c + 1)) * 0.05f * (float)k + phase * (float)(f % 2)) / (float)f;
         x[k] = v + 0.5f * (unit(&s) - 0.5f);
     }
     *y = c;
@@ -83,8 +90,8 @@ static void decode(uint64_t id, float *x, int *y)
 
 /* forward of n rows: h = ReLU(x W1 + b1), z = h W2 + b2 (the logits); *loss = the summed cross-entropy,
    dz (if not NULL) = its gradient over the logits, divided by n */
-static dpar_status forward(dpar_linear *l1, dpar_linear *l2, const float *x, const int *y, float *h, float *z, float *dz,
-                           int n, double *loss, int *correct)
+static dpar_status forward(dpar_linear *l1, dpar_linear *l2, const float *x, const int *y, float *h, float *z,
+                           float *dz, int n, double *loss, int *correct)
 {
     dpar_status st;
     int i, k, best;
@@ -184,20 +191,35 @@ static dpar_status epoch(ctx *c, task_arg *args)
     for (b = 0; b < c->batches && st == DPAR_OK; b++) {
         /* load(b) after train(b - SLOTS): it overwrites that batch's buffer */
         deps[0] = b >= SLOTS ? id[3 * (b - SLOTS) + TRAIN] : 0;
-        d.user = &args[n]; d.name = "load"; d.deps = deps; d.num_deps = b >= SLOTS;
+        d.user = &args[n];
+        d.name = "load";
+        d.deps = deps;
+        d.num_deps = b >= SLOTS;
         if ((st = dpar_task_submit(c->pool, &d, &id[n++])) != DPAR_OK) break;
-        d.user = &args[n]; d.name = "augment"; d.deps = &id[n - 1]; d.num_deps = 1; /* after load(b) */
+        d.user = &args[n];
+        d.name = "augment";
+        d.deps = &id[n - 1];
+        d.num_deps = 1; /* after load(b) */
         if ((st = dpar_task_submit(c->pool, &d, &id[n++])) != DPAR_OK) break;
         deps[0] = id[n - 1]; /* train(b) after augment(b) and train(b - 1) */
         deps[1] = b > 0 ? id[n - 3] : 0;
-        d.user = &args[n]; d.name = "train"; d.deps = deps; d.num_deps = b > 0 ? 2 : 1;
+        d.user = &args[n];
+        d.name = "train";
+        d.deps = deps;
+        d.num_deps = b > 0 ? 2 : 1;
         st = dpar_task_submit(c->pool, &d, &id[n++]);
     }
     for (i = 0; i < EVALS && st == DPAR_OK; i++) { /* the evaluations after the last train step */
-        d.user = &args[n]; d.name = "eval"; d.deps = &id[3 * c->batches - 1]; d.num_deps = 1;
+        d.user = &args[n];
+        d.name = "eval";
+        d.deps = &id[3 * c->batches - 1];
+        d.num_deps = 1;
         st = dpar_task_submit(c->pool, &d, &id[n++]);
     }
-    d.user = &args[n]; d.name = "report"; d.deps = &id[n - EVALS]; d.num_deps = EVALS;
+    d.user = &args[n];
+    d.name = "report";
+    d.deps = &id[n - EVALS];
+    d.num_deps = EVALS;
     if (st == DPAR_OK) st = dpar_task_submit(c->pool, &d, &id[n++]);
     if (st != DPAR_OK) fprintf(stderr, "task_graph: submit: %s\n", dpar_last_error());
     return dpar_task_wait_all(c->pool) != DPAR_OK ? DPAR_EUSER : st; /* ends the epoch; the first failure */
@@ -217,8 +239,7 @@ static dpar_status init(ctx *c, dpar_pool *pool, int batches)
     for (i = 0; i < EVAL_N; i++) decode(((uint64_t)1 << 40) + (uint64_t)i, c->ex + i * D, &c->ey[i]); /* unseen ids */
     for (i = 0; w && i < D * H + H * K; i++) w[i] = (unit(&s) - 0.5f) * (i < D * H ? 0.3f : 0.2f);
     if (st == DPAR_OK && (st = dpar_linear_init(&c->l1, &l1d)) == DPAR_OK &&
-        (st = dpar_linear_init(&c->l2, &l2d)) == DPAR_OK &&
-        (st = dpar_linear_set_weights(&c->l1, w, NULL)) == DPAR_OK)
+        (st = dpar_linear_init(&c->l2, &l2d)) == DPAR_OK && (st = dpar_linear_set_weights(&c->l1, w, NULL)) == DPAR_OK)
         st = dpar_linear_set_weights(&c->l2, w + D * H, NULL);
     free(w);
     return st;
@@ -259,7 +280,8 @@ int main(int argc, char **argv)
     ser.batches = batches;
     printf("task_graph: %d epochs of %d batches of %d samples on a pool of %d threads; the first epoch's tasks in the "
            "order they started\n(L = load, A = augment, T = train, E = eval, R = report; .thread, m = the main thread, "
-           "which runs tasks while it waits):\n", epochs, batches, BS, dpar_pool_num_threads(pool));
+           "which runs tasks while it waits):\n",
+           epochs, batches, BS, dpar_pool_num_threads(pool));
     for (e = 0; e < epochs; e++) {
         uint64_t t0 = dpar_time_ns(), wall, serial, busy = 0;
         int most = 0, j;
@@ -294,9 +316,9 @@ int main(int argc, char **argv)
             printf("\n");
         }
         printf("epoch %d: %d load, %d augment, %d train, %d eval, %d report tasks in %.1f ms (serially %.1f ms, "
-               "%.2fx), %.1f ms of task time, at most %d in flight; held-out loss %.4f, accuracy %.3f\n", e + 1,
-               counts[LOAD], counts[AUGMENT], counts[TRAIN], counts[EVAL], counts[REPORT], wall / 1e6, serial / 1e6,
-               (double)serial / wall, busy / 1e6, most, par.eval_loss, par.eval_acc);
+               "%.2fx), %.1f ms of task time, at most %d in flight; held-out loss %.4f, accuracy %.3f\n",
+               e + 1, counts[LOAD], counts[AUGMENT], counts[TRAIN], counts[EVAL], counts[REPORT], wall / 1e6,
+               serial / 1e6, (double)serial / wall, busy / 1e6, most, par.eval_loss, par.eval_acc);
     }
     same = !memcmp(par.l1.w, ser.l1.w, sizeof(float) * D * H) && !memcmp(par.l1.b, ser.l1.b, sizeof(float) * H) &&
            !memcmp(par.l2.w, ser.l2.w, sizeof(float) * H * K) && !memcmp(par.l2.b, ser.l2.b, sizeof(float) * K) &&

@@ -23,17 +23,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D 16         /* width of the block's input and output */
-#define F 64         /* hidden width (4 x D, as in a transformer) */
-#define B 64         /* rows of the batch */
+#define D 16 /* width of the block's input and output */
+#define F 64 /* hidden width (4 x D, as in a transformer) */
+#define B 64 /* rows of the batch */
 #define MAX_STEPS 400
 #define LR 0.2f
 
 typedef struct job {
-    int tp, whole, steps;                    /* whole: one rank, DPAR_LINEAR_FULL */
-    float w1[D * F], b1[F], w2[F * D], b2[D]; /* the starting weights of both runs */
-    float x[B * D], t[B * D];                /* inputs and targets */
-    float loss[MAX_STEPS], dx[B * D];        /* the loss curve; the input's gradient at the last step */
+    int tp, whole, steps;                      /* whole: one rank, DPAR_LINEAR_FULL */
+    float w1[D * F], b1[F], w2[F * D], b2[D];  /* the starting weights of both runs */
+    float x[B * D], t[B * D];                  /* inputs and targets */
+    float loss[MAX_STEPS], dx[B * D];          /* the loss curve; the input's gradient at the last step */
     uint64_t allreduce_calls, allreduce_bytes; /* on rank 0, over the whole run */
     dpar_group *group;
 } job;
@@ -45,28 +45,26 @@ static float uniform(unsigned long long *s, float lo, float hi)
 }
 
 /* GeLU, tanh form (as in GPT-2), and its derivative */
-static float gelu(float v)
-{
-    return 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-}
+static float gelu(float v) { return 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))); }
 static float gelu_grad(float v)
 {
     float th = tanhf(0.7978845608f * (v + 0.044715f * v * v * v));
     return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * v * v);
 }
 
-#define TRY(call)                                                                          \
-    do {                                                                                   \
-        if ((st = (call)) != DPAR_OK) {                                                    \
+#define TRY(call)                                                                        \
+    do {                                                                                 \
+        if ((st = (call)) != DPAR_OK) {                                                  \
             fprintf(stderr, "rank %d: %s failed: %s\n", rank, #call, dpar_last_error()); \
-            goto done;                                                                     \
-        }                                                                                  \
+            goto done;                                                                   \
+        }                                                                                \
     } while (0)
 
 /* one rank's training: its column slice of W1 and row slice of W2 */
 static dpar_status train_rank(job *j, dpar_comm *c, int rank)
 {
-    static const dpar_linear_mode modes[2][2] = {{DPAR_LINEAR_COLUMN, DPAR_LINEAR_ROW}, {DPAR_LINEAR_FULL, DPAR_LINEAR_FULL}};
+    static const dpar_linear_mode modes[2][2] = {{DPAR_LINEAR_COLUMN, DPAR_LINEAR_ROW},
+                                                 {DPAR_LINEAR_FULL, DPAR_LINEAR_FULL}};
     float h[B * F], a[B * F], da[B * F], y[B * D], dy[B * D], dx[B * D];
     dpar_linear up, down;
     dpar_linear_desc ud = {0}, dd = {0};
@@ -77,9 +75,9 @@ static dpar_status train_rank(job *j, dpar_comm *c, int rank)
     memset(&down, 0, sizeof down);
     ud.mode = modes[j->whole][0], ud.in = D, ud.out = F, ud.comm = c;
     dd.mode = modes[j->whole][1], dd.in = F, dd.out = D, dd.comm = c;
-    TRY(dpar_linear_init(&up, &ud));     /* W1 (D x F/tp): my hidden units */
-    TRY(dpar_linear_init(&down, &dd));   /* W2 (F/tp x D): their rows */
-    TRY(dpar_linear_set_weights(&up, j->w1, j->b1));                        /* each rank keeps its slice */
+    TRY(dpar_linear_init(&up, &ud));                 /* W1 (D x F/tp): my hidden units */
+    TRY(dpar_linear_init(&down, &dd));               /* W2 (F/tp x D): their rows */
+    TRY(dpar_linear_set_weights(&up, j->w1, j->b1)); /* each rank keeps its slice */
     TRY(dpar_linear_set_weights(&down, j->w2, j->b2));
     f = up.out_local; /* my hidden units */
     for (step = 0; step < j->steps; step++) {
@@ -108,7 +106,8 @@ static dpar_status train_rank(job *j, dpar_comm *c, int rank)
         if (c) {
             TRY(dpar_comm_stats_get(c, &stats));
             j->allreduce_calls = stats.by_coll[DPAR_COLL_ALLREDUCE].calls;
-            j->allreduce_bytes = stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent + stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_received;
+            j->allreduce_bytes =
+                stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent + stats.by_coll[DPAR_COLL_ALLREDUCE].bytes_received;
         }
     }
 done:
@@ -202,7 +201,8 @@ int main(int argc, char **argv)
     for (i = 0; i < D; i++) j.b2[i] = 0;
 
     printf("tensor_parallel: Megatron MLP block %d -> %d -> %d (column-parallel, GeLU, row-parallel), batch %d, "
-           "%d steps of SGD\n", D, F, D, B, j.steps);
+           "%d steps of SGD\n",
+           D, F, D, B, j.steps);
     if (!train(&j, tp, 0)) return 1;
     memcpy(loss_tp, j.loss, sizeof loss_tp);
     memcpy(dx_tp, j.dx, sizeof dx_tp);
@@ -219,14 +219,16 @@ int main(int argc, char **argv)
     }
     dx_diff = rel_diff(dx_tp, j.dx, B * D);
     printf("allreduces per step: %g (1 forward, 1 backward); rank 0 sent + received %.0f bytes "
-           "per step (y and dx are %d x %d floats each)\n", (double)calls / j.steps, (double)bytes / j.steps, B, D);
+           "per step (y and dx are %d x %d floats each)\n",
+           (double)calls / j.steps, (double)bytes / j.steps, B, D);
     ok = worst <= 1e-5 && dx_diff <= 1e-5 && j.loss[j.steps - 1] < 0.5f * j.loss[0] && calls == 2u * (uint64_t)j.steps;
     printf("tensor_parallel: tp=%d %s the whole block: loss %.6f -> %.6f, curves within %.1e, input gradient within "
-           "%.1e, %s\n", tp, ok ? "matches" : "DOES NOT MATCH", loss_tp[0], loss_tp[j.steps - 1], worst, dx_diff,
+           "%.1e, %s\n",
+           tp, ok ? "matches" : "DOES NOT MATCH", loss_tp[0], loss_tp[j.steps - 1], worst, dx_diff,
            ok ? "OK" : "FAILED");
     if (j.loss[j.steps - 1] >= 0.5f * j.loss[0]) fprintf(stderr, "tensor_parallel: the loss did not halve\n");
     if (calls != 2u * (uint64_t)j.steps)
-        fprintf(stderr, "tensor_parallel: %llu allreduces in %d steps, expected 2 per step\n", (unsigned long long)calls,
-                j.steps);
+        fprintf(stderr, "tensor_parallel: %llu allreduces in %d steps, expected 2 per step\n",
+                (unsigned long long)calls, j.steps);
     return ok ? 0 : 1;
 }

@@ -36,9 +36,9 @@
 
 typedef struct job {
     int ranks, steps;
-    float init[NPARAMS];                    /* the starting model, flattened */
-    float final[2][NPARAMS];                /* rank 0's model after ZeRO [0] and plain Adam [1] */
-    float loss[2][MAX_STEPS];               /* the loss over all ranks' data */
+    float init[NPARAMS];      /* the starting model, flattened */
+    float final[2][NPARAMS];  /* rank 0's model after ZeRO [0] and plain Adam [1] */
+    float loss[2][MAX_STEPS]; /* the loss over all ranks' data */
     size_t state[MAX_RANKS], off[MAX_RANKS], len[MAX_RANKS];
     int identical[MAX_RANKS];
     dpar_group *group;
@@ -84,12 +84,12 @@ static void adam(float *p, const float *g, float *m, float *v, size_t n, long st
     }
 }
 
-#define TRY(call)                                                                    \
-    do {                                                                             \
-        if ((st = (call)) != DPAR_OK) {                                              \
-            fprintf(stderr, "rank %d: %s: %s\n", r, #call, dpar_last_error());       \
-            goto done;                                                               \
-        }                                                                            \
+#define TRY(call)                                                              \
+    do {                                                                       \
+        if ((st = (call)) != DPAR_OK) {                                        \
+            fprintf(stderr, "rank %d: %s: %s\n", r, #call, dpar_last_error()); \
+            goto done;                                                         \
+        }                                                                      \
     } while (0)
 
 /* train with ZeRO-1 (sharded = 1) or plain data-parallel Adam (0) from the same start */
@@ -139,7 +139,7 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
         TRY(dpar_linear_backward(&L[1], a, dy, da, PER));
         for (i = 0; i < PER * HID; i++) da[i] = h[i] > 0 ? da[i] : 0;
         TRY(dpar_linear_backward(&L[0], x, da, NULL, PER));
-        flat_copy(L, grads, 1, 1); /* this rank's gradient, flattened */
+        flat_copy(L, grads, 1, 1);                          /* this rank's gradient, flattened */
         if (sharded) TRY(dpar_zero_step(z, params, grads)); /* reduce-scatter, my block of Adam, all-gather */
         else {
             TRY(dpar_allreduce(c, grads, grads, NPARAMS, DPAR_F32, DPAR_AVG));
@@ -241,8 +241,8 @@ int main(int argc, char **argv)
     snprintf(how, sizeof how, diff == 0 ? "bitwise equal to" : "within %.1e of", diff);
     ok &= same && diff <= 1e-5 && j.loss[0][j.steps - 1] < 0.5f * j.loss[0][0];
     printf("zero: %d ranks, Adam state %zu bytes per rank instead of %zu (%.3f, 1/N = %.3f), loss %.6f -> %.6f, "
-           "replicas %s, the model %s plain Adam's, %s\n", j.ranks, j.state[0], unsharded,
-           (double)j.state[0] / unsharded, 1.0 / j.ranks, j.loss[0][0], j.loss[0][j.steps - 1],
-           same ? "bitwise identical" : "DIFFER", how, ok ? "OK" : "FAILED");
+           "replicas %s, the model %s plain Adam's, %s\n",
+           j.ranks, j.state[0], unsharded, (double)j.state[0] / unsharded, 1.0 / j.ranks, j.loss[0][0],
+           j.loss[0][j.steps - 1], same ? "bitwise identical" : "DIFFER", how, ok ? "OK" : "FAILED");
     return ok ? 0 : 1;
 }

@@ -13,8 +13,8 @@ struct world {
     dpar_group *group;
     rank_fn fn;
     void *user;
-    int failures;     /* wrong elements or statuses seen by the ranks */
-    char first[256];  /* the first failure */
+    int failures;    /* wrong elements or statuses seen by the ranks */
+    char first[256]; /* the first failure */
     pthread_mutex_t lock;
 };
 
@@ -60,7 +60,8 @@ DT_UNUSED static dpar_status world_rank(void *user, int rank, int n)
 }
 
 /* run fn on n thread ranks of a fresh group; returns the failures the ranks noted */
-DT_UNUSED static int run_world_desc(int n, const dpar_comm_desc *desc, rank_fn fn, void *user, char *first, size_t nfirst)
+DT_UNUSED static int run_world_desc(int n, const dpar_comm_desc *desc, rank_fn fn, void *user, char *first,
+                                    size_t nfirst)
 {
     world w;
     dpar_comm_desc d;
@@ -69,7 +70,8 @@ DT_UNUSED static int run_world_desc(int n, const dpar_comm_desc *desc, rank_fn f
     w.n = n;
     w.fn = fn;
     w.user = user;
-    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
     d.size = n;
     if (dpar_group_create(&d, &w.group) != DPAR_OK) {
         printf("    group_create: %s\n", dpar_last_error());
@@ -145,7 +147,8 @@ DT_UNUSED static double reference(int N, size_t i, dpar_dtype t, dpar_op op)
     for (q = 1; q < N; q++) {
         double v = input(q, i, t, op);
         switch (op) {
-        case DPAR_SUM: case DPAR_AVG: acc += v; break;
+        case DPAR_SUM:
+        case DPAR_AVG: acc += v; break;
         case DPAR_MIN: acc = v < acc ? v : acc; break;
         case DPAR_MAX: acc = v > acc ? v : acc; break;
         default: acc *= v; break;
@@ -176,7 +179,7 @@ DT_UNUSED static void fill(char *buf, int q, size_t begin, size_t end, dpar_dtyp
 }
 
 DT_UNUSED static void check_range(world *w, const char *what, int rank, const char *buf, size_t begin, size_t end,
-                        const matrix_case *m, size_t base)
+                                  const matrix_case *m, size_t base)
 {
     size_t i;
     for (i = begin; i < end; i++) {
@@ -237,7 +240,9 @@ DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
     memset(v, 0x5a, n * es);
     expect_ok(w, dpar_broadcast(c, s, v, n, m->t, m->root), "broadcast", r);
     for (i = 0; i < n && !bad; i++) bad = get(v, m->t, i) != input(m->root, i, m->t, DPAR_SUM);
-    if (bad) note(w, "broadcast N=%d count=%zu %s root %d: rank %d element %zu wrong", N, n, dpar_dtype_name(m->t), m->root, r, i - 1);
+    if (bad)
+        note(w, "broadcast N=%d count=%zu %s root %d: rank %d element %zu wrong", N, n, dpar_dtype_name(m->t), m->root,
+             r, i - 1);
     /* in place on every rank */
     if (r == m->root) fill(v, r, 0, n, m->t, DPAR_SUM);
     expect_ok(w, dpar_broadcast(c, v, v, n, m->t, m->root), "broadcast in place", r);
@@ -268,11 +273,13 @@ DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
     for (q = 0; q < N; q++) fill(s + (size_t)q * per * es, r * 100 + q, 0, per, m->t, DPAR_SUM);
     expect_ok(w, dpar_alltoall(c, s, v, per, m->t), "alltoall", r);
     for (q = 0; q < N && !bad; q++)
-        for (i = 0; i < per && !bad; i++) bad = get(v + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
+        for (i = 0; i < per && !bad; i++)
+            bad = get(v + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
     if (bad) note(w, "alltoall N=%d per=%zu %s: rank %d wrong", N, per, dpar_dtype_name(m->t), r);
     expect_ok(w, dpar_alltoall(c, s, s, per, m->t), "alltoall in place", r);
     for (q = 0; q < N && !bad; q++)
-        for (i = 0; i < per && !bad; i++) bad = get(s + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
+        for (i = 0; i < per && !bad; i++)
+            bad = get(s + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
     if (bad) note(w, "alltoall in place N=%d per=%zu: rank %d wrong", N, per, r);
     expect_ok(w, dpar_barrier(c), "barrier", r);
 }

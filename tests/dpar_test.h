@@ -27,27 +27,27 @@ static void dt_fail(const char *file, int line, const char *what)
     fflush(stdout);
 }
 
-#define CHECK(cond)                                        \
-    do {                                                   \
-        if (!(cond)) dt_fail(__FILE__, __LINE__, #cond);   \
+#define CHECK(cond)                                      \
+    do {                                                 \
+        if (!(cond)) dt_fail(__FILE__, __LINE__, #cond); \
     } while (0)
 /* CHECK_MSG: a failed check that also prints a formatted detail */
-#define CHECK_MSG(cond, ...)                               \
-    do {                                                   \
-        if (!(cond)) {                                     \
-            dt_fail(__FILE__, __LINE__, #cond);            \
-            if (dt_test_failed <= 5) {                     \
-                printf("      ");                          \
-                printf(__VA_ARGS__);                       \
-                printf("\n");                              \
-            }                                              \
-        }                                                  \
+#define CHECK_MSG(cond, ...)                    \
+    do {                                        \
+        if (!(cond)) {                          \
+            dt_fail(__FILE__, __LINE__, #cond); \
+            if (dt_test_failed <= 5) {          \
+                printf("      ");               \
+                printf(__VA_ARGS__);            \
+                printf("\n");                   \
+            }                                   \
+        }                                       \
     } while (0)
-#define SKIP(reason)                                                                \
-    do {                                                                            \
-        snprintf(dt_skip_reason, sizeof dt_skip_reason, "%s", reason);              \
-        dt_test_skipped = 1;                                                        \
-        return;                                                                     \
+#define SKIP(reason)                                                   \
+    do {                                                               \
+        snprintf(dt_skip_reason, sizeof dt_skip_reason, "%s", reason); \
+        dt_test_skipped = 1;                                           \
+        return;                                                        \
     } while (0)
 
 static double dt_now(void)
@@ -90,10 +90,8 @@ DT_UNUSED static void dt_run(const char *name, void (*fn)(void))
 
 DT_UNUSED static int dt_summary(void)
 {
-    if (dt_skipped)
-        printf("%d passed, %d failed, %d skipped\n", dt_passed, dt_failed, dt_skipped);
-    else
-        printf("%d passed, %d failed\n", dt_passed, dt_failed);
+    if (dt_skipped) printf("%d passed, %d failed, %d skipped\n", dt_passed, dt_failed, dt_skipped);
+    else printf("%d passed, %d failed\n", dt_passed, dt_failed);
     return dt_failed ? 1 : 0;
 }
 

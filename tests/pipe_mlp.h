@@ -139,7 +139,8 @@ static dpar_status pm_stage_forward(void *user, int micro, int chunk, const void
     return DPAR_OK;
 }
 
-static dpar_status pm_stage_backward(void *user, int micro, int chunk, const void *in, const void *grad_out, void *grad_in)
+static dpar_status pm_stage_backward(void *user, int micro, int chunk, const void *in, const void *grad_out,
+                                     void *grad_in)
 {
     pm_stage *st = (pm_stage *)user;
     float dy[PM_BATCH * 4];
@@ -157,7 +158,8 @@ static dpar_status pm_stage_backward(void *user, int micro, int chunk, const voi
 }
 
 /* train `steps` steps as stage `stage` of a p-stage pipeline over comm; returns the status */
-static dpar_status pm_train_stage(pm_stage *st, dpar_comm *comm, dpar_pipe_schedule *S, int steps, dpar_pipe_stats *stats)
+static dpar_status pm_train_stage(pm_stage *st, dpar_comm *comm, dpar_pipe_schedule *S, int steps,
+                                  dpar_pipe_stats *stats)
 {
     dpar_pipe_desc pd;
     dpar_pipe *pp;
@@ -199,14 +201,14 @@ static double pm_compare(const pm_stage *st, const dpar_linear *ref)
     int l, i, c, lo, hi;
     for (c = 0; c < st->v; c++)
         for (pm_range(st, c, &lo, &hi), l = lo; l < hi; l++) {
-        for (i = 0; i < ref[l].in * ref[l].out; i++) {
-            double a = st->L[l].w[i], b = ref[l].w[i], d = fabs(a - b) / (fabs(b) > 1e-3 ? fabs(b) : 1e-3);
-            if (d > worst) worst = d;
-        }
-        for (i = 0; i < ref[l].out; i++) {
-            double a = st->L[l].b[i], b = ref[l].b[i], d = fabs(a - b) / (fabs(b) > 1e-3 ? fabs(b) : 1e-3);
-            if (d > worst) worst = d;
-        }
+            for (i = 0; i < ref[l].in * ref[l].out; i++) {
+                double a = st->L[l].w[i], b = ref[l].w[i], d = fabs(a - b) / (fabs(b) > 1e-3 ? fabs(b) : 1e-3);
+                if (d > worst) worst = d;
+            }
+            for (i = 0; i < ref[l].out; i++) {
+                double a = st->L[l].b[i], b = ref[l].b[i], d = fabs(a - b) / (fabs(b) > 1e-3 ? fabs(b) : 1e-3);
+                if (d > worst) worst = d;
+            }
         }
     return worst;
 }

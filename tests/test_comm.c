@@ -28,8 +28,6 @@ static void test_step_hook(void)
     }
 }
 
-
-
 static const int Ns[] = {1, 2, 3, 4, 5, 8};
 #define NN ((int)(sizeof Ns / sizeof Ns[0]))
 
@@ -112,7 +110,11 @@ static void test_half_conversions(void)
     }
 }
 
-typedef struct { size_t n; uint16_t *in[8], *out[8]; dpar_dtype t; } half_job;
+typedef struct {
+    size_t n;
+    uint16_t *in[8], *out[8];
+    dpar_dtype t;
+} half_job;
 static void half_rank(world *w, dpar_comm *c, int r)
 {
     half_job *h = (half_job *)w->user;
@@ -149,7 +151,8 @@ static void test_half_precision_tolerance(void)
                 for (q = 1; q < N; q++) CHECK(h.out[q][i] == h.out[0][i]); /* same bits everywhere */
                 if (mag > 0 && fabs(got - ref) / mag > worst) worst = fabs(got - ref) / mag;
             }
-            CHECK_MSG(worst <= bound, "%s N=%d: error %.2e of sum|x| above %.2e", dpar_dtype_name(h.t), N, worst, bound);
+            CHECK_MSG(worst <= bound, "%s N=%d: error %.2e of sum|x| above %.2e", dpar_dtype_name(h.t), N, worst,
+                      bound);
             for (q = 0; q < N; q++) {
                 free(h.in[q]);
                 free(h.out[q]);
@@ -158,7 +161,11 @@ static void test_half_precision_tolerance(void)
 }
 
 /* ---- counters: a ring allreduce moves 2(N-1)/N of the buffer per rank ---- */
-typedef struct { size_t n; uint64_t sent[8], received[8], calls[8]; double busbw[8]; } bytes_job;
+typedef struct {
+    size_t n;
+    uint64_t sent[8], received[8], calls[8];
+    double busbw[8];
+} bytes_job;
 static void bytes_rank(world *w, dpar_comm *c, int r)
 {
     bytes_job *b = (bytes_job *)w->user;
@@ -170,7 +177,8 @@ static void bytes_rank(world *w, dpar_comm *c, int r)
     b->received[r] = s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received;
     b->calls[r] = s.by_coll[DPAR_COLL_ALLREDUCE].calls;
     b->busbw[r] = s.last_busbw_gbps;
-    if (s.last_coll != DPAR_COLL_ALLREDUCE || s.last.bytes_sent != b->sent[r]) note(w, "last call stats wrong on rank %d", r);
+    if (s.last_coll != DPAR_COLL_ALLREDUCE || s.last.bytes_sent != b->sent[r])
+        note(w, "last call stats wrong on rank %d", r);
     dpar_comm_stats_reset(c);
     dpar_comm_stats_get(c, &s);
     if (s.by_coll[DPAR_COLL_ALLREDUCE].calls != 0) note(w, "reset did not clear rank %d", r);
@@ -213,7 +221,12 @@ static void test_ring_moves_2_n_minus_1_over_n(void)
 }
 
 /* ---- determinism ---- */
-typedef struct { size_t n; float *in[8]; float *out[8]; int rep; } det_job;
+typedef struct {
+    size_t n;
+    float *in[8];
+    float *out[8];
+    int rep;
+} det_job;
 static void det_rank(world *w, dpar_comm *c, int r)
 {
     det_job *d = (det_job *)w->user;
@@ -271,7 +284,11 @@ static void test_bitwise_identical_under_random_delays(void)
 
 /* deterministic mode: L leaves, rank r owns leaves [r*L/N, (r+1)*L/N) */
 #define LEAVES 16
-typedef struct { size_t n; float *leaf[LEAVES]; float *out[8]; } leaves_job;
+typedef struct {
+    size_t n;
+    float *leaf[LEAVES];
+    float *out[8];
+} leaves_job;
 static void leaves_rank(world *w, dpar_comm *c, int r)
 {
     leaves_job *j = (leaves_job *)w->user;
@@ -359,7 +376,8 @@ static void mixed_rank(world *w, dpar_comm *c, int r)
             want = N * (N - 1) / 2.0 + (double)N * (double)(n - 1);
             if (out[n - 1] != want) note(w, "mixed allreduce it %d: %g != %g", it, out[n - 1], want);
             break;
-        case 1: expect_ok(w, dpar_broadcast(c, buf, out, n, DPAR_F64, it % N), "broadcast", r);
+        case 1:
+            expect_ok(w, dpar_broadcast(c, buf, out, n, DPAR_F64, it % N), "broadcast", r);
             if (out[0] != it % N) note(w, "mixed broadcast it %d", it);
             break;
         case 2: expect_ok(w, dpar_barrier(c), "barrier", r); break;
@@ -412,7 +430,12 @@ static void test_point_to_point(void)
 }
 
 /* ---- the contract checker ---- */
-typedef struct { int kind; dpar_status st[8]; char msg[8][DPAR__ERROR_TEXT]; double seconds[8]; } mismatch_job;
+typedef struct {
+    int kind;
+    dpar_status st[8];
+    char msg[8][DPAR__ERROR_TEXT];
+    double seconds[8];
+} mismatch_job;
 
 static void mismatch_rank(world *w, dpar_comm *c, int r)
 {
@@ -422,21 +445,11 @@ static void mismatch_rank(world *w, dpar_comm *c, int r)
     dpar_status st = DPAR_OK;
     memset(x, 0, sizeof x);
     switch (m->kind) {
-    case 0: /* count */
-        st = dpar_allreduce(c, x, y, r == 2 ? 1000 : 1024, DPAR_F32, DPAR_SUM);
-        break;
-    case 1: /* dtype */
-        st = dpar_allreduce(c, x, y, 100, r == 1 ? DPAR_I32 : DPAR_F32, DPAR_SUM);
-        break;
-    case 2: /* op */
-        st = dpar_allreduce(c, x, y, 100, DPAR_F32, r == 1 ? DPAR_MAX : DPAR_SUM);
-        break;
-    case 3: /* root */
-        st = dpar_broadcast(c, x, y, 100, DPAR_F32, r == 2 ? 1 : 0);
-        break;
-    case 4: /* kind */
-        st = r == 1 ? dpar_barrier(c) : dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
-        break;
+    case 0: /* count */ st = dpar_allreduce(c, x, y, r == 2 ? 1000 : 1024, DPAR_F32, DPAR_SUM); break;
+    case 1: /* dtype */ st = dpar_allreduce(c, x, y, 100, r == 1 ? DPAR_I32 : DPAR_F32, DPAR_SUM); break;
+    case 2: /* op */ st = dpar_allreduce(c, x, y, 100, DPAR_F32, r == 1 ? DPAR_MAX : DPAR_SUM); break;
+    case 3: /* root */ st = dpar_broadcast(c, x, y, 100, DPAR_F32, r == 2 ? 1 : 0); break;
+    case 4: /* kind */ st = r == 1 ? dpar_barrier(c) : dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM); break;
     case 5: /* order: rank 0 skips a call */
         if (r != 0) st = dpar_barrier(c);
         if (st == DPAR_OK) st = dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
@@ -489,7 +502,8 @@ static void test_mismatches_are_caught_on_every_rank(void)
         {DPAR_EMISMATCH, "barrier() #1", "allreduce(count=100, dtype=f32, op=sum) #1"},
         {DPAR_EMISMATCH, "recv(count=12, dtype=f32, tag=3)", "send(count=10, dtype=f32, tag=3)"},
         {DPAR_EMISMATCH, "recv(count=10, dtype=f32, tag=4)", "send(count=10, dtype=f32, tag=3)"},
-        {DPAR_ETIMEDOUT, "timed out after 300 ms in allreduce", "rank 2 never arrived (it has made no collective call)"},
+        {DPAR_ETIMEDOUT, "timed out after 300 ms in allreduce",
+         "rank 2 never arrived (it has made no collective call)"},
         {DPAR_EABORTED, "aborted by dpar_comm_abort", "rank 0"},
         {DPAR_EINVAL, "dtype 99 is not a dpar_dtype", "dpar_allreduce"},
     };
@@ -506,12 +520,13 @@ static void test_mismatches_are_caught_on_every_rank(void)
         for (r = 0; r < 3; r++) {
             if (kind == 8 && r == 2) continue;
             if (kind == 9 && r == 0) continue;
-            CHECK_MSG(m.st[r] == want[kind].st, "kind %d rank %d: %s, want %s (%s)", kind, r, dpar_status_string(m.st[r]),
-                      dpar_status_string(want[kind].st), m.msg[r]);
-            CHECK_MSG(strstr(m.msg[r], want[kind].a) && strstr(m.msg[r], want[kind].b), "kind %d rank %d: '%s'", kind, r,
-                      m.msg[r]);
+            CHECK_MSG(m.st[r] == want[kind].st, "kind %d rank %d: %s, want %s (%s)", kind, r,
+                      dpar_status_string(m.st[r]), dpar_status_string(want[kind].st), m.msg[r]);
+            CHECK_MSG(strstr(m.msg[r], want[kind].a) && strstr(m.msg[r], want[kind].b), "kind %d rank %d: '%s'", kind,
+                      r, m.msg[r]);
             CHECK_MSG(m.seconds[r] < (kind == 8 ? 2.0 : 1.5), "kind %d rank %d took %.2f s", kind, r, m.seconds[r]);
-            if (kind == 0 || kind == 8) CHECK_MSG(strstr(m.msg[r], " on grid"), "kind %d rank %d: '%s'", kind, r, m.msg[r]);
+            if (kind == 0 || kind == 8)
+                CHECK_MSG(strstr(m.msg[r], " on grid"), "kind %d rank %d: '%s'", kind, r, m.msg[r]);
             else CHECK_MSG(!strstr(m.msg[r], " on comm"), "kind %d rank %d: '%s'", kind, r, m.msg[r]);
         }
         if (kind == 0) printf("    e.g. %s\n", m.msg[0]);
@@ -520,7 +535,9 @@ static void test_mismatches_are_caught_on_every_rank(void)
 }
 
 /* ---- async ---- */
-typedef struct { size_t n; } async_job;
+typedef struct {
+    size_t n;
+} async_job;
 static void async_rank(world *w, dpar_comm *c, int r)
 {
     async_job *a = (async_job *)w->user;
@@ -536,7 +553,8 @@ static void async_rank(world *w, dpar_comm *c, int r)
     dpar_block_range(n, N, r, &off, &len);
     rs = (float *)malloc((len + 1) * sizeof(float));
     ag = (float *)malloc(n * sizeof(float));
-    for (k = 0; k < 4; k++) expect_ok(w, dpar_iallreduce(c, g[k], o[k], n, DPAR_F32, DPAR_SUM, &req[k]), "iallreduce", r);
+    for (k = 0; k < 4; k++)
+        expect_ok(w, dpar_iallreduce(c, g[k], o[k], n, DPAR_F32, DPAR_SUM, &req[k]), "iallreduce", r);
     expect_ok(w, dpar_ireduce_scatter(c, g[0], rs, n, DPAR_F32, DPAR_MAX, &req[4]), "ireduce_scatter", r);
     for (i = 0; i < len; i++) ag[off + i] = (float)(r * 10);
     expect_ok(w, dpar_iallgather(c, ag + off, ag, n, DPAR_F32, &req[5]), "iallgather", r);
@@ -600,7 +618,8 @@ static void split_rank(world *w, dpar_comm *c, int r)
         int members = (w->n - r % 2 + 1) / 2, pos = 0;
         for (q = r + 2; q < w->n; q += 2) pos++; /* ranks of my color with a smaller key (-q < -r) */
         if (dpar_comm_size(half) != members || dpar_comm_rank(half) != pos)
-            note(w, "split rank %d: size %d rank %d, want %d %d", r, dpar_comm_size(half), dpar_comm_rank(half), members, pos);
+            note(w, "split rank %d: size %d rank %d, want %d %d", r, dpar_comm_size(half), dpar_comm_rank(half),
+                 members, pos);
     }
     expect_ok(w, dpar_comm_split(c, r == 0 ? 0 : -1, 0, &none), "split with negative color", r);
     if ((r == 0) != (none != NULL)) note(w, "negative color gave a comm on rank %d", r);

@@ -77,7 +77,12 @@ static void test_sampler(void)
 }
 
 /* ---- buckets: backward marks layers from the last to the first; compare with one allreduce ---- */
-typedef struct { size_t n; int errors_case; uint64_t overlap[8]; int nb, direct; } bucket_job;
+typedef struct {
+    size_t n;
+    int errors_case;
+    uint64_t overlap[8];
+    int nb, direct;
+} bucket_job;
 
 /* dpar_buckets_create over comm c for the n gradients at g */
 static dpar_status buckets_make(dpar_comm *c, float *g, size_t n, size_t bucket_bytes, dpar_op op, dpar_buckets **b)
@@ -119,10 +124,12 @@ static void bucket_rank(world *w, dpar_comm *c, int r)
         free(ref);
         return;
     }
-    if (dpar_buckets_ready(b, 0, 10) != DPAR_OK || dpar_buckets_ready(b, 5, 10) != DPAR_EINVAL) note(w, "overlap accepted");
+    if (dpar_buckets_ready(b, 0, 10) != DPAR_OK || dpar_buckets_ready(b, 5, 10) != DPAR_EINVAL)
+        note(w, "overlap accepted");
     if (!strstr(dpar_last_error(), "already marked")) note(w, "message: %s", dpar_last_error());
     if (dpar_buckets_ready(b, n - 1, 2) != DPAR_EINVAL) note(w, "outside accepted");
-    if (dpar_buckets_wait(b) != DPAR_EINVAL || !strstr(dpar_last_error(), "never marked ready")) note(w, "unmarked accepted");
+    if (dpar_buckets_wait(b) != DPAR_EINVAL || !strstr(dpar_last_error(), "never marked ready"))
+        note(w, "unmarked accepted");
     dpar_buckets_destroy(b);
     free(g);
     free(ref);
@@ -133,20 +140,29 @@ static void test_buckets_match_allreduce(void)
 {
     int n, direct;
     for (direct = 0; direct <= 1; direct++)
-    for (n = 1; n <= 4; n++) {
-        bucket_job j;
-        memset(&j, 0, sizeof j);
-        j.n = 300007;
-        j.direct = direct;
-        CHECK(run_world(n, bucket_rank, &j) == 0);
-        CHECK(j.nb == (int)((j.n + 16383) / 16384)); /* 64 KiB buckets of floats */
-        if (n > 1) CHECK(j.overlap[0] > 0);          /* buckets were in flight during "backward" */
-    }
+        for (n = 1; n <= 4; n++) {
+            bucket_job j;
+            memset(&j, 0, sizeof j);
+            j.n = 300007;
+            j.direct = direct;
+            CHECK(run_world(n, bucket_rank, &j) == 0);
+            CHECK(j.nb == (int)((j.n + 16383) / 16384)); /* 64 KiB buckets of floats */
+            if (n > 1) CHECK(j.overlap[0] > 0);          /* buckets were in flight during "backward" */
+        }
 }
 
 /* ---- buckets with an update (ZeRO-1 split of the SGD step): against a full step on the averaged gradients ---- */
-typedef struct { size_t n; int *hits[4]; float lr; float *shared; int direct; } update_job; /* shared: one params for all ranks */
-typedef struct { float *p, *g, lr; int *hits, slow; } update_state;
+typedef struct {
+    size_t n;
+    int *hits[4];
+    float lr;
+    float *shared;
+    int direct;
+} update_job; /* shared: one params for all ranks */
+typedef struct {
+    float *p, *g, lr;
+    int *hits, slow;
+} update_state;
 
 static void sgd_block(void *user, size_t offset, size_t count)
 {
@@ -195,12 +211,15 @@ static void update_rank(world *w, dpar_comm *c, int r)
         }
         /* the first "layer" alone: its params have taken the step (the rest may still be on the way) */
         expect_ok(w, dpar_buckets_wait_range(b, 10, layer - 10), "buckets_wait_range", r);
-        if (memcmp(p + 10, rp + 10, (layer - 10) * sizeof(float))) note(w, "step %d rank %d: wait_range returned early", step, r);
+        if (memcmp(p + 10, rp + 10, (layer - 10) * sizeof(float)))
+            note(w, "step %d rank %d: wait_range returned early", step, r);
         expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
-        if (memcmp(p, rp, n * sizeof(float))) note(w, "step %d rank %d: params differ from a full step on the averaged gradients", step, r);
+        if (memcmp(p, rp, n * sizeof(float)))
+            note(w, "step %d rank %d: params differ from a full step on the averaged gradients", step, r);
         for (bs = 0; bs < n; bs += per) { /* my block of each bucket holds the reduced gradients */
             dpar_block_range(n - bs < per ? n - bs : per, w->n, r, &off, &len);
-            if (memcmp(g + bs + off, rg + bs + off, len * sizeof(float))) note(w, "rank %d: block at %zu not reduced", r, bs + off);
+            if (memcmp(g + bs + off, rg + bs + off, len * sizeof(float)))
+                note(w, "rank %d: block at %zu not reduced", r, bs + off);
         }
     }
     if (r == 0 && !j->direct) { /* mistakes */
@@ -233,30 +252,30 @@ static void test_buckets_update_split(void)
     int n, r, shared, mode;
     size_t i;
     for (mode = 0; mode < 4; mode++)
-    for (n = 1; n <= 4; n++) {
-        update_job j;
-        int bad = 0;
-        memset(&j, 0, sizeof j);
-        j.n = 300007;
-        j.lr = 0.125f;
-        shared = mode & 1;
-        j.direct = mode >> 1;
-        if (shared) {
-            j.shared = (float *)malloc(j.n * sizeof(float));
-            for (i = 0; i < j.n; i++) j.shared[i] = (float)(i % 1000) * 0.001f;
+        for (n = 1; n <= 4; n++) {
+            update_job j;
+            int bad = 0;
+            memset(&j, 0, sizeof j);
+            j.n = 300007;
+            j.lr = 0.125f;
+            shared = mode & 1;
+            j.direct = mode >> 1;
+            if (shared) {
+                j.shared = (float *)malloc(j.n * sizeof(float));
+                for (i = 0; i < j.n; i++) j.shared[i] = (float)(i % 1000) * 0.001f;
+            }
+            for (r = 0; r < n; r++) j.hits[r] = (int *)calloc(j.n, sizeof(int));
+            CHECK(run_world(n, update_rank, &j) == 0);
+            for (i = 0; i < j.n; i++) { /* every parameter updated by exactly one rank, once a step */
+                int h = 0;
+                for (r = 0; r < n; r++) h += j.hits[r][i];
+                bad += h != 3 + (n == 1); /* one rank also runs a step with the update refused mid-step */
+            }
+            CHECK(bad == 0);
+            if (n == 2) CHECK(j.hits[0][0] == 3 && j.hits[1][0] == 0); /* each rank its own block */
+            for (r = 0; r < n; r++) free(j.hits[r]);
+            free(j.shared);
         }
-        for (r = 0; r < n; r++) j.hits[r] = (int *)calloc(j.n, sizeof(int));
-        CHECK(run_world(n, update_rank, &j) == 0);
-        for (i = 0; i < j.n; i++) { /* every parameter updated by exactly one rank, once a step */
-            int h = 0;
-            for (r = 0; r < n; r++) h += j.hits[r][i];
-            bad += h != 3 + (n == 1); /* one rank also runs a step with the update refused mid-step */
-        }
-        CHECK(bad == 0);
-        if (n == 2) CHECK(j.hits[0][0] == 3 && j.hits[1][0] == 0); /* each rank its own block */
-        for (r = 0; r < n; r++) free(j.hits[r]);
-        free(j.shared);
-    }
 }
 
 /* ---- direct buckets: what is refused, and a rank's mistake ends the others' wait ---- */
@@ -275,7 +294,8 @@ static void direct_errors_rank(world *w, dpar_comm *c, int r)
     /* rank 0 with an update, the others without: refused on every rank, saying why */
     if (r == 0) expect_ok(w, dpar_buckets_set_update(b, p, sgd_block, &u), "set_update", r);
     st = dpar_buckets_set_direct(b, 1);
-    if (st != DPAR_EINVAL || !strstr(dpar_last_error(), "update")) note(w, "rank %d: mixed updates: %s", r, dpar_last_error());
+    if (st != DPAR_EINVAL || !strstr(dpar_last_error(), "update"))
+        note(w, "rank %d: mixed updates: %s", r, dpar_last_error());
     if (r == 0) expect_ok(w, dpar_buckets_set_update(b, NULL, NULL, NULL), "set_update off", r);
     expect_ok(w, dpar_buckets_set_direct(b, 1), "set_direct", r);
     expect_ok(w, dpar_buckets_ready(b, 0, 10), "buckets_ready", r);
@@ -338,7 +358,8 @@ static void direct_disagree_rank(world *w, dpar_comm *c, int r)
     for (k = 0; k < (w->user ? 4 : 3); k++) { /* case 3 poisons the comm: a world of its own */
         if (w->user && k < 3) continue;
         size_t per = k == 0 && r == 1 ? 256 : 1024;
-        expect_ok(w, buckets_make(c, g, n, per * sizeof(float), k == 1 && r == 1 ? DPAR_AVG : DPAR_SUM, &b), "create", r);
+        expect_ok(w, buckets_make(c, g, n, per * sizeof(float), k == 1 && r == 1 ? DPAR_AVG : DPAR_SUM, &b), "create",
+                  r);
         if (k == 2) expect_ok(w, dpar_buckets_set_update(b, r == 2 ? p : two_share, sgd_block, &u), "set_update", r);
         if (k == 3 && r == 0) expect_ok(w, dpar_buckets_ready(b, 0, 10), "ready", r); /* mid-step on rank 0 only */
         st = dpar_buckets_set_direct(b, 1);
@@ -432,7 +453,11 @@ typedef struct {
     uint64_t taken[4], given[4];
     pthread_t owner[4];
 } steal_job;
-typedef struct { steal_job *j; world *w; int rank; } steal_user;
+typedef struct {
+    steal_job *j;
+    world *w;
+    int rank;
+} steal_user;
 
 /* dpar_steal_create over comm c for lists of at most max_tasks */
 static dpar_status steal_make(dpar_comm *c, int max_tasks, dpar_steal **s)
@@ -497,7 +522,8 @@ static void steal_rank(world *w, dpar_comm *c, int r)
     }
     expect_ok(w, dpar_steal_run(s, r == 0 ? 1 : 0, steal_task, NULL, &u), "a round of rank 0's task 0 again", r);
     if (w->n == 1) { /* refused (and the comm poisoned, so only here) */
-        if (dpar_steal_run(s, ST_TASKS + 1, steal_task, NULL, &u) != DPAR_EINVAL || !strstr(dpar_last_error(), "max_tasks"))
+        if (dpar_steal_run(s, ST_TASKS + 1, steal_task, NULL, &u) != DPAR_EINVAL ||
+            !strstr(dpar_last_error(), "max_tasks"))
             note(w, "a list longer than max_tasks accepted: %s", dpar_last_error());
         if (dpar_steal_run(s, 1, NULL, NULL, &u) != DPAR_EINVAL || !strstr(dpar_last_error(), "task is NULL"))
             note(w, "a NULL task accepted: %s", dpar_last_error());
@@ -551,7 +577,8 @@ static void steal_absent_rank(world *w, dpar_comm *c, int r)
         st = dpar_steal_run(s, 0, NULL, NULL, NULL);
         if (mode == 0 && (st != DPAR_EINVAL || !strstr(dpar_last_error(), "n is outside 0 to max_tasks (n = 5")))
             note(w, "rank %d: after rank 1 refused its round: %s: %s", r, dpar_status_string(st), dpar_last_error());
-        if (mode == 1 && (st != DPAR_ETIMEDOUT || !strstr(dpar_last_error(), "waiting for rank 1 to start its tasks of round 1")))
+        if (mode == 1 &&
+            (st != DPAR_ETIMEDOUT || !strstr(dpar_last_error(), "waiting for rank 1 to start its tasks of round 1")))
             note(w, "rank %d: with rank 1 absent: %s: %s", r, dpar_status_string(st), dpar_last_error());
     }
     dpar_steal_destroy(s);
@@ -573,8 +600,14 @@ static void test_steal_refused_and_absent(void)
 #define SG_N 96
 #define SG_K 64
 #define SG_TASKS ((SG_M + 15) / 16)
-typedef struct { float *A[4], *D[4], *C[4]; uint64_t given[4]; } gemm_steal_job;
-typedef struct { gemm_steal_job *j; int rank; } gemm_steal_user;
+typedef struct {
+    float *A[4], *D[4], *C[4];
+    uint64_t given[4];
+} gemm_steal_job;
+typedef struct {
+    gemm_steal_job *j;
+    int rank;
+} gemm_steal_user;
 
 static dpar_status gemm_block(float *A, float *D, float *C, int i)
 {
@@ -615,16 +648,22 @@ static void test_steal_gemm_bitwise(void)
         j.A[r] = (float *)malloc(sizeof(float) * SG_K * SG_M);
         j.D[r] = (float *)malloc(sizeof(float) * SG_K * SG_N);
         j.C[r] = (float *)malloc(sizeof(float) * SG_M * SG_N);
-        for (i = 0; i < SG_K * SG_M; i++) j.A[r][i] = (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 8388608.0f - 1.0f;
-        for (i = 0; i < SG_K * SG_N; i++) j.D[r][i] = (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 8388608.0f - 1.0f;
+        for (i = 0; i < SG_K * SG_M; i++)
+            j.A[r][i] =
+                (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 8388608.0f - 1.0f;
+        for (i = 0; i < SG_K * SG_N; i++)
+            j.D[r][i] =
+                (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 8388608.0f - 1.0f;
     }
     for (n = 1; n <= 4; n++) {
         for (r = 0; r < 4; r++) memset(j.C[r], 0xff, sizeof(float) * SG_M * SG_N); /* NaN: nothing left from before */
         CHECK(run_world(n, gemm_steal_rank, &j) == 0);
         for (r = 0; r < n; r++) {
             for (i = 0; i < SG_TASKS; i++) CHECK(gemm_block(j.A[r], j.D[r], ref, i) == DPAR_OK);
-            CHECK_MSG(!memcmp(ref, j.C[r], sizeof(float) * SG_M * SG_N), "n=%d: rank %d's blocks differ from the serial "
-                      "calls (%llu of its %d tasks run by other ranks)", n, r, (unsigned long long)j.given[r], SG_TASKS);
+            CHECK_MSG(!memcmp(ref, j.C[r], sizeof(float) * SG_M * SG_N),
+                      "n=%d: rank %d's blocks differ from the serial "
+                      "calls (%llu of its %d tasks run by other ranks)",
+                      n, r, (unsigned long long)j.given[r], SG_TASKS);
         }
     }
     for (r = 0; r < 4; r++) free(j.A[r]), free(j.D[r]), free(j.C[r]);
@@ -805,7 +844,9 @@ static void test_checkpoint_single(void)
     CHECK(dpar_crc32(0, "123456789", 9) == 0xCBF43926u); /* the standard check value */
 }
 
-typedef struct { char path[256]; } ckpt_job;
+typedef struct {
+    char path[256];
+} ckpt_job;
 static void ckpt_rank(world *w, dpar_comm *c, int r)
 {
     ckpt_job *j = (ckpt_job *)w->user;
@@ -851,7 +892,8 @@ static void test_checkpoint_over_ranks(void)
             float back[100];
             dpar_ckpt_item in;
             in.name = "shard", in.data = back, in.bytes = sizeof back;
-            CHECK(dpar_ckpt_load(NULL, j.path, &in, 1) == DPAR_ECORRUPT && strstr(dpar_last_error(), "shards, this job 1 ranks"));
+            CHECK(dpar_ckpt_load(NULL, j.path, &in, 1) == DPAR_ECORRUPT &&
+                  strstr(dpar_last_error(), "shards, this job 1 ranks"));
         }
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         CHECK(system(cmd) == 0);

@@ -40,7 +40,8 @@ static int one_case(gemm_fn fn, dpar_trans ta, dpar_trans tb, int M, int N, int 
     R = (float *)malloc((nc + 1) * sizeof(float));
     for (i = 0; i < (int)na; i++) A[i] = frand();
     for (i = 0; i < (int)nb; i++) B[i] = frand();
-    for (i = 0; i < (int)nc; i++) C[i] = R[i] = (i % ldc >= N) ? 12345.0f : (beta == 0.0f && i % 7 == 0 ? NAN : frand());
+    for (i = 0; i < (int)nc; i++)
+        C[i] = R[i] = (i % ldc >= N) ? 12345.0f : (beta == 0.0f && i % 7 == 0 ? NAN : frand());
     if (fn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) != DPAR_OK) return 1;
     dpar_sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, R, ldc);
     for (i = 0; i < M && !bad; i++)
@@ -58,8 +59,8 @@ static int one_case(gemm_fn fn, dpar_trans ta, dpar_trans tb, int M, int N, int 
             bad = !(fabs((double)got - (double)want) <= 4e-6 * mag * (1 + K / 64.0));
         }
     if (bad)
-        printf("    ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g pad=%d: element (%d, %d) wrong\n", ta, tb, M, N, K, alpha, beta,
-               pad, i - 1, j - 1);
+        printf("    ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g pad=%d: element (%d, %d) wrong\n", ta, tb, M, N, K,
+               alpha, beta, pad, i - 1, j - 1);
     free(A);
     free(B);
     free(C);
@@ -84,8 +85,9 @@ static void test_builtin_matches_reference(void)
     int ta, tb;
     CHECK(random_cases(dpar_sgemm_builtin, 400, 40) == 0);
     CHECK(random_cases(dpar_sgemm_builtin, 40, 300) == 0); /* several blocks of KC, MC */
-    for (ta = 0; ta < 2; ta++) /* across the NC and KC block edges */
-        for (tb = 0; tb < 2; tb++) CHECK(one_case(dpar_sgemm_builtin, (dpar_trans)ta, (dpar_trans)tb, 13, 2100, 600, 1.0f, 0.5f, 3) == 0);
+    for (ta = 0; ta < 2; ta++)                             /* across the NC and KC block edges */
+        for (tb = 0; tb < 2; tb++)
+            CHECK(one_case(dpar_sgemm_builtin, (dpar_trans)ta, (dpar_trans)tb, 13, 2100, 600, 1.0f, 0.5f, 3) == 0);
 #if DPAR__AVX2
     printf("    micro-kernel: %s\n", dpar__have_avx2() ? "AVX2 + FMA" : "portable (no AVX2 on this CPU)");
 #else
@@ -113,7 +115,8 @@ static void test_pool_gemm_matches_reference(void)
         d.num_threads = t;
         CHECK(dpar_pool_create(&d, &gemm_pool) == DPAR_OK);
         CHECK(random_cases(pool_gemm, 60, 200) == 0);
-        CHECK(one_case(pool_gemm, DPAR_NO_TRANS, DPAR_TRANS, 4, 900, 70, 1.0f, 0.0f, 1) == 0); /* wide: cut by columns */
+        /* wide: cut by columns */
+        CHECK(one_case(pool_gemm, DPAR_NO_TRANS, DPAR_TRANS, 4, 900, 70, 1.0f, 0.0f, 1) == 0);
         CHECK(one_case(pool_gemm, DPAR_TRANS, DPAR_NO_TRANS, 500, 30, 90, -1.0f, 1.0f, 0) == 0); /* tall: by rows */
         dpar_pool_destroy(gemm_pool);
     }

@@ -32,7 +32,8 @@ static int me, nprocs, hybrid_threads;
 static dpar_comm *world_comm(const dpar_comm_desc *desc)
 {
     dpar_comm *c = NULL;
-    if (dpar_comm_from_mpi(MPI_COMM_WORLD, desc, &c) != DPAR_OK) printf("    rank %d: comm_from_mpi: %s\n", me, dpar_last_error());
+    if (dpar_comm_from_mpi(MPI_COMM_WORLD, desc, &c) != DPAR_OK)
+        printf("    rank %d: comm_from_mpi: %s\n", me, dpar_last_error());
     return c;
 }
 
@@ -133,7 +134,8 @@ static void bytes_proc(world *w, dpar_comm *c, int r)
     expect_ok(w, dpar_allreduce(c, x, x, n, DPAR_F32, DPAR_SUM), "allreduce", r);
     dpar_comm_stats_get(c, &s);
     if (s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent != want || s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received != want)
-        note(w, "rank %d moved %llu/%llu bytes, want %llu", r, (unsigned long long)s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent,
+        note(w, "rank %d moved %llu/%llu bytes, want %llu", r,
+             (unsigned long long)s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent,
              (unsigned long long)s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received, (unsigned long long)want);
     free(x);
 }
@@ -141,7 +143,11 @@ static void bytes_proc(world *w, dpar_comm *c, int r)
 static void test_ring_bytes_over_mpi(void) { CHECK(run_proc(NULL, bytes_proc, NULL) == 0); }
 
 /* the same bits on every rank and every run, whatever the timing; the deterministic mode */
-typedef struct { size_t n; float *first; int rep; } det_job;
+typedef struct {
+    size_t n;
+    float *first;
+    int rep;
+} det_job;
 static void random_floats(float *x, size_t n, unsigned seed)
 {
     size_t i;
@@ -259,11 +265,13 @@ static void test_mismatch_timeout_abort_over_mpi(void)
         msg = dpar_last_error();
         if (kind == 0) {
             CHECK_MSG(st == DPAR_EMISMATCH, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
-            CHECK_MSG(strstr(msg, "count=1000") && strstr(msg, "count=1024") && strstr(msg, "tests/test_mpi.c"), "%s", msg);
+            CHECK_MSG(strstr(msg, "count=1000") && strstr(msg, "count=1024") && strstr(msg, "tests/test_mpi.c"), "%s",
+                      msg);
             if (me == 0) printf("    e.g. %s\n", msg);
         } else if (kind == 1 && me != nprocs - 1) {
             CHECK_MSG(st == DPAR_ETIMEDOUT, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
-            CHECK_MSG(strstr(msg, "timed out after 300 ms") && strstr(msg, "never arrived (it does not answer"), "%s", msg);
+            CHECK_MSG(strstr(msg, "timed out after 300 ms") && strstr(msg, "never arrived (it does not answer"), "%s",
+                      msg);
             {
                 char who[64];
                 snprintf(who, sizeof who, "rank %d never arrived", nprocs - 1);
@@ -297,7 +305,8 @@ static void async_proc(world *w, dpar_comm *c, int r)
     for (k = 0; k < 3; k++) {
         expect_ok(w, dpar_request_wait(req[k]), "wait", r);
         for (i = 0; i < n; i += 97)
-            if (o[k][i] != (float)(N * (N - 1) / 2 + N * (k + (int)(i % 5)))) note(w, "iallreduce %d wrong on %d", k, r);
+            if (o[k][i] != (float)(N * (N - 1) / 2 + N * (k + (int)(i % 5))))
+                note(w, "iallreduce %d wrong on %d", k, r);
         free(g[k]);
         free(o[k]);
     }
@@ -415,7 +424,8 @@ static void test_pipeline_over_mpi(void)
         rc = pm_train_stage(&st, c, S, 20, NULL);
         CHECK_MSG(rc == DPAR_OK, "rank %d: %s", me, dpar_last_error());
         worst = pm_compare(&st, ref);
-        CHECK_MSG(worst <= 1e-5, "%s p=%d: rank %d is %.2e from sequential training", kind ? "gpipe" : "1f1b", nprocs, me, worst);
+        CHECK_MSG(worst <= 1e-5, "%s p=%d: rank %d is %.2e from sequential training", kind ? "gpipe" : "1f1b", nprocs,
+                  me, worst);
         pm_stage_free(&st);
         dpar_comm_destroy(c);
         dpar_pipe_schedule_destroy(S);
@@ -424,7 +434,14 @@ static void test_pipeline_over_mpi(void)
 }
 
 /* ---- hybrid: processes x threads ---- */
-typedef struct { dpar_group *local; matrix_case *m; dpar_comm_desc desc; int det; world *w; size_t n; } hyb_job;
+typedef struct {
+    dpar_group *local;
+    matrix_case *m;
+    dpar_comm_desc desc;
+    int det;
+    world *w;
+    size_t n;
+} hyb_job;
 
 static dpar_status hybrid_thread(void *user, int t, int T)
 {
@@ -551,8 +568,8 @@ static void test_thread_level_is_checked(void)
     d.size = 1;
     dpar_group_create(&d, &g);
     CHECK(dpar_group_join_mpi(g, 0, MPI_COMM_WORLD, &h) == DPAR_EUNSUPPORTED && h == NULL);
-    CHECK_MSG(strstr(dpar_last_error(), "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave MPI_THREAD_FUNNELED"), "%s",
-              dpar_last_error());
+    CHECK_MSG(strstr(dpar_last_error(), "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave MPI_THREAD_FUNNELED"),
+              "%s", dpar_last_error());
     dpar_group_destroy(g);
     /* blocking calls still work at this level */
     c = world_comm(NULL);

@@ -89,8 +89,8 @@ static void remove_op(dpar_pipe_schedule *S, int s, int k)
 static void expect_broken(dpar_pipe_schedule *S, const char *rule)
 {
     dpar_status st = dpar_pipe_schedule_check(S);
-    CHECK_MSG(st == DPAR_EINVAL && strstr(dpar_last_error(), rule), "want '%s', got %s: %s", rule, dpar_status_string(st),
-              dpar_last_error());
+    CHECK_MSG(st == DPAR_EINVAL && strstr(dpar_last_error(), rule), "want '%s', got %s: %s", rule,
+              dpar_status_string(st), dpar_last_error());
     dpar_pipe_schedule_destroy(S);
 }
 
@@ -153,15 +153,23 @@ static void test_checker_rejects_broken_schedules(void)
         size_t n;
         S = make(2, 2, 1, DPAR_PIPE_1F1B);
         n = dpar_pipe_schedule_format(S, buf, sizeof buf);
-        CHECK(n == strlen(buf) && strstr(buf, "predicted bubble 0.333") && strstr(buf, "stage 1 |") && strstr(buf, "B1"));
+        CHECK(n == strlen(buf) && strstr(buf, "predicted bubble 0.333") && strstr(buf, "stage 1 |") &&
+              strstr(buf, "B1"));
         CHECK(dpar_pipe_schedule_format(S, NULL, 0) == n); /* snprintf-like */
         dpar_pipe_schedule_destroy(S);
     }
 }
 
 /* ---- the MLP through a pipeline of threads ---- */
-typedef struct { pm_data d; dpar_pipe_schedule *S; pm_stage *st[8]; int steps, fail_stage, fail_micro; dpar_status result[8];
-                 char msg[8][DPAR__ERROR_TEXT]; dpar_pipe_stats stats[8]; } pipe_job;
+typedef struct {
+    pm_data d;
+    dpar_pipe_schedule *S;
+    pm_stage *st[8];
+    int steps, fail_stage, fail_micro;
+    dpar_status result[8];
+    char msg[8][DPAR__ERROR_TEXT];
+    dpar_pipe_stats stats[8];
+} pipe_job;
 
 static void pipe_rank(world *w, dpar_comm *c, int r)
 {
@@ -228,7 +236,8 @@ static void test_failing_callback_stops_every_stage(void)
                 char want[64];
                 snprintf(want, sizeof want, "stage %d cannot do micro-batch %d", fail, fail % 4);
                 CHECK_MSG(j->result[r] == DPAR_EUSER && strstr(j->msg[r], want) && strstr(j->msg[r], "the forward"),
-                          "fail on stage %d: stage %d got %s: %s", fail, r, dpar_status_string(j->result[r]), j->msg[r]);
+                          "fail on stage %d: stage %d got %s: %s", fail, r, dpar_status_string(j->result[r]),
+                          j->msg[r]);
                 pm_stage_free(j->st[r]);
             }
             CHECK((dpar_time_ns() - t0) < 2000000000u); /* no stage waited for a timeout */
@@ -240,16 +249,26 @@ static void test_failing_callback_stops_every_stage(void)
 }
 
 /* buffers: allocated in the first run, reused after; the trace has every op on its stage's track */
-typedef struct { dpar_pipe_schedule *S; int buffers[4][3]; } reuse_job;
+typedef struct {
+    dpar_pipe_schedule *S;
+    int buffers[4][3];
+} reuse_job;
 static dpar_status sleepy_forward(void *user, int micro, int chunk, const void *in, void *out)
 {
-    (void)user; (void)micro; (void)chunk; (void)in;
+    (void)user;
+    (void)micro;
+    (void)chunk;
+    (void)in;
     if (out) memset(out, 0, 64);
     return DPAR_OK;
 }
 static dpar_status sleepy_backward(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
 {
-    (void)user; (void)micro; (void)chunk; (void)in; (void)g;
+    (void)user;
+    (void)micro;
+    (void)chunk;
+    (void)in;
+    (void)g;
     if (gi) memset(gi, 0, 64);
     return DPAR_OK;
 }
@@ -304,8 +323,8 @@ static void test_buffers_reused_and_traced(void)
         if (kind == 1) CHECK(dpar_trace_stop() == DPAR_OK);
         for (r = 0; r < 4; r++)
             CHECK_MSG(j.buffers[r][0] > 0 && j.buffers[r][1] == j.buffers[r][0] && j.buffers[r][2] == j.buffers[r][0],
-                      "kind %d stage %d: %d, %d, %d buffers after runs 1, 2, 3", kind, r, j.buffers[r][0], j.buffers[r][1],
-                      j.buffers[r][2]);
+                      "kind %d stage %d: %d, %d, %d buffers after runs 1, 2, 3", kind, r, j.buffers[r][0],
+                      j.buffers[r][1], j.buffers[r][2]);
         dpar_pipe_schedule_destroy(j.S);
     }
     fp = fopen(path, "rb");
@@ -330,7 +349,8 @@ static void test_buffers_reused_and_traced(void)
         jv_free(doc);
     }
     /* GPipe p=4 m=8, one run traced... three runs: 3 x 4 x 8 forwards */
-    CHECK_MSG(f == 96 && b == 96 && sends == 3 * 2 * 3 * 8 && recvs == sends, "F %d B %d send %d recv %d", f, b, sends, recvs);
+    CHECK_MSG(f == 96 && b == 96 && sends == 3 * 2 * 3 * 8 && recvs == sends, "F %d B %d send %d recv %d", f, b, sends,
+              recvs);
     free(text);
     remove(path);
 }
@@ -338,10 +358,17 @@ static void test_buffers_reused_and_traced(void)
 /* A timeout after the messages of a run names the collective the slow stage is in, not its last
    message: p = 2, m = 1; stage 0's backward outlasts the timeout, so stage 1 gives up in the run's
    closing allreduce while stage 0 was last seen in the run's opening barrier (#1), its receive since. */
-typedef struct { dpar_status st[2]; char msg[2][DPAR__ERROR_TEXT]; dpar_pipe_schedule *S; } late_job;
+typedef struct {
+    dpar_status st[2];
+    char msg[2][DPAR__ERROR_TEXT];
+    dpar_pipe_schedule *S;
+} late_job;
 static dpar_status late_backward(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
 {
-    (void)micro; (void)chunk; (void)in; (void)g;
+    (void)micro;
+    (void)chunk;
+    (void)in;
+    (void)g;
     if (*(const int *)user == 0) usleep(600 * 1000);
     if (gi) memset(gi, 0, 64);
     return DPAR_OK;

@@ -27,13 +27,14 @@ static dpar_pool *make_pool(int threads)
 
 static void test_status_strings(void)
 {
-    static const dpar_status all[] = {DPAR_OK, DPAR_EINVAL, DPAR_ENOMEM, DPAR_EBUSY, DPAR_ECANCELED, DPAR_EDEADLK,
-                                      DPAR_ETIMEDOUT, DPAR_EMISMATCH, DPAR_EABORTED, DPAR_EIO, DPAR_ESYSTEM,
-                                      DPAR_EUNSUPPORTED, DPAR_ERANGE, DPAR_ESTATE, DPAR_ECORRUPT, DPAR_EUSER};
-    static const char *names[] = {"DPAR_OK", "DPAR_EINVAL", "DPAR_ENOMEM", "DPAR_EBUSY", "DPAR_ECANCELED",
-                                  "DPAR_EDEADLK", "DPAR_ETIMEDOUT", "DPAR_EMISMATCH", "DPAR_EABORTED", "DPAR_EIO",
-                                  "DPAR_ESYSTEM", "DPAR_EUNSUPPORTED", "DPAR_ERANGE", "DPAR_ESTATE",
-                                  "DPAR_ECORRUPT", "DPAR_EUSER"};
+    static const dpar_status all[] = {DPAR_OK,        DPAR_EINVAL,  DPAR_ENOMEM,    DPAR_EBUSY,
+                                      DPAR_ECANCELED, DPAR_EDEADLK, DPAR_ETIMEDOUT, DPAR_EMISMATCH,
+                                      DPAR_EABORTED,  DPAR_EIO,     DPAR_ESYSTEM,   DPAR_EUNSUPPORTED,
+                                      DPAR_ERANGE,    DPAR_ESTATE,  DPAR_ECORRUPT,  DPAR_EUSER};
+    static const char *names[] = {"DPAR_OK",        "DPAR_EINVAL",  "DPAR_ENOMEM",    "DPAR_EBUSY",
+                                  "DPAR_ECANCELED", "DPAR_EDEADLK", "DPAR_ETIMEDOUT", "DPAR_EMISMATCH",
+                                  "DPAR_EABORTED",  "DPAR_EIO",     "DPAR_ESYSTEM",   "DPAR_EUNSUPPORTED",
+                                  "DPAR_ERANGE",    "DPAR_ESTATE",  "DPAR_ECORRUPT",  "DPAR_EUSER"};
     size_t i, j;
     for (i = 0; i < sizeof all / sizeof all[0]; i++) {
         const char *s = dpar_status_string(all[i]);
@@ -68,7 +69,11 @@ static void test_last_error_is_per_thread(void)
     CHECK(!strcmp(dpar_last_error(), ""));
 }
 
-typedef struct { int count; dpar_log_level last; char msg[256]; } log_capture;
+typedef struct {
+    int count;
+    dpar_log_level last;
+    char msg[256];
+} log_capture;
 static void capture_log(void *user, dpar_log_level level, const char *file, int line, const char *message)
 {
     log_capture *c = (log_capture *)user;
@@ -162,7 +167,7 @@ static void test_create_defaults_and_query(void)
 /* ---- parallel-for ---- */
 
 typedef struct {
-    int *visits;         /* [n] */
+    int *visits; /* [n] */
     int64_t n;
     int nthreads;
     int bad_thread;
@@ -248,7 +253,10 @@ static void test_for_dynamic_visits_each_index_once(void)
 }
 
 /* A parallel sum with per-thread partials against the serial sum: what a reduction looks like. */
-typedef struct { const double *x; double partial[8 * 8]; } sum_job;
+typedef struct {
+    const double *x;
+    double partial[8 * 8];
+} sum_job;
 static void sum_part(void *user, int64_t begin, int64_t end, int thread)
 {
     sum_job *j = (sum_job *)user;
@@ -311,7 +319,11 @@ static void test_for_huge_n_and_bad_input(void)
 }
 
 /* Nested: every outer index runs an inner parallel-for on the same pool, which runs inline. */
-typedef struct { dpar_pool *pool; int64_t inner_total; int wrong_thread; } nest_job;
+typedef struct {
+    dpar_pool *pool;
+    int64_t inner_total;
+    int wrong_thread;
+} nest_job;
 static void inner_body(void *user, int64_t begin, int64_t end, int thread)
 {
     nest_job *j = (nest_job *)user;
@@ -345,7 +357,10 @@ static void test_for_nested_runs_inline(void)
 }
 
 /* Two outside threads share one pool: their calls take turns and both are right. */
-typedef struct { dpar_pool *pool; int ok; } shared_job;
+typedef struct {
+    dpar_pool *pool;
+    int ok;
+} shared_job;
 static void *hammer(void *arg)
 {
     shared_job *s = (shared_job *)arg;
@@ -469,7 +484,10 @@ static void test_tasks_100k_tiny(void)
 
 /* A DAG node: value = id + sum of its dependencies' values (mod 2^61); checks it never runs early. */
 typedef struct dag dag;
-typedef struct { dag *g; int id; } dag_node;
+typedef struct {
+    dag *g;
+    int id;
+} dag_node;
 struct dag {
     int n;
     int *ndeps, **deps;
@@ -526,8 +544,7 @@ static dag *dag_make(int n, int shape)
             int layer0 = (i / 100 - 1) * 100;
             for (k = 0; k < 10; k++) g->deps[i][g->ndeps[i]++] = layer0 + k;
         } else if (shape == 3 && i > 0) {
-            if (i < n - 1)
-                g->deps[i][g->ndeps[i]++] = 0;
+            if (i < n - 1) g->deps[i][g->ndeps[i]++] = 0;
             else
                 for (k = 1; k < n - 1; k++) g->deps[i][g->ndeps[i]++] = k;
         }
@@ -631,7 +648,8 @@ static void test_tasks_failure_cancels_dependents(void)
                 cancelled++;
                 wrong += st != DPAR_EUSER || s != DPAR_TASK_CANCELLED || g->done[i];
                 if (cancelled == 1)
-                    CHECK_MSG(strstr(dpar_last_error(), "was cancelled: its dependency task 51 (dag node) failed: node 50 refuses"),
+                    CHECK_MSG(strstr(dpar_last_error(),
+                                     "was cancelled: its dependency task 51 (dag node) failed: node 50 refuses"),
                               "%s", dpar_last_error());
             } else if (i == 50) {
                 wrong += s != DPAR_TASK_FAILED;
@@ -663,7 +681,12 @@ static void test_tasks_failure_cancels_dependents(void)
 }
 
 /* A task that submits children and waits for them, inside the pool. */
-typedef struct { dpar_pool *pool; int count; dpar_status child_wait; dpar_status self_wait, cycle_wait; } spawn_job;
+typedef struct {
+    dpar_pool *pool;
+    int count;
+    dpar_status child_wait;
+    dpar_status self_wait, cycle_wait;
+} spawn_job;
 static dpar_status spawner(void *user)
 {
     spawn_job *j = (spawn_job *)user;
@@ -757,7 +780,11 @@ static void test_tasks_bad_input(void)
 
 /* ---- destroy with work pending ---- */
 
-typedef struct { int gate; int ran_after; int started; } gate_job;
+typedef struct {
+    int gate;
+    int ran_after;
+    int started;
+} gate_job;
 static dpar_status wait_gate(void *user)
 {
     gate_job *g = (gate_job *)user;
@@ -813,7 +840,11 @@ static void test_destroy_cancels_pending_tasks(void)
 
 /* ---- oversubscription, idle cost ---- */
 
-typedef struct { dpar_pool *pool; int64_t sum; int count; } stress_job;
+typedef struct {
+    dpar_pool *pool;
+    int64_t sum;
+    int count;
+} stress_job;
 static dpar_status stress_rank(void *user, int thread, int nthreads)
 {
     stress_job *j = (stress_job *)user;
@@ -882,7 +913,10 @@ static void test_idle_pool_uses_no_cpu(void)
 
 /* ---- pinning ---- */
 
-typedef struct { int cpus; int wrong; } pin_job;
+typedef struct {
+    int cpus;
+    int wrong;
+} pin_job;
 static dpar_status check_affinity(void *user, int thread, int nthreads)
 {
     pin_job *j = (pin_job *)user;
@@ -954,7 +988,11 @@ static void test_counting_allocator_balances(void)
 
 /* ---- trace ---- */
 
-typedef struct { double ts, end; int tid; const char *name; } span;
+typedef struct {
+    double ts, end;
+    int tid;
+    const char *name;
+} span;
 static int span_cmp(const void *a, const void *b)
 {
     const span *x = (const span *)a, *y = (const span *)b;
@@ -1061,8 +1099,8 @@ static void test_trace_file_is_well_formed_and_nested(void)
         int k;
         if (i == 0 || spans[i].tid != spans[i - 1].tid) tracks++;
         for (k = i - 1; k >= 0 && spans[k].tid == spans[i].tid; k--) {
-            if (spans[k].end <= spans[i].ts + 1e-4) continue;       /* disjoint, earlier */
-            if (spans[i].end > spans[k].end + 1e-4) overlap++;      /* starts inside, ends outside */
+            if (spans[k].end <= spans[i].ts + 1e-4) continue;  /* disjoint, earlier */
+            if (spans[i].end > spans[k].end + 1e-4) overlap++; /* starts inside, ends outside */
             break;
         }
     }

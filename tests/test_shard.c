@@ -72,7 +72,12 @@ static void test_shard_plans_cover_each_element_once(void)
     }
 }
 
-typedef struct { size_t rows, cols; int axis; dpar_dtype t; char *full, *shard[8], *back[8]; } scatter_job;
+typedef struct {
+    size_t rows, cols;
+    int axis;
+    dpar_dtype t;
+    char *full, *shard[8], *back[8];
+} scatter_job;
 static void scatter_rank(world *w, dpar_comm *c, int r)
 {
     scatter_job *j = (scatter_job *)w->user;
@@ -106,7 +111,8 @@ static void test_shard_scatter_gather_allgather(void)
             size_t i, bytes;
             int N = Ns2[ni];
             memset(&j, 0, sizeof j);
-            j.rows = (size_t)(c % 3 == 0 ? dt_rand_int(N + 1) : 1 + dt_rand_int(40)); /* sometimes fewer rows than ranks */
+            /* sometimes fewer rows than ranks */
+            j.rows = (size_t)(c % 3 == 0 ? dt_rand_int(N + 1) : 1 + dt_rand_int(40));
             j.cols = (size_t)(1 + dt_rand_int(30));
             j.axis = c % 2;
             j.t = c % 4 == 3 ? DPAR_U8 : (c % 4 == 1 ? DPAR_F64 : DPAR_F32);
@@ -215,7 +221,11 @@ static void test_tensor_parallel_layers_match_whole_layer(void)
 }
 
 /* finite differences: L = sum(y * R); dL/dW and dL/db and dL/dx against the layer's backward */
-typedef struct { dpar_linear *l; const float *x, *R; float *y; } fd_loss;
+typedef struct {
+    dpar_linear *l;
+    const float *x, *R;
+    float *y;
+} fd_loss;
 static double fd_eval(const fd_loss *f)
 {
     double out = 0;
@@ -257,7 +267,8 @@ static void test_layer_gradient_by_finite_differences(void)
     CHECK(dpar_linear_forward(&l, x, y, BATCH) == DPAR_OK);
     CHECK(dpar_linear_backward(&l, x, R, dx, BATCH) == DPAR_OK); /* dy = dL/dy = R */
     f.l = &l, f.x = x, f.R = R, f.y = y;
-    bad = fd_count_bad(&f, l.w, l.dw, IN * OUT, 3) + fd_count_bad(&f, l.b, l.db, OUT, 1) + fd_count_bad(&f, x, dx, BATCH * IN, 2);
+    bad = fd_count_bad(&f, l.w, l.dw, IN * OUT, 3) + fd_count_bad(&f, l.b, l.db, OUT, 1) +
+          fd_count_bad(&f, x, dx, BATCH * IN, 2);
     CHECK_MSG(bad == 0, "%d gradients differ from finite differences", bad);
     dpar_linear_destroy(&l);
 }
@@ -268,7 +279,10 @@ static void test_layer_gradient_by_finite_differences(void)
 #define MHID 22
 #define MOUT 6
 #define MSTEPS 50
-typedef struct { float W1[MIN * MHID], b1[MHID], W2[MHID * MOUT], b2[MOUT], x[MB * MIN], t[MB * MOUT]; float loss[MSTEPS]; } mlp_job;
+typedef struct {
+    float W1[MIN * MHID], b1[MHID], W2[MHID * MOUT], b2[MOUT], x[MB * MIN], t[MB * MOUT];
+    float loss[MSTEPS];
+} mlp_job;
 
 static void mlp_rank(world *w, dpar_comm *c, int r)
 {
@@ -283,9 +297,9 @@ static void mlp_rank(world *w, dpar_comm *c, int r)
     for (step = 0; step < MSTEPS; step++) {
         double loss = 0;
         int n1 = MB * l1.out_local;
-        expect_ok(w, dpar_linear_forward(&l1, j->x, h, MB), "forward 1", r);     /* (MB, hidden/tp) */
-        for (i = 0; i < n1; i++) a[i] = h[i] > 0 ? h[i] : 0;                    /* ReLU on the shard */
-        expect_ok(w, dpar_linear_forward(&l2, a, y, MB), "forward 2", r);       /* (MB, out): allreduced */
+        expect_ok(w, dpar_linear_forward(&l1, j->x, h, MB), "forward 1", r); /* (MB, hidden/tp) */
+        for (i = 0; i < n1; i++) a[i] = h[i] > 0 ? h[i] : 0;                 /* ReLU on the shard */
+        expect_ok(w, dpar_linear_forward(&l2, a, y, MB), "forward 2", r);    /* (MB, out): allreduced */
         for (i = 0; i < MB * MOUT; i++) {
             float e = y[i] - j->t[i];
             loss += (double)e * e;
@@ -333,7 +347,11 @@ static void test_megatron_mlp_tp2_matches_tp1(void)
 /* ---- ZeRO-1 against an unsharded optimizer ---- */
 #define ZN 1001
 #define ZSTEPS 50
-typedef struct { dpar_optim kind; float params[8][ZN]; size_t state_bytes[8]; } zero_job;
+typedef struct {
+    dpar_optim kind;
+    float params[8][ZN];
+    size_t state_bytes[8];
+} zero_job;
 
 /* the gradient rank r sees at a step: depends on the parameters, the rank and the step */
 static float zgrad(const float *p, int i, int r, int step)
@@ -417,7 +435,9 @@ static void test_zero1_matches_unsharded_optimizer(void)
                 total += j.state_bytes[r];
             }
             CHECK(total == state_total);
-            if (n == 4) printf("    %s: state %zu bytes in all, %zu per rank on 4 ranks\n", kind ? "adam" : "sgd", state_total, j.state_bytes[0]);
+            if (n == 4)
+                printf("    %s: state %zu bytes in all, %zu per rank on 4 ranks\n", kind ? "adam" : "sgd", state_total,
+                       j.state_bytes[0]);
         }
 }
 
