@@ -40,6 +40,12 @@
      Callbacks  each a typedef dpar_thing[_role]_fn (dpar_pool_for_fn, dpar_steal_done_fn) whose first parameter is
                 `void *user`: the pointer passed right after the function, or the `user` field beside it in a desc.
      Names      dpar_thing_verb, one spelling per thing: checkpoints are dpar_ckpt_* (dpar_ckpt_save, _load).
+     Exceptions the collectives and point-to-point calls keep MPI's names (dpar_allreduce(comm, ...)); the error
+                calls are dpar_last_error, dpar_set_error, dpar_clear_error; dpar_sgemm* keep BLAS's; queries are
+                named after what they return (dpar_comm_rank, dpar_zero_shard); a request is released by
+                dpar_request_wait (or _test once done), not destroyed; dpar_sgemm's per-thread packing buffers come
+                from posix_memalign (there is no object to take an allocator from); dpar_steal_run passes `user`
+                after both of its functions.
 
    OPTIONS (define before the include that has DPAR_IMPLEMENTATION; every one has a default)
      DPAR_IMPLEMENTATION   emit the implementation in this translation unit
@@ -323,12 +329,12 @@ typedef struct dpar_pool dpar_pool;
 
 /* dpar_pool_desc: how to make a pool; a zero field means its default. */
 typedef struct dpar_pool_desc {
-    int num_threads;  /* threads taking part, the caller included; 0: DPAR_NUM_THREADS, else the
+    int num_threads;          /* threads taking part, the caller included; 0: DPAR_NUM_THREADS, else the
                          online CPUs. Negative: DPAR_EINVAL; above DPAR_MAX_THREADS: DPAR_ERANGE */
-    int pin_threads;  /* 1: pin worker i (1..T-1) to CPU i mod CPUs; the caller is left as it is */
-    int spin_us;      /* microseconds a wait spins before sleeping; 0: DPAR_SPIN_US; -1: no spin */
-    const char *name; /* prefix of the trace tracks (copied; default "pool") */
-    dpar_allocator allocator;
+    int pin_threads;          /* 1: pin worker i (1..T-1) to CPU i mod CPUs; the caller is left as it is */
+    int spin_us;              /* microseconds a wait spins before sleeping; 0: DPAR_SPIN_US; -1: no spin */
+    const char *name;         /* prefix of the trace tracks (copied; default "pool") */
+    dpar_allocator allocator; /* the pool's memory, task records included (zero: malloc/free) */
 } dpar_pool_desc;
 
 /* dpar_pool_create: start a pool of T threads: the caller plus T - 1 workers.
@@ -541,15 +547,16 @@ typedef struct dpar_request dpar_request;
 
 /* dpar_comm_desc: how to make a group (and its comms); a zero field means its default. */
 typedef struct dpar_comm_desc {
-    int size;             /* ranks in the group (threads transport; required, 1..DPAR_MAX_THREADS) */
-    int timeout_ms;       /* blocking calls give up after this; 0: DPAR_TIMEOUT_MS, else 30000; -1: never */
-    int no_check;         /* 1: skip the contract checker's fingerprints */
-    int deterministic;    /* 1: allreduce in the fixed tree order (N must be a power of two) */
-    size_t segment_bytes; /* pipeline segment of the ring algorithms (0: 128 KiB) */
-    int spin_us;          /* waits spin this long before sleeping; 0: DPAR_SPIN_US, -1: no spin */
-    const char *name;     /* trace and error prefix (copied; default "comm") */
-    int native;           /* MPI: use MPI's own collectives for the dtypes MPI has (not bf16/f16) */
-    dpar_allocator allocator;
+    int size;                 /* ranks in the group (threads transport; required, 1..DPAR_MAX_THREADS) */
+    int timeout_ms;           /* blocking calls give up after this; 0: DPAR_TIMEOUT_MS (environment), else
+                             DPAR_TIMEOUT_MS_DEFAULT (30000); -1: never */
+    int no_check;             /* 1: skip the contract checker's fingerprints */
+    int deterministic;        /* 1: allreduce in the fixed tree order (N must be a power of two) */
+    size_t segment_bytes;     /* pipeline segment of the ring algorithms (0: 128 KiB) */
+    int spin_us;              /* waits spin this long before sleeping; 0: DPAR_SPIN_US, -1: no spin */
+    const char *name;         /* trace and error prefix (copied; default "comm") */
+    int native;               /* MPI: use MPI's own collectives for the dtypes MPI has (not bf16/f16) */
+    dpar_allocator allocator; /* the group's and its comms' memory (zero: malloc/free) */
 } dpar_comm_desc;
 
 /* dpar_group_create: make the meeting point of `desc->size` thread ranks; each rank's thread then joins it.
@@ -565,8 +572,8 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
    Thread safety: any thread, once. */
 DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
 
-/* dpar_group_join: make the comm of rank `rank` of `group` (a comm is made from what it belongs to); it returns at
-             once, the first collective meets the others.
+/* dpar_group_join: make the comm of rank `rank` of `group`.
+   Remarks:  it returns at once; the first collective meets the others.
    rank:     0..size-1, each rank once, from the thread that will use it.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL group or out, rank out of range), DPAR_EBUSY (the rank has already
              joined), DPAR_ENOMEM. On error *out is NULL.
@@ -631,6 +638,9 @@ DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *r
    Macros:   the names below; they call these _at functions with the caller's file and line.
    req:      set at once; finish it with dpar_request_wait or dpar_request_test.
    send, recv: they belong to dpar until dpar_request_wait returns, or dpar_request_test says done.
+   Returns:  DPAR_OK (the collective's own status comes from dpar_request_wait / _test); DPAR_EINVAL (NULL req,
+             bad arguments, buffers that overlap), DPAR_EUNSUPPORTED (an MPI comm without MPI_THREAD_MULTIPLE),
+             DPAR_ENOMEM, DPAR_ESYSTEM (the progress thread could not start); the comm's errors (see dpar_comm).
    Remarks:  requests of one comm run in the order they were made, on a progress thread of the rank; on a comm
              of one rank, at once, on the calling thread (no thread is started).
    Thread safety: the comm's thread.
@@ -712,7 +722,8 @@ DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
              reduce_scatter and allgather, count * N for alltoall); busbw = algbw * 2(N-1)/N for allreduce,
              (N-1)/N for reduce_scatter, allgather and alltoall, 1 otherwise.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out).
-   Thread safety: any thread (relaxed reads).
+   Thread safety: get: any thread (relaxed reads); reset: the comm's thread (it waits for the comm's requests and
+             clears the counters with plain stores).
    See:      docs/comm.md, 'Counters and trace'. */
 typedef struct dpar_comm_counters {
     uint64_t calls, bytes_sent, bytes_received, time_ns;
@@ -737,7 +748,8 @@ DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm);
 typedef enum dpar_trans { DPAR_NO_TRANS = 0, DPAR_TRANS = 1 } dpar_trans;
 
 /* dpar_sgemm: the fast path: OpenBLAS's cblas_sgemm under DPAR_OPENBLAS, else the built-in kernel.
-   Returns:  DPAR_OK; DPAR_EINVAL (a bad trans, negative sizes, leading dimensions too small, NULL matrices).
+   Returns:  DPAR_OK; DPAR_EINVAL (a bad trans, negative sizes, leading dimensions too small, NULL matrices),
+             DPAR_ENOMEM (the built-in kernel's packing buffers, once per thread).
    Remarks:  under DPAR_OPENBLAS, called from a pool thread, it first sets OpenBLAS to one thread; OpenBLAS
              0.3 has only a process-wide setting, so call openblas_set_num_threads(n) again before using
              OpenBLAS's own threads outside the pool.
@@ -876,16 +888,17 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
    See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'. */
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
+/* dpar_zero_desc: how to make a ZeRO-1 optimizer; a zero field means its default. */
 typedef struct dpar_zero_desc {
-    dpar_comm *comm;    /* required: the data-parallel ranks the state is cut over */
-    size_t count;       /* the parameters, the same on every rank */
-    dpar_optim kind;    /* default DPAR_OPTIM_SGD */
-    float lr;           /* required */
-    float momentum;     /* SGD: v = momentum v + g; p -= lr v (0: plain SGD) */
-    float beta1, beta2; /* Adam (AdamW); 0: 0.9 and 0.999 */
-    float eps;          /* Adam; 0: 1e-8 */
-    float weight_decay; /* SGD: added to the gradient; Adam: decoupled (AdamW) */
-    dpar_allocator allocator;
+    dpar_comm *comm;          /* required: the data-parallel ranks the state is cut over */
+    size_t count;             /* the parameters, the same on every rank (0: none) */
+    dpar_optim kind;          /* default DPAR_OPTIM_SGD */
+    float lr;                 /* required, > 0 */
+    float momentum;           /* SGD: v = momentum v + g; p -= lr v (0: plain SGD) */
+    float beta1, beta2;       /* Adam (AdamW); 0: 0.9 and 0.999 */
+    float eps;                /* Adam; 0: 1e-8 */
+    float weight_decay;       /* SGD: added to the gradient; Adam: decoupled (AdamW); 0: none */
+    dpar_allocator allocator; /* the optimizer state's memory (zero: malloc/free) */
 } dpar_zero_desc;
 
 typedef struct dpar_zero dpar_zero;
@@ -996,14 +1009,15 @@ typedef dpar_status (*dpar_pipe_forward_fn)(void *user, int micro, int chunk, co
 typedef dpar_status (*dpar_pipe_backward_fn)(void *user, int micro, int chunk, const void *in, const void *grad_out,
                                              void *grad_in);
 
+/* dpar_pipe_desc: how to make a stage's runner; a zero field means its default. */
 typedef struct dpar_pipe_desc {
-    dpar_pipe_schedule *schedule; /* required; not copied, must outlive the runner */
-    dpar_comm *comm;              /* the pipeline comm: its rank is the stage, its size p */
-    size_t act_bytes;             /* an activation (or its gradient) crossing a stage boundary */
-    dpar_pipe_forward_fn forward;
-    dpar_pipe_backward_fn backward;
-    void *user;
-    dpar_allocator allocator;
+    dpar_pipe_schedule *schedule;   /* required; not copied, must outlive the runner */
+    dpar_comm *comm;                /* required: the pipeline comm: its rank is the stage, its size p */
+    size_t act_bytes;               /* an activation (or its gradient) crossing a stage boundary (0: nothing sent) */
+    dpar_pipe_forward_fn forward;   /* required */
+    dpar_pipe_backward_fn backward; /* required */
+    void *user;                     /* passed to forward and backward */
+    dpar_allocator allocator;       /* the runner's buffers (zero: malloc/free) */
 } dpar_pipe_desc;
 
 typedef struct dpar_pipe dpar_pipe;
@@ -1025,7 +1039,8 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **ou
 /* dpar_pipe_run: one step: this stage's ops, in order, over the comm's point-to-point calls.
    stats:    may be NULL.
    Returns:  the same status on every stage (the run ends with an agreement): DPAR_OK; a callback's error
-             (it poisons the comm, so no stage waits); DPAR_EINVAL (NULL pipe); the comm's errors.
+             (it poisons the comm, so no stage waits); DPAR_EINVAL (NULL pipe); DPAR_ENOMEM (a buffer, during
+             the first runs); the comm's errors.
    Thread safety: the stage's thread; collective over the comm. */
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
 /* dpar_pipe_destroy: free the runner.
@@ -1291,9 +1306,9 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes);
    mpi_comm: dpar works on a duplicate, so its messages never meet the program's. MPI must be initialised.
    desc:     may be NULL; its size is ignored.
    Remarks:  async requests need MPI_THREAD_MULTIPLE.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, MPI_COMM_NULL, bad timeout_ms or spin_us), DPAR_ESTATE (MPI is not
-             initialised), DPAR_EUNSUPPORTED (deterministic on a number of processes that is not a power of
-             two), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, MPI_COMM_NULL, bad timeout_ms or spin_us, half an allocator),
+             DPAR_ESTATE (MPI is not initialised), DPAR_EUNSUPPORTED (deterministic on a number of processes that
+             is not a power of two), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
    Thread safety: the rank's thread; collective over mpi_comm.
    See:      docs/mpi.md. */
 DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out);
@@ -1301,16 +1316,17 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
 /* ============================================================================================== */
 /* >>hybrid: one comm over processes x threads (DPAR_MPI)                                        */
 /* ============================================================================================== */
-/* dpar_group_join_mpi: join `local` as `local_rank` and the processes of `mpi_comm`: the hybrid comm, whose ranks
-             are (process, thread) pairs, world rank = process * T + thread.
+/* dpar_group_join_mpi: join `local` as `local_rank` and the processes of `mpi_comm`: the hybrid comm.
+   Ranks:    (process, thread) pairs, world rank = process * T + thread.
    local:    the group where the T = local->size threads of every process meet (the same T everywhere).
    local_rank: the calling thread's index, 0..T-1.
    Remarks:  allreduce is hierarchical (threads through shared memory, one leader per process over MPI); the
              other calls go over MPI.
    Returns:  DPAR_OK; DPAR_EUNSUPPORTED (MPI gives less than MPI_THREAD_MULTIPLE, naming the level; deterministic
-             on a size that is not a power of two), DPAR_EINVAL (NULL out or local, processes with different T),
-             DPAR_ESTATE (MPI is not initialised), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM. On error *out
-             is NULL.
+             on a size that is not a power of two), DPAR_EINVAL (NULL out or local, local_rank out of range,
+             processes with different T), DPAR_EBUSY (local_rank has already joined), DPAR_ESTATE (MPI is not
+             initialised), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM. Every thread of a process returns
+             thread 0's code when thread 0's part fails. On error *out is NULL.
    Thread safety: the thread of that rank; collective over the threads and the processes of `mpi_comm`.
    See:      docs/mpi.md, 'Processes x threads: the hybrid comm'. */
 DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_Comm mpi_comm, dpar_comm **out);
@@ -8045,7 +8061,7 @@ static void dpar__m_survey(dpar__ctx *x, char *msg, size_t n, int k)
     dpar_comm *c = x->c;
     dpar__mpi *m = DPAR__M(c);
     int procs = c->size / m->T, me = c->rank / m->T, p, answered = 0, flag;
-    char *seen = (char *)calloc((size_t)procs, 1);
+    char *seen = (char *)dpar__calloc(&c->allocator, (size_t)procs, 1);
     uint64_t until;
     for (p = 0; p < procs; p++) {
         MPI_Request r;
@@ -8086,7 +8102,7 @@ static void dpar__m_survey(dpar__ctx *x, char *msg, size_t n, int k)
                               "busy, stuck or gone",
                               p, p * m->T, p * m->T + m->T - 1);
         }
-    free(seen);
+    dpar__free(&c->allocator, seen);
 }
 
 /* The wait of every MPI operation: test, watch, time out, back off. */
@@ -8856,26 +8872,45 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
                 node = dpar__m_node_procs(h->comm);
             }
         }
-        if (st != DPAR_OK) snprintf(why, sizeof why, "%s", dpar_last_error());
+        if (st != DPAR_OK) {
+            snprintf(why, sizeof why, "%s", dpar_last_error());
+            if (h) { /* made, never handed over: nobody else will free it */
+                MPI_Comm_free(&h->comm);
+                dpar__free(&d.allocator, h);
+                h = NULL;
+            }
+        }
         handover = st == DPAR_OK ? (int64_t)(uintptr_t)h : 0;
     }
     /* hand the shared comm to the process's threads (NULL: the leader failed) */
     {
-        int64_t msg[2];
+        int64_t msg[3];
         msg[0] = handover;
         msg[1] = node;
-        if (dpar_broadcast(lc, msg, msg, 2, DPAR_I64, 0) != DPAR_OK) st = st != DPAR_OK ? st : DPAR_ESYSTEM;
+        msg[2] = st;
+        if (dpar_broadcast(lc, msg, msg, 3, DPAR_I64, 0) != DPAR_OK) st = st != DPAR_OK ? st : DPAR_ESYSTEM;
+        else if (local_rank != 0) st = (dpar_status)msg[2];
         h = (dpar__hybrid *)(uintptr_t)msg[0];
         node = (int)msg[1];
     }
     if (!h) {
         if (ld) dpar_comm_destroy(ld);
         dpar_comm_destroy(lc);
-        return local_rank == 0 ? dpar__err(st, "%s", why)
-                               : dpar__err(DPAR_ESYSTEM, "dpar_group_join_mpi: thread 0 of this process failed");
+        if (local_rank == 0) return dpar__err(st, "%s", why);
+        if (st == DPAR_OK) st = DPAR_ESYSTEM;
+        return dpar__err(st, "dpar_group_join_mpi: thread 0 of this process failed (%s)", dpar_status_string(st));
     }
     st = dpar__m_make(h->comm, 0, &lc->desc, T, local_rank, node, &c);
-    if (st != DPAR_OK) return st;
+    if (st != DPAR_OK) { /* this thread's share of what the process made goes with it */
+        if (DPAR__SUB(&h->refs, 1, DPAR__ACQ_REL) == 1) {
+            dpar_allocator a = h->allocator;
+            MPI_Comm_free(&h->comm);
+            dpar__free(&a, h);
+        }
+        if (ld) dpar_comm_destroy(ld);
+        dpar_comm_destroy(lc);
+        return st;
+    }
     DPAR__M(c)->local = lc;
     DPAR__M(c)->leaders = ld;
     DPAR__M(c)->shared = h;

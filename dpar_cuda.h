@@ -36,6 +36,7 @@
 extern "C" {
 #endif
 
+/* dpar_cuda_device_info: what dpar_cuda_device_query reports about one device. */
 typedef struct dpar_cuda_device_info {
     int device;
     char name[256];
@@ -44,21 +45,26 @@ typedef struct dpar_cuda_device_info {
     int multiprocessors;
 } dpar_cuda_device_info;
 
-/* dpar_cuda_device_count: number of visible devices. A machine without a driver or device gives
-   DPAR_OK with *count = 0 (the reason in dpar_last_error), so callers can skip GPU work.
+/* dpar_cuda_device_count: the number of visible devices.
+   Returns:  DPAR_OK (also without a driver or device: *count = 0, the reason in dpar_last_error, so callers can
+             skip GPU work); DPAR_EINVAL (NULL count), DPAR_ESYSTEM (another CUDA error, its text in
+             dpar_last_error).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_device_count(int *count);
 
-/* dpar_cuda_device_query: properties of one device. DPAR_EINVAL for a bad index.
+/* dpar_cuda_device_query: the properties of one device.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL info, a device outside 0..count-1), DPAR_ESYSTEM (a CUDA error).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_device_query(int device, dpar_cuda_device_info *info);
 
-/* dpar_cuda_axpy_f32: y[i] += alpha * x[i] for i < n, on device memory, enqueued on `stream`
-   (a cudaStream_t; NULL for the default stream). Returns at once; synchronise the stream to wait.
+/* dpar_cuda_axpy_f32: y[i] += alpha * x[i] for i < n, on device memory, enqueued on `stream`.
+   stream:   a cudaStream_t; NULL for the default stream. The call returns at once: synchronise the stream.
+   Returns:  DPAR_OK (n = 0 too); DPAR_EINVAL (NULL y or x), DPAR_ESYSTEM (the launch failed).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_axpy_f32(float *y, const float *x, float alpha, size_t n, void *stream);
 
-/* dpar_cuda_axpy_f32_ref: the naive host reference of the kernel above. Thread safety: any thread. */
+/* dpar_cuda_axpy_f32_ref: the naive host reference of dpar_cuda_axpy_f32.
+   Thread safety: any thread. */
 DPAR_API void dpar_cuda_axpy_f32_ref(float *y, const float *x, float alpha, size_t n);
 
 #ifdef __cplusplus

@@ -81,7 +81,7 @@ static dpar_status barrier_body(void *user, int thread, int nthreads)
     return DPAR_OK;
 }
 
-static double dpar_for_sample(dpar_pool *pool, int threads, int reps)
+static double bench_for_sample(dpar_pool *pool, int threads, int reps)
 {
     double t0 = now_us();
     int j;
@@ -101,7 +101,7 @@ static double omp_for_sample(int threads, int reps)
     return (now_us() - t0) / reps;
 }
 
-static double dpar_barrier_sample(dpar_pool *pool, int reps)
+static double bench_barrier_sample(dpar_pool *pool, int reps)
 {
     barrier_job b;
     double t0;
@@ -151,15 +151,15 @@ int main(void)
             fprintf(stderr, "bench_pool: %s\n", dpar_last_error());
             return 1;
         }
-        dpar_for_sample(pool, T, reps); /* warm up both */
+        bench_for_sample(pool, T, reps); /* warm up both */
         omp_for_sample(T, reps);
         for (k = 0; k < SAMPLES; k++) {
             settle();
-            dfor[k] = dpar_for_sample(pool, T, reps) - ref;
+            dfor[k] = bench_for_sample(pool, T, reps) - ref;
             settle();
             ofor[k] = omp_for_sample(T, reps) - ref;
             settle();
-            dbar[k] = dpar_barrier_sample(pool, reps) - ref;
+            dbar[k] = bench_barrier_sample(pool, reps) - ref;
             settle();
             obar[k] = omp_barrier_sample(T, reps) - ref;
         }

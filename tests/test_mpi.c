@@ -551,6 +551,46 @@ static void test_hybrid_deterministic_equals_flat(void)
     CHECK(run_hybrid(1, NULL, 30011) == 0);
 }
 
+/* ---- processes with different numbers of threads: every thread of every process gets DPAR_EINVAL ---- */
+typedef struct {
+    dpar_group *g;
+    dpar_status st[2];
+    char msg[2][DPAR__ERROR_TEXT];
+    int made[2];
+} uneven_job;
+static uneven_job uneven;
+static void *uneven_thread(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    dpar_comm *c = NULL;
+    uneven.st[t] = dpar_group_join_mpi(uneven.g, t, MPI_COMM_WORLD, &c);
+    snprintf(uneven.msg[t], sizeof uneven.msg[t], "%s", dpar_last_error());
+    uneven.made[t] = c != NULL;
+    if (c) dpar_comm_destroy(c);
+    return NULL;
+}
+static void test_hybrid_uneven_threads_refused(void)
+{
+    dpar_comm_desc d;
+    pthread_t th[2];
+    int T = me == 0 ? 2 : 1, t;
+    if (nprocs < 2) SKIP("needs 2 processes or more");
+    memset(&d, 0, sizeof d);
+    memset(&uneven, 0, sizeof uneven);
+    d.size = T;
+    d.timeout_ms = 10000;
+    CHECK(dpar_group_create(&d, &uneven.g) == DPAR_OK);
+    for (t = 0; t < T; t++) pthread_create(&th[t], NULL, uneven_thread, (void *)(intptr_t)t);
+    for (t = 0; t < T; t++) pthread_join(th[t], NULL);
+    for (t = 0; t < T; t++) {
+        const char *want =
+            t == 0 ? "every process needs the same" : "thread 0 of this process failed (invalid argument";
+        CHECK_MSG(uneven.st[t] == DPAR_EINVAL && !uneven.made[t] && strstr(uneven.msg[t], want),
+                  "process %d thread %d: %s: %s", me, t, dpar_status_string(uneven.st[t]), uneven.msg[t]);
+    }
+    dpar_group_destroy(uneven.g);
+}
+
 /* ---- MPI_THREAD_FUNNELED: what needs more says so ---- */
 static void test_thread_level_is_checked(void)
 {
@@ -623,6 +663,7 @@ int main(int argc, char **argv)
     } else if (hybrid_threads > 0) {
         MRUN(test_hybrid_collectives);
         MRUN(test_hybrid_deterministic_equals_flat);
+        MRUN(test_hybrid_uneven_threads_refused);
     } else {
         MRUN(test_point_to_point_over_mpi);
         MRUN(test_collectives_matrix_over_mpi);
