@@ -4977,7 +4977,9 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
     int64_t *ck;
     char *scr = NULL;
     dpar_status st;
-    DPAR__TRY(dpar__scratch(c, (size_t)N * 3 * sizeof(int64_t), &scr));
+    /* out of memory here alone: the others must not wait for this rank's part of the allgather */
+    if ((st = dpar__scratch(c, (size_t)N * 3 * sizeof(int64_t), &scr)) != DPAR_OK)
+        return dpar__t_poison(c, st, dpar_last_error());
     ck = (int64_t *)(void *)scr;
     ck[2 * r] = color;
     ck[2 * r + 1] = key;

@@ -727,6 +727,58 @@ static void bad_rank(world *w, dpar_comm *c, int r)
     if (dpar_iallreduce(c, x, x, 8, DPAR_F32, DPAR_SUM, NULL) != DPAR_EINVAL) note(w, "NULL req accepted");
 }
 
+/* A split whose scratch memory runs out on one rank: every rank returns at once, none waits for it. */
+typedef struct {
+    pthread_t victim;
+    int armed;
+    dpar_status st[4];
+    double seconds[4];
+} split_oom_job;
+static split_oom_job split_oom;
+static void *split_oom_alloc(void *user, size_t size)
+{
+    split_oom_job *j = (split_oom_job *)user;
+    if (__atomic_load_n(&j->armed, __ATOMIC_ACQUIRE) && pthread_equal(pthread_self(), j->victim)) {
+        __atomic_store_n(&j->armed, 0, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    return malloc(size);
+}
+static void split_oom_free(void *user, void *p)
+{
+    (void)user;
+    free(p);
+}
+static void split_oom_rank(world *w, dpar_comm *c, int r)
+{
+    dpar_comm *sub = NULL;
+    double t0;
+    (void)w;
+    if (r == 1) {
+        split_oom.victim = pthread_self();
+        __atomic_store_n(&split_oom.armed, 1, __ATOMIC_RELEASE); /* its next allocation: the split's scratch */
+    }
+    t0 = dt_now();
+    split_oom.st[r] = dpar_comm_split(c, 0, r, &sub);
+    split_oom.seconds[r] = dt_now() - t0;
+    if (sub) dpar_comm_destroy(sub);
+}
+static void test_split_out_of_memory_on_one_rank(void)
+{
+    dpar_comm_desc d;
+    int r;
+    memset(&d, 0, sizeof d);
+    memset(&split_oom, 0, sizeof split_oom);
+    d.timeout_ms = 10000;
+    d.allocator.alloc = split_oom_alloc;
+    d.allocator.free = split_oom_free;
+    d.allocator.user = &split_oom;
+    run_world_desc(4, &d, split_oom_rank, NULL, NULL, 0);
+    for (r = 0; r < 4; r++)
+        CHECK_MSG(split_oom.st[r] == DPAR_ENOMEM && split_oom.seconds[r] < 2.0, "rank %d: %s after %.2f s", r,
+                  dpar_status_string(split_oom.st[r]), split_oom.seconds[r]);
+}
+
 static void test_bad_input(void)
 {
     dpar_group *g;
@@ -853,6 +905,7 @@ int main(int argc, char **argv)
     RUN(test_async_requests);
     RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);
+    RUN(test_split_out_of_memory_on_one_rank);
     RUN(test_trace_has_collectives_with_bytes);
     pools_free();
     return dt_summary();
