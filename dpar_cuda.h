@@ -1,5 +1,5 @@
 /* dpar_cuda.h - dpar's GPU part: devices, kernels, and (to come) a GPU worker pool and an NCCL
-   transport for the communicator.  v0.1.0 (skeleton)
+   transport for the communicator.  v0.2.0
 
    USE
      Plain C or C++ includes "dpar_cuda.h" for the declarations (it includes dpar.h). Exactly one
@@ -9,15 +9,32 @@
          #define DPAR_CUDA_IMPLEMENTATION
          #include "dpar_cuda.h"
 
-         nvcc -O2 -I. my_kernels.cu -c    and link with -lcudart (nvcc links it by default)
+         nvcc -O2 -I. my_kernels.cu -c    and link with -lcublas (nvcc links -lcudart by default)
 
-   WHAT IS HERE (v0.1, a skeleton that exercises the build path)
-     - device count and properties, with CUDA errors mapped to dpar_status and the CUDA error text in
-       dpar_last_error();
-     - one kernel, axpy, beside its naive host reference (tests compare the two).
+   WHAT IS HERE (v0.2)
+     - device count and properties, with CUDA errors mapped to dpar_status and the CUDA call, CUDA's
+       error name and its text in dpar_last_error();
+     - >>kernels: fill, scale, axpy, add; reduce and divide of F32/BF16/F16 with dpar's ops (bitwise the
+       CPU's dpar reductions); casts between f32, bf16 and f16; SGD with momentum and AdamW (the math of
+       dpar_zero_step); bias add, ReLU forward/backward, softmax cross-entropy forward/backward;
+       dpar_cuda_sgemm (row-major over cuBLAS). Each launcher enqueues on the stream given and has a
+       naive host reference `..._ref` beside it, which the tests compare with.
+   HOW THE KERNELS ARE BUILT (and verified without a GPU)
+     Each kernel's per-element work is a __host__ __device__ function (dpar_cuda__<kernel>_elem); a
+     small functor applies it to element i (`one`) or to four aligned elements loaded as one vector
+     (`vec`, the same element function per lane); dpar_cuda__stride(k, thread, threads) is the whole
+     grid-stride loop, and the __global__ wrapper only calls it with its global thread index. A host
+     test (tests/test_cuda_host.cu) calls the same dpar_cuda__stride for every thread of simulated
+     grids and compares with the references. Floating-point steps go through dpar_cuda__fadd/fmul/...:
+     on the device the _rn intrinsics, so nvcc cannot fuse a multiply and an add, and the device gives
+     the host's bits (expf/logf excepted: CUDA's are within 2 ulp of glibc's; see the softmax kernels).
    WHAT COMES (the CUDA issue): a GPU pool (one host thread per device, each with a stream and a
-   cuBLAS handle), the kernels trainers need around collectives (scale, SGD/Adam updates, casts),
-   and a transport for device buffers: NCCL under DPAR_NCCL, else a ring over peer copies.
+   cuBLAS handle) and a transport for device buffers: NCCL under DPAR_NCCL, else a ring over peer
+   copies.
+
+   LINKING
+     The implementation calls cuBLAS (dpar_cuda_sgemm): link the program with -lcublas (nvcc adds
+     -lcudart itself).
 
    OPTIONS
      DPAR_CUDA_IMPLEMENTATION   emit the implementation (nvcc only)
@@ -30,7 +47,7 @@
 
 #include "dpar.h"
 
-#define DPAR_CUDA_VERSION "0.1.0"
+#define DPAR_CUDA_VERSION "0.2.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +84,127 @@ DPAR_API dpar_status dpar_cuda_axpy_f32(float *y, const float *x, float alpha, s
    Thread safety: any thread. */
 DPAR_API void dpar_cuda_axpy_f32_ref(float *y, const float *x, float alpha, size_t n);
 
+/* >>kernels: the declarations. Every launcher enqueues on `stream` (a cudaStream_t; NULL: the default
+   stream) and returns at once; pointers are device memory; n = 0 is DPAR_OK and launches nothing.
+   Errors:   DPAR_EINVAL (a NULL pointer with n > 0, a value outside its enum, a bad size), DPAR_EUNSUPPORTED (a
+             dpar dtype the kernel does not have), DPAR_ESYSTEM (the launch failed: the CUDA call, CUDA's
+             error name and text in dpar_last_error).
+   Vectors:  a kernel loads 4 elements at a time where every buffer it touches is aligned to 4 elements,
+             else one at a time; the results are the same.
+   References: each `..._ref` is the naive host loop of its kernel, plain C on host memory; the tests compare
+             kernel and reference. */
+
+/* dpar_cuda_fill_f32: y[i] = value for i < n.
+   Returns:  as the section says.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_fill_f32(float *y, float value, size_t n, void *stream);
+DPAR_API void dpar_cuda_fill_f32_ref(float *y, float value, size_t n);
+
+/* dpar_cuda_scale_f32: y[i] *= alpha for i < n.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_scale_f32(float *y, float alpha, size_t n, void *stream);
+DPAR_API void dpar_cuda_scale_f32_ref(float *y, float alpha, size_t n);
+
+/* dpar_cuda_add_f32: out[i] = a[i] + b[i] for i < n; out may be a or b.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_add_f32(float *out, const float *a, const float *b, size_t n, void *stream);
+DPAR_API void dpar_cuda_add_f32_ref(float *out, const float *a, const float *b, size_t n);
+
+/* dpar_cuda_reduce: out[i] = a[i] op b[i], then / div when op is DPAR_AVG and div > 1: the local step of
+   dpar's reductions, on the device.
+   dtype:    DPAR_F32, DPAR_BF16 or DPAR_F16 (16-bit types are widened to float, combined, and rounded to
+             nearest even: bitwise what dpar.h's CPU reductions give, NaN included).
+   out:      may be a or b.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pointers, a bad op or dtype), DPAR_EUNSUPPORTED (another dpar dtype),
+             DPAR_ESYSTEM.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype, dpar_op op,
+                                      int div, void *stream);
+DPAR_API void dpar_cuda_reduce_ref(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype, dpar_op op,
+                                   int div);
+
+/* dpar_cuda_divide: out[i] = in[i] / div (div <= 1: a copy); out may be in. Dtypes as dpar_cuda_reduce.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size_t n, dpar_dtype dtype, int div, void *stream);
+DPAR_API void dpar_cuda_divide_ref(void *out, const void *in, size_t n, dpar_dtype dtype, int div);
+
+/* dpar_cuda_cast: out[i] = in[i] converted, between DPAR_F32, DPAR_BF16 and DPAR_F16 (any pair; 16-bit to
+   16-bit goes through float). Rounding: to nearest even, as dpar_f32_to_bf16 / dpar_f32_to_f16.
+   out, in:  must not overlap (unless the same buffer with the same dtype).
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_cast(void *out, dpar_dtype out_dtype, const void *in, dpar_dtype in_dtype, size_t n,
+                                    void *stream);
+DPAR_API void dpar_cuda_cast_ref(void *out, dpar_dtype out_dtype, const void *in, dpar_dtype in_dtype, size_t n);
+
+/* dpar_cuda_sgd_f32: one SGD step with momentum, dpar_zero_step's math:
+       g' = g + weight_decay p;  m = momentum m + g';  p -= lr m      (momentum 0: plain SGD; m is still written)
+   params, mom: n floats each, updated; grads: n floats.
+   Remarks:  every float operation is rounded on its own (no fused multiply-add), so the device gives the
+             bits of dpar_zero_step on one rank.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_sgd_f32(float *params, float *mom, const float *grads, size_t n, float lr, float momentum,
+                                       float weight_decay, void *stream);
+DPAR_API void dpar_cuda_sgd_f32_ref(float *params, float *mom, const float *grads, size_t n, float lr, float momentum,
+                                    float weight_decay);
+
+/* dpar_cuda_adamw_f32: one AdamW step, dpar_zero_step's math (step t counts from 1):
+       m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g g;
+       p -= lr ((m / c1) / (sqrt(v / c2) + eps) + weight_decay p),  c1 = 1 - b1^t, c2 = 1 - b2^t (powf, on the host)
+   params, m, v: n floats each, updated; grads: n floats.
+   Returns:  as the section says; DPAR_EINVAL for step < 1.
+   Remarks:  no fused multiply-add, correctly rounded division and square root: the device gives the bits of
+             dpar_zero_step on one rank.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_adamw_f32(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                                         float beta1, float beta2, float eps, float weight_decay, long step,
+                                         void *stream);
+DPAR_API void dpar_cuda_adamw_f32_ref(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                                      float beta1, float beta2, float eps, float weight_decay, long step);
+
+/* dpar_cuda_bias_add_f32: y (rows x cols, row-major) += bias (cols) on every row.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_bias_add_f32(float *y, const float *bias, size_t rows, size_t cols, void *stream);
+DPAR_API void dpar_cuda_bias_add_f32_ref(float *y, const float *bias, size_t rows, size_t cols);
+
+/* dpar_cuda_relu_forward_f32 / dpar_cuda_relu_backward_f32: y = x > 0 ? x : 0 (NaN stays NaN; -0 gives +0);
+   dx = y > 0 ? dy : 0, y the forward's output (or its input: the same sign). y may be x, dx may be dy.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_relu_forward_f32(float *y, const float *x, size_t n, void *stream);
+DPAR_API void dpar_cuda_relu_forward_f32_ref(float *y, const float *x, size_t n);
+DPAR_API dpar_status dpar_cuda_relu_backward_f32(float *dx, const float *dy, const float *y, size_t n, void *stream);
+DPAR_API void dpar_cuda_relu_backward_f32_ref(float *dx, const float *dy, const float *y, size_t n);
+
+/* dpar_cuda_softmax_xent_forward_f32 / _backward_f32: softmax cross-entropy over rows of `classes` logits, as
+   examples/data_parallel.c computes it:
+       loss[r] = log(sum_c exp(z[r,c] - max_r)) - (z[r,label[r]] - max_r)                (rows)
+       dlogits[r,c] = (exp(z[r,c] - max_r) / sum_r - (c == label[r])) / rows            (rows x classes)
+   The mean loss is the mean of loss[]; dlogits is the gradient of that mean.
+   labels:   rows ints in 0..classes-1; a row with another label gets NaN (loss and gradient).
+   Remarks:  one thread per row (classes is small in the trainers here); expf and logf are CUDA's, within 2 ulp
+             of glibc's, so the device matches the reference to a relative 1e-5, not bitwise.
+   Returns:  as the section says; DPAR_EINVAL for classes < 1.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_softmax_xent_forward_f32(float *loss, const float *logits, const int *labels, size_t rows,
+                                                        int classes, void *stream);
+DPAR_API void dpar_cuda_softmax_xent_forward_f32_ref(float *loss, const float *logits, const int *labels, size_t rows,
+                                                     int classes);
+DPAR_API dpar_status dpar_cuda_softmax_xent_backward_f32(float *dlogits, const float *logits, const int *labels,
+                                                         size_t rows, int classes, void *stream);
+DPAR_API void dpar_cuda_softmax_xent_backward_f32_ref(float *dlogits, const float *logits, const int *labels,
+                                                      size_t rows, int classes);
+
+/* dpar_cuda_sgemm: dpar_sgemm on device memory through cuBLAS: row-major, C (M x N) = alpha op(A) op(B) + beta C.
+   cublas:   a cublasHandle_t (required); its stream is set to `stream`.
+   Remarks:  row-major is column-major transposed, so it calls cublasSgemm(B, A) with N and M swapped. The
+             reference is dpar_sgemm_ref. cuBLAS may use TF32 only if the handle's math mode allows it (the
+             default does not).
+   Returns:  DPAR_OK (M, N or K zero too: C = beta C when K = 0); DPAR_EINVAL (as dpar_sgemm, a NULL handle),
+             DPAR_ESYSTEM (cuBLAS's status name in dpar_last_error).
+   Thread safety: any thread, one handle per thread. */
+DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha, const float *A,
+                                     int lda, const float *B, int ldb, float beta, float *C, int ldc, void *cublas,
+                                     void *stream);
+
 #ifdef __cplusplus
 }
 #endif
@@ -77,13 +215,18 @@ DPAR_API void dpar_cuda_axpy_f32_ref(float *y, const float *x, float alpha, size
 #ifndef __CUDACC__
 #error "dpar_cuda.h: DPAR_CUDA_IMPLEMENTATION needs nvcc: put it in a .cu file"
 #endif
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 
+/* a CUDA error: "what: cudaErrorX (code): text" */
 static dpar_status dpar_cuda__check(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess) return DPAR_OK;
-    return dpar_set_error(DPAR_ESYSTEM, "%s: CUDA error %d: %s", what, (int)e, cudaGetErrorString(e));
+    return dpar_set_error(DPAR_ESYSTEM, "%s: %s (%d): %s", what, cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_device_count(int *count)
@@ -94,7 +237,8 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_count(int *count)
     e = cudaGetDeviceCount(count);
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
         *count = 0;
-        dpar_set_error(DPAR_OK, "dpar_cuda_device_count: no usable device: %s", cudaGetErrorString(e));
+        dpar_set_error(DPAR_OK, "dpar_cuda_device_count: no usable device: %s: %s", cudaGetErrorName(e),
+                       cudaGetErrorString(e));
         (void)cudaGetLastError(); /* clear the sticky error */
         return DPAR_OK;
     }
@@ -113,7 +257,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_query(int device, dpar_cuda_dev
     if ((st = dpar_cuda__check(cudaGetDeviceProperties(&prop, device), "dpar_cuda_device_query")) != DPAR_OK) return st;
     memset(info, 0, sizeof *info);
     info->device = device;
-    strncpy(info->name, prop.name, sizeof info->name - 1);
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
     info->total_bytes = prop.totalGlobalMem;
     info->major = prop.major;
     info->minor = prop.minor;
@@ -121,27 +265,765 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_query(int device, dpar_cuda_dev
     return DPAR_OK;
 }
 
-/* y (n) += alpha * x (n): a grid-stride loop */
-__global__ void dpar_cuda__axpy_kernel(float *y, const float *x, float alpha, size_t n)
+
+/* >>kernels: element functions, the grid-stride loop, the launchers, the references -------------- */
+#define DPAR_CUDA__HD __host__ __device__ static inline
+#define DPAR_CUDA__TRY(expr)            \
+    do {                                \
+        dpar_status st_ = (expr);       \
+        if (st_ != DPAR_OK) return st_; \
+    } while (0)
+
+/* Each float step rounded on its own: on the device the _rn intrinsics, which nvcc never fuses into a
+   multiply-add (it would fuse a * b + c), so device and host give the same bits. */
+DPAR_CUDA__HD float dpar_cuda__fadd(float a, float b)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
-    for (; i < n; i += step) y[i] += alpha * x[i];
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+DPAR_CUDA__HD float dpar_cuda__fsub(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+DPAR_CUDA__HD float dpar_cuda__fmul(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+DPAR_CUDA__HD float dpar_cuda__fdiv(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+DPAR_CUDA__HD float dpar_cuda__fsqrt(float a)
+{
+#ifdef __CUDA_ARCH__
+    return __fsqrt_rn(a);
+#else
+    return sqrtf(a);
+#endif
+}
+DPAR_CUDA__HD uint32_t dpar_cuda__bits(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
+}
+DPAR_CUDA__HD float dpar_cuda__float(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+/* ---- bf16 / f16, as dpar.h's dpar_bf16_to_f32 ... dpar_f32_to_f16 (the host test checks every pattern) ---- */
+DPAR_CUDA__HD float dpar_cuda__bf16_to_f32(uint16_t h) { return dpar_cuda__float((uint32_t)h << 16); }
+DPAR_CUDA__HD uint16_t dpar_cuda__f32_to_bf16(float f)
+{
+    uint32_t u = dpar_cuda__bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* to nearest even */
+    return (uint16_t)(u >> 16);
+}
+DPAR_CUDA__HD float dpar_cuda__f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        if (m == 0) return dpar_cuda__float(sign);
+        e = 113; /* subnormal: normalise */
+        while (!(m & 0x400u)) {
+            m <<= 1;
+            e--;
+        }
+        return dpar_cuda__float(sign | (e << 23) | ((m & 0x3ffu) << 13));
+    }
+    if (e == 31) return dpar_cuda__float(sign | 0x7f800000u | (m << 13));
+    return dpar_cuda__float(sign | ((e + 112) << 23) | (m << 13));
+}
+DPAR_CUDA__HD uint16_t dpar_cuda__f32_to_f16(float f)
+{
+    uint32_t u = dpar_cuda__bits(f), sign = (u >> 16) & 0x8000u, m = u & 0x7fffffu, half, rem;
+    int32_t e;
+    if (((u >> 23) & 0xffu) == 0xffu) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u : 0u));
+    e = (int32_t)((u >> 23) & 0xffu) - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) { /* subnormal or zero */
+        uint32_t shift;
+        if (e < -10) return (uint16_t)sign;
+        m |= 0x800000u;
+        shift = (uint32_t)(14 - e);
+        half = m >> shift;
+        rem = m & ((1u << shift) - 1u);
+        if (rem > (1u << (shift - 1)) || (rem == (1u << (shift - 1)) && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    half = sign | ((uint32_t)e << 10) | (m >> 13);
+    rem = m & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) half++; /* a carry rounds up into the exponent */
+    return (uint16_t)half;
+}
+
+/* element types: storage T, widened to float and narrowed back */
+struct dpar_cuda__f32 {
+    typedef float T;
+    DPAR_CUDA__HD float load(float x) { return x; }
+    DPAR_CUDA__HD float store(float f) { return f; }
+};
+struct dpar_cuda__bf16 {
+    typedef uint16_t T;
+    DPAR_CUDA__HD float load(uint16_t x) { return dpar_cuda__bf16_to_f32(x); }
+    DPAR_CUDA__HD uint16_t store(float f) { return dpar_cuda__f32_to_bf16(f); }
+};
+struct dpar_cuda__f16 {
+    typedef uint16_t T;
+    DPAR_CUDA__HD float load(uint16_t x) { return dpar_cuda__f16_to_f32(x); }
+    DPAR_CUDA__HD uint16_t store(float f) { return dpar_cuda__f32_to_f16(f); }
+};
+
+/* ---- the element functions: one per kernel ---- */
+DPAR_CUDA__HD float dpar_cuda__scale_elem(float y, float alpha) { return dpar_cuda__fmul(alpha, y); }
+DPAR_CUDA__HD float dpar_cuda__axpy_elem(float y, float x, float alpha)
+{
+    return dpar_cuda__fadd(y, dpar_cuda__fmul(alpha, x));
+}
+DPAR_CUDA__HD float dpar_cuda__add_elem(float a, float b) { return dpar_cuda__fadd(a, b); }
+/* dpar.h's dpar__apply_f32: the op in float (AVG: (x + y) / div when div > 1) */
+DPAR_CUDA__HD float dpar_cuda__reduce_elem(float x, float y, int op, int div)
+{
+    switch (op) {
+    case DPAR_SUM: return dpar_cuda__fadd(x, y);
+    case DPAR_AVG: return div > 1 ? dpar_cuda__fdiv(dpar_cuda__fadd(x, y), (float)div) : dpar_cuda__fadd(x, y);
+    case DPAR_MIN: return y < x ? y : x;
+    case DPAR_MAX: return y > x ? y : x;
+    default: return dpar_cuda__fmul(x, y);
+    }
+}
+DPAR_CUDA__HD float dpar_cuda__divide_elem(float x, int div) { return dpar_cuda__fdiv(x, (float)div); }
+DPAR_CUDA__HD void dpar_cuda__sgd_elem(float *p, float *m, float g, float lr, float mu, float wd)
+{
+    float gi = dpar_cuda__fadd(g, dpar_cuda__fmul(wd, *p));
+    *m = dpar_cuda__fadd(dpar_cuda__fmul(mu, *m), gi);
+    *p = dpar_cuda__fsub(*p, dpar_cuda__fmul(lr, *m));
+}
+/* c1, c2: the bias corrections 1 - b1^t, 1 - b2^t */
+DPAR_CUDA__HD void dpar_cuda__adamw_elem(float *p, float *m, float *v, float g, float lr, float b1, float b2, float eps,
+                                         float wd, float c1, float c2)
+{
+    float mh, vh;
+    *m = dpar_cuda__fadd(dpar_cuda__fmul(b1, *m), dpar_cuda__fmul(dpar_cuda__fsub(1.0f, b1), g));
+    *v = dpar_cuda__fadd(dpar_cuda__fmul(b2, *v), dpar_cuda__fmul(dpar_cuda__fmul(dpar_cuda__fsub(1.0f, b2), g), g));
+    mh = dpar_cuda__fdiv(*m, c1);
+    vh = dpar_cuda__fadd(dpar_cuda__fsqrt(dpar_cuda__fdiv(*v, c2)), eps);
+    *p = dpar_cuda__fsub(*p, dpar_cuda__fmul(lr, dpar_cuda__fadd(dpar_cuda__fdiv(mh, vh), dpar_cuda__fmul(wd, *p))));
+}
+DPAR_CUDA__HD float dpar_cuda__relu_elem(float x) { return !(x <= 0.0f) ? x : 0.0f; }
+DPAR_CUDA__HD float dpar_cuda__relu_backward_elem(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+/* one row of softmax cross-entropy: z (classes); the loss, or NaN for a label out of range */
+DPAR_CUDA__HD float dpar_cuda__xent_forward_elem(const float *z, int label, int classes)
+{
+    float mx = z[0], sum = 0.0f;
+    int c;
+    if (label < 0 || label >= classes) return dpar_cuda__float(0x7fc00000u);
+    for (c = 1; c < classes; c++) mx = z[c] > mx ? z[c] : mx;
+    for (c = 0; c < classes; c++) sum = dpar_cuda__fadd(sum, expf(dpar_cuda__fsub(z[c], mx)));
+    return dpar_cuda__fsub(logf(sum), dpar_cuda__fsub(z[label], mx));
+}
+/* d (classes) = (softmax(z) - onehot(label)) / rows */
+DPAR_CUDA__HD void dpar_cuda__xent_backward_elem(float *d, const float *z, int label, int classes, float rows)
+{
+    float mx = z[0], sum = 0.0f;
+    int c, bad = label < 0 || label >= classes;
+    for (c = 1; c < classes; c++) mx = z[c] > mx ? z[c] : mx;
+    for (c = 0; c < classes; c++) sum = dpar_cuda__fadd(sum, (d[c] = expf(dpar_cuda__fsub(z[c], mx))));
+    for (c = 0; c < classes; c++) {
+        float s = dpar_cuda__fdiv(d[c], sum);
+        d[c] = bad ? dpar_cuda__float(0x7fc00000u) : dpar_cuda__fdiv(dpar_cuda__fsub(s, c == label ? 1.0f : 0.0f), rows);
+    }
+}
+
+/* ---- the grid-stride loop, written once ----
+   A kernel object k has n (elements), nvec (groups of 4 elements taken as vectors: 0 when a buffer is not
+   aligned), one(i) and vec(g) (elements 4g..4g+3, the same element function per lane). Thread `thread` of
+   `threads` takes groups thread, thread + threads, ..., then the scalar tail from 4 nvec the same way. */
+template <class T> struct alignas(4 * sizeof(T)) dpar_cuda__v4 {
+    T e[4];
+};
+template <class K> __host__ __device__ inline void dpar_cuda__stride(const K &k, size_t thread, size_t threads)
+{
+    size_t i;
+    for (i = thread; i < k.nvec; i += threads) k.vec(i);
+    for (i = 4 * k.nvec + thread; i < k.n; i += threads) k.one(i);
+}
+template <class K> __global__ void dpar_cuda__kernel(K k)
+{
+    dpar_cuda__stride(k, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
+}
+
+static int dpar_cuda__aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
+/* y = f(y) or y = f(x): a map over one input */
+template <class F, class TO, class TI> struct dpar_cuda__map1 {
+    TO *out;
+    const TI *in;
+    size_t n, nvec;
+    F f;
+    __host__ __device__ void one(size_t i) const { out[i] = f(in[i]); }
+    __host__ __device__ void vec(size_t g) const
+    {
+        dpar_cuda__v4<TI> x = ((const dpar_cuda__v4<TI> *)in)[g];
+        dpar_cuda__v4<TO> y;
+        for (int l = 0; l < 4; l++) y.e[l] = f(x.e[l]);
+        ((dpar_cuda__v4<TO> *)out)[g] = y;
+    }
+};
+template <class F, class TO, class TI> static dpar_cuda__map1<F, TO, TI> dpar_cuda__make_map1(TO *out, const TI *in, size_t n, F f)
+{
+    dpar_cuda__map1<F, TO, TI> k;
+    k.out = out, k.in = in, k.n = n, k.f = f;
+    k.nvec = dpar_cuda__aligned(out, sizeof(dpar_cuda__v4<TO>)) && dpar_cuda__aligned(in, sizeof(dpar_cuda__v4<TI>)) ? n / 4 : 0;
+    return k;
+}
+
+/* out = f(a, b): a map over two inputs */
+template <class F, class T> struct dpar_cuda__map2 {
+    T *out;
+    const T *a, *b;
+    size_t n, nvec;
+    F f;
+    __host__ __device__ void one(size_t i) const { out[i] = f(a[i], b[i]); }
+    __host__ __device__ void vec(size_t g) const
+    {
+        dpar_cuda__v4<T> x = ((const dpar_cuda__v4<T> *)a)[g], y = ((const dpar_cuda__v4<T> *)b)[g];
+        for (int l = 0; l < 4; l++) x.e[l] = f(x.e[l], y.e[l]);
+        ((dpar_cuda__v4<T> *)out)[g] = x;
+    }
+};
+template <class F, class T> static dpar_cuda__map2<F, T> dpar_cuda__make_map2(T *out, const T *a, const T *b, size_t n, F f)
+{
+    dpar_cuda__map2<F, T> k;
+    size_t v = sizeof(dpar_cuda__v4<T>);
+    k.out = out, k.a = a, k.b = b, k.n = n, k.f = f;
+    k.nvec = dpar_cuda__aligned(out, v) && dpar_cuda__aligned(a, v) && dpar_cuda__aligned(b, v) ? n / 4 : 0;
+    return k;
+}
+
+/* the functions the maps apply: an element function with its parameters */
+struct dpar_cuda__fill_f {
+    float value;
+    __host__ __device__ float operator()(float) const { return value; }
+};
+struct dpar_cuda__scale_f {
+    float alpha;
+    __host__ __device__ float operator()(float y) const { return dpar_cuda__scale_elem(y, alpha); }
+};
+struct dpar_cuda__axpy_f {
+    float alpha;
+    __host__ __device__ float operator()(float y, float x) const { return dpar_cuda__axpy_elem(y, x, alpha); }
+};
+struct dpar_cuda__add_f {
+    __host__ __device__ float operator()(float a, float b) const { return dpar_cuda__add_elem(a, b); }
+};
+template <class D> struct dpar_cuda__reduce_f {
+    int op, div;
+    __host__ __device__ typename D::T operator()(typename D::T x, typename D::T y) const
+    {
+        return D::store(dpar_cuda__reduce_elem(D::load(x), D::load(y), op, div));
+    }
+};
+template <class D> struct dpar_cuda__divide_f {
+    int div;
+    __host__ __device__ typename D::T operator()(typename D::T x) const
+    {
+        return D::store(dpar_cuda__divide_elem(D::load(x), div));
+    }
+};
+template <class DO, class DI> struct dpar_cuda__cast_f {
+    __host__ __device__ typename DO::T operator()(typename DI::T x) const { return DO::store(DI::load(x)); }
+};
+struct dpar_cuda__relu_f {
+    __host__ __device__ float operator()(float x) const { return dpar_cuda__relu_elem(x); }
+};
+struct dpar_cuda__relu_backward_f {
+    __host__ __device__ float operator()(float dy, float y) const { return dpar_cuda__relu_backward_elem(dy, y); }
+};
+
+/* the optimizers: several outputs per element */
+struct dpar_cuda__sgd_k {
+    float *p, *m;
+    const float *g;
+    size_t n, nvec;
+    float lr, mu, wd;
+    __host__ __device__ void one(size_t i) const { dpar_cuda__sgd_elem(p + i, m + i, g[i], lr, mu, wd); }
+    __host__ __device__ void vec(size_t j) const
+    {
+        dpar_cuda__v4<float> pv = ((dpar_cuda__v4<float> *)p)[j], mv = ((dpar_cuda__v4<float> *)m)[j];
+        dpar_cuda__v4<float> gv = ((const dpar_cuda__v4<float> *)g)[j];
+        for (int l = 0; l < 4; l++) dpar_cuda__sgd_elem(&pv.e[l], &mv.e[l], gv.e[l], lr, mu, wd);
+        ((dpar_cuda__v4<float> *)p)[j] = pv;
+        ((dpar_cuda__v4<float> *)m)[j] = mv;
+    }
+};
+static dpar_cuda__sgd_k dpar_cuda__make_sgd(float *p, float *m, const float *g, size_t n, float lr, float mu, float wd)
+{
+    dpar_cuda__sgd_k k;
+    k.p = p, k.m = m, k.g = g, k.n = n, k.lr = lr, k.mu = mu, k.wd = wd;
+    k.nvec = dpar_cuda__aligned(p, 16) && dpar_cuda__aligned(m, 16) && dpar_cuda__aligned(g, 16) ? n / 4 : 0;
+    return k;
+}
+struct dpar_cuda__adamw_k {
+    float *p, *m, *v;
+    const float *g;
+    size_t n, nvec;
+    float lr, b1, b2, eps, wd, c1, c2;
+    __host__ __device__ void one(size_t i) const
+    {
+        dpar_cuda__adamw_elem(p + i, m + i, v + i, g[i], lr, b1, b2, eps, wd, c1, c2);
+    }
+    __host__ __device__ void vec(size_t j) const
+    {
+        dpar_cuda__v4<float> pv = ((dpar_cuda__v4<float> *)p)[j], mv = ((dpar_cuda__v4<float> *)m)[j];
+        dpar_cuda__v4<float> vv = ((dpar_cuda__v4<float> *)v)[j], gv = ((const dpar_cuda__v4<float> *)g)[j];
+        for (int l = 0; l < 4; l++)
+            dpar_cuda__adamw_elem(&pv.e[l], &mv.e[l], &vv.e[l], gv.e[l], lr, b1, b2, eps, wd, c1, c2);
+        ((dpar_cuda__v4<float> *)p)[j] = pv;
+        ((dpar_cuda__v4<float> *)m)[j] = mv;
+        ((dpar_cuda__v4<float> *)v)[j] = vv;
+    }
+};
+static dpar_cuda__adamw_k dpar_cuda__make_adamw(float *p, float *m, float *v, const float *g, size_t n, float lr,
+                                                float b1, float b2, float eps, float wd, long step)
+{
+    dpar_cuda__adamw_k k;
+    k.p = p, k.m = m, k.v = v, k.g = g, k.n = n, k.lr = lr, k.b1 = b1, k.b2 = b2, k.eps = eps, k.wd = wd;
+    k.c1 = 1.0f - powf(b1, (float)step); /* on the host, as dpar_zero_step */
+    k.c2 = 1.0f - powf(b2, (float)step);
+    k.nvec = dpar_cuda__aligned(p, 16) && dpar_cuda__aligned(m, 16) && dpar_cuda__aligned(v, 16) &&
+                     dpar_cuda__aligned(g, 16)
+                 ? n / 4
+                 : 0;
+    return k;
+}
+
+/* y (rows x cols) += bias (cols): element i is column i % cols; vectors need cols % 4 == 0 */
+struct dpar_cuda__bias_k {
+    float *y;
+    const float *bias;
+    size_t n, nvec, cols;
+    __host__ __device__ void one(size_t i) const { y[i] = dpar_cuda__add_elem(y[i], bias[i % cols]); }
+    __host__ __device__ void vec(size_t j) const
+    {
+        dpar_cuda__v4<float> yv = ((dpar_cuda__v4<float> *)y)[j];
+        size_t c = (4 * j) % cols;
+        for (int l = 0; l < 4; l++) yv.e[l] = dpar_cuda__add_elem(yv.e[l], bias[c + l]);
+        ((dpar_cuda__v4<float> *)y)[j] = yv;
+    }
+};
+static dpar_cuda__bias_k dpar_cuda__make_bias(float *y, const float *bias, size_t rows, size_t cols)
+{
+    dpar_cuda__bias_k k;
+    k.y = y, k.bias = bias, k.n = rows * cols, k.cols = cols;
+    k.nvec = cols % 4 == 0 && dpar_cuda__aligned(y, 16) ? k.n / 4 : 0;
+    return k;
+}
+
+/* softmax cross-entropy: one row per element; no vectors */
+struct dpar_cuda__xent_k {
+    float *out; /* forward: loss (rows); backward: dlogits (rows x classes) */
+    const float *z;
+    const int *labels;
+    size_t n, nvec; /* n: rows */
+    int classes, backward;
+    __host__ __device__ void one(size_t r) const
+    {
+        const float *zr = z + r * (size_t)classes;
+        if (backward) dpar_cuda__xent_backward_elem(out + r * (size_t)classes, zr, labels[r], classes, (float)n);
+        else out[r] = dpar_cuda__xent_forward_elem(zr, labels[r], classes);
+    }
+    __host__ __device__ void vec(size_t) const {}
+};
+static dpar_cuda__xent_k dpar_cuda__make_xent(float *out, const float *z, const int *labels, size_t rows, int classes,
+                                              int backward)
+{
+    dpar_cuda__xent_k k;
+    k.out = out, k.z = z, k.labels = labels, k.n = rows, k.nvec = 0, k.classes = classes, k.backward = backward;
+    return k;
+}
+
+/* ---- the launchers ---- */
+#define DPAR_CUDA__THREADS 256
+#define DPAR_CUDA__MAX_BLOCKS (65535u * 8)
+
+template <class K> static dpar_status dpar_cuda__launch(const K &k, void *stream, const char *what)
+{
+    size_t work = k.nvec + (k.n - 4 * k.nvec), blocks = (work + DPAR_CUDA__THREADS - 1) / DPAR_CUDA__THREADS;
+    if (work == 0) return DPAR_OK;
+    if (blocks > DPAR_CUDA__MAX_BLOCKS) blocks = DPAR_CUDA__MAX_BLOCKS;
+    dpar_cuda__kernel<K><<<(unsigned)blocks, DPAR_CUDA__THREADS, 0, (cudaStream_t)stream>>>(k);
+    return dpar_cuda__check(cudaGetLastError(), what);
+}
+
+static dpar_status dpar_cuda__null(const char *what, size_t n, const void *a, const void *b, const void *c,
+                                   const void *d)
+{
+    if (n && (!a || !b || !c || !d)) return dpar_set_error(DPAR_EINVAL, "%s: a pointer is NULL (n = %zu)", what, n);
+    return DPAR_OK;
+}
+
+/* DPAR_OK for the device's dtypes; EINVAL for a value outside dpar_dtype; EUNSUPPORTED for the others */
+static dpar_status dpar_cuda__dtype(const char *what, dpar_dtype t)
+{
+    if (t == DPAR_F32 || t == DPAR_BF16 || t == DPAR_F16) return DPAR_OK;
+    if ((unsigned)t >= DPAR_DTYPE_COUNT) return dpar_set_error(DPAR_EINVAL, "%s: dtype %d is not a dpar_dtype", what, (int)t);
+    return dpar_set_error(DPAR_EUNSUPPORTED, "%s: dtype %s is not on the device (f32, bf16, f16)", what,
+                          dpar_dtype_name(t));
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_fill_f32(float *y, float value, size_t n, void *stream)
+{
+    dpar_cuda__fill_f f = {value};
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_fill_f32", n, y, y, y, y));
+    return dpar_cuda__launch(dpar_cuda__make_map1(y, (const float *)y, n, f), stream, "dpar_cuda_fill_f32");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_scale_f32(float *y, float alpha, size_t n, void *stream)
+{
+    dpar_cuda__scale_f f = {alpha};
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_scale_f32", n, y, y, y, y));
+    return dpar_cuda__launch(dpar_cuda__make_map1(y, (const float *)y, n, f), stream, "dpar_cuda_scale_f32");
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_axpy_f32(float *y, const float *x, float alpha, size_t n, void *stream)
 {
-    size_t blocks;
+    dpar_cuda__axpy_f f = {alpha};
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_axpy_f32", n, y, x, x, x));
+    return dpar_cuda__launch(dpar_cuda__make_map2(y, (const float *)y, x, n, f), stream, "dpar_cuda_axpy_f32");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_add_f32(float *out, const float *a, const float *b, size_t n, void *stream)
+{
+    dpar_cuda__add_f f;
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_add_f32", n, out, a, b, b));
+    return dpar_cuda__launch(dpar_cuda__make_map2(out, a, b, n, f), stream, "dpar_cuda_add_f32");
+}
+
+template <class D> static dpar_status dpar_cuda__reduce_t(void *out, const void *a, const void *b, size_t n, int op, int div, void *stream)
+{
+    typedef typename D::T T;
+    dpar_cuda__reduce_f<D> f;
+    f.op = op, f.div = div;
+    return dpar_cuda__launch(dpar_cuda__make_map2((T *)out, (const T *)a, (const T *)b, n, f), stream, "dpar_cuda_reduce");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype,
+                                                 dpar_op op, int div, void *stream)
+{
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_reduce", n, out, a, b, b));
+    DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_reduce", dtype));
+    if ((unsigned)op >= DPAR_OP_COUNT) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_reduce: op %d is not a dpar_op", (int)op);
+    if (dtype == DPAR_F32) return dpar_cuda__reduce_t<dpar_cuda__f32>(out, a, b, n, op, div, stream);
+    if (dtype == DPAR_BF16) return dpar_cuda__reduce_t<dpar_cuda__bf16>(out, a, b, n, op, div, stream);
+    return dpar_cuda__reduce_t<dpar_cuda__f16>(out, a, b, n, op, div, stream);
+}
+
+template <class D> static dpar_status dpar_cuda__divide_t(void *out, const void *in, size_t n, int div, void *stream)
+{
+    typedef typename D::T T;
+    dpar_cuda__divide_f<D> f;
+    f.div = div;
+    return dpar_cuda__launch(dpar_cuda__make_map1((T *)out, (const T *)in, n, f), stream, "dpar_cuda_divide");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size_t n, dpar_dtype dtype, int div, void *stream)
+{
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_divide", n, out, in, in, in));
+    DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_divide", dtype));
     if (n == 0) return DPAR_OK;
-    if (!y || !x) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_axpy_f32: y or x is NULL");
-    blocks = (n + 255) / 256;
-    if (blocks > 65535u * 8) blocks = 65535u * 8;
-    dpar_cuda__axpy_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(y, x, alpha, n);
-    return dpar_cuda__check(cudaGetLastError(), "dpar_cuda_axpy_f32");
+    if (div <= 1) {
+        if (out == in) return DPAR_OK;
+        return dpar_cuda__check(cudaMemcpyAsync(out, in, n * dpar_dtype_size(dtype), cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+                                "dpar_cuda_divide: cudaMemcpyAsync");
+    }
+    if (dtype == DPAR_F32) return dpar_cuda__divide_t<dpar_cuda__f32>(out, in, n, div, stream);
+    if (dtype == DPAR_BF16) return dpar_cuda__divide_t<dpar_cuda__bf16>(out, in, n, div, stream);
+    return dpar_cuda__divide_t<dpar_cuda__f16>(out, in, n, div, stream);
+}
+
+template <class DO, class DI> static dpar_status dpar_cuda__cast_t(void *out, const void *in, size_t n, void *stream)
+{
+    dpar_cuda__cast_f<DO, DI> f;
+    return dpar_cuda__launch(dpar_cuda__make_map1((typename DO::T *)out, (const typename DI::T *)in, n, f), stream, "dpar_cuda_cast");
+}
+template <class DO> static dpar_status dpar_cuda__cast_in(void *out, const void *in, dpar_dtype in_dtype, size_t n, void *stream)
+{
+    if (in_dtype == DPAR_F32) return dpar_cuda__cast_t<DO, dpar_cuda__f32>(out, in, n, stream);
+    if (in_dtype == DPAR_BF16) return dpar_cuda__cast_t<DO, dpar_cuda__bf16>(out, in, n, stream);
+    return dpar_cuda__cast_t<DO, dpar_cuda__f16>(out, in, n, stream);
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_cast(void *out, dpar_dtype out_dtype, const void *in, dpar_dtype in_dtype,
+                                               size_t n, void *stream)
+{
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_cast", n, out, in, in, in));
+    DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_cast", out_dtype));
+    DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_cast", in_dtype));
+    if (out_dtype == DPAR_F32) return dpar_cuda__cast_in<dpar_cuda__f32>(out, in, in_dtype, n, stream);
+    if (out_dtype == DPAR_BF16) return dpar_cuda__cast_in<dpar_cuda__bf16>(out, in, in_dtype, n, stream);
+    return dpar_cuda__cast_in<dpar_cuda__f16>(out, in, in_dtype, n, stream);
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_sgd_f32(float *params, float *mom, const float *grads, size_t n, float lr,
+                                                  float momentum, float weight_decay, void *stream)
+{
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_sgd_f32", n, params, mom, grads, grads));
+    return dpar_cuda__launch(dpar_cuda__make_sgd(params, mom, grads, n, lr, momentum, weight_decay), stream, "dpar_cuda_sgd_f32");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_adamw_f32(float *params, float *m, float *v, const float *grads, size_t n,
+                                                    float lr, float beta1, float beta2, float eps, float weight_decay,
+                                                    long step, void *stream)
+{
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_adamw_f32", n, params, m, v, grads));
+    if (step < 1) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_adamw_f32: step %ld (counts from 1)", step);
+    return dpar_cuda__launch(dpar_cuda__make_adamw(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, step),
+                             stream, "dpar_cuda_adamw_f32");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_bias_add_f32(float *y, const float *bias, size_t rows, size_t cols, void *stream)
+{
+    if (cols && rows > (size_t)-1 / cols) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_bias_add_f32: rows x cols overflows");
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_bias_add_f32", rows * cols, y, bias, bias, bias));
+    return dpar_cuda__launch(dpar_cuda__make_bias(y, bias, rows, cols), stream, "dpar_cuda_bias_add_f32");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_relu_forward_f32(float *y, const float *x, size_t n, void *stream)
+{
+    dpar_cuda__relu_f f;
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_relu_forward_f32", n, y, x, x, x));
+    return dpar_cuda__launch(dpar_cuda__make_map1(y, x, n, f), stream, "dpar_cuda_relu_forward_f32");
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_relu_backward_f32(float *dx, const float *dy, const float *y, size_t n, void *stream)
+{
+    dpar_cuda__relu_backward_f f;
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_relu_backward_f32", n, dx, dy, y, y));
+    return dpar_cuda__launch(dpar_cuda__make_map2(dx, dy, y, n, f), stream, "dpar_cuda_relu_backward_f32");
+}
+
+static dpar_status dpar_cuda__xent(const char *what, float *out, const float *z, const int *labels, size_t rows,
+                                   int classes, int backward, void *stream)
+{
+    if (classes < 1) return dpar_set_error(DPAR_EINVAL, "%s: classes = %d (must be >= 1)", what, classes);
+    DPAR_CUDA__TRY(dpar_cuda__null(what, rows, out, z, labels, labels));
+    return dpar_cuda__launch(dpar_cuda__make_xent(out, z, labels, rows, classes, backward), stream, what);
+}
+extern "C" DPAR_API dpar_status dpar_cuda_softmax_xent_forward_f32(float *loss, const float *logits, const int *labels,
+                                                                   size_t rows, int classes, void *stream)
+{
+    return dpar_cuda__xent("dpar_cuda_softmax_xent_forward_f32", loss, logits, labels, rows, classes, 0, stream);
+}
+extern "C" DPAR_API dpar_status dpar_cuda_softmax_xent_backward_f32(float *dlogits, const float *logits,
+                                                                    const int *labels, size_t rows, int classes,
+                                                                    void *stream)
+{
+    return dpar_cuda__xent("dpar_cuda_softmax_xent_backward_f32", dlogits, logits, labels, rows, classes, 1, stream);
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N, int K, float alpha,
+                                                const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                                                int ldc, void *cublas, void *stream)
+{
+    cublasStatus_t s;
+    int ra = ta ? M : K, rb = tb ? K : N; /* the row lengths of A and B as stored */
+    if ((unsigned)ta > 1 || (unsigned)tb > 1) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_sgemm: bad trans");
+    if (M < 0 || N < 0 || K < 0) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_sgemm: negative size %dx%dx%d", M, N, K);
+    if (!cublas) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_sgemm: the cuBLAS handle is NULL");
+    if (lda < (ra > 1 ? ra : 1) || ldb < (rb > 1 ? rb : 1) || ldc < (N > 1 ? N : 1))
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_sgemm: leading dimensions %d, %d, %d too small", lda, ldb, ldc);
+    if (M == 0 || N == 0) return DPAR_OK;
+    if (!C || (K && (!A || !B))) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_sgemm: a matrix is NULL");
+    s = cublasSetStream((cublasHandle_t)cublas, (cudaStream_t)stream);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return dpar_set_error(DPAR_ESYSTEM, "dpar_cuda_sgemm: cublasSetStream: %s: %s", cublasGetStatusName(s),
+                              cublasGetStatusString(s));
+    /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B first, N and M swapped */
+    s = cublasSgemm((cublasHandle_t)cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                    &alpha, B, ldb, A, lda, &beta, C, ldc);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return dpar_set_error(DPAR_ESYSTEM, "dpar_cuda_sgemm: cublasSgemm: %s: %s", cublasGetStatusName(s),
+                              cublasGetStatusString(s));
+    return DPAR_OK;
+}
+
+/* ---- the references: naive host loops, written apart from the element functions ---- */
+extern "C" DPAR_API void dpar_cuda_fill_f32_ref(float *y, float value, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) y[i] = value;
+}
+
+extern "C" DPAR_API void dpar_cuda_scale_f32_ref(float *y, float alpha, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) y[i] = alpha * y[i];
 }
 
 extern "C" DPAR_API void dpar_cuda_axpy_f32_ref(float *y, const float *x, float alpha, size_t n)
 {
     size_t i;
     for (i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+extern "C" DPAR_API void dpar_cuda_add_f32_ref(float *out, const float *a, const float *b, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* a 16-bit or f32 element of a buffer, widened; and stored back narrowed (dpar.h's conversions) */
+static float dpar_cuda__ref_get(const void *p, dpar_dtype t, size_t i)
+{
+    if (t == DPAR_F32) return ((const float *)p)[i];
+    if (t == DPAR_BF16) return dpar_bf16_to_f32(((const uint16_t *)p)[i]);
+    return dpar_f16_to_f32(((const uint16_t *)p)[i]);
+}
+static void dpar_cuda__ref_put(void *p, dpar_dtype t, size_t i, float f)
+{
+    if (t == DPAR_F32) ((float *)p)[i] = f;
+    else if (t == DPAR_BF16) ((uint16_t *)p)[i] = dpar_f32_to_bf16(f);
+    else ((uint16_t *)p)[i] = dpar_f32_to_f16(f);
+}
+
+extern "C" DPAR_API void dpar_cuda_reduce_ref(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype,
+                                              dpar_op op, int div)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float x = dpar_cuda__ref_get(a, dtype, i), y = dpar_cuda__ref_get(b, dtype, i), r;
+        if (op == DPAR_SUM) r = x + y;
+        else if (op == DPAR_AVG && div > 1) r = (x + y) / (float)div;
+        else if (op == DPAR_AVG) r = x + y;
+        else if (op == DPAR_MIN) r = y < x ? y : x; /* NaN: as dpar.h, the first operand unless y is smaller */
+        else if (op == DPAR_MAX) r = y > x ? y : x;
+        else r = x * y;
+        dpar_cuda__ref_put(out, dtype, i, r);
+    }
+}
+
+extern "C" DPAR_API void dpar_cuda_divide_ref(void *out, const void *in, size_t n, dpar_dtype dtype, int div)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float x = dpar_cuda__ref_get(in, dtype, i);
+        dpar_cuda__ref_put(out, dtype, i, div > 1 ? x / (float)div : x);
+    }
+}
+
+extern "C" DPAR_API void dpar_cuda_cast_ref(void *out, dpar_dtype out_dtype, const void *in, dpar_dtype in_dtype,
+                                            size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) dpar_cuda__ref_put(out, out_dtype, i, dpar_cuda__ref_get(in, in_dtype, i));
+}
+
+extern "C" DPAR_API void dpar_cuda_sgd_f32_ref(float *params, float *mom, const float *grads, size_t n, float lr,
+                                               float momentum, float weight_decay)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float g = grads[i] + weight_decay * params[i];
+        mom[i] = momentum * mom[i] + g;
+        params[i] -= lr * mom[i];
+    }
+}
+
+extern "C" DPAR_API void dpar_cuda_adamw_f32_ref(float *params, float *m, float *v, const float *grads, size_t n,
+                                                 float lr, float beta1, float beta2, float eps, float weight_decay,
+                                                 long step)
+{
+    float c1 = 1.0f - powf(beta1, (float)step), c2 = 1.0f - powf(beta2, (float)step);
+    size_t i;
+    for (i = 0; i < n; i++) {
+        m[i] = beta1 * m[i] + (1.0f - beta1) * grads[i];
+        v[i] = beta2 * v[i] + (1.0f - beta2) * grads[i] * grads[i];
+        params[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + weight_decay * params[i]);
+    }
+}
+
+extern "C" DPAR_API void dpar_cuda_bias_add_f32_ref(float *y, const float *bias, size_t rows, size_t cols)
+{
+    size_t r, c;
+    for (r = 0; r < rows; r++)
+        for (c = 0; c < cols; c++) y[r * cols + c] += bias[c];
+}
+
+extern "C" DPAR_API void dpar_cuda_relu_forward_f32_ref(float *y, const float *x, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if (isnan(x[i])) y[i] = x[i];
+        else y[i] = x[i] > 0 ? x[i] : 0.0f;
+    }
+}
+
+extern "C" DPAR_API void dpar_cuda_relu_backward_f32_ref(float *dx, const float *dy, const float *y, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
+}
+
+extern "C" DPAR_API void dpar_cuda_softmax_xent_forward_f32_ref(float *loss, const float *logits, const int *labels,
+                                                                size_t rows, int classes)
+{
+    size_t r;
+    int c;
+    for (r = 0; r < rows; r++) {
+        const float *z = logits + r * (size_t)classes;
+        float mx = z[0], sum = 0;
+        if (labels[r] < 0 || labels[r] >= classes) {
+            loss[r] = NAN;
+            continue;
+        }
+        for (c = 1; c < classes; c++) mx = z[c] > mx ? z[c] : mx;
+        for (c = 0; c < classes; c++) sum += expf(z[c] - mx);
+        loss[r] = logf(sum) - (z[labels[r]] - mx);
+    }
+}
+
+extern "C" DPAR_API void dpar_cuda_softmax_xent_backward_f32_ref(float *dlogits, const float *logits, const int *labels,
+                                                                 size_t rows, int classes)
+{
+    size_t r;
+    int c;
+    for (r = 0; r < rows; r++) {
+        const float *z = logits + r * (size_t)classes;
+        float *d = dlogits + r * (size_t)classes, mx = z[0], sum = 0;
+        for (c = 1; c < classes; c++) mx = z[c] > mx ? z[c] : mx;
+        for (c = 0; c < classes; c++) sum += (d[c] = expf(z[c] - mx));
+        for (c = 0; c < classes; c++) {
+            if (labels[r] < 0 || labels[r] >= classes) d[c] = NAN;
+            else d[c] = (d[c] / sum - (c == labels[r])) / (float)rows;
+        }
+    }
 }
 #endif /* DPAR_CUDA_IMPLEMENTATION */
