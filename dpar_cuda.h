@@ -674,12 +674,19 @@ static dpar_cuda__xent_k dpar_cuda__make_xent(float *out, const float *z, const 
 #define DPAR_CUDA__THREADS 256
 #define DPAR_CUDA__MAX_BLOCKS (65535u * 8)
 
-template <class K> static dpar_status dpar_cuda__launch(const K &k, void *stream, const char *what)
+/* the launch's blocks of DPAR_CUDA__THREADS: one thread per vector group and per tail element, capped (the
+   grid-stride loop takes the rest); 0 when there is no work */
+template <class K> static unsigned dpar_cuda__blocks(const K &k)
 {
     size_t work = k.nvec + (k.n - 4 * k.nvec), blocks = (work + DPAR_CUDA__THREADS - 1) / DPAR_CUDA__THREADS;
-    if (work == 0) return DPAR_OK;
-    if (blocks > DPAR_CUDA__MAX_BLOCKS) blocks = DPAR_CUDA__MAX_BLOCKS;
-    dpar_cuda__kernel<K><<<(unsigned)blocks, DPAR_CUDA__THREADS, 0, (cudaStream_t)stream>>>(k);
+    return (unsigned)(blocks > DPAR_CUDA__MAX_BLOCKS ? DPAR_CUDA__MAX_BLOCKS : blocks);
+}
+
+template <class K> static dpar_status dpar_cuda__launch(const K &k, void *stream, const char *what)
+{
+    unsigned blocks = dpar_cuda__blocks(k);
+    if (blocks == 0) return DPAR_OK;
+    dpar_cuda__kernel<K><<<blocks, DPAR_CUDA__THREADS, 0, (cudaStream_t)stream>>>(k);
     return dpar_cuda__check(cudaGetLastError(), what);
 }
 

@@ -1,17 +1,27 @@
-// test_cuda.cu - dpar_cuda.h on a GPU: device queries and the axpy kernel against its host reference.
-// Build and run: make cuda   (prints `skipped: ...` where no GPU is usable)
+// test_cuda.cu - dpar_cuda.h on a GPU: device queries, and every kernel against its host reference.
+// Build and run: nvcc -std=c++14 -O2 -arch=sm_90 -I. -Itests tests/test_cuda.cu -o build/test_cuda -lcublas
+//                && ./build/test_cuda      (prints `skipped: no usable CUDA device (<CUDA's reason>)` without one)
+// Comparisons are bitwise (any NaN equals any NaN: the GPU makes computed NaNs canonical), except softmax
+// cross-entropy (CUDA's expf/logf: relative 1e-5) and sgemm (cuBLAS's summation order: see test_sgemm).
 #define DPAR_IMPLEMENTATION
 #define DPAR_CUDA_IMPLEMENTATION
 #include "dpar_cuda.h"
 #include "dpar_test.h"
 
 static int gpus = 0;
+static char no_gpu[200]; /* the skip reason, with CUDA's */
+
+#define NEED_GPU()                     \
+    do {                               \
+        if (gpus == 0) SKIP(no_gpu);   \
+    } while (0)
 
 static void test_device_query(void)
 {
     dpar_cuda_device_info info;
-    CHECK(dpar_cuda_device_count(&gpus) == DPAR_OK);
-    if (gpus == 0) SKIP("no usable CUDA device");
+    int n = 0;
+    CHECK(dpar_cuda_device_count(&n) == DPAR_OK && n == gpus);
+    NEED_GPU();
     CHECK(dpar_cuda_device_query(0, &info) == DPAR_OK);
     CHECK(info.total_bytes > 0 && info.major >= 3 && info.name[0]);
     CHECK(dpar_cuda_device_query(gpus, &info) == DPAR_EINVAL);
@@ -19,12 +29,61 @@ static void test_device_query(void)
     printf("    device 0: %s, %.1f GiB, sm_%d%d\n", info.name, info.total_bytes / 1073741824.0, info.major, info.minor);
 }
 
+/* ---- helpers: device copies, comparisons ---- */
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes + 16) != cudaSuccess) return NULL;
+    if (host) cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+    return d;
+}
+static void to_host(void *host, const void *dev, size_t bytes)
+{
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+}
+static int nan_of(const void *p, size_t es, int bf16)
+{
+    if (es == 4) {
+        float f;
+        memcpy(&f, p, 4);
+        return f != f;
+    } else {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return bf16 ? (h & 0x7fffu) > 0x7f80u : (h & 0x7fffu) > 0x7c00u;
+    }
+}
+/* elements that differ bitwise (NaN = NaN) */
+static size_t count_diff(const void *a, const void *b, size_t n, size_t es, int bf16)
+{
+    size_t i, bad = 0;
+    for (i = 0; i < n; i++) {
+        const char *x = (const char *)a + i * es, *y = (const char *)b + i * es;
+        bad += memcmp(x, y, es) && !(nan_of(x, es, bf16) && nan_of(y, es, bf16));
+    }
+    return bad;
+}
+static float frand(void) { return (float)((double)(dt_rand() % 2000001) / 1000000.0 - 1.0) * 4.0f; }
+static void fill_random(float *x, size_t n)
+{
+    static const uint32_t sp[] = {0x7fc00000u, 0x7f800000u, 0xff800000u, 0x80000000u, 0x00000001u, 0x7f7fffffu};
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if (dt_rand() % 32 == 0) memcpy(&x[i], &sp[dt_rand() % 6], 4);
+        else x[i] = frand();
+    }
+}
+
+static const size_t sizes[] = {1, 5, 1000, 65537, (1u << 20) + 3};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
 static void test_axpy_matches_reference(void)
 {
-    size_t sizes[] = {1, 255, 256, 257, 1000003}, k, i;
-    if (gpus == 0) SKIP("no usable CUDA device");
-    for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-        size_t n = sizes[k];
+    size_t sizes_[] = {1, 255, 256, 257, 1000003}, k, i;
+    NEED_GPU();
+    for (k = 0; k < sizeof sizes_ / sizeof sizes_[0]; k++) {
+        size_t n = sizes_[k];
         float *x = (float *)malloc(n * sizeof(float)), *y = (float *)malloc(n * sizeof(float));
         float *ref = (float *)malloc(n * sizeof(float)), *dx, *dy;
         int bad = 0;
@@ -32,14 +91,12 @@ static void test_axpy_matches_reference(void)
             x[i] = (float)(dt_rand() % 1000) / 100.0f;
             y[i] = ref[i] = (float)(dt_rand() % 1000) / 10.0f;
         }
-        cudaMalloc((void **)&dx, n * sizeof(float));
-        cudaMalloc((void **)&dy, n * sizeof(float));
-        cudaMemcpy(dx, x, n * sizeof(float), cudaMemcpyHostToDevice);
-        cudaMemcpy(dy, y, n * sizeof(float), cudaMemcpyHostToDevice);
+        dx = (float *)dev_copy(x, n * 4);
+        dy = (float *)dev_copy(y, n * 4);
         CHECK(dpar_cuda_axpy_f32(dy, dx, 0.5f, n, NULL) == DPAR_OK);
-        cudaMemcpy(y, dy, n * sizeof(float), cudaMemcpyDeviceToHost);
+        to_host(y, dy, n * 4);
         dpar_cuda_axpy_f32_ref(ref, x, 0.5f, n);
-        for (i = 0; i < n; i++) bad += y[i] != ref[i]; /* one fused or unfused multiply-add each: exact here */
+        for (i = 0; i < n; i++) bad += y[i] != ref[i];
         CHECK_MSG(bad == 0, "n=%zu: %d elements differ", n, bad);
         cudaFree(dx);
         cudaFree(dy);
@@ -49,10 +106,262 @@ static void test_axpy_matches_reference(void)
     }
 }
 
+/* fill, scale, axpy, add, relu forward and backward, bias add; aligned (vectors) and one element off */
+static void test_elementwise_kernels(void)
+{
+    size_t s, off;
+    NEED_GPU();
+    for (s = 0; s < NSIZES; s++)
+        for (off = 0; off < 2; off++) {
+            size_t n = sizes[s], B = (n + 1) * 4, cols = 8, rows = n / cols;
+            float *x = (float *)malloc(B), *y = (float *)malloc(B), *r = (float *)malloc(B), *got = (float *)malloc(B);
+            float *bias = (float *)malloc(cols * 4);
+            float *dx = (float *)dev_copy(NULL, B) + off, *dy = (float *)dev_copy(NULL, B) + off;
+            float *dout = (float *)dev_copy(NULL, B) + off, *dbias = (float *)dev_copy(NULL, cols * 4);
+            fill_random(x, n);
+            fill_random(y, n);
+            fill_random(bias, cols);
+            cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice);
+            cudaMemcpy(dbias, bias, cols * 4, cudaMemcpyHostToDevice);
+#define RESET_Y() cudaMemcpy(dy, y, n * 4, cudaMemcpyHostToDevice), memcpy(r, y, n * 4)
+#define COMPARE(dev, what)                                                                         \
+    do {                                                                                           \
+        size_t bad_;                                                                               \
+        to_host(got, dev, n * 4);                                                                  \
+        bad_ = count_diff(got, r, n, 4, 0);                                                        \
+        CHECK_MSG(bad_ == 0, "%s n=%zu off=%zu: %zu elements differ", what, n, off, bad_);          \
+    } while (0)
+            RESET_Y();
+            CHECK(dpar_cuda_fill_f32(dy, -1.25f, n, NULL) == DPAR_OK);
+            dpar_cuda_fill_f32_ref(r, -1.25f, n);
+            COMPARE(dy, "fill");
+            RESET_Y();
+            CHECK(dpar_cuda_scale_f32(dy, 0.37f, n, NULL) == DPAR_OK);
+            dpar_cuda_scale_f32_ref(r, 0.37f, n);
+            COMPARE(dy, "scale");
+            RESET_Y();
+            CHECK(dpar_cuda_axpy_f32(dy, dx, -0.71f, n, NULL) == DPAR_OK);
+            dpar_cuda_axpy_f32_ref(r, x, -0.71f, n);
+            COMPARE(dy, "axpy");
+            RESET_Y();
+            CHECK(dpar_cuda_add_f32(dout, dx, dy, n, NULL) == DPAR_OK);
+            dpar_cuda_add_f32_ref(r, x, y, n);
+            COMPARE(dout, "add");
+            CHECK(dpar_cuda_relu_forward_f32(dout, dx, n, NULL) == DPAR_OK);
+            dpar_cuda_relu_forward_f32_ref(r, x, n);
+            COMPARE(dout, "relu forward");
+            RESET_Y();
+            CHECK(dpar_cuda_relu_backward_f32(dy, dy, dx, n, NULL) == DPAR_OK);
+            dpar_cuda_relu_backward_f32_ref(r, y, x, n);
+            COMPARE(dy, "relu backward");
+            RESET_Y();
+            CHECK(dpar_cuda_bias_add_f32(dy, dbias, rows, cols, NULL) == DPAR_OK);
+            dpar_cuda_bias_add_f32_ref(r, bias, rows, cols);
+            COMPARE(dy, "bias add");
+#undef RESET_Y
+#undef COMPARE
+            cudaFree(dx - off), cudaFree(dy - off), cudaFree(dout - off), cudaFree(dbias);
+            free(x), free(y), free(r), free(got), free(bias);
+        }
+}
+
+/* reduce and divide, every dtype and op, against the references (which the host test ties to dpar__reduce) */
+static void test_reduce_and_divide(void)
+{
+    static const dpar_dtype ts[] = {DPAR_F32, DPAR_BF16, DPAR_F16};
+    static const int divs[] = {0, 3, 8};
+    size_t n = 65537 + 3, i;
+    int t, op, d;
+    NEED_GPU();
+    for (t = 0; t < 3; t++) {
+        size_t es = dpar_dtype_size(ts[t]);
+        int bf16 = ts[t] == DPAR_BF16;
+        char *a = (char *)malloc(n * es), *b = (char *)malloc(n * es), *r = (char *)malloc(n * es), *got = (char *)malloc(n * es);
+        char *da = (char *)dev_copy(NULL, n * es), *db = (char *)dev_copy(NULL, n * es), *dout = (char *)dev_copy(NULL, n * es);
+        for (i = 0; i < n; i++) {
+            if (es == 4) ((float *)a)[i] = frand(), ((float *)b)[i] = frand();
+            else ((uint16_t *)a)[i] = (uint16_t)(i & 0xffff), ((uint16_t *)b)[i] = (uint16_t)dt_rand();
+        }
+        cudaMemcpy(da, a, n * es, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, b, n * es, cudaMemcpyHostToDevice);
+        for (op = 0; op < DPAR_OP_COUNT; op++)
+            for (d = 0; d < 3; d++) {
+                size_t bad;
+                CHECK(dpar_cuda_reduce(dout, da, db, n, ts[t], (dpar_op)op, divs[d], NULL) == DPAR_OK);
+                dpar_cuda_reduce_ref(r, a, b, n, ts[t], (dpar_op)op, divs[d]);
+                to_host(got, dout, n * es);
+                bad = count_diff(got, r, n, es, bf16);
+                CHECK_MSG(bad == 0, "reduce %s %s div %d: %zu differ", dpar_dtype_name(ts[t]), dpar_op_name((dpar_op)op),
+                          divs[d], bad);
+                /* misaligned by one element: the scalar path */
+                CHECK(dpar_cuda_reduce(dout + es, da + es, db + es, n - 1, ts[t], (dpar_op)op, divs[d], NULL) == DPAR_OK);
+                dpar_cuda_reduce_ref(r, a + es, b + es, n - 1, ts[t], (dpar_op)op, divs[d]);
+                to_host(got, dout + es, (n - 1) * es);
+                bad = count_diff(got, r, n - 1, es, bf16);
+                CHECK_MSG(bad == 0, "reduce (off by one) %s %s: %zu differ", dpar_dtype_name(ts[t]), dpar_op_name((dpar_op)op), bad);
+            }
+        for (d = 0; d < 3; d++) {
+            size_t bad;
+            CHECK(dpar_cuda_divide(dout, da, n, ts[t], divs[d], NULL) == DPAR_OK);
+            dpar_cuda_divide_ref(r, a, n, ts[t], divs[d]);
+            to_host(got, dout, n * es);
+            bad = count_diff(got, r, n, es, bf16);
+            CHECK_MSG(bad == 0, "divide %s div %d: %zu differ", dpar_dtype_name(ts[t]), divs[d], bad);
+        }
+        cudaFree(da), cudaFree(db), cudaFree(dout);
+        free(a), free(b), free(r), free(got);
+    }
+}
+
+/* casts between f32, bf16 and f16: every 16-bit pattern; floats around every bf16 pattern */
+static void test_casts(void)
+{
+    static const dpar_dtype ts[] = {DPAR_F32, DPAR_BF16, DPAR_F16};
+    size_t n = 65536 * 4, i;
+    int a, b;
+    NEED_GPU();
+    for (a = 0; a < 3; a++)
+        for (b = 0; b < 3; b++) {
+            size_t ei = dpar_dtype_size(ts[a]), eo = dpar_dtype_size(ts[b]), bad;
+            char *in = (char *)malloc(n * ei), *r = (char *)malloc(n * eo), *got = (char *)malloc(n * eo);
+            char *din = (char *)dev_copy(NULL, n * ei), *dout = (char *)dev_copy(NULL, n * eo);
+            for (i = 0; i < n; i++) {
+                if (ei == 4) {
+                    uint32_t u = (uint32_t)(i % 65536) << 16 | (uint32_t)(i / 65536 == 0 ? 0x8000 : dt_rand() & 0xffff);
+                    memcpy(in + i * 4, &u, 4);
+                } else {
+                    ((uint16_t *)in)[i] = (uint16_t)i;
+                }
+            }
+            cudaMemcpy(din, in, n * ei, cudaMemcpyHostToDevice);
+            CHECK(dpar_cuda_cast(dout, ts[b], din, ts[a], n, NULL) == DPAR_OK);
+            dpar_cuda_cast_ref(r, ts[b], in, ts[a], n);
+            to_host(got, dout, n * eo);
+            bad = count_diff(got, r, n, eo, ts[b] == DPAR_BF16);
+            CHECK_MSG(bad == 0, "cast %s -> %s: %zu differ", dpar_dtype_name(ts[a]), dpar_dtype_name(ts[b]), bad);
+            cudaFree(din), cudaFree(dout);
+            free(in), free(r), free(got);
+        }
+}
+
+/* SGD with momentum and AdamW: three steps, bitwise (no fused multiply-add, IEEE division and square root) */
+static void test_optimizers(void)
+{
+    size_t n = 65537, B = n * 4, bad;
+    int adam, step;
+    NEED_GPU();
+    for (adam = 0; adam < 2; adam++) {
+        float *p = (float *)malloc(B), *m = (float *)calloc(n, 4), *v = (float *)calloc(n, 4), *g = (float *)malloc(B);
+        float *got = (float *)malloc(B);
+        float *dp, *dm, *dv, *dg;
+        fill_random(p, n);
+        dp = (float *)dev_copy(p, B), dm = (float *)dev_copy(m, B), dv = (float *)dev_copy(v, B), dg = (float *)dev_copy(NULL, B);
+        for (step = 1; step <= 3; step++) {
+            size_t i;
+            for (i = 0; i < n; i++) g[i] = frand();
+            cudaMemcpy(dg, g, B, cudaMemcpyHostToDevice);
+            if (adam) {
+                CHECK(dpar_cuda_adamw_f32(dp, dm, dv, dg, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, NULL) == DPAR_OK);
+                dpar_cuda_adamw_f32_ref(p, m, v, g, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+            } else {
+                CHECK(dpar_cuda_sgd_f32(dp, dm, dg, n, 0.05f, 0.9f, 1e-4f, NULL) == DPAR_OK);
+                dpar_cuda_sgd_f32_ref(p, m, g, n, 0.05f, 0.9f, 1e-4f);
+            }
+            to_host(got, dp, B);
+            bad = count_diff(got, p, n, 4, 0);
+            CHECK_MSG(bad == 0, "%s step %d: %zu parameters differ", adam ? "adamw" : "sgd", step, bad);
+            to_host(got, dm, B);
+            bad = count_diff(got, m, n, 4, 0);
+            CHECK_MSG(bad == 0, "%s step %d: %zu moments differ", adam ? "adamw" : "sgd", step, bad);
+        }
+        cudaFree(dp), cudaFree(dm), cudaFree(dv), cudaFree(dg);
+        free(p), free(m), free(v), free(g), free(got);
+    }
+}
+
+/* softmax cross-entropy: CUDA's expf/logf are within 2 ulp of glibc's: relative 1e-5 (plus 1e-7 absolute) */
+static void test_softmax_xent(void)
+{
+    static const int classess[] = {1, 10, 100};
+    size_t rows = 4099, r, i;
+    int c;
+    NEED_GPU();
+    for (c = 0; c < 3; c++) {
+        size_t C = (size_t)classess[c], bad = 0;
+        float *z = (float *)malloc(rows * C * 4), *l = (float *)malloc(rows * 4), *d = (float *)malloc(rows * C * 4);
+        float *gl = (float *)malloc(rows * 4), *gd = (float *)malloc(rows * C * 4), *dz, *dl, *dd;
+        int *lab = (int *)malloc(rows * sizeof(int)), *dlab;
+        for (i = 0; i < rows * C; i++) z[i] = frand() * 8;
+        for (r = 0; r < rows; r++) lab[r] = r == 7 ? (int)C : (int)(dt_rand() % C);
+        dz = (float *)dev_copy(z, rows * C * 4), dl = (float *)dev_copy(NULL, rows * 4), dd = (float *)dev_copy(NULL, rows * C * 4);
+        dlab = (int *)dev_copy(lab, rows * sizeof(int));
+        CHECK(dpar_cuda_softmax_xent_forward_f32(dl, dz, dlab, rows, (int)C, NULL) == DPAR_OK);
+        CHECK(dpar_cuda_softmax_xent_backward_f32(dd, dz, dlab, rows, (int)C, NULL) == DPAR_OK);
+        dpar_cuda_softmax_xent_forward_f32_ref(l, z, lab, rows, (int)C);
+        dpar_cuda_softmax_xent_backward_f32_ref(d, z, lab, rows, (int)C);
+        to_host(gl, dl, rows * 4);
+        to_host(gd, dd, rows * C * 4);
+        for (r = 0; r < rows; r++) bad += !(isnan(l[r]) ? isnan(gl[r]) : fabsf(gl[r] - l[r]) <= 1e-5f * fabsf(l[r]) + 1e-7f);
+        for (i = 0; i < rows * C; i++) bad += !(isnan(d[i]) ? isnan(gd[i]) : fabsf(gd[i] - d[i]) <= 1e-5f * fabsf(d[i]) + 1e-7f);
+        CHECK_MSG(bad == 0, "classes %zu: %zu values outside the tolerance", C, bad);
+        cudaFree(dz), cudaFree(dl), cudaFree(dd), cudaFree(dlab);
+        free(z), free(l), free(d), free(gl), free(gd), free(lab);
+    }
+}
+
+/* dpar_cuda_sgemm against dpar_sgemm_ref (double accumulation): every trans pair, beta 0 and not. Tolerance:
+   float accumulation of K products of |a| |b| <= 16: 1e-5 * K * 16 absolute */
+static void test_sgemm(void)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {33, 17, 9}, {128, 64, 256}, {7, 300, 5}};
+    cublasHandle_t h;
+    int s, ta, tb;
+    NEED_GPU();
+    CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    for (s = 0; s < 4; s++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++) {
+                int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2;
+                int ldc = N + 3, bad = 0;
+                size_t sa = (size_t)(ta ? K : M) * lda, sb = (size_t)(tb ? N : K) * ldb, sc = (size_t)M * ldc, i;
+                float *A = (float *)malloc(sa * 4), *Bm = (float *)malloc(sb * 4), *C = (float *)malloc(sc * 4);
+                float *R = (float *)malloc(sc * 4), *dA, *dB, *dC;
+                for (i = 0; i < sa; i++) A[i] = frand();
+                for (i = 0; i < sb; i++) Bm[i] = frand();
+                for (i = 0; i < sc; i++) C[i] = R[i] = frand();
+                dA = (float *)dev_copy(A, sa * 4), dB = (float *)dev_copy(Bm, sb * 4), dC = (float *)dev_copy(C, sc * 4);
+                CHECK(dpar_cuda_sgemm((dpar_trans)ta, (dpar_trans)tb, M, N, K, 1.5f, dA, lda, dB, ldb, 0.5f, dC, ldc, h,
+                                      NULL) == DPAR_OK);
+                dpar_sgemm_ref((dpar_trans)ta, (dpar_trans)tb, M, N, K, 1.5f, A, lda, Bm, ldb, 0.5f, R, ldc);
+                to_host(C, dC, sc * 4);
+                for (i = 0; i < (size_t)M; i++)
+                    for (int j = 0; j < N; j++) bad += !(fabsf(C[i * ldc + j] - R[i * ldc + j]) <= 1e-5f * 16 * K + 1e-5f);
+                CHECK_MSG(bad == 0, "sgemm %dx%dx%d ta %d tb %d: %d elements outside the tolerance", M, N, K, ta, tb, bad);
+                cudaFree(dA), cudaFree(dB), cudaFree(dC);
+                free(A), free(Bm), free(C), free(R);
+            }
+    cublasDestroy(h);
+}
+
 int main(int argc, char **argv)
 {
+    cudaError_t e;
     DT_MAIN_BEGIN(argc, argv);
+    e = cudaGetDeviceCount(&gpus);
+    if (e != cudaSuccess) {
+        gpus = 0;
+        snprintf(no_gpu, sizeof no_gpu, "no usable CUDA device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
+        (void)cudaGetLastError();
+    } else if (gpus == 0) {
+        snprintf(no_gpu, sizeof no_gpu, "no usable CUDA device (cudaGetDeviceCount found none)");
+    }
     RUN(test_device_query);
     RUN(test_axpy_matches_reference);
+    RUN(test_elementwise_kernels);
+    RUN(test_reduce_and_divide);
+    RUN(test_casts);
+    RUN(test_optimizers);
+    RUN(test_softmax_xent);
+    RUN(test_sgemm);
     return dt_summary();
 }
