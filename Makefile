@@ -19,6 +19,9 @@ CFLAGS  := -std=c99 $(OPT) $(WARN) -I. -Itests
 LDLIBS  := -pthread -lm
 
 NVCC    := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA_HOME := $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(realpath $(NVCC))))
+CUBLAS  := $(if $(CUDA_HOME),$(firstword $(wildcard $(CUDA_HOME)/lib64/libcublas.so $(CUDA_HOME)/targets/*/lib/libcublas.so)))
+NCCL    := $(if $(CUDA_HOME),$(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)))
 MPICC   := $(shell command -v mpicc 2>/dev/null)
 MPIRUN  := $(shell command -v mpirun 2>/dev/null)
 OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){return 0;}\n' | $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo yes)
@@ -29,6 +32,8 @@ else
 $(info dpar: OpenBLAS $(if $(OPENBLAS),found (-lopenblas),not found: the built-in GEMM is used))
 $(info dpar: MPI $(if $(and $(MPICC),$(MPIRUN)),found ($(MPICC), $(MPIRUN)),not found: MPI tests and examples are skipped))
 $(info dpar: nvcc $(if $(NVCC),found ($(NVCC)),not found: CUDA checks are skipped))
+$(if $(NVCC),$(info dpar: cuBLAS $(if $(CUBLAS),found ($(CUBLAS)),not found: dpar_cuda_sgemm cannot link)))
+$(if $(NVCC),$(info dpar: NCCL $(if $(NCCL),found ($(NCCL)),not found: the NCCL transport (DPAR_NCCL) is skipped)))
 endif
 
 TESTS   := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/test_mpi.c,$(wildcard tests/test_*.c)))
@@ -139,7 +144,7 @@ endif
 
 cuda: | $(BUILD)
 ifneq ($(NVCC),)
-	$(NVCC) -std=c++14 -I. tests/test_cuda.cu -o $(BUILD)/test_cuda && ./$(BUILD)/test_cuda
+	NVCC="$(NVCC)" BUILD="$(BUILD)" tests/gpu.sh
 else
 	@echo "cuda: nvcc not found"
 endif

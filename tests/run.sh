@@ -68,13 +68,14 @@ matrix() {
     else
         skip "compile dpar.h with DPAR_OPENBLAS" "OpenBLAS not found"
     fi
+    # the GPU half without a GPU: tests/gpu.sh --build (every .cu built for sm_90 with host warnings as
+    # errors, the kernels' resource use, C99/C++ callers linked with the nvcc-built implementation, the
+    # kernels' element functions on the host), then the device tests (skipped without a usable device)
     if [ -n "${NVCC:-}" ]; then
-        step "compile dpar_cuda.h: nvcc -c" "$NVCC" -std=c++14 -I. -c tests/compile_cuda.cu -o $M/cuda.o
-        step "compile dpar_cuda.h: plain C sees the declarations" gcc -std=c99 $WARN -I. -c tests/compile_cuda_c.c -o $M/cuda_c.o
-        step "build tests/test_cuda.cu with nvcc" "$NVCC" -std=c++14 -I. -Itests tests/test_cuda.cu -o $M/test_cuda
-        program $M/test_cuda $M/test_cuda
+        program "tests/gpu.sh --build" env NVCC="$NVCC" BUILD="$BUILD" tests/gpu.sh --build
+        if [ -x "$BUILD/gpu/test_cuda" ]; then program "$BUILD/gpu/test_cuda" "$BUILD/gpu/test_cuda"; fi
     else
-        skip "compile dpar_cuda.h" "nvcc not found"
+        skip "dpar_cuda.h" "nvcc not found"
     fi
 }
 
