@@ -142,8 +142,8 @@ DPAR_API void dpar_cuda_cast_ref(void *out, dpar_dtype out_dtype, const void *in
    Remarks:  every float operation is rounded on its own (no fused multiply-add), so the device gives the
              bits of dpar_zero_step on one rank.
    Thread safety: any thread. */
-DPAR_API dpar_status dpar_cuda_sgd_f32(float *params, float *mom, const float *grads, size_t n, float lr, float momentum,
-                                       float weight_decay, void *stream);
+DPAR_API dpar_status dpar_cuda_sgd_f32(float *params, float *mom, const float *grads, size_t n, float lr,
+                                       float momentum, float weight_decay, void *stream);
 DPAR_API void dpar_cuda_sgd_f32_ref(float *params, float *mom, const float *grads, size_t n, float lr, float momentum,
                                     float weight_decay);
 
@@ -184,8 +184,8 @@ DPAR_API void dpar_cuda_relu_backward_f32_ref(float *dx, const float *dy, const 
              of glibc's, so the device matches the reference to a relative 1e-5, not bitwise.
    Returns:  as the section says; DPAR_EINVAL for classes < 1.
    Thread safety: any thread. */
-DPAR_API dpar_status dpar_cuda_softmax_xent_forward_f32(float *loss, const float *logits, const int *labels, size_t rows,
-                                                        int classes, void *stream);
+DPAR_API dpar_status dpar_cuda_softmax_xent_forward_f32(float *loss, const float *logits, const int *labels,
+                                                        size_t rows, int classes, void *stream);
 DPAR_API void dpar_cuda_softmax_xent_forward_f32_ref(float *loss, const float *logits, const int *labels, size_t rows,
                                                      int classes);
 DPAR_API dpar_status dpar_cuda_softmax_xent_backward_f32(float *dlogits, const float *logits, const int *labels,
@@ -265,7 +265,6 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_query(int device, dpar_cuda_dev
     return DPAR_OK;
 }
 
-
 /* >>kernels: element functions, the grid-stride loop, the launchers, the references -------------- */
 #define DPAR_CUDA__HD __host__ __device__ static inline
 #define DPAR_CUDA__TRY(expr)            \
@@ -343,7 +342,7 @@ DPAR_CUDA__HD uint16_t dpar_cuda__f32_to_bf16(float f)
 {
     uint32_t u = dpar_cuda__bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                          /* to nearest even */
+    u += 0x7fffu + ((u >> 16) & 1u);                                           /* to nearest even */
     return (uint16_t)(u >> 16);
 }
 DPAR_CUDA__HD float dpar_cuda__f16_to_f32(uint16_t h)
@@ -458,7 +457,8 @@ DPAR_CUDA__HD void dpar_cuda__xent_backward_elem(float *d, const float *z, int l
     for (c = 0; c < classes; c++) sum = dpar_cuda__fadd(sum, (d[c] = expf(dpar_cuda__fsub(z[c], mx))));
     for (c = 0; c < classes; c++) {
         float s = dpar_cuda__fdiv(d[c], sum);
-        d[c] = bad ? dpar_cuda__float(0x7fc00000u) : dpar_cuda__fdiv(dpar_cuda__fsub(s, c == label ? 1.0f : 0.0f), rows);
+        d[c] =
+            bad ? dpar_cuda__float(0x7fc00000u) : dpar_cuda__fdiv(dpar_cuda__fsub(s, c == label ? 1.0f : 0.0f), rows);
     }
 }
 
@@ -497,11 +497,14 @@ template <class F, class TO, class TI> struct dpar_cuda__map1 {
         ((dpar_cuda__v4<TO> *)out)[g] = y;
     }
 };
-template <class F, class TO, class TI> static dpar_cuda__map1<F, TO, TI> dpar_cuda__make_map1(TO *out, const TI *in, size_t n, F f)
+template <class F, class TO, class TI>
+static dpar_cuda__map1<F, TO, TI> dpar_cuda__make_map1(TO *out, const TI *in, size_t n, F f)
 {
     dpar_cuda__map1<F, TO, TI> k;
     k.out = out, k.in = in, k.n = n, k.f = f;
-    k.nvec = dpar_cuda__aligned(out, sizeof(dpar_cuda__v4<TO>)) && dpar_cuda__aligned(in, sizeof(dpar_cuda__v4<TI>)) ? n / 4 : 0;
+    k.nvec = dpar_cuda__aligned(out, sizeof(dpar_cuda__v4<TO>)) && dpar_cuda__aligned(in, sizeof(dpar_cuda__v4<TI>))
+                 ? n / 4
+                 : 0;
     return k;
 }
 
@@ -519,7 +522,8 @@ template <class F, class T> struct dpar_cuda__map2 {
         ((dpar_cuda__v4<T> *)out)[g] = x;
     }
 };
-template <class F, class T> static dpar_cuda__map2<F, T> dpar_cuda__make_map2(T *out, const T *a, const T *b, size_t n, F f)
+template <class F, class T>
+static dpar_cuda__map2<F, T> dpar_cuda__make_map2(T *out, const T *a, const T *b, size_t n, F f)
 {
     dpar_cuda__map2<F, T> k;
     size_t v = sizeof(dpar_cuda__v4<T>);
@@ -618,10 +622,10 @@ static dpar_cuda__adamw_k dpar_cuda__make_adamw(float *p, float *m, float *v, co
     k.p = p, k.m = m, k.v = v, k.g = g, k.n = n, k.lr = lr, k.b1 = b1, k.b2 = b2, k.eps = eps, k.wd = wd;
     k.c1 = 1.0f - powf(b1, (float)step); /* on the host, as dpar_zero_step */
     k.c2 = 1.0f - powf(b2, (float)step);
-    k.nvec = dpar_cuda__aligned(p, 16) && dpar_cuda__aligned(m, 16) && dpar_cuda__aligned(v, 16) &&
-                     dpar_cuda__aligned(g, 16)
-                 ? n / 4
-                 : 0;
+    k.nvec =
+        dpar_cuda__aligned(p, 16) && dpar_cuda__aligned(m, 16) && dpar_cuda__aligned(v, 16) && dpar_cuda__aligned(g, 16)
+            ? n / 4
+            : 0;
     return k;
 }
 
@@ -701,7 +705,8 @@ static dpar_status dpar_cuda__null(const char *what, size_t n, const void *a, co
 static dpar_status dpar_cuda__dtype(const char *what, dpar_dtype t)
 {
     if (t == DPAR_F32 || t == DPAR_BF16 || t == DPAR_F16) return DPAR_OK;
-    if ((unsigned)t >= DPAR_DTYPE_COUNT) return dpar_set_error(DPAR_EINVAL, "%s: dtype %d is not a dpar_dtype", what, (int)t);
+    if ((unsigned)t >= DPAR_DTYPE_COUNT)
+        return dpar_set_error(DPAR_EINVAL, "%s: dtype %d is not a dpar_dtype", what, (int)t);
     return dpar_set_error(DPAR_EUNSUPPORTED, "%s: dtype %s is not on the device (f32, bf16, f16)", what,
                           dpar_dtype_name(t));
 }
@@ -734,12 +739,14 @@ extern "C" DPAR_API dpar_status dpar_cuda_add_f32(float *out, const float *a, co
     return dpar_cuda__launch(dpar_cuda__make_map2(out, a, b, n, f), stream, "dpar_cuda_add_f32");
 }
 
-template <class D> static dpar_status dpar_cuda__reduce_t(void *out, const void *a, const void *b, size_t n, int op, int div, void *stream)
+template <class D>
+static dpar_status dpar_cuda__reduce_t(void *out, const void *a, const void *b, size_t n, int op, int div, void *stream)
 {
     typedef typename D::T T;
     dpar_cuda__reduce_f<D> f;
     f.op = op, f.div = div;
-    return dpar_cuda__launch(dpar_cuda__make_map2((T *)out, (const T *)a, (const T *)b, n, f), stream, "dpar_cuda_reduce");
+    return dpar_cuda__launch(dpar_cuda__make_map2((T *)out, (const T *)a, (const T *)b, n, f), stream,
+                             "dpar_cuda_reduce");
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype,
@@ -747,7 +754,8 @@ extern "C" DPAR_API dpar_status dpar_cuda_reduce(void *out, const void *a, const
 {
     DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_reduce", n, out, a, b, b));
     DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_reduce", dtype));
-    if ((unsigned)op >= DPAR_OP_COUNT) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_reduce: op %d is not a dpar_op", (int)op);
+    if ((unsigned)op >= DPAR_OP_COUNT)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_reduce: op %d is not a dpar_op", (int)op);
     if (dtype == DPAR_F32) return dpar_cuda__reduce_t<dpar_cuda__f32>(out, a, b, n, op, div, stream);
     if (dtype == DPAR_BF16) return dpar_cuda__reduce_t<dpar_cuda__bf16>(out, a, b, n, op, div, stream);
     return dpar_cuda__reduce_t<dpar_cuda__f16>(out, a, b, n, op, div, stream);
@@ -761,15 +769,17 @@ template <class D> static dpar_status dpar_cuda__divide_t(void *out, const void 
     return dpar_cuda__launch(dpar_cuda__make_map1((T *)out, (const T *)in, n, f), stream, "dpar_cuda_divide");
 }
 
-extern "C" DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size_t n, dpar_dtype dtype, int div, void *stream)
+extern "C" DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size_t n, dpar_dtype dtype, int div,
+                                                 void *stream)
 {
     DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_divide", n, out, in, in, in));
     DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_divide", dtype));
     if (n == 0) return DPAR_OK;
     if (div <= 1) {
         if (out == in) return DPAR_OK;
-        return dpar_cuda__check(cudaMemcpyAsync(out, in, n * dpar_dtype_size(dtype), cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
-                                "dpar_cuda_divide: cudaMemcpyAsync");
+        return dpar_cuda__check(
+            cudaMemcpyAsync(out, in, n * dpar_dtype_size(dtype), cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+            "dpar_cuda_divide: cudaMemcpyAsync");
     }
     if (dtype == DPAR_F32) return dpar_cuda__divide_t<dpar_cuda__f32>(out, in, n, div, stream);
     if (dtype == DPAR_BF16) return dpar_cuda__divide_t<dpar_cuda__bf16>(out, in, n, div, stream);
@@ -779,9 +789,11 @@ extern "C" DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size
 template <class DO, class DI> static dpar_status dpar_cuda__cast_t(void *out, const void *in, size_t n, void *stream)
 {
     dpar_cuda__cast_f<DO, DI> f;
-    return dpar_cuda__launch(dpar_cuda__make_map1((typename DO::T *)out, (const typename DI::T *)in, n, f), stream, "dpar_cuda_cast");
+    return dpar_cuda__launch(dpar_cuda__make_map1((typename DO::T *)out, (const typename DI::T *)in, n, f), stream,
+                             "dpar_cuda_cast");
 }
-template <class DO> static dpar_status dpar_cuda__cast_in(void *out, const void *in, dpar_dtype in_dtype, size_t n, void *stream)
+template <class DO>
+static dpar_status dpar_cuda__cast_in(void *out, const void *in, dpar_dtype in_dtype, size_t n, void *stream)
 {
     if (in_dtype == DPAR_F32) return dpar_cuda__cast_t<DO, dpar_cuda__f32>(out, in, n, stream);
     if (in_dtype == DPAR_BF16) return dpar_cuda__cast_t<DO, dpar_cuda__bf16>(out, in, n, stream);
@@ -803,7 +815,8 @@ extern "C" DPAR_API dpar_status dpar_cuda_sgd_f32(float *params, float *mom, con
                                                   float momentum, float weight_decay, void *stream)
 {
     DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_sgd_f32", n, params, mom, grads, grads));
-    return dpar_cuda__launch(dpar_cuda__make_sgd(params, mom, grads, n, lr, momentum, weight_decay), stream, "dpar_cuda_sgd_f32");
+    return dpar_cuda__launch(dpar_cuda__make_sgd(params, mom, grads, n, lr, momentum, weight_decay), stream,
+                             "dpar_cuda_sgd_f32");
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_adamw_f32(float *params, float *m, float *v, const float *grads, size_t n,
@@ -816,9 +829,11 @@ extern "C" DPAR_API dpar_status dpar_cuda_adamw_f32(float *params, float *m, flo
                              stream, "dpar_cuda_adamw_f32");
 }
 
-extern "C" DPAR_API dpar_status dpar_cuda_bias_add_f32(float *y, const float *bias, size_t rows, size_t cols, void *stream)
+extern "C" DPAR_API dpar_status dpar_cuda_bias_add_f32(float *y, const float *bias, size_t rows, size_t cols,
+                                                       void *stream)
 {
-    if (cols && rows > (size_t)-1 / cols) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_bias_add_f32: rows x cols overflows");
+    if (cols && rows > (size_t)-1 / cols)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_bias_add_f32: rows x cols overflows");
     DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_bias_add_f32", rows * cols, y, bias, bias, bias));
     return dpar_cuda__launch(dpar_cuda__make_bias(y, bias, rows, cols), stream, "dpar_cuda_bias_add_f32");
 }
@@ -830,7 +845,8 @@ extern "C" DPAR_API dpar_status dpar_cuda_relu_forward_f32(float *y, const float
     return dpar_cuda__launch(dpar_cuda__make_map1(y, x, n, f), stream, "dpar_cuda_relu_forward_f32");
 }
 
-extern "C" DPAR_API dpar_status dpar_cuda_relu_backward_f32(float *dx, const float *dy, const float *y, size_t n, void *stream)
+extern "C" DPAR_API dpar_status dpar_cuda_relu_backward_f32(float *dx, const float *dy, const float *y, size_t n,
+                                                            void *stream)
 {
     dpar_cuda__relu_backward_f f;
     DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_relu_backward_f32", n, dx, dy, y, y));

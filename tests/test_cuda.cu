@@ -11,9 +11,9 @@
 static int gpus = 0;
 static char no_gpu[200]; /* the skip reason, with CUDA's */
 
-#define NEED_GPU()                     \
-    do {                               \
-        if (gpus == 0) SKIP(no_gpu);   \
+#define NEED_GPU()                   \
+    do {                             \
+        if (gpus == 0) SKIP(no_gpu); \
     } while (0)
 
 static void test_device_query(void)
@@ -124,12 +124,12 @@ static void test_elementwise_kernels(void)
             cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice);
             cudaMemcpy(dbias, bias, cols * 4, cudaMemcpyHostToDevice);
 #define RESET_Y() cudaMemcpy(dy, y, n * 4, cudaMemcpyHostToDevice), memcpy(r, y, n * 4)
-#define COMPARE(dev, what)                                                                         \
-    do {                                                                                           \
-        size_t bad_;                                                                               \
-        to_host(got, dev, n * 4);                                                                  \
-        bad_ = count_diff(got, r, n, 4, 0);                                                        \
-        CHECK_MSG(bad_ == 0, "%s n=%zu off=%zu: %zu elements differ", what, n, off, bad_);          \
+#define COMPARE(dev, what)                                                                 \
+    do {                                                                                   \
+        size_t bad_;                                                                       \
+        to_host(got, dev, n * 4);                                                          \
+        bad_ = count_diff(got, r, n, 4, 0);                                                \
+        CHECK_MSG(bad_ == 0, "%s n=%zu off=%zu: %zu elements differ", what, n, off, bad_); \
     } while (0)
             RESET_Y();
             CHECK(dpar_cuda_fill_f32(dy, -1.25f, n, NULL) == DPAR_OK);
@@ -176,8 +176,10 @@ static void test_reduce_and_divide(void)
     for (t = 0; t < 3; t++) {
         size_t es = dpar_dtype_size(ts[t]);
         int bf16 = ts[t] == DPAR_BF16;
-        char *a = (char *)malloc(n * es), *b = (char *)malloc(n * es), *r = (char *)malloc(n * es), *got = (char *)malloc(n * es);
-        char *da = (char *)dev_copy(NULL, n * es), *db = (char *)dev_copy(NULL, n * es), *dout = (char *)dev_copy(NULL, n * es);
+        char *a = (char *)malloc(n * es), *b = (char *)malloc(n * es), *r = (char *)malloc(n * es),
+             *got = (char *)malloc(n * es);
+        char *da = (char *)dev_copy(NULL, n * es), *db = (char *)dev_copy(NULL, n * es),
+             *dout = (char *)dev_copy(NULL, n * es);
         for (i = 0; i < n; i++) {
             if (es == 4) ((float *)a)[i] = frand(), ((float *)b)[i] = frand();
             else ((uint16_t *)a)[i] = (uint16_t)(i & 0xffff), ((uint16_t *)b)[i] = (uint16_t)dt_rand();
@@ -191,14 +193,16 @@ static void test_reduce_and_divide(void)
                 dpar_cuda_reduce_ref(r, a, b, n, ts[t], (dpar_op)op, divs[d]);
                 to_host(got, dout, n * es);
                 bad = count_diff(got, r, n, es, bf16);
-                CHECK_MSG(bad == 0, "reduce %s %s div %d: %zu differ", dpar_dtype_name(ts[t]), dpar_op_name((dpar_op)op),
-                          divs[d], bad);
+                CHECK_MSG(bad == 0, "reduce %s %s div %d: %zu differ", dpar_dtype_name(ts[t]),
+                          dpar_op_name((dpar_op)op), divs[d], bad);
                 /* misaligned by one element: the scalar path */
-                CHECK(dpar_cuda_reduce(dout + es, da + es, db + es, n - 1, ts[t], (dpar_op)op, divs[d], NULL) == DPAR_OK);
+                CHECK(dpar_cuda_reduce(dout + es, da + es, db + es, n - 1, ts[t], (dpar_op)op, divs[d], NULL) ==
+                      DPAR_OK);
                 dpar_cuda_reduce_ref(r, a + es, b + es, n - 1, ts[t], (dpar_op)op, divs[d]);
                 to_host(got, dout + es, (n - 1) * es);
                 bad = count_diff(got, r, n - 1, es, bf16);
-                CHECK_MSG(bad == 0, "reduce (off by one) %s %s: %zu differ", dpar_dtype_name(ts[t]), dpar_op_name((dpar_op)op), bad);
+                CHECK_MSG(bad == 0, "reduce (off by one) %s %s: %zu differ", dpar_dtype_name(ts[t]),
+                          dpar_op_name((dpar_op)op), bad);
             }
         for (d = 0; d < 3; d++) {
             size_t bad;
@@ -255,7 +259,8 @@ static void test_optimizers(void)
         float *got = (float *)malloc(B);
         float *dp, *dm, *dv, *dg;
         fill_random(p, n);
-        dp = (float *)dev_copy(p, B), dm = (float *)dev_copy(m, B), dv = (float *)dev_copy(v, B), dg = (float *)dev_copy(NULL, B);
+        dp = (float *)dev_copy(p, B), dm = (float *)dev_copy(m, B), dv = (float *)dev_copy(v, B),
+        dg = (float *)dev_copy(NULL, B);
         for (step = 1; step <= 3; step++) {
             size_t i;
             for (i = 0; i < n; i++) g[i] = frand();
@@ -293,7 +298,8 @@ static void test_softmax_xent(void)
         int *lab = (int *)malloc(rows * sizeof(int)), *dlab;
         for (i = 0; i < rows * C; i++) z[i] = frand() * 8;
         for (r = 0; r < rows; r++) lab[r] = r == 7 ? (int)C : (int)(dt_rand() % C);
-        dz = (float *)dev_copy(z, rows * C * 4), dl = (float *)dev_copy(NULL, rows * 4), dd = (float *)dev_copy(NULL, rows * C * 4);
+        dz = (float *)dev_copy(z, rows * C * 4), dl = (float *)dev_copy(NULL, rows * 4),
+        dd = (float *)dev_copy(NULL, rows * C * 4);
         dlab = (int *)dev_copy(lab, rows * sizeof(int));
         CHECK(dpar_cuda_softmax_xent_forward_f32(dl, dz, dlab, rows, (int)C, NULL) == DPAR_OK);
         CHECK(dpar_cuda_softmax_xent_backward_f32(dd, dz, dlab, rows, (int)C, NULL) == DPAR_OK);
@@ -301,8 +307,10 @@ static void test_softmax_xent(void)
         dpar_cuda_softmax_xent_backward_f32_ref(d, z, lab, rows, (int)C);
         to_host(gl, dl, rows * 4);
         to_host(gd, dd, rows * C * 4);
-        for (r = 0; r < rows; r++) bad += !(isnan(l[r]) ? isnan(gl[r]) : fabsf(gl[r] - l[r]) <= 1e-5f * fabsf(l[r]) + 1e-7f);
-        for (i = 0; i < rows * C; i++) bad += !(isnan(d[i]) ? isnan(gd[i]) : fabsf(gd[i] - d[i]) <= 1e-5f * fabsf(d[i]) + 1e-7f);
+        for (r = 0; r < rows; r++)
+            bad += !(isnan(l[r]) ? isnan(gl[r]) : fabsf(gl[r] - l[r]) <= 1e-5f * fabsf(l[r]) + 1e-7f);
+        for (i = 0; i < rows * C; i++)
+            bad += !(isnan(d[i]) ? isnan(gd[i]) : fabsf(gd[i] - d[i]) <= 1e-5f * fabsf(d[i]) + 1e-7f);
         CHECK_MSG(bad == 0, "classes %zu: %zu values outside the tolerance", C, bad);
         cudaFree(dz), cudaFree(dl), cudaFree(dd), cudaFree(dlab);
         free(z), free(l), free(d), free(gl), free(gd), free(lab);
@@ -321,7 +329,8 @@ static void test_sgemm(void)
     for (s = 0; s < 4; s++)
         for (ta = 0; ta < 2; ta++)
             for (tb = 0; tb < 2; tb++) {
-                int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2;
+                int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = (ta ? M : K) + 1,
+                    ldb = (tb ? K : N) + 2;
                 int ldc = N + 3, bad = 0;
                 size_t sa = (size_t)(ta ? K : M) * lda, sb = (size_t)(tb ? N : K) * ldb, sc = (size_t)M * ldc, i;
                 float *A = (float *)malloc(sa * 4), *Bm = (float *)malloc(sb * 4), *C = (float *)malloc(sc * 4);
@@ -329,14 +338,17 @@ static void test_sgemm(void)
                 for (i = 0; i < sa; i++) A[i] = frand();
                 for (i = 0; i < sb; i++) Bm[i] = frand();
                 for (i = 0; i < sc; i++) C[i] = R[i] = frand();
-                dA = (float *)dev_copy(A, sa * 4), dB = (float *)dev_copy(Bm, sb * 4), dC = (float *)dev_copy(C, sc * 4);
+                dA = (float *)dev_copy(A, sa * 4), dB = (float *)dev_copy(Bm, sb * 4),
+                dC = (float *)dev_copy(C, sc * 4);
                 CHECK(dpar_cuda_sgemm((dpar_trans)ta, (dpar_trans)tb, M, N, K, 1.5f, dA, lda, dB, ldb, 0.5f, dC, ldc, h,
                                       NULL) == DPAR_OK);
                 dpar_sgemm_ref((dpar_trans)ta, (dpar_trans)tb, M, N, K, 1.5f, A, lda, Bm, ldb, 0.5f, R, ldc);
                 to_host(C, dC, sc * 4);
                 for (i = 0; i < (size_t)M; i++)
-                    for (int j = 0; j < N; j++) bad += !(fabsf(C[i * ldc + j] - R[i * ldc + j]) <= 1e-5f * 16 * K + 1e-5f);
-                CHECK_MSG(bad == 0, "sgemm %dx%dx%d ta %d tb %d: %d elements outside the tolerance", M, N, K, ta, tb, bad);
+                    for (int j = 0; j < N; j++)
+                        bad += !(fabsf(C[i * ldc + j] - R[i * ldc + j]) <= 1e-5f * 16 * K + 1e-5f);
+                CHECK_MSG(bad == 0, "sgemm %dx%dx%d ta %d tb %d: %d elements outside the tolerance", M, N, K, ta, tb,
+                          bad);
                 cudaFree(dA), cudaFree(dB), cudaFree(dC);
                 free(A), free(Bm), free(C), free(R);
             }

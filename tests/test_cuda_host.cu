@@ -109,20 +109,20 @@ static long first_diff(const void *a, const void *b, size_t n, int kind)
 
 /* run one kernel object on every grid: `setup` restores the inputs before each run, `expect` is the reference
    output (bytes at out), compared bitwise; outputs' guards must stay intact */
-#define RUN_GRIDS(K, SETUP, OUTS, NOUT, EXPECT, WHAT)                                                          \
-    do {                                                                                                       \
-        grid g_[8];                                                                                            \
-        int ng_ = grids_for((K).nvec + ((K).n - 4 * (K).nvec), dpar_cuda__blocks(K), g_), gi_, o_;             \
-        for (gi_ = 0; gi_ < ng_; gi_++) {                                                                      \
-            SETUP;                                                                                             \
-            emulate((K), g_[gi_]);                                                                             \
-            for (o_ = 0; o_ < (NOUT); o_++) {                                                                  \
-                long d_ = first_diff((OUTS)[o_]->p, (EXPECT)[o_], (OUTS)[o_]->n, (OUTS)[o_]->kind);              \
-                CHECK_MSG(d_ < 0 && buf_guard_ok((OUTS)[o_]),                                                  \
-                          "%s: n=%zu off=%zu grid %ux%u nvec=%zu: output %d differs at %ld or its guard is hit", \
-                          WHAT, (OUTS)[o_]->n, (OUTS)[o_]->off, g_[gi_].blocks, g_[gi_].threads, (K).nvec, o_, d_); \
-            }                                                                                                  \
-        }                                                                                                      \
+#define RUN_GRIDS(K, SETUP, OUTS, NOUT, EXPECT, WHAT)                                                                  \
+    do {                                                                                                               \
+        grid g_[8];                                                                                                    \
+        int ng_ = grids_for((K).nvec + ((K).n - 4 * (K).nvec), dpar_cuda__blocks(K), g_), gi_, o_;                     \
+        for (gi_ = 0; gi_ < ng_; gi_++) {                                                                              \
+            SETUP;                                                                                                     \
+            emulate((K), g_[gi_]);                                                                                     \
+            for (o_ = 0; o_ < (NOUT); o_++) {                                                                          \
+                long d_ = first_diff((OUTS)[o_]->p, (EXPECT)[o_], (OUTS)[o_]->n, (OUTS)[o_]->kind);                    \
+                CHECK_MSG(d_ < 0 && buf_guard_ok((OUTS)[o_]),                                                          \
+                          "%s: n=%zu off=%zu grid %ux%u nvec=%zu: output %d differs at %ld or its guard is hit", WHAT, \
+                          (OUTS)[o_]->n, (OUTS)[o_]->off, g_[gi_].blocks, g_[gi_].threads, (K).nvec, o_, d_);          \
+            }                                                                                                          \
+        }                                                                                                              \
     } while (0)
 
 /* ---- the conversions: every 16-bit pattern, and float inputs around every rounding boundary ---- */
@@ -184,17 +184,19 @@ static void test_cast_kernel(void)
                 const void *exps[1] = {expect};
                 char what[64];
                 for (i = 0; i < n; i++) {
-                    if (ti == DPAR_F32) ((float *)in.p)[i] = i < 65536 ? dpar_cuda__float((uint32_t)i << 16 | (uint32_t)(dt_rand() & 0xffff)) : frand();
+                    if (ti == DPAR_F32)
+                        ((float *)in.p)[i] =
+                            i < 65536 ? dpar_cuda__float((uint32_t)i << 16 | (uint32_t)(dt_rand() & 0xffff)) : frand();
                     else ((uint16_t *)in.p)[i] = (uint16_t)i;
                 }
                 dpar_cuda_cast_ref(expect, to, in.p, ti, n);
                 snprintf(what, sizeof what, "cast %s -> %s", dpar_dtype_name(ti), dpar_dtype_name(to));
-#define CAST_CASE(DO, DI)                                                                                          \
-    if (to == (DO##_t) && ti == (DI##_t)) {                                                                        \
-        dpar_cuda__cast_f<dpar_cuda__##DO, dpar_cuda__##DI> f;                                                     \
-        auto k = dpar_cuda__make_map1((dpar_cuda__##DO::T *)out.p, (const dpar_cuda__##DI::T *)in.p, n, f);         \
-        CHECK(off || k.nvec == n / 4);                                                                             \
-        RUN_GRIDS(k, memset(out.p, 0xEE, n * eo), outs, 1, exps, what);                                            \
+#define CAST_CASE(DO, DI)                                                                                   \
+    if (to == (DO##_t) && ti == (DI##_t)) {                                                                 \
+        dpar_cuda__cast_f<dpar_cuda__##DO, dpar_cuda__##DI> f;                                              \
+        auto k = dpar_cuda__make_map1((dpar_cuda__##DO::T *)out.p, (const dpar_cuda__##DI::T *)in.p, n, f); \
+        CHECK(off || k.nvec == n / 4);                                                                      \
+        RUN_GRIDS(k, memset(out.p, 0xEE, n *eo), outs, 1, exps, what);                                      \
     }
                 {
                     const dpar_dtype f32_t = DPAR_F32, bf16_t = DPAR_BF16, f16_t = DPAR_F16;
@@ -229,7 +231,9 @@ template <class D> static void reduce_case(dpar_dtype t, int op, int div, size_t
     for (i = 0; i < n; i++) {
         float x = dt_rand() % 16 == 0 ? special((int)(dt_rand() % 64)) : frand(), y = frand();
         if (t == DPAR_F32) ((float *)a0)[i] = x, ((float *)b.p)[i] = y;
-        else a0[i] = (T)(dt_rand() & 0xffff), ((T *)b.p)[i] = (T)(t == DPAR_BF16 ? dpar_f32_to_bf16(y) : dpar_f32_to_f16(y));
+        else
+            a0[i] = (T)(dt_rand() & 0xffff),
+            ((T *)b.p)[i] = (T)(t == DPAR_BF16 ? dpar_f32_to_bf16(y) : dpar_f32_to_f16(y));
     }
     dpar_cuda_reduce_ref(expect, a0, b.p, n, t, (dpar_op)op, div);
     dpar__reduce(cpu, a0, b.p, n, t, (dpar_op)op, div);
@@ -255,7 +259,7 @@ static void test_reduce_kernel(void)
         for (off = 0; off < 2; off++)
             for (op = 0; op < DPAR_OP_COUNT; op++)
                 for (d = 0; d < 5; d++) {
-                    if (op != DPAR_AVG && d > 1) continue; /* div only matters to AVG */
+                    if (op != DPAR_AVG && d > 1) continue;           /* div only matters to AVG */
                     if (sizes[s] > 1023 && (d % 2 || off)) continue; /* the big size: fewer combinations */
                     reduce_case<dpar_cuda__f32>(DPAR_F32, op, divs[d], sizes[s], off, d == 0);
                     reduce_case<dpar_cuda__bf16>(DPAR_BF16, op, divs[d], sizes[s], off, d == 0);
@@ -277,7 +281,8 @@ template <class D> static void divide_case(dpar_dtype t, int div, size_t n, size
     }
     dpar_cuda_divide_ref(expect, in.p, n, t, div);
     dpar__divide(cpu, in.p, n, t, div);
-    CHECK_MSG(first_diff(expect, cpu, n, kind_of(t)) < 0, "reference and dpar__divide differ: %s div %d", dpar_dtype_name(t), div);
+    CHECK_MSG(first_diff(expect, cpu, n, kind_of(t)) < 0, "reference and dpar__divide differ: %s div %d",
+              dpar_dtype_name(t), div);
     f.div = div;
     {
         auto k = dpar_cuda__make_map1((T *)out.p, (const T *)in.p, n, f);
@@ -309,7 +314,8 @@ static void test_elementwise_kernels(void)
         for (off = 0; off < 2; off++) {
             size_t n = sizes[s], e = sizeof(float);
             buf x = buf_make(n, e, off), y = buf_make(n, e, off), out = buf_make(n, e, off);
-            float *x0 = (float *)malloc(n * e + 4), *y0 = (float *)malloc(n * e + 4), *expect = (float *)malloc(n * e + 4);
+            float *x0 = (float *)malloc(n * e + 4), *y0 = (float *)malloc(n * e + 4),
+                  *expect = (float *)malloc(n * e + 4);
             buf *outs_y[1] = {&y}, *outs_o[1] = {&out};
             const void *exps[1] = {expect};
             fill_random(x0, n, 1);
@@ -359,7 +365,8 @@ static void test_elementwise_kernels(void)
         }
     /* relu's edges, by hand */
     CHECK(dpar_cuda__relu_elem(-0.0f) == 0.0f && !signbit(dpar_cuda__relu_elem(-0.0f)));
-    CHECK(isnan(dpar_cuda__relu_elem(NAN)) && dpar_cuda__relu_elem(-3.0f) == 0.0f && dpar_cuda__relu_elem(2.0f) == 2.0f);
+    CHECK(isnan(dpar_cuda__relu_elem(NAN)) && dpar_cuda__relu_elem(-3.0f) == 0.0f &&
+          dpar_cuda__relu_elem(2.0f) == 2.0f);
 }
 
 /* ---- bias add: every column count against the vector path's cols % 4 rule ---- */
@@ -372,7 +379,8 @@ static void test_bias_add_kernel(void)
             for (off = 0; off < 2; off++) {
                 size_t rows = sizes[s] > 4096 ? sizes[s] / colss[c] : sizes[s], cols = colss[c], n = rows * cols;
                 buf y = buf_make(n, 4, off), *outs[1] = {&y};
-                float *y0 = (float *)malloc(n * 4 + 4), *expect = (float *)malloc(n * 4 + 4), *bias = (float *)malloc(cols * 4);
+                float *y0 = (float *)malloc(n * 4 + 4), *expect = (float *)malloc(n * 4 + 4),
+                      *bias = (float *)malloc(cols * 4);
                 const void *exps[1] = {expect};
                 fill_random(y0, n, 0);
                 fill_random(bias, cols, 0);
@@ -428,11 +436,10 @@ static void optim_case(int adam, size_t n, size_t off)
         snprintf(what, sizeof what, "%s step %ld", adam ? "adamw" : "sgd", step);
         /* the kernel, on every grid, from the state before this step */
         if (adam) {
-            auto k = dpar_cuda__make_adamw((float *)p.p, (float *)m.p, (float *)v.p, (const float *)g.p, n, lr, b1,
-                                           b2, eps, wd, step);
+            auto k = dpar_cuda__make_adamw((float *)p.p, (float *)m.p, (float *)v.p, (const float *)g.p, n, lr, b1, b2,
+                                           eps, wd, step);
             CHECK(off || k.nvec == n / 4);
-            RUN_GRIDS(k, (memcpy(p.p, sp, n * 4), memcpy(m.p, sm, n * 4), memcpy(v.p, sv, n * 4)), outs, 3, exps,
-                      what);
+            RUN_GRIDS(k, (memcpy(p.p, sp, n * 4), memcpy(m.p, sm, n * 4), memcpy(v.p, sv, n * 4)), outs, 3, exps, what);
         } else {
             auto k = dpar_cuda__make_sgd((float *)p.p, (float *)m.p, (const float *)g.p, n, lr, mu, wd);
             CHECK(off || k.nvec == n / 4);
@@ -476,7 +483,8 @@ static void test_softmax_xent_kernels(void)
             const void *exps_l[1] = {el}, *exps_d[1] = {ed};
             fill_random(z, rows * C, 0);
             for (r = 0; r < rows * C; r++) z[r] *= 8.0f; /* logits up to +-32: the max subtraction matters */
-            for (r = 0; r < rows; r++) labels[r] = dt_rand() % 97 == 0 ? (dt_rand() % 2 ? -1 : (int)C) : (int)(dt_rand() % C);
+            for (r = 0; r < rows; r++)
+                labels[r] = dt_rand() % 97 == 0 ? (dt_rand() % 2 ? -1 : (int)C) : (int)(dt_rand() % C);
             dpar_cuda_softmax_xent_forward_f32_ref(el, z, labels, rows, (int)C);
             dpar_cuda_softmax_xent_backward_f32_ref(ed, z, labels, rows, (int)C);
             {
@@ -496,7 +504,8 @@ static void test_softmax_xent_kernels(void)
                         continue;
                     }
                     for (q = 0; q < C; q++) sum += ed[r * C + q];
-                    CHECK_MSG(fabs(sum) < 1e-6 && el[r] >= 0, "row %zu: gradient sum %g, loss %g", r, sum, (double)el[r]);
+                    CHECK_MSG(fabs(sum) < 1e-6 && el[r] >= 0, "row %zu: gradient sum %g, loss %g", r, sum,
+                              (double)el[r]);
                     if (fabs(sum) >= 1e-6) break;
                 }
             }
@@ -511,7 +520,7 @@ static void test_launchers_refuse_bad_arguments(void)
     float f = 0;
     uint16_t h = 0;
     int lab = 0;
-    void *handle = &f; /* never used: the checks come first */
+    void *handle = &f;                                      /* never used: the checks come first */
     CHECK(dpar_cuda_fill_f32(NULL, 1, 0, NULL) == DPAR_OK); /* n = 0: nothing to do, no launch */
     CHECK(dpar_cuda_fill_f32(NULL, 1, 3, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_scale_f32(NULL, 1, 3, NULL) == DPAR_EINVAL);
@@ -537,11 +546,15 @@ static void test_launchers_refuse_bad_arguments(void)
     CHECK(dpar_cuda_softmax_xent_forward_f32(&f, &f, NULL, 3, 10, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_softmax_xent_backward_f32(&f, &f, &lab, 3, 0, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, 2, 2, 2, 1, &f, 2, &f, 2, 0, &f, 2, NULL, NULL) == DPAR_EINVAL);
-    CHECK(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, 2, 2, 2, 1, &f, 1, &f, 2, 0, &f, 2, handle, NULL) == DPAR_EINVAL);
+    CHECK(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, 2, 2, 2, 1, &f, 1, &f, 2, 0, &f, 2, handle, NULL) ==
+          DPAR_EINVAL);
     CHECK(dpar_cuda_sgemm(DPAR_TRANS, DPAR_NO_TRANS, 3, 2, 2, 1, &f, 2, &f, 2, 0, &f, 2, handle, NULL) == DPAR_EINVAL);
-    CHECK(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, 2, 2, 2, 1, NULL, 2, &f, 2, 0, &f, 2, handle, NULL) == DPAR_EINVAL);
-    CHECK(dpar_cuda_sgemm((dpar_trans)2, DPAR_NO_TRANS, 2, 2, 2, 1, &f, 2, &f, 2, 0, &f, 2, handle, NULL) == DPAR_EINVAL);
-    CHECK(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, 0, 2, 2, 1, NULL, 2, NULL, 2, 0, NULL, 2, handle, NULL) == DPAR_OK);
+    CHECK(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, 2, 2, 2, 1, NULL, 2, &f, 2, 0, &f, 2, handle, NULL) ==
+          DPAR_EINVAL);
+    CHECK(dpar_cuda_sgemm((dpar_trans)2, DPAR_NO_TRANS, 2, 2, 2, 1, &f, 2, &f, 2, 0, &f, 2, handle, NULL) ==
+          DPAR_EINVAL);
+    CHECK(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, 0, 2, 2, 1, NULL, 2, NULL, 2, 0, NULL, 2, handle, NULL) ==
+          DPAR_OK);
 }
 
 int main(int argc, char **argv)
