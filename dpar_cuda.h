@@ -86,6 +86,8 @@ DPAR_API void dpar_cuda_axpy_f32_ref(float *y, const float *x, float alpha, size
 
 /* >>kernels: the declarations. Every launcher enqueues on `stream` (a cudaStream_t; NULL: the default
    stream) and returns at once; pointers are device memory; n = 0 is DPAR_OK and launches nothing.
+   Bits:     the kernels give the references' bits (no fused multiply-add on the device; NaN payloads aside),
+             except softmax cross-entropy (CUDA's expf/logf) and sgemm (cuBLAS's order).
    Errors:   DPAR_EINVAL (a NULL pointer with n > 0, a value outside its enum, a bad size), DPAR_EUNSUPPORTED (a
              dpar dtype the kernel does not have), DPAR_ESYSTEM (the launch failed: the CUDA call, CUDA's
              error name and text in dpar_last_error).
@@ -113,7 +115,8 @@ DPAR_API void dpar_cuda_add_f32_ref(float *out, const float *a, const float *b, 
 /* dpar_cuda_reduce: out[i] = a[i] op b[i], then / div when op is DPAR_AVG and div > 1: the local step of
    dpar's reductions, on the device.
    dtype:    DPAR_F32, DPAR_BF16 or DPAR_F16 (16-bit types are widened to float, combined, and rounded to
-             nearest even: bitwise what dpar.h's CPU reductions give, NaN included).
+             nearest even: bitwise what dpar.h's CPU reductions give; a NaN result is a NaN there too, but its
+             payload may differ, as the GPU's float arithmetic returns one canonical NaN).
    out:      may be a or b.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL pointers, a bad op or dtype), DPAR_EUNSUPPORTED (another dpar dtype),
              DPAR_ESYSTEM.
