@@ -16,7 +16,7 @@
        error name and its text in dpar_last_error();
      - >>kernels: fill, scale, axpy, add; reduce and divide of F32/BF16/F16 with dpar's ops (bitwise the
        CPU's dpar reductions); casts between f32, bf16 and f16; SGD with momentum and AdamW (the math of
-       dpar_zero_step); bias add, ReLU forward/backward, softmax cross-entropy forward/backward;
+       dpar_zero_step); bias add and its gradient, ReLU forward/backward, softmax cross-entropy forward/backward;
        dpar_cuda_sgemm (row-major over cuBLAS). Each launcher enqueues on the stream given and has a
        naive host reference `..._ref` beside it, which the tests compare with.
    HOW THE KERNELS ARE BUILT (and verified without a GPU)
@@ -168,6 +168,13 @@ DPAR_API void dpar_cuda_adamw_f32_ref(float *params, float *m, float *v, const f
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_bias_add_f32(float *y, const float *bias, size_t rows, size_t cols, void *stream);
 DPAR_API void dpar_cuda_bias_add_f32_ref(float *y, const float *bias, size_t rows, size_t cols);
+
+/* dpar_cuda_bias_backward_f32: dbias (cols) = the column sums of dy (rows x cols, row-major): the bias gradient.
+   Remarks:  one thread per column, rows added in order (as examples/data_parallel.c adds them, so bitwise the
+             same); adjacent threads read adjacent columns.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_bias_backward_f32(float *dbias, const float *dy, size_t rows, size_t cols, void *stream);
+DPAR_API void dpar_cuda_bias_backward_f32_ref(float *dbias, const float *dy, size_t rows, size_t cols);
 
 /* dpar_cuda_relu_forward_f32 / dpar_cuda_relu_backward_f32: y = x > 0 ? x : 0 (NaN stays NaN; -0 gives +0);
    dx = y > 0 ? dy : 0, y the forward's output (or its input: the same sign). y may be x, dx may be dy.
@@ -439,6 +446,14 @@ DPAR_CUDA__HD void dpar_cuda__adamw_elem(float *p, float *m, float *v, float g, 
     vh = dpar_cuda__fadd(dpar_cuda__fsqrt(dpar_cuda__fdiv(*v, c2)), eps);
     *p = dpar_cuda__fsub(*p, dpar_cuda__fmul(lr, dpar_cuda__fadd(dpar_cuda__fdiv(mh, vh), dpar_cuda__fmul(wd, *p))));
 }
+/* column c of dy (rows x cols): its sum, rows in order */
+DPAR_CUDA__HD float dpar_cuda__bias_backward_elem(const float *dy, size_t rows, size_t cols, size_t c)
+{
+    float sum = 0.0f;
+    size_t r;
+    for (r = 0; r < rows; r++) sum = dpar_cuda__fadd(sum, dy[r * cols + c]);
+    return sum;
+}
 DPAR_CUDA__HD float dpar_cuda__relu_elem(float x) { return !(x <= 0.0f) ? x : 0.0f; }
 DPAR_CUDA__HD float dpar_cuda__relu_backward_elem(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
 /* one row of softmax cross-entropy: z (classes); the loss, or NaN for a label out of range */
@@ -654,6 +669,21 @@ static dpar_cuda__bias_k dpar_cuda__make_bias(float *y, const float *bias, size_
     return k;
 }
 
+/* the bias gradient: one column per element; no vectors */
+struct dpar_cuda__bias_backward_k {
+    float *dbias;
+    const float *dy;
+    size_t n, nvec, rows; /* n: cols */
+    __host__ __device__ void one(size_t c) const { dbias[c] = dpar_cuda__bias_backward_elem(dy, rows, n, c); }
+    __host__ __device__ void vec(size_t) const {}
+};
+static dpar_cuda__bias_backward_k dpar_cuda__make_bias_backward(float *dbias, const float *dy, size_t rows, size_t cols)
+{
+    dpar_cuda__bias_backward_k k;
+    k.dbias = dbias, k.dy = dy, k.n = cols, k.nvec = 0, k.rows = rows;
+    return k;
+}
+
 /* softmax cross-entropy: one row per element; no vectors */
 struct dpar_cuda__xent_k {
     float *out; /* forward: loss (rows); backward: dlogits (rows x classes) */
@@ -841,6 +871,17 @@ extern "C" DPAR_API dpar_status dpar_cuda_bias_add_f32(float *y, const float *bi
     return dpar_cuda__launch(dpar_cuda__make_bias(y, bias, rows, cols), stream, "dpar_cuda_bias_add_f32");
 }
 
+extern "C" DPAR_API dpar_status dpar_cuda_bias_backward_f32(float *dbias, const float *dy, size_t rows, size_t cols,
+                                                            void *stream)
+{
+    if (cols && rows > (size_t)-1 / cols)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_bias_backward_f32: rows x cols overflows");
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_bias_backward_f32", cols, dbias, dbias, dbias, dbias));
+    DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_bias_backward_f32", rows * cols, dy, dy, dy, dy));
+    return dpar_cuda__launch(dpar_cuda__make_bias_backward(dbias, dy, rows, cols), stream,
+                             "dpar_cuda_bias_backward_f32");
+}
+
 extern "C" DPAR_API dpar_status dpar_cuda_relu_forward_f32(float *y, const float *x, size_t n, void *stream)
 {
     dpar_cuda__relu_f f;
@@ -1001,6 +1042,14 @@ extern "C" DPAR_API void dpar_cuda_bias_add_f32_ref(float *y, const float *bias,
     size_t r, c;
     for (r = 0; r < rows; r++)
         for (c = 0; c < cols; c++) y[r * cols + c] += bias[c];
+}
+
+extern "C" DPAR_API void dpar_cuda_bias_backward_f32_ref(float *dbias, const float *dy, size_t rows, size_t cols)
+{
+    size_t r, c;
+    for (c = 0; c < cols; c++) dbias[c] = 0;
+    for (r = 0; r < rows; r++)
+        for (c = 0; c < cols; c++) dbias[c] += dy[r * cols + c];
 }
 
 extern "C" DPAR_API void dpar_cuda_relu_forward_f32_ref(float *y, const float *x, size_t n)

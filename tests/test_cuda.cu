@@ -158,6 +158,16 @@ static void test_elementwise_kernels(void)
             CHECK(dpar_cuda_bias_add_f32(dy, dbias, rows, cols, NULL) == DPAR_OK);
             dpar_cuda_bias_add_f32_ref(r, bias, rows, cols);
             COMPARE(dy, "bias add");
+            { /* the bias gradient: cols sums of dy (rows x cols) */
+                float *dgb = (float *)dev_copy(NULL, cols * 4);
+                size_t bad;
+                CHECK(dpar_cuda_bias_backward_f32(dgb, dx, rows, cols, NULL) == DPAR_OK);
+                dpar_cuda_bias_backward_f32_ref(r, x, rows, cols);
+                to_host(got, dgb, cols * 4);
+                bad = count_diff(got, r, cols, 4, 0);
+                CHECK_MSG(bad == 0, "bias backward rows=%zu: %zu columns differ", rows, bad);
+                cudaFree(dgb);
+            }
 #undef RESET_Y
 #undef COMPARE
             cudaFree(dx - off), cudaFree(dy - off), cudaFree(dout - off), cudaFree(dbias);

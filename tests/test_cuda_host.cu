@@ -396,6 +396,32 @@ static void test_bias_add_kernel(void)
             }
 }
 
+/* ---- the bias gradient: column sums, rows in order (as examples/data_parallel.c) ---- */
+static void test_bias_backward_kernel(void)
+{
+    static const size_t colss[] = {1, 3, 10, 257};
+    size_t s, c;
+    for (s = 0; s < NSIZES; s++)
+        for (c = 0; c < 4; c++) {
+            size_t cols = colss[c], rows = sizes[s] > 4096 ? sizes[s] / cols : sizes[s], i, r;
+            buf db = buf_make(cols, F32, 1), *outs[1] = {&db};
+            float *dy = (float *)malloc(rows * cols * 4 + 4), *expect = (float *)malloc(cols * 4), *example;
+            const void *exps[1] = {expect};
+            fill_random(dy, rows * cols, 0);
+            dpar_cuda_bias_backward_f32_ref(expect, dy, rows, cols);
+            example = (float *)calloc(cols, 4); /* the example's loop, verbatim in shape */
+            for (r = 0; r < rows; r++)
+                for (i = 0; i < cols; i++) example[i] += dy[r * cols + i];
+            CHECK(first_diff(example, expect, cols, F32) < 0);
+            {
+                auto k = dpar_cuda__make_bias_backward((float *)db.p, dy, rows, cols);
+                RUN_GRIDS(k, memset(db.p, 0xEE, cols * 4), outs, 1, exps, "bias backward");
+            }
+            free(dy), free(expect), free(example);
+            buf_free(&db);
+        }
+}
+
 /* ---- the optimizers: kernel, reference and dpar_zero_step on one rank, three steps, bit for bit ---- */
 static void optim_case(int adam, size_t n, size_t off)
 {
@@ -541,6 +567,8 @@ static void test_launchers_refuse_bad_arguments(void)
     CHECK(dpar_cuda_adamw_f32(&f, &f, &f, &f, 3, 0.1f, 0.9f, 0.99f, 1e-8f, 0, 0, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_bias_add_f32(&f, NULL, 2, 3, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_bias_add_f32(&f, &f, (size_t)-1, 3, NULL) == DPAR_EINVAL);
+    CHECK(dpar_cuda_bias_backward_f32(NULL, &f, 2, 3, NULL) == DPAR_EINVAL);
+    CHECK(dpar_cuda_bias_backward_f32(&f, NULL, 2, 3, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_relu_forward_f32(NULL, &f, 3, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_relu_backward_f32(&f, &f, NULL, 3, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_softmax_xent_forward_f32(&f, &f, NULL, 3, 10, NULL) == DPAR_EINVAL);
@@ -566,6 +594,7 @@ int main(int argc, char **argv)
     RUN(test_divide_kernel);
     RUN(test_elementwise_kernels);
     RUN(test_bias_add_kernel);
+    RUN(test_bias_backward_kernel);
     RUN(test_sgd_kernel);
     RUN(test_adamw_kernel);
     RUN(test_softmax_xent_kernels);
