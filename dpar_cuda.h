@@ -232,11 +232,12 @@ DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N,
 #include <stdint.h>
 #include <string.h>
 
-/* a CUDA error: "what: cudaErrorX (code): text" */
-static dpar_status dpar_cuda__check(cudaError_t e, const char *what)
+/* a CUDA error: "what: call: cudaErrorX (code): text" */
+static dpar_status dpar_cuda__check(cudaError_t e, const char *what, const char *call)
 {
     if (e == cudaSuccess) return DPAR_OK;
-    return dpar_set_error(DPAR_ESYSTEM, "%s: %s (%d): %s", what, cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
+    return dpar_set_error(DPAR_ESYSTEM, "%s: %s: %s (%d): %s", what, call, cudaGetErrorName(e), (int)e,
+                          cudaGetErrorString(e));
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_device_count(int *count)
@@ -252,7 +253,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_count(int *count)
         (void)cudaGetLastError(); /* clear the sticky error */
         return DPAR_OK;
     }
-    return dpar_cuda__check(e, "dpar_cuda_device_count");
+    return dpar_cuda__check(e, "dpar_cuda_device_count", "cudaGetDeviceCount");
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_device_query(int device, dpar_cuda_device_info *info)
@@ -264,7 +265,9 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_query(int device, dpar_cuda_dev
     if ((st = dpar_cuda_device_count(&n)) != DPAR_OK) return st;
     if (device < 0 || device >= n)
         return dpar_set_error(DPAR_EINVAL, "dpar_cuda_device_query: device %d is not in 0..%d", device, n - 1);
-    if ((st = dpar_cuda__check(cudaGetDeviceProperties(&prop, device), "dpar_cuda_device_query")) != DPAR_OK) return st;
+    if ((st = dpar_cuda__check(cudaGetDeviceProperties(&prop, device), "dpar_cuda_device_query",
+                               "cudaGetDeviceProperties")) != DPAR_OK)
+        return st;
     memset(info, 0, sizeof *info);
     info->device = device;
     snprintf(info->name, sizeof info->name, "%s", prop.name);
@@ -724,7 +727,7 @@ template <class K> static dpar_status dpar_cuda__launch(const K &k, void *stream
     unsigned blocks = dpar_cuda__blocks(k);
     if (blocks == 0) return DPAR_OK;
     dpar_cuda__kernel<K><<<blocks, DPAR_CUDA__THREADS, 0, (cudaStream_t)stream>>>(k);
-    return dpar_cuda__check(cudaGetLastError(), what);
+    return dpar_cuda__check(cudaGetLastError(), what, "kernel launch (cudaGetLastError)");
 }
 
 static dpar_status dpar_cuda__null(const char *what, size_t n, const void *a, const void *b, const void *c,
@@ -812,7 +815,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size
         if (out == in) return DPAR_OK;
         return dpar_cuda__check(
             cudaMemcpyAsync(out, in, n * dpar_dtype_size(dtype), cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
-            "dpar_cuda_divide: cudaMemcpyAsync");
+            "dpar_cuda_divide", "cudaMemcpyAsync");
     }
     if (dtype == DPAR_F32) return dpar_cuda__divide_t<dpar_cuda__f32>(out, in, n, div, stream);
     if (dtype == DPAR_BF16) return dpar_cuda__divide_t<dpar_cuda__bf16>(out, in, n, div, stream);

@@ -29,6 +29,18 @@ static void test_device_query(void)
     printf("    device 0: %s, %.1f GiB, sm_%d%d\n", info.name, info.total_bytes / 1073741824.0, info.major, info.minor);
 }
 
+/* without a usable device, a launch fails: DPAR_ESYSTEM, naming the launcher, the CUDA call and CUDA's error name */
+static void test_launch_error_names_cuda_error(void)
+{
+    float dummy[4];
+    if (gpus > 0) SKIP("needs a machine without a usable CUDA device (the launch must fail)");
+    CHECK(dpar_cuda_fill_f32(dummy, 1.0f, 4, NULL) == DPAR_ESYSTEM);
+    CHECK_MSG(strstr(dpar_last_error(), "dpar_cuda_fill_f32") && strstr(dpar_last_error(), "kernel launch") &&
+                  strstr(dpar_last_error(), "cudaError"),
+              "%s", dpar_last_error());
+    printf("    %s\n", dpar_last_error());
+}
+
 /* ---- helpers: device copies, comparisons ---- */
 static void *dev_copy(const void *host, size_t bytes)
 {
@@ -378,6 +390,7 @@ int main(int argc, char **argv)
         snprintf(no_gpu, sizeof no_gpu, "no usable CUDA device (cudaGetDeviceCount found none)");
     }
     RUN(test_device_query);
+    RUN(test_launch_error_names_cuda_error);
     RUN(test_axpy_matches_reference);
     RUN(test_elementwise_kernels);
     RUN(test_reduce_and_divide);
