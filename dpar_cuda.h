@@ -91,8 +91,9 @@ DPAR_API void dpar_cuda_axpy_f32_ref(float *y, const float *x, float alpha, size
    Errors:   DPAR_EINVAL (a NULL pointer with n > 0, a value outside its enum, a bad size), DPAR_EUNSUPPORTED (a
              dpar dtype the kernel does not have), DPAR_ESYSTEM (the launch failed: the CUDA call, CUDA's
              error name and text in dpar_last_error).
-   Vectors:  a kernel loads 4 elements at a time where every buffer it touches is aligned to 4 elements,
-             else one at a time; the results are the same.
+   Vectors:  a kernel moves 16 bytes at a time (4 floats, 8 bf16/f16; 4 elements of each side of a cast between
+             f32 and a 16-bit type) where every buffer it touches is aligned to that, else one element at a
+             time; the results are the same.
    References: each `..._ref` is the naive host loop of its kernel, plain C on host memory; the tests compare
              kernel and reference. */
 
@@ -484,17 +485,18 @@ DPAR_CUDA__HD void dpar_cuda__xent_backward_elem(float *d, const float *z, int l
 }
 
 /* ---- the grid-stride loop, written once ----
-   A kernel object k has n (elements), nvec (groups of 4 elements taken as vectors: 0 when a buffer is not
-   aligned), one(i) and vec(g) (elements 4g..4g+3, the same element function per lane). Thread `thread` of
-   `threads` takes groups thread, thread + threads, ..., then the scalar tail from 4 nvec the same way. */
-template <class T> struct alignas(4 * sizeof(T)) dpar_cuda__v4 {
-    T e[4];
+   A kernel object k has W (lanes of a vector: 16 bytes of its widest type), n (elements), nvec (groups of W
+   elements taken as vectors: 0 when a buffer is not aligned), one(i) and vec(g) (elements W g .. W g + W - 1,
+   the same element function per lane). Thread `thread` of `threads` takes groups thread, thread + threads,
+   ..., then the scalar tail from W nvec the same way. */
+template <class T, int W> struct alignas(W * sizeof(T)) dpar_cuda__vec {
+    T e[W];
 };
 template <class K> __host__ __device__ inline void dpar_cuda__stride(const K &k, size_t thread, size_t threads)
 {
     size_t i;
     for (i = thread; i < k.nvec; i += threads) k.vec(i);
-    for (i = 4 * k.nvec + thread; i < k.n; i += threads) k.one(i);
+    for (i = K::W * k.nvec + thread; i < k.n; i += threads) k.one(i);
 }
 template <class K> __global__ void dpar_cuda__kernel(K k)
 {
@@ -505,6 +507,7 @@ static int dpar_cuda__aligned(const void *p, size_t bytes) { return (uintptr_t)p
 
 /* y = f(y) or y = f(x): a map over one input */
 template <class F, class TO, class TI> struct dpar_cuda__map1 {
+    enum { W = 16 / (sizeof(TO) > sizeof(TI) ? sizeof(TO) : sizeof(TI)) }; /* lanes: 16-byte loads */
     TO *out;
     const TI *in;
     size_t n, nvec;
@@ -512,10 +515,10 @@ template <class F, class TO, class TI> struct dpar_cuda__map1 {
     __host__ __device__ void one(size_t i) const { out[i] = f(in[i]); }
     __host__ __device__ void vec(size_t g) const
     {
-        dpar_cuda__v4<TI> x = ((const dpar_cuda__v4<TI> *)in)[g];
-        dpar_cuda__v4<TO> y;
-        for (int l = 0; l < 4; l++) y.e[l] = f(x.e[l]);
-        ((dpar_cuda__v4<TO> *)out)[g] = y;
+        dpar_cuda__vec<TI, W> x = ((const dpar_cuda__vec<TI, W> *)in)[g];
+        dpar_cuda__vec<TO, W> y;
+        for (int l = 0; l < W; l++) y.e[l] = f(x.e[l]);
+        ((dpar_cuda__vec<TO, W> *)out)[g] = y;
     }
 };
 template <class F, class TO, class TI>
@@ -523,14 +526,16 @@ static dpar_cuda__map1<F, TO, TI> dpar_cuda__make_map1(TO *out, const TI *in, si
 {
     dpar_cuda__map1<F, TO, TI> k;
     k.out = out, k.in = in, k.n = n, k.f = f;
-    k.nvec = dpar_cuda__aligned(out, sizeof(dpar_cuda__v4<TO>)) && dpar_cuda__aligned(in, sizeof(dpar_cuda__v4<TI>))
-                 ? n / 4
+    k.nvec = dpar_cuda__aligned(out, sizeof(dpar_cuda__vec<TO, dpar_cuda__map1<F, TO, TI>::W>)) &&
+                     dpar_cuda__aligned(in, sizeof(dpar_cuda__vec<TI, dpar_cuda__map1<F, TO, TI>::W>))
+                 ? n / dpar_cuda__map1<F, TO, TI>::W
                  : 0;
     return k;
 }
 
 /* out = f(a, b): a map over two inputs */
 template <class F, class T> struct dpar_cuda__map2 {
+    enum { W = 16 / sizeof(T) }; /* lanes: 16-byte loads */
     T *out;
     const T *a, *b;
     size_t n, nvec;
@@ -538,18 +543,20 @@ template <class F, class T> struct dpar_cuda__map2 {
     __host__ __device__ void one(size_t i) const { out[i] = f(a[i], b[i]); }
     __host__ __device__ void vec(size_t g) const
     {
-        dpar_cuda__v4<T> x = ((const dpar_cuda__v4<T> *)a)[g], y = ((const dpar_cuda__v4<T> *)b)[g];
-        for (int l = 0; l < 4; l++) x.e[l] = f(x.e[l], y.e[l]);
-        ((dpar_cuda__v4<T> *)out)[g] = x;
+        dpar_cuda__vec<T, W> x = ((const dpar_cuda__vec<T, W> *)a)[g], y = ((const dpar_cuda__vec<T, W> *)b)[g];
+        for (int l = 0; l < W; l++) x.e[l] = f(x.e[l], y.e[l]);
+        ((dpar_cuda__vec<T, W> *)out)[g] = x;
     }
 };
 template <class F, class T>
 static dpar_cuda__map2<F, T> dpar_cuda__make_map2(T *out, const T *a, const T *b, size_t n, F f)
 {
     dpar_cuda__map2<F, T> k;
-    size_t v = sizeof(dpar_cuda__v4<T>);
+    size_t v = sizeof(dpar_cuda__vec<T, dpar_cuda__map2<F, T>::W>);
     k.out = out, k.a = a, k.b = b, k.n = n, k.f = f;
-    k.nvec = dpar_cuda__aligned(out, v) && dpar_cuda__aligned(a, v) && dpar_cuda__aligned(b, v) ? n / 4 : 0;
+    k.nvec = dpar_cuda__aligned(out, v) && dpar_cuda__aligned(a, v) && dpar_cuda__aligned(b, v)
+                 ? n / dpar_cuda__map2<F, T>::W
+                 : 0;
     return k;
 }
 
@@ -595,6 +602,7 @@ struct dpar_cuda__relu_backward_f {
 
 /* the optimizers: several outputs per element */
 struct dpar_cuda__sgd_k {
+    enum { W = 4 };
     float *p, *m;
     const float *g;
     size_t n, nvec;
@@ -602,11 +610,11 @@ struct dpar_cuda__sgd_k {
     __host__ __device__ void one(size_t i) const { dpar_cuda__sgd_elem(p + i, m + i, g[i], lr, mu, wd); }
     __host__ __device__ void vec(size_t j) const
     {
-        dpar_cuda__v4<float> pv = ((dpar_cuda__v4<float> *)p)[j], mv = ((dpar_cuda__v4<float> *)m)[j];
-        dpar_cuda__v4<float> gv = ((const dpar_cuda__v4<float> *)g)[j];
+        dpar_cuda__vec<float, 4> pv = ((dpar_cuda__vec<float, 4> *)p)[j], mv = ((dpar_cuda__vec<float, 4> *)m)[j];
+        dpar_cuda__vec<float, 4> gv = ((const dpar_cuda__vec<float, 4> *)g)[j];
         for (int l = 0; l < 4; l++) dpar_cuda__sgd_elem(&pv.e[l], &mv.e[l], gv.e[l], lr, mu, wd);
-        ((dpar_cuda__v4<float> *)p)[j] = pv;
-        ((dpar_cuda__v4<float> *)m)[j] = mv;
+        ((dpar_cuda__vec<float, 4> *)p)[j] = pv;
+        ((dpar_cuda__vec<float, 4> *)m)[j] = mv;
     }
 };
 static dpar_cuda__sgd_k dpar_cuda__make_sgd(float *p, float *m, const float *g, size_t n, float lr, float mu, float wd)
@@ -617,6 +625,7 @@ static dpar_cuda__sgd_k dpar_cuda__make_sgd(float *p, float *m, const float *g, 
     return k;
 }
 struct dpar_cuda__adamw_k {
+    enum { W = 4 };
     float *p, *m, *v;
     const float *g;
     size_t n, nvec;
@@ -627,13 +636,13 @@ struct dpar_cuda__adamw_k {
     }
     __host__ __device__ void vec(size_t j) const
     {
-        dpar_cuda__v4<float> pv = ((dpar_cuda__v4<float> *)p)[j], mv = ((dpar_cuda__v4<float> *)m)[j];
-        dpar_cuda__v4<float> vv = ((dpar_cuda__v4<float> *)v)[j], gv = ((const dpar_cuda__v4<float> *)g)[j];
+        dpar_cuda__vec<float, 4> pv = ((dpar_cuda__vec<float, 4> *)p)[j], mv = ((dpar_cuda__vec<float, 4> *)m)[j];
+        dpar_cuda__vec<float, 4> vv = ((dpar_cuda__vec<float, 4> *)v)[j], gv = ((const dpar_cuda__vec<float, 4> *)g)[j];
         for (int l = 0; l < 4; l++)
             dpar_cuda__adamw_elem(&pv.e[l], &mv.e[l], &vv.e[l], gv.e[l], lr, b1, b2, eps, wd, c1, c2);
-        ((dpar_cuda__v4<float> *)p)[j] = pv;
-        ((dpar_cuda__v4<float> *)m)[j] = mv;
-        ((dpar_cuda__v4<float> *)v)[j] = vv;
+        ((dpar_cuda__vec<float, 4> *)p)[j] = pv;
+        ((dpar_cuda__vec<float, 4> *)m)[j] = mv;
+        ((dpar_cuda__vec<float, 4> *)v)[j] = vv;
     }
 };
 static dpar_cuda__adamw_k dpar_cuda__make_adamw(float *p, float *m, float *v, const float *g, size_t n, float lr,
@@ -652,16 +661,17 @@ static dpar_cuda__adamw_k dpar_cuda__make_adamw(float *p, float *m, float *v, co
 
 /* y (rows x cols) += bias (cols): element i is column i % cols; vectors need cols % 4 == 0 */
 struct dpar_cuda__bias_k {
+    enum { W = 4 };
     float *y;
     const float *bias;
     size_t n, nvec, cols;
     __host__ __device__ void one(size_t i) const { y[i] = dpar_cuda__add_elem(y[i], bias[i % cols]); }
     __host__ __device__ void vec(size_t j) const
     {
-        dpar_cuda__v4<float> yv = ((dpar_cuda__v4<float> *)y)[j];
+        dpar_cuda__vec<float, 4> yv = ((dpar_cuda__vec<float, 4> *)y)[j];
         size_t c = (4 * j) % cols;
         for (int l = 0; l < 4; l++) yv.e[l] = dpar_cuda__add_elem(yv.e[l], bias[c + l]);
-        ((dpar_cuda__v4<float> *)y)[j] = yv;
+        ((dpar_cuda__vec<float, 4> *)y)[j] = yv;
     }
 };
 static dpar_cuda__bias_k dpar_cuda__make_bias(float *y, const float *bias, size_t rows, size_t cols)
@@ -674,6 +684,7 @@ static dpar_cuda__bias_k dpar_cuda__make_bias(float *y, const float *bias, size_
 
 /* the bias gradient: one column per element; no vectors */
 struct dpar_cuda__bias_backward_k {
+    enum { W = 4 };
     float *dbias;
     const float *dy;
     size_t n, nvec, rows; /* n: cols */
@@ -689,6 +700,7 @@ static dpar_cuda__bias_backward_k dpar_cuda__make_bias_backward(float *dbias, co
 
 /* softmax cross-entropy: one row per element; no vectors */
 struct dpar_cuda__xent_k {
+    enum { W = 4 };
     float *out; /* forward: loss (rows); backward: dlogits (rows x classes) */
     const float *z;
     const int *labels;
@@ -718,7 +730,7 @@ static dpar_cuda__xent_k dpar_cuda__make_xent(float *out, const float *z, const 
    grid-stride loop takes the rest); 0 when there is no work */
 template <class K> static unsigned dpar_cuda__blocks(const K &k)
 {
-    size_t work = k.nvec + (k.n - 4 * k.nvec), blocks = (work + DPAR_CUDA__THREADS - 1) / DPAR_CUDA__THREADS;
+    size_t work = k.nvec + (k.n - K::W * k.nvec), blocks = (work + DPAR_CUDA__THREADS - 1) / DPAR_CUDA__THREADS;
     return (unsigned)(blocks > DPAR_CUDA__MAX_BLOCKS ? DPAR_CUDA__MAX_BLOCKS : blocks);
 }
 

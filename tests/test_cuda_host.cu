@@ -31,6 +31,9 @@ static int grids_for(size_t work, unsigned launcher_blocks, grid *g)
     return k;
 }
 
+/* a kernel object's vector lanes */
+template <class K> static size_t lanes(const K &) { return (size_t)K::W; }
+
 /* every thread of the grid, in turn, runs the wrapper's loop */
 template <class K> static void emulate(const K &k, grid g)
 {
@@ -112,7 +115,7 @@ static long first_diff(const void *a, const void *b, size_t n, int kind)
 #define RUN_GRIDS(K, SETUP, OUTS, NOUT, EXPECT, WHAT)                                                                  \
     do {                                                                                                               \
         grid g_[8];                                                                                                    \
-        int ng_ = grids_for((K).nvec + ((K).n - 4 * (K).nvec), dpar_cuda__blocks(K), g_), gi_, o_;                     \
+        int ng_ = grids_for((K).nvec + ((K).n - lanes(K) * (K).nvec), dpar_cuda__blocks(K), g_), gi_, o_;              \
         for (gi_ = 0; gi_ < ng_; gi_++) {                                                                              \
             SETUP;                                                                                                     \
             emulate((K), g_[gi_]);                                                                                     \
@@ -195,7 +198,7 @@ static void test_cast_kernel(void)
     if (to == (DO##_t) && ti == (DI##_t)) {                                                                 \
         dpar_cuda__cast_f<dpar_cuda__##DO, dpar_cuda__##DI> f;                                              \
         auto k = dpar_cuda__make_map1((dpar_cuda__##DO::T *)out.p, (const dpar_cuda__##DI::T *)in.p, n, f); \
-        CHECK(off || k.nvec == n / 4);                                                                      \
+        CHECK(off || k.nvec == n / lanes(k));                                                               \
         RUN_GRIDS(k, memset(out.p, 0xEE, n *eo), outs, 1, exps, what);                                      \
     }
                 {
@@ -229,7 +232,8 @@ template <class D> static void reduce_case(dpar_dtype t, int op, int div, size_t
     char what[96];
     dpar_cuda__reduce_f<D> f;
     for (i = 0; i < n; i++) {
-        float x = dt_rand() % 16 == 0 ? special((int)(dt_rand() % 64)) : frand(), y = frand();
+        float x = dt_rand() % 16 == 0 ? special((int)(dt_rand() % 64)) : frand();
+        float y = dt_rand() % 16 == 0 ? special((int)(dt_rand() % 64)) : frand();
         if (t == DPAR_F32) ((float *)a0)[i] = x, ((float *)b.p)[i] = y;
         else
             a0[i] = (T)(dt_rand() & 0xffff),
@@ -244,6 +248,7 @@ template <class D> static void reduce_case(dpar_dtype t, int op, int div, size_t
              in_place ? " in place" : "");
     {
         auto k = dpar_cuda__make_map2((T *)outs[0]->p, (const T *)a.p, (const T *)b.p, n, f);
+        CHECK(off || k.nvec == n / lanes(k));
         RUN_GRIDS(k, memcpy(a.p, a0, n * es), outs, 1, exps, what);
     }
     free(a0), free(expect), free(cpu);
@@ -286,6 +291,7 @@ template <class D> static void divide_case(dpar_dtype t, int div, size_t n, size
     f.div = div;
     {
         auto k = dpar_cuda__make_map1((T *)out.p, (const T *)in.p, n, f);
+        CHECK(off || k.nvec == n / lanes(k));
         RUN_GRIDS(k, memset(out.p, 0xEE, n * es), outs, 1, exps, "divide");
     }
     free(expect), free(cpu);
@@ -325,7 +331,7 @@ static void test_elementwise_kernels(void)
                 dpar_cuda__fill_f f = {2.5f};
                 auto k = dpar_cuda__make_map1((float *)y.p, (const float *)y.p, n, f);
                 dpar_cuda_fill_f32_ref(expect, 2.5f, n);
-                CHECK(off || k.nvec == n / 4);
+                CHECK(off || k.nvec == n / lanes(k));
                 RUN_GRIDS(k, memcpy(y.p, y0, n * e), outs_y, 1, exps, "fill");
             }
             { /* scale, in place */
@@ -388,7 +394,7 @@ static void test_bias_add_kernel(void)
                 dpar_cuda_bias_add_f32_ref(expect, bias, rows, cols);
                 {
                     auto k = dpar_cuda__make_bias((float *)y.p, bias, rows, cols);
-                    CHECK(off || cols % 4 || k.nvec == n / 4);
+                    CHECK(off || cols % 4 || k.nvec == n / lanes(k));
                     RUN_GRIDS(k, memcpy(y.p, y0, n * 4), outs, 1, exps, "bias add");
                 }
                 free(y0), free(expect), free(bias);
@@ -464,11 +470,11 @@ static void optim_case(int adam, size_t n, size_t off)
         if (adam) {
             auto k = dpar_cuda__make_adamw((float *)p.p, (float *)m.p, (float *)v.p, (const float *)g.p, n, lr, b1, b2,
                                            eps, wd, step);
-            CHECK(off || k.nvec == n / 4);
+            CHECK(off || k.nvec == n / lanes(k));
             RUN_GRIDS(k, (memcpy(p.p, sp, n * 4), memcpy(m.p, sm, n * 4), memcpy(v.p, sv, n * 4)), outs, 3, exps, what);
         } else {
             auto k = dpar_cuda__make_sgd((float *)p.p, (float *)m.p, (const float *)g.p, n, lr, mu, wd);
-            CHECK(off || k.nvec == n / 4);
+            CHECK(off || k.nvec == n / lanes(k));
             RUN_GRIDS(k, (memcpy(p.p, sp, n * 4), memcpy(m.p, sm, n * 4)), outs, 2, exps, what);
         }
     }
