@@ -87,7 +87,8 @@ DPAR_API void dpar_cuda_axpy_f32_ref(float *y, const float *x, float alpha, size
 /* >>kernels: the declarations. Every launcher enqueues on `stream` (a cudaStream_t; NULL: the default
    stream) and returns at once; pointers are device memory; n = 0 is DPAR_OK and launches nothing.
    Bits:     the kernels give the references' bits (no fused multiply-add on the device; NaN payloads aside),
-             except softmax cross-entropy (CUDA's expf/logf) and sgemm (cuBLAS's order).
+             except softmax cross-entropy (CUDA's expf/logf) and sgemm (cuBLAS's order). This assumes nvcc's
+             default IEEE mode: -use_fast_math or -ftz=true flushes subnormals and approximates expf.
    Errors:   DPAR_EINVAL (a NULL pointer with n > 0, a value outside its enum, a bad size), DPAR_EUNSUPPORTED (a
              dpar dtype the kernel does not have), DPAR_ESYSTEM (the launch failed: the CUDA call, CUDA's
              error name and text in dpar_last_error).

@@ -125,7 +125,7 @@ static void test_elementwise_kernels(void)
     NEED_GPU();
     for (s = 0; s < NSIZES; s++)
         for (off = 0; off < 2; off++) {
-            size_t n = sizes[s], B = (n + 1) * 4, cols = 8, rows = n / cols;
+            size_t n = sizes[s], B = (n + 16) * 4, cols = 8, rows = n / cols; /* B: room for cols too */
             float *x = (float *)malloc(B), *y = (float *)malloc(B), *r = (float *)malloc(B), *got = (float *)malloc(B);
             float *bias = (float *)malloc(cols * 4);
             float *dx = (float *)dev_copy(NULL, B) + off, *dy = (float *)dev_copy(NULL, B) + off;
@@ -202,11 +202,13 @@ static void test_reduce_and_divide(void)
              *got = (char *)malloc(n * es);
         char *da = (char *)dev_copy(NULL, n * es), *db = (char *)dev_copy(NULL, n * es),
              *dout = (char *)dev_copy(NULL, n * es);
-        for (i = 0; i < n; i++) {
-            if (es == 4) continue; /* below */
-            else ((uint16_t *)a)[i] = (uint16_t)(i & 0xffff), ((uint16_t *)b)[i] = (uint16_t)dt_rand();
+        if (es == 4) {
+            fill_random((float *)a, n); /* with NaN, infinities, -0, subnormals */
+            fill_random((float *)b, n);
+        } else {
+            for (i = 0; i < n; i++)
+                ((uint16_t *)a)[i] = (uint16_t)(i & 0xffff), ((uint16_t *)b)[i] = (uint16_t)dt_rand();
         }
-        if (es == 4) fill_random((float *)a, n), fill_random((float *)b, n); /* with NaN, infinities, -0 */
         cudaMemcpy(da, a, n * es, cudaMemcpyHostToDevice);
         cudaMemcpy(db, b, n * es, cudaMemcpyHostToDevice);
         for (op = 0; op < DPAR_OP_COUNT; op++)
