@@ -21,13 +21,14 @@
        naive host reference `..._ref` beside it, which the tests compare with.
    HOW THE KERNELS ARE BUILT (and verified without a GPU)
      Each kernel's per-element work is a __host__ __device__ function (dpar_cuda__<kernel>_elem); a
-     small functor applies it to element i (`one`) or to four aligned elements loaded as one vector
+     small functor applies it to element i (`one`) or to W aligned elements loaded as one 16-byte vector
      (`vec`, the same element function per lane); dpar_cuda__stride(k, thread, threads) is the whole
      grid-stride loop, and the __global__ wrapper only calls it with its global thread index. A host
      test (tests/test_cuda_host.cu) calls the same dpar_cuda__stride for every thread of simulated
      grids and compares with the references. Floating-point steps go through dpar_cuda__fadd/fmul/...:
      on the device the _rn intrinsics, so nvcc cannot fuse a multiply and an add, and the device gives
-     the host's bits (expf/logf excepted: CUDA's are within 2 ulp of glibc's; see the softmax kernels).
+     the host's bits (expf/logf excepted: CUDA's are within 2 ulp of glibc's, see the softmax kernels;
+     and a computed NaN is the GPU's canonical one).
    WHAT COMES (the CUDA issue): a GPU pool (one host thread per device, each with a stream and a
    cuBLAS handle) and a transport for device buffers: NCCL under DPAR_NCCL, else a ring over peer
    copies.
