@@ -1,5 +1,5 @@
-/* dpar_cuda.h - dpar's GPU part: devices, kernels, and (to come) a GPU worker pool and an NCCL
-   transport for the communicator.  v0.2.0
+/* dpar_cuda.h - dpar's GPU part: devices, kernels, a GPU worker pool, and (to come) a device
+   transport and NCCL for the communicator.  v0.2.0
 
    USE
      Plain C or C++ includes "dpar_cuda.h" for the declarations (it includes dpar.h). Exactly one
@@ -18,7 +18,11 @@
        CPU's dpar reductions); casts between f32, bf16 and f16; SGD with momentum and AdamW (the math of
        dpar_zero_step); bias add and its gradient, ReLU forward/backward, softmax cross-entropy forward/backward;
        dpar_cuda_sgemm (row-major over cuBLAS). Each launcher enqueues on the stream given and has a
-       naive host reference `..._ref` beside it, which the tests compare with.
+       naive host reference `..._ref` beside it, which the tests compare with;
+     - >>cuda_pool: GPU workers (dpar_cuda_pool_create / _run / _destroy): one host thread per worker,
+       each owning a device, a non-blocking stream, a cuBLAS handle and device scratch; several workers
+       may share a device; SPMD runs whose CUDA errors (a fault on the worker's stream included) come
+       back as the run's status, naming the worker, its device and CUDA's error name.
    HOW THE KERNELS ARE BUILT (and verified without a GPU)
      Each kernel's per-element work is a __host__ __device__ function (dpar_cuda__<kernel>_elem); a
      small functor applies it to element i (`one`) or to W aligned elements loaded as one 16-byte vector
@@ -29,9 +33,9 @@
      on the device the _rn intrinsics, so nvcc cannot fuse a multiply and an add, and the device gives
      the host's bits (expf/logf excepted: CUDA's are within 2 ulp of glibc's, see the softmax kernels;
      and a computed NaN is the GPU's canonical one).
-   WHAT COMES (the CUDA issue): a GPU pool (one host thread per device, each with a stream and a
-   cuBLAS handle) and a transport for device buffers: NCCL under DPAR_NCCL, else a ring over peer
-   copies.
+   WHAT COMES (the CUDA issue): tasks bound to workers with CUDA-event dependencies, a transport for
+   device buffers (the ring of dpar.h over peer copies, its arithmetic as the kernels above) and NCCL
+   under DPAR_NCCL, a GPU trainer. See docs/cuda.md.
 
    LINKING
      The implementation calls cuBLAS (dpar_cuda_sgemm): link the program with -lcublas (nvcc adds
@@ -218,6 +222,74 @@ DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N,
                                      int lda, const float *B, int ldb, float beta, float *C, int ldc, void *cublas,
                                      void *stream);
 
+/* ============================================================================================== */
+/* >>cuda_pool: GPU workers: one host thread per worker, each owning a device, a stream, cuBLAS    */
+/* ============================================================================================== */
+/* dpar_cuda_pool: GPU workers. Worker r is a host thread that owns one device, one non-blocking stream,
+   one cuBLAS handle (bound to that stream) and optional device scratch memory. Several workers may share
+   a device (workers_per_device), so multi-rank code runs on a single GPU.
+   Workers:  rank r uses devices[r / workers_per_device] (the devices in the desc's order).
+   Errors:   a CUDA error in a run (a failed call, or a kernel fault that sticks to the context) becomes the
+             run's status, naming the worker, its device and CUDA's error name.
+   See:      docs/cuda.md, 'The GPU pool'. */
+typedef struct dpar_cuda_pool dpar_cuda_pool;
+
+/* dpar_cuda_worker: what a worker owns, as its run function sees it. */
+typedef struct dpar_cuda_worker {
+    int rank, size;       /* this worker, 0..size-1, and the pool's workers */
+    int device;           /* the CUDA device it owns (current on its thread during a run) */
+    void *stream;         /* its cudaStream_t, non-blocking */
+    void *cublas;         /* its cublasHandle_t, bound to the stream */
+    void *scratch;        /* scratch_bytes of device memory (NULL when 0) */
+    size_t scratch_bytes; /* as in the desc */
+} dpar_cuda_worker;
+
+/* dpar_cuda_pool_desc: how to make a GPU pool; a zero field means its default. */
+typedef struct dpar_cuda_pool_desc {
+    const int *devices;       /* the devices to use, num_devices of them (may repeat); NULL: every visible one */
+    int num_devices;          /* with devices: how many; 0 with NULL devices */
+    int workers_per_device;   /* 0: 1; 2 or more share each device between ranks */
+    size_t scratch_bytes;     /* device scratch per worker (0: none) */
+    const char *name;         /* prefix of the trace tracks (copied; default "gpu") */
+    dpar_allocator allocator; /* the pool's host memory (zero: malloc/free) */
+} dpar_cuda_pool_desc;
+
+/* dpar_cuda_pool_run_fn: the body of a run: worker `worker->rank` of `worker->size`, on its own thread
+   with its device current. Return DPAR_OK or an error (dpar_set_error gives it a text). */
+typedef dpar_status (*dpar_cuda_pool_run_fn)(void *user, const dpar_cuda_worker *worker);
+
+/* dpar_cuda_pool_create: start the workers: a host thread each, its stream, cuBLAS handle and scratch.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, a negative count, devices without num_devices or the reverse, a
+             device outside 0..count-1, half an allocator), DPAR_EUNSUPPORTED (no usable CUDA device: CUDA's
+             reason in dpar_last_error), DPAR_ERANGE (more than DPAR_MAX_THREADS workers), DPAR_ENOMEM,
+             DPAR_ESYSTEM (a CUDA or cuBLAS call failed, or a thread could not start). On error *out is NULL.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc *desc, dpar_cuda_pool **out);
+
+/* dpar_cuda_pool_destroy: wait for the workers' streams, free what they own, join the threads.
+   Returns:  DPAR_OK (also for NULL); DPAR_ESYSTEM (a CUDA call failed; everything is freed all the same),
+             DPAR_EBUSY (called from one of the pool's workers: nothing is done).
+   Thread safety: one thread, with no run of this pool in flight. */
+DPAR_API dpar_status dpar_cuda_pool_destroy(dpar_cuda_pool *pool);
+
+/* dpar_cuda_pool_size: the number of workers (0 for NULL).
+   Thread safety: any thread. */
+DPAR_API int dpar_cuda_pool_size(const dpar_cuda_pool *pool);
+
+/* dpar_cuda_pool_worker: what worker `rank` owns (for work enqueued from outside a run).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pool or out, rank outside 0..size-1).
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_cuda_pool_worker(const dpar_cuda_pool *pool, int rank, dpar_cuda_worker *out);
+
+/* dpar_cuda_pool_run: run fn on every worker at once (SPMD), each on its thread with its device current,
+   and wait for all, their streams included.
+   Returns:  the error of the lowest-numbered failing worker (its text in dpar_last_error): fn's status, or
+             DPAR_ESYSTEM when a CUDA error shows after fn (a failed launch or a fault on the worker's stream,
+             named with the worker, its device and CUDA's error name); DPAR_EINVAL (NULL pool or fn),
+             DPAR_EBUSY (from one of the pool's workers).
+   Thread safety: any thread; concurrent callers take turns. */
+DPAR_API dpar_status dpar_cuda_pool_run(dpar_cuda_pool *pool, dpar_cuda_pool_run_fn fn, void *user);
+
 #ifdef __cplusplus
 }
 #endif
@@ -233,6 +305,7 @@ DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N,
 #include <math.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* a CUDA error: "what: call: cudaErrorX (code): text" */
@@ -1118,4 +1191,215 @@ extern "C" DPAR_API void dpar_cuda_softmax_xent_backward_f32_ref(float *dlogits,
         }
     }
 }
+/* >>cuda_pool: the GPU workers ---------------------------------------------------------------------- */
+/* the allocator hook without dpar.h's private helpers (its implementation may be in another file) */
+static void *dpar_cuda__calloc(const dpar_allocator *a, size_t n, size_t size)
+{
+    void *p = a->alloc ? a->alloc(a->user, n * size) : malloc(n * size);
+    if (p) memset(p, 0, n * size);
+    return p;
+}
+static void dpar_cuda__free(const dpar_allocator *a, void *p)
+{
+    if (!p) return;
+    if (a->free) a->free(a->user, p);
+    else free(p);
+}
+
+struct dpar_cuda_pool {
+    dpar_pool *threads; /* T host threads: the caller is worker 0 during a run */
+    int n;
+    dpar_cuda_worker *w; /* [n] */
+    dpar_allocator allocator;
+    char name[32];
+};
+
+/* a CUDA error of worker w: "what (worker r, device d): cudaErrorX (code): text" */
+static dpar_status dpar_cuda__worker_error(const dpar_cuda_worker *w, cudaError_t e, const char *what)
+{
+    return dpar_set_error(DPAR_ESYSTEM, "%s (worker %d, device %d): %s (%d): %s", what, w->rank, w->device,
+                          cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
+}
+
+static dpar_status dpar_cuda__worker_start(void *user, int t, int n)
+{
+    dpar_cuda_pool *p = (dpar_cuda_pool *)user;
+    dpar_cuda_worker *w = &p->w[t];
+    cudaStream_t s = NULL;
+    cublasHandle_t h = NULL;
+    cudaError_t e;
+    cublasStatus_t b;
+    (void)n;
+    if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
+    if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+        return dpar_cuda__worker_error(w, e, "cudaStreamCreateWithFlags");
+    w->stream = s;
+    if ((b = cublasCreate(&h)) != CUBLAS_STATUS_SUCCESS)
+        return dpar_set_error(DPAR_ESYSTEM, "cublasCreate (worker %d, device %d): %s", t, w->device,
+                              cublasGetStatusName(b));
+    w->cublas = h;
+    if ((b = cublasSetStream(h, s)) != CUBLAS_STATUS_SUCCESS)
+        return dpar_set_error(DPAR_ESYSTEM, "cublasSetStream (worker %d, device %d): %s", t, w->device,
+                              cublasGetStatusName(b));
+    if (w->scratch_bytes && (e = cudaMalloc(&w->scratch, w->scratch_bytes)) != cudaSuccess) {
+        w->scratch = NULL;
+        return dpar_cuda__worker_error(w, e, "cudaMalloc of the scratch");
+    }
+    return DPAR_OK;
+}
+
+/* frees what worker t owns; the first error is returned, everything is freed all the same */
+static dpar_status dpar_cuda__worker_stop(void *user, int t, int n)
+{
+    dpar_cuda_pool *p = (dpar_cuda_pool *)user;
+    dpar_cuda_worker *w = &p->w[t];
+    dpar_status st = DPAR_OK;
+    cudaError_t e;
+    (void)n;
+    if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
+    if (w->stream && (e = cudaStreamSynchronize((cudaStream_t)w->stream)) != cudaSuccess)
+        st = dpar_cuda__worker_error(w, e, "cudaStreamSynchronize");
+    if (w->cublas) cublasDestroy((cublasHandle_t)w->cublas);
+    if (w->scratch) cudaFree(w->scratch);
+    if (w->stream) cudaStreamDestroy((cudaStream_t)w->stream);
+    w->cublas = w->scratch = w->stream = NULL;
+    return st;
+}
+
+static void dpar_cuda__pool_free(dpar_cuda_pool *p)
+{
+    dpar_allocator a = p->allocator;
+    if (p->threads) {
+        dpar_pool_run(p->threads, dpar_cuda__worker_stop, p);
+        dpar_pool_destroy(p->threads);
+    }
+    dpar_cuda__free(&a, p->w);
+    dpar_cuda__free(&a, p);
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc *desc, dpar_cuda_pool **out)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p;
+    dpar_pool_desc pd;
+    int count = 0, per, ndev, i;
+    dpar_status st;
+    if (!out) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_pool_create: out is NULL");
+    *out = NULL;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.num_devices < 0 || d.workers_per_device < 0 || (!d.devices) != (d.num_devices == 0))
+        return dpar_set_error(DPAR_EINVAL,
+                              "dpar_cuda_pool_create: devices %s with num_devices = %d, "
+                              "workers_per_device = %d",
+                              d.devices ? "given" : "NULL", d.num_devices, d.workers_per_device);
+    if (!d.allocator.alloc != !d.allocator.free)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_pool_create: the allocator sets only one of alloc and free; set "
+                                           "both or neither");
+    if ((st = dpar_cuda_device_count(&count)) != DPAR_OK) return st;
+    if (count == 0)
+        return dpar_set_error(DPAR_EUNSUPPORTED, "dpar_cuda_pool_create: no usable CUDA device (%s)",
+                              dpar_last_error());
+    ndev = d.devices ? d.num_devices : count;
+    for (i = 0; d.devices && i < ndev; i++)
+        if (d.devices[i] < 0 || d.devices[i] >= count)
+            return dpar_set_error(DPAR_EINVAL, "dpar_cuda_pool_create: devices[%d] = %d is not in 0..%d", i,
+                                  d.devices[i], count - 1);
+    per = d.workers_per_device ? d.workers_per_device : 1;
+    if ((long long)ndev * per > DPAR_MAX_THREADS)
+        return dpar_set_error(DPAR_ERANGE,
+                              "dpar_cuda_pool_create: %d devices x %d workers is above DPAR_MAX_THREADS "
+                              "(%d)",
+                              ndev, per, DPAR_MAX_THREADS);
+    p = (dpar_cuda_pool *)dpar_cuda__calloc(&d.allocator, 1, sizeof *p);
+    if (!p) return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_pool_create: out of memory");
+    p->allocator = d.allocator;
+    p->n = ndev * per;
+    snprintf(p->name, sizeof p->name, "%s", d.name && *d.name ? d.name : "gpu");
+    p->w = (dpar_cuda_worker *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->w);
+    if (!p->w) {
+        dpar_cuda__pool_free(p);
+        return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_pool_create: out of memory");
+    }
+    for (i = 0; i < p->n; i++) {
+        p->w[i].rank = i;
+        p->w[i].size = p->n;
+        p->w[i].device = d.devices ? d.devices[i / per] : i / per;
+        p->w[i].scratch_bytes = d.scratch_bytes;
+    }
+    memset(&pd, 0, sizeof pd);
+    pd.num_threads = p->n;
+    pd.name = p->name;
+    pd.allocator = d.allocator;
+    if ((st = dpar_pool_create(&pd, &p->threads)) != DPAR_OK ||
+        (st = dpar_pool_run(p->threads, dpar_cuda__worker_start, p)) != DPAR_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dpar_last_error());
+        dpar_cuda__pool_free(p);
+        return dpar_set_error(st, "dpar_cuda_pool_create: %s", msg);
+    }
+    *out = p;
+    return DPAR_OK;
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_pool_destroy(dpar_cuda_pool *pool)
+{
+    dpar_status st;
+    if (!pool) return DPAR_OK;
+    if (dpar_pool_thread_index(pool->threads) >= 0)
+        return dpar_set_error(DPAR_EBUSY, "dpar_cuda_pool_destroy: called from one of the pool's workers");
+    st = dpar_pool_run(pool->threads, dpar_cuda__worker_stop, pool);
+    dpar_pool_destroy(pool->threads);
+    pool->threads = NULL;
+    dpar_cuda__pool_free(pool);
+    return st;
+}
+
+extern "C" DPAR_API int dpar_cuda_pool_size(const dpar_cuda_pool *pool) { return pool ? pool->n : 0; }
+
+extern "C" DPAR_API dpar_status dpar_cuda_pool_worker(const dpar_cuda_pool *pool, int rank, dpar_cuda_worker *out)
+{
+    if (!pool || !out) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_pool_worker: pool or out is NULL");
+    if (rank < 0 || rank >= pool->n)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_pool_worker: rank %d is not in 0..%d", rank, pool->n - 1);
+    *out = pool->w[rank];
+    return DPAR_OK;
+}
+
+typedef struct dpar_cuda__run {
+    dpar_cuda_pool *pool;
+    dpar_cuda_pool_run_fn fn;
+    void *user;
+} dpar_cuda__run;
+
+/* one worker's part of a run: its device current, fn, then its stream: a fault shows here */
+static dpar_status dpar_cuda__worker_run(void *user, int t, int n)
+{
+    dpar_cuda__run *r = (dpar_cuda__run *)user;
+    const dpar_cuda_worker *w = &r->pool->w[t];
+    int before = -1;
+    dpar_status st;
+    cudaError_t e;
+    (void)n;
+    if (t == 0) cudaGetDevice(&before); /* worker 0 is the caller's thread: its device is restored after */
+    if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
+    st = r->fn(r->user, w);
+    e = cudaStreamSynchronize((cudaStream_t)w->stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (st == DPAR_OK && e != cudaSuccess)
+        st = dpar_cuda__worker_error(w, e, "a CUDA call or kernel of the run (seen at the end of it)");
+    if (before >= 0 && before != w->device) cudaSetDevice(before);
+    return st;
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_pool_run(dpar_cuda_pool *pool, dpar_cuda_pool_run_fn fn, void *user)
+{
+    dpar_cuda__run r;
+    if (!pool || !fn) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_pool_run: pool or fn is NULL");
+    r.pool = pool;
+    r.fn = fn;
+    r.user = user;
+    return dpar_pool_run(pool->threads, dpar_cuda__worker_run, &r);
+}
+
 #endif /* DPAR_CUDA_IMPLEMENTATION */

@@ -380,6 +380,83 @@ static void test_sgemm(void)
     cublasDestroy(h);
 }
 
+/* ---- the GPU pool ---- */
+static void test_pool_refuses_bad_descs(void) /* runs without a device: the desc is checked first */
+{
+    dpar_cuda_pool *p = (dpar_cuda_pool *)1;
+    dpar_cuda_pool_desc d;
+    int dev = 0;
+    memset(&d, 0, sizeof d);
+    d.num_devices = 1; /* without devices */
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_EINVAL && p == NULL);
+    d.num_devices = 0;
+    d.devices = &dev; /* without num_devices */
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_EINVAL);
+    d.devices = NULL;
+    d.workers_per_device = -1;
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_EINVAL);
+    d.workers_per_device = 0;
+    d.allocator.alloc = dt_count_alloc; /* half an allocator */
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_EINVAL);
+    CHECK(dpar_cuda_pool_create(NULL, NULL) == DPAR_EINVAL);
+    CHECK(dpar_cuda_pool_destroy(NULL) == DPAR_OK && dpar_cuda_pool_size(NULL) == 0);
+    if (gpus == 0) { /* and without a device: DPAR_EUNSUPPORTED, CUDA's reason in the text */
+        CHECK(dpar_cuda_pool_create(NULL, &p) == DPAR_EUNSUPPORTED && p == NULL);
+        CHECK_MSG(strstr(dpar_last_error(), "no usable CUDA device") != NULL, "%s", dpar_last_error());
+    }
+}
+
+typedef struct {
+    int rank[8], size[8], device[8], fail_rank;
+    float got[8];
+} pool_job;
+static dpar_status pool_body(void *user, const dpar_cuda_worker *w)
+{
+    pool_job *j = (pool_job *)user;
+    int dev = -1;
+    float v = 0.0f;
+    cudaGetDevice(&dev);
+    j->rank[w->rank] = w->rank;
+    j->size[w->rank] = w->size;
+    j->device[w->rank] = dev;
+    if (w->rank == j->fail_rank) return dpar_set_error(DPAR_EUSER, "worker %d says no", w->rank);
+    /* the worker's own stream and scratch: fill, then read back */
+    if (dpar_cuda_fill_f32((float *)w->scratch, (float)(w->rank + 1), 256, w->stream) != DPAR_OK) return DPAR_ESYSTEM;
+    if (cudaMemcpyAsync(&v, (float *)w->scratch + 255, sizeof v, cudaMemcpyDeviceToHost, (cudaStream_t)w->stream) !=
+            cudaSuccess ||
+        cudaStreamSynchronize((cudaStream_t)w->stream) != cudaSuccess)
+        return dpar_set_error(DPAR_ESYSTEM, "worker %d: copy back failed", w->rank);
+    j->got[w->rank] = v;
+    return DPAR_OK;
+}
+
+static void test_pool_runs_every_worker(void)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    pool_job j;
+    int r, n, dev0 = 0;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.devices = &dev0; /* device 0 ... */
+    d.num_devices = 1;
+    d.workers_per_device = 2; /* ... shared by two ranks: multi-rank code on one GPU */
+    d.scratch_bytes = 256 * sizeof(float);
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_OK && p);
+    if (!p) return;
+    n = dpar_cuda_pool_size(p);
+    CHECK(n == 2);
+    memset(&j, 0, sizeof j);
+    j.fail_rank = -1;
+    CHECK(dpar_cuda_pool_run(p, pool_body, &j) == DPAR_OK);
+    for (r = 0; r < n && r < 8; r++)
+        CHECK_MSG(j.rank[r] == r && j.size[r] == n && j.device[r] == 0 && j.got[r] == (float)(r + 1),
+                  "worker %d: rank %d size %d device %d value %g", r, j.rank[r], j.size[r], j.device[r], j.got[r]);
+    j.fail_rank = n - 1; /* a failing worker's status and text reach the caller */
+    CHECK(dpar_cuda_pool_run(p, pool_body, &j) == DPAR_EUSER && strstr(dpar_last_error(), "says no"));
+    CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+}
+
 int main(int argc, char **argv)
 {
     cudaError_t e;
@@ -401,5 +478,7 @@ int main(int argc, char **argv)
     RUN(test_optimizers);
     RUN(test_softmax_xent);
     RUN(test_sgemm);
+    RUN(test_pool_refuses_bad_descs);
+    RUN(test_pool_runs_every_worker);
     return dt_summary();
 }
