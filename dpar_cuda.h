@@ -1221,7 +1221,7 @@ static dpar_status dpar_cuda__worker_error(const dpar_cuda_worker *w, cudaError_
                           cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
 }
 
-static dpar_status dpar_cuda__worker_start(void *user, int t, int n)
+static dpar_status dpar_cuda__worker_start_on(void *user, int t, int n)
 {
     dpar_cuda_pool *p = (dpar_cuda_pool *)user;
     dpar_cuda_worker *w = &p->w[t];
@@ -1249,7 +1249,7 @@ static dpar_status dpar_cuda__worker_start(void *user, int t, int n)
 }
 
 /* frees what worker t owns; the first error is returned, everything is freed all the same */
-static dpar_status dpar_cuda__worker_stop(void *user, int t, int n)
+static dpar_status dpar_cuda__worker_stop_on(void *user, int t, int n)
 {
     dpar_cuda_pool *p = (dpar_cuda_pool *)user;
     dpar_cuda_worker *w = &p->w[t];
@@ -1264,6 +1264,25 @@ static dpar_status dpar_cuda__worker_stop(void *user, int t, int n)
     if (w->stream) cudaStreamDestroy((cudaStream_t)w->stream);
     w->cublas = w->scratch = w->stream = NULL;
     return st;
+}
+
+/* worker 0 is the caller's thread: its current device is the same after as before */
+static dpar_status dpar_cuda__on_worker(dpar_status (*fn)(void *, int, int), void *user, int t, int n)
+{
+    int before = -1;
+    dpar_status st;
+    if (t == 0) cudaGetDevice(&before);
+    st = fn(user, t, n);
+    if (before >= 0) cudaSetDevice(before);
+    return st;
+}
+static dpar_status dpar_cuda__worker_start(void *user, int t, int n)
+{
+    return dpar_cuda__on_worker(dpar_cuda__worker_start_on, user, t, n);
+}
+static dpar_status dpar_cuda__worker_stop(void *user, int t, int n)
+{
+    return dpar_cuda__on_worker(dpar_cuda__worker_stop_on, user, t, n);
 }
 
 static void dpar_cuda__pool_free(dpar_cuda_pool *p)
@@ -1373,23 +1392,24 @@ typedef struct dpar_cuda__run {
 } dpar_cuda__run;
 
 /* one worker's part of a run: its device current, fn, then its stream: a fault shows here */
-static dpar_status dpar_cuda__worker_run(void *user, int t, int n)
+static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
 {
     dpar_cuda__run *r = (dpar_cuda__run *)user;
     const dpar_cuda_worker *w = &r->pool->w[t];
-    int before = -1;
     dpar_status st;
     cudaError_t e;
     (void)n;
-    if (t == 0) cudaGetDevice(&before); /* worker 0 is the caller's thread: its device is restored after */
     if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
     st = r->fn(r->user, w);
     e = cudaStreamSynchronize((cudaStream_t)w->stream);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (st == DPAR_OK && e != cudaSuccess)
         st = dpar_cuda__worker_error(w, e, "a CUDA call or kernel of the run (seen at the end of it)");
-    if (before >= 0 && before != w->device) cudaSetDevice(before);
     return st;
+}
+static dpar_status dpar_cuda__worker_run(void *user, int t, int n)
+{
+    return dpar_cuda__on_worker(dpar_cuda__worker_run_on, user, t, n);
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_pool_run(dpar_cuda_pool *pool, dpar_cuda_pool_run_fn fn, void *user)
