@@ -1,0 +1,104 @@
+/* bench_cuda.cu - dpar_cuda.h's kernels against the device's own copy bandwidth, in one run.
+
+   For each kernel and size: the median time of 9 launches (CUDA events), as GB/s of the bytes the
+   kernel must read and write (fill writes n floats; add reads 2n and writes n; ...), beside a
+   device-to-device cudaMemcpy of the same buffer (reads and writes it: 2 x bytes) timed the same way.
+   ratio = GBps / memcpy_GBps: 1.0 means the kernel streams memory as fast as the copy engine path.
+   The goal (issue 16): ratio >= 0.9 at 64 MiB and above. Without a usable device it says so and
+   exits 0.
+
+   Build: nvcc -std=c++14 -O2 -arch=sm_90 -I. bench/bench_cuda.cu -o bench_cuda -lcublas
+   Run:   ./bench_cuda [max_mib]      (default 256; one bench= line per kernel and size) */
+#define DPAR_IMPLEMENTATION
+#define DPAR_CUDA_IMPLEMENTATION
+#include "dpar_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define REPS 9
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* what one kernel does to buffers x, y, z of n floats (their 16-bit views for the casts) */
+typedef struct {
+    const char *name;
+    double traffic; /* bytes read + written, in units of n floats */
+} kernel;
+static const kernel kernels[] = {
+    {"fill_f32", 1},          {"scale_f32", 2},       {"axpy_f32", 3},         {"add_f32", 3}, {"reduce_f32_sum", 3},
+    {"reduce_bf16_sum", 1.5}, {"cast_f32_bf16", 1.5}, {"relu_forward_f32", 2}, {"sgd_f32", 5}, {"adamw_f32", 7}};
+
+static dpar_status launch(int k, float *x, float *y, float *z, float *w, size_t n)
+{
+    switch (k) {
+    case 0: return dpar_cuda_fill_f32(x, 1.0f, n, NULL);
+    case 1: return dpar_cuda_scale_f32(x, 0.5f, n, NULL);
+    case 2: return dpar_cuda_axpy_f32(y, x, 0.5f, n, NULL);
+    case 3: return dpar_cuda_add_f32(z, x, y, n, NULL);
+    case 4: return dpar_cuda_reduce(z, x, y, n, DPAR_F32, DPAR_SUM, 0, NULL);
+    case 5: return dpar_cuda_reduce(z, x, y, n, DPAR_BF16, DPAR_SUM, 0, NULL); /* n bf16: half the bytes */
+    case 6: return dpar_cuda_cast(y, DPAR_BF16, x, DPAR_F32, n, NULL);
+    case 7: return dpar_cuda_relu_forward_f32(y, x, n, NULL);
+    case 8: return dpar_cuda_sgd_f32(x, y, z, n, 0.01f, 0.9f, 0.0f, NULL);
+    default: return dpar_cuda_adamw_f32(x, y, z, w, n, 0.001f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL);
+    }
+}
+
+/* median milliseconds of REPS runs of kernel k, or of a copy (k < 0) */
+static float time_ms(int k, float *x, float *y, float *z, float *w, size_t n)
+{
+    cudaEvent_t a, b;
+    float ms[REPS];
+    int r;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (r = -1; r < REPS; r++) { /* r = -1: warm-up */
+        cudaEventRecord(a, NULL);
+        if (k < 0) cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, NULL);
+        else if (launch(k, x, y, z, w, n) != DPAR_OK) {
+            printf("bench_cuda: %s\n", dpar_last_error());
+            exit(1);
+        }
+        cudaEventRecord(b, NULL);
+        cudaEventSynchronize(b);
+        if (r >= 0) cudaEventElapsedTime(&ms[r], a, b);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    qsort(ms, REPS, sizeof ms[0], cmp_float);
+    return ms[REPS / 2];
+}
+
+int main(int argc, char **argv)
+{
+    size_t max_mib = argc > 1 ? (size_t)atol(argv[1]) : 256, mib, n, i;
+    int gpus = 0, k;
+    float *x, *y, *z, *w;
+    if (dpar_cuda_device_count(&gpus) != DPAR_OK || gpus == 0) {
+        printf("bench_cuda: skipped: no usable CUDA device (%s)\n", dpar_last_error());
+        return 0;
+    }
+    n = max_mib << 18; /* floats */
+    if (cudaMalloc((void **)&x, n * 4) != cudaSuccess || cudaMalloc((void **)&y, n * 4) != cudaSuccess ||
+        cudaMalloc((void **)&z, n * 4) != cudaSuccess || cudaMalloc((void **)&w, n * 4) != cudaSuccess) {
+        printf("bench_cuda: cannot allocate 4 x %zu MiB\n", max_mib);
+        return 1;
+    }
+    for (i = 0; i < 4; i++) cudaMemset(i == 0 ? x : i == 1 ? y : i == 2 ? z : w, 0, n * 4);
+    for (mib = 1; mib <= max_mib; mib *= 4) {
+        size_t count = mib << 18;
+        double bytes = (double)count * 4, copy = 2 * bytes / (time_ms(-1, x, y, z, w, count) * 1e6);
+        for (k = 0; k < (int)(sizeof kernels / sizeof kernels[0]); k++) {
+            double gbps = kernels[k].traffic * bytes / (time_ms(k, x, y, z, w, count) * 1e6);
+            printf("bench=cuda_kernel name=%s bytes=%.0f GBps=%.1f memcpy_GBps=%.1f ratio=%.2f\n", kernels[k].name,
+                   bytes, gbps, copy, gbps / copy);
+        }
+    }
+    cudaFree(x), cudaFree(y), cudaFree(z), cudaFree(w);
+    return 0;
+}
