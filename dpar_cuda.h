@@ -22,7 +22,9 @@
      - >>cuda_pool: GPU workers (dpar_cuda_pool_create / _run / _destroy): one host thread per worker,
        each owning a device, a non-blocking stream, a cuBLAS handle and device scratch; several workers
        may share a device; SPMD runs whose CUDA errors (a fault on the worker's stream included) come
-       back as the run's status, naming the worker, its device and CUDA's error name.
+       back as the run's status, naming the worker, its device and CUDA's error name; tasks bound to a
+       worker (dpar_cuda_task_submit / _wait / _wait_all), dependencies across workers carried by CUDA
+       events, failures propagated by dpar's task graph.
    HOW THE KERNELS ARE BUILT (and verified without a GPU)
      Each kernel's per-element work is a __host__ __device__ function (dpar_cuda__<kernel>_elem); a
      small functor applies it to element i (`one`) or to W aligned elements loaded as one 16-byte vector
@@ -33,7 +35,7 @@
      on the device the _rn intrinsics, so nvcc cannot fuse a multiply and an add, and the device gives
      the host's bits (expf/logf excepted: CUDA's are within 2 ulp of glibc's, see the softmax kernels;
      and a computed NaN is the GPU's canonical one).
-   WHAT COMES (the CUDA issue): tasks bound to workers with CUDA-event dependencies, a transport for
+   WHAT COMES (the CUDA issue): a transport for
    device buffers (the ring of dpar.h over peer copies, its arithmetic as the kernels above) and NCCL
    under DPAR_NCCL, a GPU trainer. See docs/cuda.md.
 
@@ -290,6 +292,45 @@ DPAR_API dpar_status dpar_cuda_pool_worker(const dpar_cuda_pool *pool, int rank,
    Thread safety: any thread; concurrent callers take turns. */
 DPAR_API dpar_status dpar_cuda_pool_run(dpar_cuda_pool *pool, dpar_cuda_pool_run_fn fn, void *user);
 
+/* dpar_cuda_task: a task bound to a worker: its function enqueues work on that worker's stream, after the
+   device work of its dependencies, which may be on other workers (carried by CUDA events: the host does not
+   wait for the device). Built on the pool's dpar task graph: a task that fails (returns an error, or a CUDA
+   error shows after it) cancels every task that depends on it, and waiting on those returns its status.
+   Tasks of one worker enqueue one at a time (they share its stream and cuBLAS handle). Handles stay valid until
+   dpar_cuda_task_wait_all returns; wait for all tasks before a dpar_cuda_pool_run of the same pool. */
+typedef uint64_t dpar_cuda_task;
+
+/* dpar_cuda_task_fn: enqueue the task's work on worker->stream (the worker's device is current). */
+typedef dpar_status (*dpar_cuda_task_fn)(void *user, const dpar_cuda_worker *worker);
+
+/* dpar_cuda_task_desc: a task; a zero field means its default. */
+typedef struct dpar_cuda_task_desc {
+    dpar_cuda_task_fn fn;       /* required */
+    void *user;                 /* passed to fn */
+    int worker;                 /* the worker whose stream the work goes on, 0..size-1 */
+    const dpar_cuda_task *deps; /* tasks whose device work must be done first (num_deps of them) */
+    int num_deps;
+    const char *name; /* trace event name; not copied (default "task") */
+} dpar_cuda_task_desc;
+
+/* dpar_cuda_task_submit: add a task. *out (may be NULL) gets its handle.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pool or desc or fn, a worker outside 0..size-1, a dependency that is not a
+             live task of this pool), DPAR_ENOMEM; the task graph's codes (dpar_task_submit).
+   Thread safety: any thread, tasks too. */
+DPAR_API dpar_status dpar_cuda_task_submit(dpar_cuda_pool *pool, const dpar_cuda_task_desc *desc, dpar_cuda_task *out);
+
+/* dpar_cuda_task_wait: wait until the task has run on the host and its device work is done.
+   Returns:  the task's status (a cancelled task: the failed dependency's); DPAR_ESYSTEM for a CUDA error of its
+             device work; DPAR_EINVAL (NULL pool, a handle that is not a live task).
+   Thread safety: any thread outside the task itself. */
+DPAR_API dpar_status dpar_cuda_task_wait(dpar_cuda_pool *pool, dpar_cuda_task task);
+
+/* dpar_cuda_task_wait_all: wait for every task and every worker's stream, then end the epoch: all handles become
+   invalid and their records are freed.
+   Returns:  the status of the first task that failed (in submission order), or a CUDA error; DPAR_OK.
+   Thread safety: any thread outside the pool's tasks. */
+DPAR_API dpar_status dpar_cuda_task_wait_all(dpar_cuda_pool *pool);
+
 #ifdef __cplusplus
 }
 #endif
@@ -303,6 +344,7 @@ DPAR_API dpar_status dpar_cuda_pool_run(dpar_cuda_pool *pool, dpar_cuda_pool_run
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1206,12 +1248,18 @@ static void dpar_cuda__free(const dpar_allocator *a, void *p)
     else free(p);
 }
 
+typedef struct dpar_cuda__task dpar_cuda__task;
 struct dpar_cuda_pool {
     dpar_pool *threads; /* T host threads: the caller is worker 0 during a run */
     int n;
     dpar_cuda_worker *w; /* [n] */
     dpar_allocator allocator;
     char name[32];
+    /* the tasks of this epoch: handle h is tasks[h - 1] */
+    pthread_mutex_t tlock;
+    pthread_mutex_t *wlocks; /* [n]: one task of a worker enqueues at a time (its cuBLAS handle is not shared) */
+    dpar_cuda__task **tasks;
+    size_t ntasks, captasks;
 };
 
 /* a CUDA error of worker w: "what (worker r, device d): cudaErrorX (code): text" */
@@ -1285,9 +1333,17 @@ static dpar_status dpar_cuda__worker_stop(void *user, int t, int n)
     return dpar_cuda__on_worker(dpar_cuda__worker_stop_on, user, t, n);
 }
 
+static void dpar_cuda__tasks_free(dpar_cuda_pool *p);
 static void dpar_cuda__pool_free(dpar_cuda_pool *p)
 {
     dpar_allocator a = p->allocator;
+    dpar_cuda__tasks_free(p);
+    pthread_mutex_destroy(&p->tlock);
+    if (p->wlocks) {
+        int i;
+        for (i = 0; i < p->n; i++) pthread_mutex_destroy(&p->wlocks[i]);
+        dpar_cuda__free(&a, p->wlocks);
+    }
     if (p->threads) {
         dpar_pool_run(p->threads, dpar_cuda__worker_stop, p);
         dpar_pool_destroy(p->threads);
@@ -1333,10 +1389,14 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
     p = (dpar_cuda_pool *)dpar_cuda__calloc(&d.allocator, 1, sizeof *p);
     if (!p) return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_pool_create: out of memory");
     p->allocator = d.allocator;
+    pthread_mutex_init(&p->tlock, NULL);
     p->n = ndev * per;
     snprintf(p->name, sizeof p->name, "%s", d.name && *d.name ? d.name : "gpu");
     p->w = (dpar_cuda_worker *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->w);
-    if (!p->w) {
+    p->wlocks = (pthread_mutex_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->wlocks);
+    if (p->wlocks)
+        for (i = 0; i < p->n; i++) pthread_mutex_init(&p->wlocks[i], NULL);
+    if (!p->w || !p->wlocks) {
         dpar_cuda__pool_free(p);
         return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_pool_create: out of memory");
     }
@@ -1367,6 +1427,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_destroy(dpar_cuda_pool *pool)
     if (!pool) return DPAR_OK;
     if (dpar_pool_thread_index(pool->threads) >= 0)
         return dpar_set_error(DPAR_EBUSY, "dpar_cuda_pool_destroy: called from one of the pool's workers");
+    dpar_cuda_task_wait_all(pool); /* the tasks' records and events go first; their errors were the waiters' */
     st = dpar_pool_run(pool->threads, dpar_cuda__worker_stop, pool);
     dpar_pool_destroy(pool->threads);
     pool->threads = NULL;
@@ -1423,6 +1484,184 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_run(dpar_cuda_pool *pool, dpar_cu
     r.fn = fn;
     r.user = user;
     return dpar_pool_run(pool->threads, dpar_cuda__worker_run, &r);
+}
+
+/* ---- tasks bound to workers ---- */
+struct dpar_cuda__task {
+    dpar_cuda_pool *pool;
+    dpar_cuda_task_fn fn;
+    void *user;
+    int worker;
+    dpar_task host;    /* the task of the pool's graph that runs fn */
+    cudaEvent_t event; /* recorded on the worker's stream after fn's work; made on the worker's device */
+    int ndeps;
+    dpar_cuda__task **deps; /* [ndeps] */
+};
+
+/* the record of a live handle, or NULL (the lock held) */
+static dpar_cuda__task *dpar_cuda__task_of(dpar_cuda_pool *p, dpar_cuda_task h)
+{
+    return h >= 1 && h <= p->ntasks ? p->tasks[h - 1] : NULL;
+}
+
+static dpar_status dpar_cuda__task_main_on(void *user, int t, int n)
+{
+    dpar_cuda__task *k = (dpar_cuda__task *)user;
+    const dpar_cuda_worker *w = &k->pool->w[k->worker];
+    cudaStream_t s = (cudaStream_t)w->stream;
+    dpar_status st;
+    cudaError_t e;
+    int i;
+    (void)t, (void)n;
+    if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
+    for (i = 0; i < k->ndeps; i++) /* the same worker's stream keeps the order by itself */
+        if (k->deps[i]->worker != k->worker && (e = cudaStreamWaitEvent(s, k->deps[i]->event, 0)) != cudaSuccess)
+            return dpar_cuda__worker_error(w, e, "cudaStreamWaitEvent on a dependency's event");
+    pthread_mutex_lock(&k->pool->wlocks[k->worker]);
+    st = k->fn(k->user, w);
+    e = cudaEventCreateWithFlags(&k->event, cudaEventDisableTiming);
+    if (e != cudaSuccess) k->event = NULL;
+    else e = cudaEventRecord(k->event, s);
+    pthread_mutex_unlock(&k->pool->wlocks[k->worker]);
+    if (!k->event) return dpar_cuda__worker_error(w, e, "cudaEventCreateWithFlags");
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (st == DPAR_OK && e != cudaSuccess) st = dpar_cuda__worker_error(w, e, "a CUDA call or kernel of the task");
+    return st;
+}
+/* a task runs on whichever thread is free, the waiting one included: its current device is restored */
+static dpar_status dpar_cuda__task_main(void *user)
+{
+    int before = -1;
+    dpar_status st;
+    cudaGetDevice(&before);
+    st = dpar_cuda__task_main_on(user, 0, 1);
+    if (before >= 0) cudaSetDevice(before);
+    return st;
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_task_submit(dpar_cuda_pool *pool, const dpar_cuda_task_desc *desc,
+                                                      dpar_cuda_task *out)
+{
+    dpar_cuda__task *k;
+    dpar_task_desc td;
+    dpar_task small[16], *hdeps = small;
+    dpar_status st = DPAR_OK;
+    int i;
+    if (out) *out = 0;
+    if (!pool || !desc || !desc->fn)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_task_submit: pool, desc or desc->fn is NULL");
+    if (desc->worker < 0 || desc->worker >= pool->n || desc->num_deps < 0 || (desc->num_deps && !desc->deps))
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_task_submit: worker %d (0..%d), %d deps%s", desc->worker,
+                              pool->n - 1, desc->num_deps, desc->num_deps && !desc->deps ? " but deps is NULL" : "");
+    k = (dpar_cuda__task *)dpar_cuda__calloc(&pool->allocator, 1, sizeof *k);
+    if (k && desc->num_deps)
+        k->deps = (dpar_cuda__task **)dpar_cuda__calloc(&pool->allocator, (size_t)desc->num_deps, sizeof *k->deps);
+    if (desc->num_deps > 16)
+        hdeps = (dpar_task *)dpar_cuda__calloc(&pool->allocator, (size_t)desc->num_deps, sizeof *hdeps);
+    if (!k || (desc->num_deps && !k->deps) || !hdeps) {
+        if (k) dpar_cuda__free(&pool->allocator, k->deps);
+        dpar_cuda__free(&pool->allocator, k);
+        if (hdeps != small) dpar_cuda__free(&pool->allocator, hdeps);
+        return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_task_submit: out of memory");
+    }
+    k->pool = pool;
+    k->fn = desc->fn;
+    k->user = desc->user;
+    k->worker = desc->worker;
+    k->ndeps = desc->num_deps;
+    pthread_mutex_lock(&pool->tlock);
+    for (i = 0; i < desc->num_deps && st == DPAR_OK; i++) {
+        k->deps[i] = dpar_cuda__task_of(pool, desc->deps[i]);
+        if (!k->deps[i])
+            st = dpar_set_error(DPAR_EINVAL, "dpar_cuda_task_submit: deps[%d] = %llu is not a live task of this pool",
+                                i, (unsigned long long)desc->deps[i]);
+        else hdeps[i] = k->deps[i]->host;
+    }
+    if (st == DPAR_OK && pool->ntasks == pool->captasks) { /* room for its handle */
+        size_t cap = pool->captasks ? 2 * pool->captasks : 64;
+        dpar_cuda__task **t = (dpar_cuda__task **)dpar_cuda__calloc(&pool->allocator, cap, sizeof *t);
+        if (!t) st = dpar_set_error(DPAR_ENOMEM, "dpar_cuda_task_submit: out of memory");
+        else {
+            if (pool->ntasks) memcpy(t, pool->tasks, pool->ntasks * sizeof *t);
+            dpar_cuda__free(&pool->allocator, pool->tasks);
+            pool->tasks = t;
+            pool->captasks = cap;
+        }
+    }
+    if (st == DPAR_OK) {
+        memset(&td, 0, sizeof td);
+        td.fn = dpar_cuda__task_main;
+        td.user = k;
+        td.deps = hdeps;
+        td.num_deps = desc->num_deps;
+        td.name = desc->name;
+        st = dpar_task_submit(pool->threads, &td, &k->host);
+    }
+    if (st == DPAR_OK) {
+        pool->tasks[pool->ntasks++] = k;
+        if (out) *out = pool->ntasks;
+    }
+    pthread_mutex_unlock(&pool->tlock);
+    if (hdeps != small) dpar_cuda__free(&pool->allocator, hdeps);
+    if (st != DPAR_OK) {
+        dpar_cuda__free(&pool->allocator, k->deps);
+        dpar_cuda__free(&pool->allocator, k);
+    }
+    return st;
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_task_wait(dpar_cuda_pool *pool, dpar_cuda_task task)
+{
+    dpar_cuda__task *k;
+    dpar_status st;
+    cudaError_t e;
+    int before = -1;
+    if (!pool) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_task_wait: pool is NULL");
+    pthread_mutex_lock(&pool->tlock);
+    k = dpar_cuda__task_of(pool, task);
+    pthread_mutex_unlock(&pool->tlock);
+    if (!k)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_task_wait: %llu is not a live task", (unsigned long long)task);
+    if ((st = dpar_task_wait(pool->threads, k->host)) != DPAR_OK) return st;
+    cudaGetDevice(&before);
+    cudaSetDevice(pool->w[k->worker].device);
+    e = cudaEventSynchronize(k->event);
+    if (before >= 0) cudaSetDevice(before);
+    return e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(&pool->w[k->worker], e, "the device work of a task");
+}
+
+/* the records of the epoch (no task runs any more) */
+static void dpar_cuda__tasks_free(dpar_cuda_pool *p)
+{
+    size_t i;
+    for (i = 0; i < p->ntasks; i++) {
+        if (p->tasks[i]->event) cudaEventDestroy(p->tasks[i]->event);
+        dpar_cuda__free(&p->allocator, p->tasks[i]->deps);
+        dpar_cuda__free(&p->allocator, p->tasks[i]);
+    }
+    dpar_cuda__free(&p->allocator, p->tasks);
+    p->tasks = NULL;
+    p->ntasks = p->captasks = 0;
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_task_wait_all(dpar_cuda_pool *pool)
+{
+    dpar_status st, sync = DPAR_OK;
+    int i, before = -1;
+    if (!pool) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_task_wait_all: pool is NULL");
+    st = dpar_task_wait_all(pool->threads);
+    cudaGetDevice(&before);
+    for (i = 0; i < pool->n; i++) { /* every stream: the device work of every task */
+        const dpar_cuda_worker *w = &pool->w[i];
+        cudaError_t e = cudaSetDevice(w->device);
+        if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)w->stream);
+        if (e != cudaSuccess && sync == DPAR_OK) sync = dpar_cuda__worker_error(w, e, "the device work of the tasks");
+    }
+    if (before >= 0) cudaSetDevice(before);
+    pthread_mutex_lock(&pool->tlock);
+    dpar_cuda__tasks_free(pool);
+    pthread_mutex_unlock(&pool->tlock);
+    return st != DPAR_OK ? st : sync;
 }
 
 #endif /* DPAR_CUDA_IMPLEMENTATION */

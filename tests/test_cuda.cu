@@ -477,6 +477,82 @@ static void test_pool_runs_every_worker(void)
     CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
 }
 
+/* ---- tasks bound to workers: dependencies across workers through CUDA events ---- */
+typedef struct {
+    float *buf[2];
+    size_t n;
+} chain_job;
+static dpar_status fill_task(void *user, const dpar_cuda_worker *w) /* worker 0: buf0 = 2 */
+{
+    chain_job *j = (chain_job *)user;
+    return dpar_cuda_fill_f32(j->buf[0], 2.0f, j->n, w->stream);
+}
+static dpar_status axpy_task(void *user, const dpar_cuda_worker *w) /* worker 1: buf1 += 3 buf0 */
+{
+    chain_job *j = (chain_job *)user;
+    return dpar_cuda_axpy_f32(j->buf[1], j->buf[0], 3.0f, j->n, w->stream);
+}
+static dpar_status failing_task(void *user, const dpar_cuda_worker *w)
+{
+    (void)user;
+    return dpar_set_error(DPAR_EUSER, "task on worker %d says no", w->rank);
+}
+
+static void test_tasks_without_a_pool(void) /* runs without a device */
+{
+    dpar_cuda_task_desc d;
+    dpar_cuda_task t = 7;
+    memset(&d, 0, sizeof d);
+    d.fn = fill_task;
+    CHECK(dpar_cuda_task_submit(NULL, &d, &t) == DPAR_EINVAL && t == 0);
+    CHECK(dpar_cuda_task_wait(NULL, 1) == DPAR_EINVAL);
+    CHECK(dpar_cuda_task_wait_all(NULL) == DPAR_EINVAL);
+}
+
+static void test_tasks_across_workers(void)
+{
+    dpar_cuda_pool_desc pd;
+    dpar_cuda_pool *p = NULL;
+    dpar_cuda_task_desc d;
+    dpar_cuda_task a = 0, b = 0, c = 0, e = 0;
+    chain_job j;
+    float *host;
+    size_t i, bad = 0;
+    int dev0 = 0;
+    NEED_GPU();
+    memset(&pd, 0, sizeof pd);
+    pd.devices = &dev0, pd.num_devices = 1, pd.workers_per_device = 2;
+    CHECK(dpar_cuda_pool_create(&pd, &p) == DPAR_OK && p);
+    if (!p) return;
+    j.n = (size_t)1 << 24; /* long enough that worker 1 would read buf0 early without the event */
+    cudaMalloc((void **)&j.buf[0], j.n * 4);
+    cudaMalloc((void **)&j.buf[1], j.n * 4);
+    cudaMemset(j.buf[0], 0, j.n * 4);
+    cudaMemset(j.buf[1], 0, j.n * 4);
+    cudaDeviceSynchronize();
+    memset(&d, 0, sizeof d);
+    d.fn = fill_task, d.user = &j, d.worker = 0;
+    CHECK(dpar_cuda_task_submit(p, &d, &a) == DPAR_OK && a != 0);
+    d.fn = axpy_task, d.worker = 1, d.deps = &a, d.num_deps = 1;
+    CHECK(dpar_cuda_task_submit(p, &d, &b) == DPAR_OK);
+    d.fn = failing_task, d.worker = 0, d.deps = NULL, d.num_deps = 0;
+    CHECK(dpar_cuda_task_submit(p, &d, &c) == DPAR_OK);
+    d.fn = fill_task, d.worker = 1, d.deps = &c, d.num_deps = 1; /* cancelled: its dependency fails */
+    CHECK(dpar_cuda_task_submit(p, &d, &e) == DPAR_OK);
+    CHECK(dpar_cuda_task_wait(p, b) == DPAR_OK);
+    CHECK(dpar_cuda_task_wait(p, c) == DPAR_EUSER && strstr(dpar_last_error(), "says no"));
+    CHECK(dpar_cuda_task_wait(p, e) == DPAR_EUSER); /* cancelled: the failed dependency's status */
+    CHECK(dpar_cuda_task_wait_all(p) == DPAR_EUSER);
+    CHECK(dpar_cuda_task_wait(p, b) == DPAR_EINVAL); /* the epoch is over */
+    host = (float *)malloc(j.n * 4);
+    cudaMemcpy(host, j.buf[1], j.n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < j.n; i++) bad += host[i] != 6.0f; /* 0 + 3 x 2, every element: b waited for a */
+    CHECK_MSG(bad == 0, "%zu of %zu elements are not 6", bad, j.n);
+    free(host);
+    cudaFree(j.buf[0]), cudaFree(j.buf[1]);
+    CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+}
+
 int main(int argc, char **argv)
 {
     cudaError_t e;
@@ -500,5 +576,7 @@ int main(int argc, char **argv)
     RUN(test_sgemm);
     RUN(test_pool_refuses_bad_descs);
     RUN(test_pool_runs_every_worker);
+    RUN(test_tasks_without_a_pool);
+    RUN(test_tasks_across_workers);
     return dt_summary();
 }
