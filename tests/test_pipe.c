@@ -272,21 +272,29 @@ static dpar_status sleepy_backward(void *user, int micro, int chunk, const void 
     if (gi) memset(gi, 0, 64);
     return DPAR_OK;
 }
+/* a runner of 64-byte activations whose forward writes zeros */
+static dpar_status zero_pipe(dpar_pipe_schedule *S, dpar_comm *c, dpar_pipe_backward_fn backward, void *user,
+                             dpar_pipe **pp)
+{
+    dpar_pipe_desc d;
+    memset(&d, 0, sizeof d);
+    d.schedule = S;
+    d.comm = c;
+    d.act_bytes = 64;
+    d.forward = sleepy_forward;
+    d.backward = backward;
+    d.user = user;
+    return dpar_pipe_create(&d, pp);
+}
+
 static void reuse_rank(world *w, dpar_comm *c, int r)
 {
     reuse_job *j = (reuse_job *)w->user;
-    dpar_pipe_desc d;
     dpar_pipe *pp;
     dpar_pipe_stats s;
     dpar_comm_stats cs;
     int k, sends = 0, recvs = 0;
-    memset(&d, 0, sizeof d);
-    d.schedule = j->S;
-    d.comm = c;
-    d.act_bytes = 64;
-    d.forward = sleepy_forward;
-    d.backward = sleepy_backward;
-    expect_ok(w, dpar_pipe_create(&d, &pp), "pipe_create", r);
+    expect_ok(w, zero_pipe(j->S, c, sleepy_backward, NULL, &pp), "pipe_create", r);
     expect_ok(w, dpar_comm_stats_reset(c), "stats_reset", r);
     for (k = 0; k < 3; k++) {
         expect_ok(w, dpar_pipe_run(pp, &s), "pipe_run", r);
@@ -376,16 +384,8 @@ static dpar_status late_backward(void *user, int micro, int chunk, const void *i
 static void late_rank(world *w, dpar_comm *c, int r)
 {
     late_job *j = (late_job *)w->user;
-    dpar_pipe_desc d;
     dpar_pipe *pp = NULL;
-    memset(&d, 0, sizeof d);
-    d.schedule = j->S;
-    d.comm = c;
-    d.act_bytes = 64;
-    d.forward = sleepy_forward;
-    d.backward = late_backward;
-    d.user = &r;
-    expect_ok(w, dpar_pipe_create(&d, &pp), "pipe_create", r);
+    expect_ok(w, zero_pipe(j->S, c, late_backward, &r, &pp), "pipe_create", r);
     j->st[r] = dpar_pipe_run(pp, NULL);
     snprintf(j->msg[r], sizeof j->msg[r], "%s", dpar_last_error());
     dpar_pipe_destroy(pp);
