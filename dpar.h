@@ -3238,7 +3238,8 @@ struct dpar__call;
    per-rank doorbell: read the doorbell, test the condition, then sleep until the doorbell changes.
      one_process                  1: the ranks are threads of one process, so every pointer (function
                                   pointers too) means the same on every rank (dpar_steal runs one
-                                  rank's tasks on another's thread)
+                                  rank's tasks on another's thread; direct buckets free rank 0's
+                                  flags with its allocator); both require it today
      expose(x, bufs, n, peers)    collective: peers[q * n + i] is rank q's bufs[i] as this rank can read
                                   and write it (NULL where q passed NULL); valid until the comm is
                                   destroyed
@@ -3502,11 +3503,13 @@ static void dpar__tp_poison_quietly(dpar_comm *c, dpar_status why, const char *m
     memcpy(dpar__tls_error, keep, sizeof keep);
 }
 
-/* shared memory: whether the comm has it, and the calls (only after dpar__tp_shares_memory said yes) */
-static int dpar__tp_shares_memory(const dpar_comm *c, int one_process)
+/* shared memory between ranks that are threads of one process (what direct buckets and stealing need:
+   their flags are freed with rank 0's allocator, and stealing calls another rank's task function), and the
+   calls (only after dpar__tp_shares_memory said yes) */
+static int dpar__tp_shares_memory(const dpar_comm *c)
 {
     const dpar__transport *t = c->tp;
-    return t->expose && t->doorbell && t->wait_bell && t->wake && t->timeout && (!one_process || t->one_process);
+    return t->one_process && t->expose && t->doorbell && t->wait_bell && t->wake && t->timeout;
 }
 static uint32_t dpar__tp_doorbell(dpar_comm *c) { return c->tp->doorbell(c); }
 static dpar_status dpar__tp_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
@@ -4450,20 +4453,14 @@ DPAR_API dpar_status dpar_comm_split(dpar_comm *comm, int color, int key, dpar_c
     return dpar__tp_split(&x, color, key, out);
 }
 
-/* Collective, for the modules that share memory between ranks (direct buckets, work stealing): each
-   rank passes n buffers (or NULLs); peers[q * n + i] gets rank q's buffer i as this rank may read and
-   write it. DPAR_EUNSUPPORTED (on every rank alike, nobody waits) where the transport has no shared
-   memory, or (one_process) its ranks are not threads of one process. */
-static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, void **peers, int one_process,
-                                const char *who)
+/* Collective, for the modules that share memory between ranks (direct buckets, work stealing), once
+   dpar__tp_shares_memory said yes on every rank: each rank passes n buffers (or NULLs); peers[q * n + i]
+   gets rank q's buffer i as this rank may read and write it. */
+static dpar_status dpar__expose(dpar_comm *c, const void *const *bufs, int n, void **peers, const char *who)
 {
     dpar__ctx x;
     dpar_status st;
     char msg[DPAR__ERROR_TEXT];
-    if (!dpar__tp_shares_memory(c, one_process))
-        return dpar__err(DPAR_EUNSUPPORTED, "%s: %s is not a comm of thread ranks (%s)", who, c->name,
-                         one_process ? "this runs tasks on the other ranks' threads"
-                                     : "this reads the other ranks' memory");
     DPAR__TRY(dpar__coll_begin(&x, c, DPAR_COLL_ALLGATHER, who));
     if ((st = c->tp->expose(&x, bufs, n, peers)) == DPAR_OK) return DPAR_OK;
     /* a failure of this rank alone must not leave the others waiting, nor a peer reading what it posted */
@@ -7094,7 +7091,7 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
     c = b->comm;
     /* one process: the last rank to leave frees the flags with rank 0's allocator; params are compared by address */
-    if (on && !dpar__tp_shares_memory(c, 1)) /* the same on every rank: nobody waits */
+    if (on && !dpar__tp_shares_memory(c)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED,
                          "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
                          "read the other ranks' memory)",
@@ -7147,7 +7144,7 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
         mine[S_GRADS] = b->grads;
         mine[S_PARAMS] = b->update.fn ? b->update.gather : NULL;
         mine[S_FLAGS] = d;
-        if ((st = dpar__expose(c, mine, S_N, peers, 1, "dpar_buckets_set_direct")) != DPAR_OK) d = NULL;
+        if ((st = dpar__expose(c, mine, S_N, peers, "dpar_buckets_set_direct")) != DPAR_OK) d = NULL;
     }
     /* the same count on every rank: how many ranks share an earlier rank's params */
     for (q = 0; q < N && st == DPAR_OK; q++) {
@@ -7247,7 +7244,7 @@ DPAR_API dpar_status dpar_steal_create(const dpar_steal_desc *desc, dpar_steal *
     *out = NULL;
     if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_steal_create: desc or desc->comm is NULL");
     comm = desc->comm, a = desc->allocator, max_tasks = desc->max_tasks;
-    if (!dpar__tp_shares_memory(comm, 1)) /* the same on every rank: nobody waits */
+    if (!dpar__tp_shares_memory(comm)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED,
                          "dpar_steal_create: %s is not a comm of thread ranks (work stealing runs "
                          "tasks on the other ranks' threads)",
@@ -7276,7 +7273,7 @@ DPAR_API dpar_status dpar_steal_create(const dpar_steal_desc *desc, dpar_steal *
         if (!v[q]) st = dpar__err(DPAR_ENOMEM, "dpar_steal_create: out of memory on rank %d", q);
     if (st == DPAR_OK) { /* every rank has its memory: share the block (once given, it is never freed on an error) */
         mine = sh;
-        if ((st = dpar__expose(comm, &mine, 1, peers, 1, "dpar_steal_create")) != DPAR_OK) sh = NULL;
+        if ((st = dpar__expose(comm, &mine, 1, peers, "dpar_steal_create")) != DPAR_OK) sh = NULL;
     }
     if (st == DPAR_OK) {
         s->comm = comm;
