@@ -545,6 +545,41 @@ typedef struct dpar_group dpar_group;
 typedef struct dpar_comm dpar_comm;
 typedef struct dpar_request dpar_request;
 
+/* dpar_comm_memory: callbacks for a thread group whose ranks keep the buffers of their comm calls where the host
+   cannot read them (GPU memory: dpar_cuda.h fills one for its workers). dpar still runs everything else on the ranks'
+   threads (the algorithms and their segments, the contract checker, timeouts, poison, counters, trace); these
+   callbacks do everything that reads or writes the buffers' bytes.
+   worker:   the rank the calling thread's comm joined its group with (dpar_group_join); a comm split from it keeps it.
+   Calls:    each runs on a thread acting for `worker` (its own, or its progress thread for an async request) and
+             returns once its result is complete and readable by every other rank. On failure it returns the status
+             with a text set by dpar_set_error; dpar then poisons the group with that text, so every rank returns.
+     enter(user, worker)                 a comm call of this rank starts: make its inputs ready (optional)
+     reduce(user, worker, out, a, b, n, dtype, op, div)  out = a op b elementwise, then / div when op is DPAR_AVG
+                                         and div > 1 (dpar's rounding); a or b may be a peer's buffer; out may be a or b
+     divide(user, worker, out, in, n, dtype, div)        out = in / div (div <= 1: a copy); out may be in
+     copy(user, worker, dst, src, bytes) dst = src, either on any rank; no overlap
+     peer_access(user, worker, peer)     1: reduce may read peer's buffers directly; 0: dpar first copies them into
+                                         this rank's staging memory with copy (optional; NULL: 1)
+     alloc(user, worker, bytes), free(user, worker, p)   this rank's scratch and staging memory, kept until the comm
+                                         is destroyed (grown on demand: no allocation per call once warm)
+   Required: reduce, divide, copy, alloc and free, all or none (none: host memory, the default).
+   Remarks:  such a group has none of the shared-memory speed-ups (direct buckets and dpar_steal return
+             DPAR_EUNSUPPORTED on it), and only thread groups take one (MPI comms return DPAR_EUNSUPPORTED). dpar's
+             layers that compute on the host (dpar_linear, dpar_zero, the pipeline runner, shard plans, checkpoints)
+             are for host buffers.
+   See:      docs/comm.md, 'Buffers in device memory'; docs/cuda.md. */
+typedef struct dpar_comm_memory {
+    void *user;
+    dpar_status (*enter)(void *user, int worker);
+    dpar_status (*reduce)(void *user, int worker, void *out, const void *a, const void *b, size_t n, dpar_dtype dtype,
+                          dpar_op op, int div);
+    dpar_status (*divide)(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype dtype, int div);
+    dpar_status (*copy)(void *user, int worker, void *dst, const void *src, size_t bytes);
+    int (*peer_access)(void *user, int worker, int peer);
+    void *(*alloc)(void *user, int worker, size_t bytes);
+    void (*free)(void *user, int worker, void *p);
+} dpar_comm_memory;
+
 /* dpar_comm_desc: how to make a group (and its comms); a zero field means its default. */
 typedef struct dpar_comm_desc {
     int size;                 /* ranks in the group (threads transport; required, 1..DPAR_MAX_THREADS) */
@@ -557,6 +592,7 @@ typedef struct dpar_comm_desc {
     const char *name;         /* trace and error prefix (copied; default "comm") */
     int native;               /* MPI: use MPI's own collectives for the dtypes MPI has (not bf16/f16) */
     dpar_allocator allocator; /* the group's and its comms' memory (zero: malloc/free) */
+    dpar_comm_memory memory;  /* thread groups: where the ranks' buffers live (zero: host memory) */
 } dpar_comm_desc;
 
 /* dpar_group_create: make the meeting point of `desc->size` thread ranks; each rank's thread then joins it.
@@ -596,6 +632,11 @@ DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used
    Returns:  DPAR_OK; DPAR_EINVAL (NULL comm).
    Thread safety: any thread, also one that is not a rank. */
 DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm);
+/* dpar_comm_fail: a rank failed on its own (a device fault, bad data): poison the group with `why` and `msg`, so every
+   rank's blocking call returns `why` with msg (prefixed by this rank's name), now and later, instead of waiting for it.
+   Returns:  the group's poison: `why`, or an earlier poison, which wins; DPAR_EINVAL (NULL comm, why DPAR_OK).
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_comm_fail(dpar_comm *comm, dpar_status why, const char *msg);
 
 /* dpar_send / dpar_recv / dpar_sendrecv: point-to-point messages, which arrive in order between two ranks.
    Macros:   the names below; they call these _at functions with the caller's file and line.
@@ -3210,7 +3251,9 @@ struct dpar__call;
      release(x, peer)             done with the offer of peer fetched last
      drain(x, peer, k)            wait until at most k of my offers to peer are unreleased
    Local arithmetic (optional; NULL: the host loops of >>dtype), on buffers where this transport's
-   ranks keep their data (host memory for threads and MPI, device memory for a GPU transport):
+   ranks keep their data (host memory for threads and MPI, device memory for thread ranks with
+   dpar_comm_memory), unless x->host says the buffers are the algorithms' own host memory (split and
+   expose gather host words): then the host loops. A failure has poisoned the comm.
      reduce(x, out, a, b, n, dtype, op, div)  out = a op b elementwise, then / div when div > 1;
                                   out may alias a or b. Called by the algorithms and direct buckets.
      divide(x, out, in, n, dtype, div)        out = in / div (div <= 1: a copy); out may alias in
@@ -3255,9 +3298,10 @@ typedef struct dpar__transport {
     dpar_status (*fetch)(dpar__ctx *x, int peer, size_t bytes, const void **data);
     dpar_status (*release)(dpar__ctx *x, int peer);
     dpar_status (*drain)(dpar__ctx *x, int peer, int max_outstanding);
-    void (*reduce)(dpar__ctx *x, void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op, int div);
-    void (*divide)(dpar__ctx *x, void *out, const void *in, size_t n, dpar_dtype t, int div);
-    void (*copy)(dpar__ctx *x, void *dst, const void *src, size_t bytes);
+    dpar_status (*reduce)(dpar__ctx *x, void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op,
+                          int div);
+    dpar_status (*divide)(dpar__ctx *x, void *out, const void *in, size_t n, dpar_dtype t, int div);
+    dpar_status (*copy)(dpar__ctx *x, void *dst, const void *src, size_t bytes);
     void (*enter)(dpar__ctx *x);
     dpar_status (*poisoned)(dpar_comm *c);
     dpar_status (*poison)(dpar_comm *c, dpar_status why, const char *msg);
@@ -3279,6 +3323,7 @@ typedef struct dpar__transport {
 struct dpar__ctx {
     dpar_comm *c;
     int lane;
+    int host; /* 1: the buffers are host memory whatever the comm's dpar_comm_memory (split, expose) */
     dpar__fp fp;
     uint64_t deadline; /* absolute ns, 0: none */
     uint64_t sent, received;
@@ -3319,6 +3364,7 @@ struct dpar_comm {
     void *tp_data;       /* the transport's own state of this rank (its section alone reads it) */
     dpar_comm_desc desc; /* as given when the comm was made (name: this comm's) */
     int rank, size;
+    int worker; /* the rank this thread joined its first group with: dpar_comm_memory's `worker` */
     dpar_allocator allocator;
     uint64_t timeout_ns; /* 0: none */
     int check, det;
@@ -3343,13 +3389,28 @@ struct dpar_comm {
     const char *no_async; /* why async requests cannot run here (NULL: they can) */
 };
 
+/* memory where the comm's ranks keep their buffers: host memory, or dpar_comm_memory's */
+static void *dpar__data_alloc(dpar_comm *c, size_t bytes)
+{
+    const dpar_comm_memory *m = &c->desc.memory;
+    return m->alloc ? m->alloc(m->user, c->worker, bytes) : dpar__alloc(&c->allocator, bytes);
+}
+static void dpar__data_free(dpar_comm *c, void *p)
+{
+    const dpar_comm_memory *m = &c->desc.memory;
+    if (!p) return;
+    if (m->free) m->free(m->user, c->worker, p);
+    else dpar__free(&c->allocator, p);
+}
+
+/* the algorithms' scratch, in the memory of the comm's buffers */
 static dpar_status dpar__scratch(dpar_comm *c, size_t bytes, char **out)
 {
     if (bytes > c->scratch_bytes) {
-        void *p = dpar__alloc(&c->allocator, bytes);
+        void *p = dpar__data_alloc(c, bytes);
         if (!p)
             return dpar__err(DPAR_ENOMEM, "%s rank %d: cannot allocate %zu bytes of scratch", c->name, c->rank, bytes);
-        dpar__free(&c->allocator, c->scratch);
+        dpar__data_free(c, c->scratch);
         c->scratch = p;
         c->scratch_bytes = bytes;
     }
@@ -3448,22 +3509,25 @@ static dpar_status dpar__release(dpar__ctx *x, int peer) { return x->c->tp->rele
 static dpar_status dpar__drain(dpar__ctx *x, int peer, int max) { return x->c->tp->drain(x, peer, max); }
 
 /* local arithmetic: the transport's, or the host loops */
-static void dpar__tp_reduce(dpar__ctx *x, void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op,
-                            int div)
+static dpar_status dpar__tp_reduce(dpar__ctx *x, void *out, const void *a, const void *b, size_t n, dpar_dtype t,
+                                   dpar_op op, int div)
 {
-    if (x->c->tp->reduce) x->c->tp->reduce(x, out, a, b, n, t, op, div);
-    else dpar__reduce(out, a, b, n, t, op, div);
+    if (x->c->tp->reduce && !x->host) return x->c->tp->reduce(x, out, a, b, n, t, op, div);
+    dpar__reduce(out, a, b, n, t, op, div);
+    return DPAR_OK;
 }
-static void dpar__tp_divide(dpar__ctx *x, void *out, const void *in, size_t n, dpar_dtype t, int div)
+static dpar_status dpar__tp_divide(dpar__ctx *x, void *out, const void *in, size_t n, dpar_dtype t, int div)
 {
-    if (x->c->tp->divide) x->c->tp->divide(x, out, in, n, t, div);
-    else dpar__divide(out, in, n, t, div);
+    if (x->c->tp->divide && !x->host) return x->c->tp->divide(x, out, in, n, t, div);
+    dpar__divide(out, in, n, t, div);
+    return DPAR_OK;
 }
-static void dpar__tp_copy(dpar__ctx *x, void *dst, const void *src, size_t bytes)
+static dpar_status dpar__tp_copy(dpar__ctx *x, void *dst, const void *src, size_t bytes)
 {
-    if (!bytes) return;
-    if (x->c->tp->copy) x->c->tp->copy(x, dst, src, bytes);
-    else memcpy(dst, src, bytes);
+    if (!bytes) return DPAR_OK;
+    if (x->c->tp->copy && !x->host) return x->c->tp->copy(x, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return DPAR_OK;
 }
 
 /* group state */
@@ -3557,7 +3621,7 @@ static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t byt
         return x->c->tp->recv_into(x, peer, dst, bytes);
     }
     DPAR__TRY(dpar__fetch(x, peer, bytes, &p));
-    if (p != dst) dpar__tp_copy(x, dst, p, bytes);
+    if (p != dst) DPAR__TRY(dpar__tp_copy(x, dst, p, bytes));
     return dpar__release(x, peer);
 }
 
@@ -3567,6 +3631,15 @@ static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t byt
    mine; after N-1 steps rank r holds chunk r complete. Ring all-gather, step s: send chunk r-s,
    receive chunk r-s-1. Each step streams in segments of segment_bytes, so the neighbours work on
    consecutive segments at once. Every rank moves (N-1)/N of the buffer in each phase. */
+
+/* reduce a fetched offer of `peer`, then release it, even when the reduce failed: the peer, leaving on the
+   error, waits until nobody reads its buffer */
+static dpar_status dpar__reduce_release(dpar__ctx *x, int peer, void *out, const void *a, const void *b, size_t n,
+                                        dpar_dtype t, dpar_op op, int div)
+{
+    dpar_status st = dpar__tp_reduce(x, out, a, b, n, t, op, div), rel = dpar__release(x, peer);
+    return st != DPAR_OK ? st : rel;
+}
 
 typedef struct dpar__chunks {
     size_t count, seg; /* elements, segment length in elements */
@@ -3656,8 +3729,7 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
             }
             /* the next segment streams in while this one is reduced (all but the very last) */
             if (!(last && g + 1 == k.segs)) dpar__tp_prefetch(x, prev);
-            dpar__tp_reduce(x, dst, send + ro * es, p, rl, t, op, last && op == DPAR_AVG ? N : 0);
-            DPAR__TRY(dpar__release(x, prev));
+            DPAR__TRY(dpar__reduce_release(x, prev, dst, send + ro * es, p, rl, t, op, last && op == DPAR_AVG ? N : 0));
         }
     }
     return dpar__drain(x, next, 0);
@@ -3725,18 +3797,17 @@ static dpar_status dpar__allreduce_tree(dpar__ctx *x, const char *send, char *re
             DPAR__TRY(dpar__post(x, partner, src + (glo + go) * es, gl * es));
             DPAR__TRY(dpar__fetch(x, partner, kl * es, &p));
             if (lower)
-                dpar__tp_reduce(x, recv + (klo + ko) * es, src + (klo + ko) * es, p, kl, t,
-                                op == DPAR_AVG ? DPAR_SUM : op, 0);
+                DPAR__TRY(dpar__reduce_release(x, partner, recv + (klo + ko) * es, src + (klo + ko) * es, p, kl, t,
+                                               op == DPAR_AVG ? DPAR_SUM : op, 0));
             else
-                dpar__tp_reduce(x, recv + (klo + ko) * es, p, src + (klo + ko) * es, kl, t,
-                                op == DPAR_AVG ? DPAR_SUM : op, 0);
-            DPAR__TRY(dpar__release(x, partner));
+                DPAR__TRY(dpar__reduce_release(x, partner, recv + (klo + ko) * es, p, src + (klo + ko) * es, kl, t,
+                                               op == DPAR_AVG ? DPAR_SUM : op, 0));
         }
         lo = klo;
         hi = khi;
     }
     for (k = 0; k < levels; k++) DPAR__TRY(dpar__drain(x, r ^ (1 << k), 0)); /* recv is rewritten below */
-    if (op == DPAR_AVG) dpar__tp_divide(x, recv + lo * es, recv + lo * es, hi - lo, t, N);
+    if (op == DPAR_AVG) DPAR__TRY(dpar__tp_divide(x, recv + lo * es, recv + lo * es, hi - lo, t, N));
     for (k = levels - 1; k >= 0; k--) {
         int partner = r ^ (1 << k);
         size_t plo = lo == los[k] ? hi : los[k], phi = lo == los[k] ? his[k] : lo, g;
@@ -3761,7 +3832,7 @@ static dpar_status dpar__broadcast_chain(dpar__ctx *x, const char *send, char *r
     int N = c->size, r = c->rank, pos = dpar__mod(r - root, N), next = (r + 1) % N, prev = (r + N - 1) % N;
     size_t seg = c->segment_bytes / es, o;
     if (seg < 1) seg = 1;
-    if (pos == 0 && send != recv) dpar__tp_copy(x, recv, send, count * es);
+    if (pos == 0 && send != recv) DPAR__TRY(dpar__tp_copy(x, recv, send, count * es));
     for (o = 0; o < count; o += seg) { /* count >= 1 here */
         size_t l = count - o < seg ? count - o : seg;
         if (pos > 0) DPAR__TRY(dpar__recv_into(x, prev, recv + o * es, l * es));
@@ -3789,8 +3860,8 @@ static dpar_status dpar__reduce_chain(dpar__ctx *x, const char *send, char *recv
             char *dst = pos == N - 1 ? recv + o * es : scr + (slot % DPAR__QDEPTH) * seg * es;
             if (pos < N - 1) DPAR__TRY(dpar__drain(x, next, DPAR__QDEPTH - 1)); /* the slot is free */
             DPAR__TRY(dpar__fetch(x, prev, l * es, &p));
-            dpar__tp_reduce(x, dst, send + o * es, p, l, t, op, pos == N - 1 && op == DPAR_AVG ? N : 0);
-            DPAR__TRY(dpar__release(x, prev));
+            DPAR__TRY(
+                dpar__reduce_release(x, prev, dst, send + o * es, p, l, t, op, pos == N - 1 && op == DPAR_AVG ? N : 0));
             if (pos < N - 1) DPAR__TRY(dpar__post(x, next, dst, l * es));
         }
     }
@@ -3806,10 +3877,10 @@ static dpar_status dpar__alltoall_pairwise(dpar__ctx *x, const char *send, char 
     if (send == recv && block) { /* in place: the blocks I send are overwritten as others arrive */
         char *scr = NULL;
         DPAR__TRY(dpar__scratch(c, (size_t)N * block, &scr));
-        dpar__tp_copy(x, scr, send, (size_t)N * block);
+        DPAR__TRY(dpar__tp_copy(x, scr, send, (size_t)N * block));
         send = scr;
     }
-    dpar__tp_copy(x, recv + (size_t)r * block, send + (size_t)r * block, block);
+    DPAR__TRY(dpar__tp_copy(x, recv + (size_t)r * block, send + (size_t)r * block, block));
     for (i = 1; i < N; i++) {
         int dst = (r + i) % N, src = (r + N - i) % N;
         DPAR__TRY(dpar__post(x, dst, send + (size_t)dst * block, block));
@@ -3905,12 +3976,12 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
         case DPAR_COLL_BROADCAST:
         case DPAR_COLL_ALLGATHER:
         case DPAR_COLL_ALLTOALL:
-            if (send != recv) dpar__tp_copy(&x, recv, send, bytes1);
+            if (send != recv) st = dpar__tp_copy(&x, recv, send, bytes1);
             break;
         case DPAR_COLL_REDUCE:
         case DPAR_COLL_REDUCE_SCATTER:
         case DPAR_COLL_ALLREDUCE:
-            if (bytes1) dpar__tp_divide(&x, recv, send, call->count, call->dtype, 1);
+            if (bytes1) st = dpar__tp_divide(&x, recv, send, call->count, call->dtype, 1);
             break;
         default: break;
         }
@@ -3942,8 +4013,8 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
             } else {
                 dpar_block_range(call->count, N, c->rank, &off, &len);
             }
-            if (send != recv + off * es) dpar__tp_copy(&x, recv + off * es, send, len * es);
-            st = dpar__ring_allgather(&x, send, recv, call->count, es, call->offs, call->lens);
+            if (send != recv + off * es) st = dpar__tp_copy(&x, recv + off * es, send, len * es);
+            if (st == DPAR_OK) st = dpar__ring_allgather(&x, send, recv, call->count, es, call->offs, call->lens);
             break;
         }
         case DPAR_COLL_ALLREDUCE:
@@ -4313,6 +4384,7 @@ static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int ra
 {
     uint64_t to = 0;
     c->rank = rank;
+    c->worker = rank;
     c->size = size;
     c->allocator = d->allocator;
     if (d->timeout_ms > 0) {
@@ -4350,7 +4422,7 @@ static void dpar__comm_free(dpar_comm *c)
         c->free_reqs = q->next;
         dpar__free(&a, q);
     }
-    dpar__free(&a, c->scratch);
+    dpar__data_free(c, c->scratch);
     pthread_mutex_destroy(&c->qlock);
     dpar__free(&a, c);
 }
@@ -4384,6 +4456,7 @@ DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used
     used->spin_us = comm->spin.spin_ns ? (int)(comm->spin.spin_ns / 1000u) : -1;
     used->name = comm->name;
     used->allocator = comm->allocator;
+    used->memory = comm->desc.memory;
     return DPAR_OK;
 }
 
@@ -4393,6 +4466,14 @@ DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm)
     if (!comm) return dpar__err(DPAR_EINVAL, "dpar_comm_abort: comm is NULL");
     snprintf(msg, sizeof msg, "%s was aborted by dpar_comm_abort (called on rank %d)", comm->name, comm->rank);
     return dpar__tp_poison(comm, DPAR_EABORTED, msg);
+}
+
+DPAR_API dpar_status dpar_comm_fail(dpar_comm *comm, dpar_status why, const char *msg)
+{
+    char text[DPAR__ERROR_TEXT];
+    if (!comm || why == DPAR_OK) return dpar__err(DPAR_EINVAL, "dpar_comm_fail: comm is NULL or why is DPAR_OK");
+    snprintf(text, sizeof text, "%s rank %d failed: %s", comm->name, comm->rank, msg ? msg : "(no message)");
+    return dpar__tp_poison(comm, why, text);
 }
 
 DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out)
@@ -4731,6 +4812,9 @@ typedef struct dpar__slot {
     int at_seq_coll, at_seq_line; /* the collective #at_seq itself (at_coll..: the last call of either lane) */
     const char *at_seq_file;
     uint64_t moved_ns;
+    int worker;  /* dpar_comm_memory: the rank's worker (set when it joins) */
+    void *stage; /* dpar_comm_memory: where a peer's offer is copied for reduce (the rank's own) */
+    size_t stage_bytes;
     char pad1[DPAR__CACHE_LINE];
 } dpar__slot;
 
@@ -4962,7 +5046,7 @@ static void dpar__t_quiesce(dpar_comm *c)
         }
 }
 
-static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out);
+static dpar_status dpar__t_join(dpar_group *g, int rank, int worker, dpar_comm **out);
 
 /* split: allgather (color, key), the first member of each color makes its group, allgather the
    groups, everyone joins, and a barrier keeps the makers' references until all have joined. */
@@ -4972,18 +5056,25 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
     dpar_group *g = DPAR__TG(c), *mine = NULL;
     int N = c->size, r = c->rank, i, members = 0, newrank = 0, leader = -1;
     int64_t *ck;
-    char *scr = NULL;
     dpar_status st;
-    /* out of memory here alone: the others must not wait for this rank's part of the allgather */
-    if ((st = dpar__scratch(c, (size_t)N * 3 * sizeof(int64_t), &scr)) != DPAR_OK)
-        return dpar__t_poison(c, st, dpar_last_error());
-    ck = (int64_t *)(void *)scr;
+    /* host words, whatever the comm's memory; out of memory here alone: the others must not wait for this rank */
+    ck = (int64_t *)dpar__alloc(&c->allocator, (size_t)N * 2 * sizeof(int64_t));
+    if (!ck) {
+        dpar__err(DPAR_ENOMEM, "%s rank %d: dpar_comm_split: out of memory", c->name, r);
+        return dpar__t_poison(c, DPAR_ENOMEM, dpar_last_error());
+    }
     ck[2 * r] = color;
     ck[2 * r + 1] = key;
     x->fp.count = 2 * (uint64_t)N;
     x->fp.dtype = DPAR_I64;
-    DPAR__TRY(
-        dpar__ring_allgather(x, (const char *)(ck + 2 * r), (char *)ck, 2 * (size_t)N, sizeof(int64_t), NULL, NULL));
+    x->host = 1;
+    st = dpar__ring_allgather(x, (const char *)(ck + 2 * r), (char *)ck, 2 * (size_t)N, sizeof(int64_t), NULL, NULL);
+    x->host = 0;
+    if (st != DPAR_OK) {
+        dpar__t_quiesce(c); /* the peers may be reading ck */
+        dpar__free(&c->allocator, ck);
+        return st;
+    }
     if (color >= 0) {
         for (i = 0; i < N; i++) {
             if (ck[2 * i] != color) continue;
@@ -4992,6 +5083,7 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
             if (ck[2 * i + 1] < key || (ck[2 * i + 1] == key && i < r)) newrank++;
         }
     }
+    dpar__free(&c->allocator, ck); /* the allgather has drained: no peer reads it any more */
     /* the leader (lowest old rank of the color) makes the group and hands it over in g->handover */
     if (color >= 0 && leader == r) {
         dpar_comm_desc d = g->desc;
@@ -5010,7 +5102,7 @@ static dpar_status dpar__t_split(dpar__ctx *x, int color, int key, dpar_comm **o
     DPAR__TRY(dpar__dissemination(x)); /* every leader has handed over */
     if (color >= 0) {
         mine = DPAR__LOAD(&g->handover[leader], DPAR__ACQUIRE);
-        st = dpar__t_join(mine, newrank, out);
+        st = dpar__t_join(mine, newrank, c->worker, out);
         if (st != DPAR_OK) return dpar__t_poison(c, st, dpar_last_error());
     }
     DPAR__TRY(dpar__dissemination(x)); /* everyone has joined: the makers may let go */
@@ -5036,6 +5128,7 @@ static dpar_status dpar__t_expose(dpar__ctx *x, const void *const *bufs, int n, 
     for (i = 0; i < (size_t)n; i++) mine[i] = (void *)(uintptr_t)bufs[i]; /* gathered in place: nothing to allocate */
     x->fp.count = words;
     x->fp.dtype = sizeof(void *) == 8 ? DPAR_I64 : DPAR_I32;
+    x->host = 1;
     return dpar__ring_allgather(x, (const char *)mine, (char *)peers, words, sizeof(void *), NULL, NULL);
 }
 
@@ -5049,7 +5142,102 @@ static dpar_status dpar__t_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadl
 
 static void dpar__t_wake(dpar_comm *c, int peer) { dpar__ring_bell(DPAR__TG(c), peer); }
 
+/* ---- dpar_comm_memory: the same channels, the buffers' bytes touched only by the callbacks ---- */
+/* Each callback returns when its result is complete, so the channels' order (post after the bytes are
+   written, release after they are read) holds as for host memory. A failure poisons the group with the
+   callback's text: the peers return instead of waiting for this rank. */
+static dpar_status dpar__tm_failed(dpar_comm *c, dpar_status st)
+{
+    char msg[DPAR__ERROR_TEXT];
+    if (st == DPAR_OK) return st;
+    snprintf(msg, sizeof msg, "%s rank %d: %.440s", c->name, c->rank, dpar__tls_error);
+    return dpar__t_poison(c, st, msg);
+}
+#define DPAR__MEM(c) (&(c)->desc.memory)
+
+static void dpar__tm_enter(dpar__ctx *x)
+{
+    const dpar_comm_memory *m = DPAR__MEM(x->c);
+    dpar__t_enter(x);
+    if (m->enter) dpar__tm_failed(x->c, m->enter(m->user, x->c->worker)); /* the next wait returns the poison */
+}
+static dpar_status dpar__tm_reduce(dpar__ctx *x, void *out, const void *a, const void *b, size_t n, dpar_dtype t,
+                                   dpar_op op, int div)
+{
+    const dpar_comm_memory *m = DPAR__MEM(x->c);
+    return dpar__tm_failed(x->c, m->reduce(m->user, x->c->worker, out, a, b, n, t, op, div));
+}
+static dpar_status dpar__tm_divide(dpar__ctx *x, void *out, const void *in, size_t n, dpar_dtype t, int div)
+{
+    const dpar_comm_memory *m = DPAR__MEM(x->c);
+    return dpar__tm_failed(x->c, m->divide(m->user, x->c->worker, out, in, n, t, div));
+}
+static dpar_status dpar__tm_copy(dpar__ctx *x, void *dst, const void *src, size_t bytes)
+{
+    const dpar_comm_memory *m = DPAR__MEM(x->c);
+    return dpar__tm_failed(x->c, m->copy(m->user, x->c->worker, dst, src, bytes));
+}
+
+/* a peer's offer that this rank's reduce cannot read where it is: copied into the rank's staging memory
+   (at most one fetched offer is unreleased at a time on a rank, so one staging area suffices) */
+static dpar_status dpar__tm_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
+{
+    dpar_comm *c = x->c;
+    dpar_group *g = DPAR__TG(c);
+    const dpar_comm_memory *m = DPAR__MEM(c);
+    dpar__slot *me = &g->slots[c->rank];
+    DPAR__TRY(dpar__t_fetch(x, peer, bytes, data));
+    if (x->host || !bytes || !m->peer_access || m->peer_access(m->user, c->worker, g->slots[peer].worker))
+        return DPAR_OK;
+    if (bytes > me->stage_bytes) {
+        void *p = m->alloc(m->user, c->worker, bytes);
+        if (!p) {
+            dpar__err(DPAR_ENOMEM, "%s rank %d: cannot allocate %zu bytes of staging memory", c->name, c->rank, bytes);
+            dpar__t_release(x, peer);
+            return dpar__tm_failed(c, DPAR_ENOMEM);
+        }
+        if (me->stage) m->free(m->user, c->worker, me->stage);
+        me->stage = p;
+        me->stage_bytes = bytes;
+    }
+    if (dpar__tm_copy(x, me->stage, *data, bytes) != DPAR_OK) {
+        dpar__t_release(x, peer);
+        return dpar__t_poisoned(c);
+    }
+    *data = me->stage;
+    return DPAR_OK;
+}
+
+/* received bytes go straight to their place: copy reads the peer's buffer wherever it is */
+static dpar_status dpar__tm_recv_into(dpar__ctx *x, int peer, void *dst, size_t bytes)
+{
+    const void *p;
+    dpar_status st;
+    DPAR__TRY(dpar__t_fetch(x, peer, bytes, &p));
+    st = p != dst ? dpar__tp_copy(x, dst, p, bytes) : DPAR_OK;
+    dpar__t_release(x, peer);
+    return st;
+}
+
+static void dpar__tm_destroy(dpar_comm *c)
+{
+    dpar__slot *me = &DPAR__TG(c)->slots[c->rank];
+    const dpar_comm_memory *m = DPAR__MEM(c);
+    if (me->stage) m->free(m->user, c->worker, me->stage);
+    me->stage = NULL;
+    me->stage_bytes = 0;
+    dpar__t_destroy(c);
+}
+
 /* clang-format off */
+static const dpar__transport dpar__threads_memory_transport = {
+    "threads+memory",
+    dpar__t_post, dpar__tm_fetch, dpar__t_release, dpar__t_drain, /* moving bytes */
+    dpar__tm_reduce, dpar__tm_divide, dpar__tm_copy,                /* local arithmetic: the callbacks */
+    dpar__tm_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__tm_destroy,
+    dpar__tm_recv_into, NULL, NULL,
+    1, NULL, NULL, NULL, NULL, NULL, /* no shared memory: the host cannot read the buffers */
+};
 static const dpar__transport dpar__threads_transport = {
     "threads",
     dpar__t_post, dpar__t_fetch, dpar__t_release, dpar__t_drain, /* moving bytes */
@@ -5077,6 +5265,18 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
                          DPAR_MAX_THREADS);
     if (desc->timeout_ms < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: timeout_ms = %d", desc->timeout_ms);
     if (desc->spin_us < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: spin_us = %d", desc->spin_us);
+    {
+        const dpar_comm_memory *m = &desc->memory;
+        int set = !!m->reduce + !!m->divide + !!m->copy + !!m->alloc + !!m->free;
+        if (set != 0 && set != 5)
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_group_create: the memory callbacks reduce, divide, copy, alloc and "
+                             "free are all or none (%d of 5 set)",
+                             set);
+        if (!set && (m->enter || m->peer_access))
+            return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter or memory.peer_access without the "
+                                          "memory callbacks");
+    }
     if (desc->deterministic && (desc->size & (desc->size - 1)))
         return dpar__err(DPAR_EUNSUPPORTED,
                          "dpar_group_create: the deterministic mode needs a power-of-two number of "
@@ -5112,7 +5312,7 @@ DPAR_API dpar_status dpar_group_destroy(dpar_group *group)
     return DPAR_OK;
 }
 
-static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out)
+static dpar_status dpar__t_join(dpar_group *g, int rank, int worker, dpar_comm **out)
 {
     dpar_comm *c;
     char name[64];
@@ -5127,8 +5327,10 @@ static dpar_status dpar__t_join(dpar_group *g, int rank, dpar_comm **out)
         return dpar__err(DPAR_ENOMEM, "dpar_group_join: out of memory");
     }
     dpar__comm_init(c, &g->desc, rank, g->size);
-    c->tp = &dpar__threads_transport;
+    c->tp = g->desc.memory.reduce ? &dpar__threads_memory_transport : &dpar__threads_transport;
     c->tp_data = g;
+    c->worker = worker;
+    g->slots[rank].worker = worker; /* read by the peers after the first message: its release orders it */
     DPAR__ADD(&g->refs, 1, DPAR__ACQ_REL);
     dpar__cpu_note(&g->slots[rank].cpu);
     snprintf(name, sizeof name, "%s rank %d", c->name, rank);
@@ -5142,7 +5344,7 @@ DPAR_API dpar_status dpar_group_join(dpar_group *group, int rank, dpar_comm **ou
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_group_join: out is NULL");
     *out = NULL;
     if (!group) return dpar__err(DPAR_EINVAL, "dpar_group_join: group is NULL");
-    return dpar__t_join(group, rank, out);
+    return dpar__t_join(group, rank, rank, out);
 }
 
 /* >>gemm: dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool ------------- */
@@ -6835,6 +7037,7 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
     dpar_comm *c = b->comm;
     int i, w = 0, q, N = c->size;
     size_t lo, len;
+    dpar_status st = DPAR_OK;
     dpar__ctx x; /* for the local arithmetic: the transport's own, on its memory */
     memset(&x, 0, sizeof x);
     x.c = c;
@@ -6843,10 +7046,11 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
         if (b->dstate[k] == 1 && dpar__dmissing(b, DPAR__D_MARKED, k) < 0) {
             DPAR__TRY(dpar__dread_begin(b));
             dpar__dbucket(b, k, c->rank, &lo, &len);
-            for (q = 1; q < N && len; q++) /* ((mine op next) op next) ... in ring order, into mine */
-                dpar__tp_reduce(&x, b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32,
-                                b->op, q == N - 1 && b->op == DPAR_AVG ? N : 0);
+            for (q = 1; q < N && len && st == DPAR_OK; q++) /* ((mine op next) op next) ... in ring order */
+                st = dpar__tp_reduce(&x, b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32,
+                                     b->op, q == N - 1 && b->op == DPAR_AVG ? N : 0);
             dpar__dread_end(b);
+            if (st != DPAR_OK) return st;
             if (b->update.fn) b->update.fn(b->update.user, lo, len);
             dpar__dset(b, DPAR__D_REDUCED, k);
             b->dstate[k] = b->dcopy ? 2 : 3;
@@ -6856,9 +7060,11 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
             DPAR__TRY(dpar__dread_begin(b));
             for (q = 0; q < N; q++) {
                 dpar__dbucket(b, k, q, &lo, &len);
-                if (q != c->rank && from[q] != to) dpar__tp_copy(&x, to + lo, from[q] + lo, len * sizeof(float));
+                if (q != c->rank && from[q] != to && st == DPAR_OK)
+                    st = dpar__tp_copy(&x, to + lo, from[q] + lo, len * sizeof(float));
             }
             dpar__dread_end(b);
+            if (st != DPAR_OK) return st;
             dpar__dset(b, DPAR__D_COPIED, k);
             b->dstate[k] = 3;
         }
@@ -7093,8 +7299,8 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     /* one process: the last rank to leave frees the flags with rank 0's allocator; params are compared by address */
     if (on && !dpar__tp_shares_memory(c)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED,
-                         "dpar_buckets_set_direct: %s is not a comm of thread ranks (direct buckets "
-                         "read the other ranks' memory)",
+                         "dpar_buckets_set_direct: %s is not a comm of thread ranks with buffers in host "
+                         "memory (direct buckets read the other ranks' memory)",
                          c->name);
     if (b->nmarks) {
         dpar__err(DPAR_EBUSY, "dpar_buckets_set_direct: gradients of this step are marked ready");
@@ -7246,8 +7452,8 @@ DPAR_API dpar_status dpar_steal_create(const dpar_steal_desc *desc, dpar_steal *
     comm = desc->comm, a = desc->allocator, max_tasks = desc->max_tasks;
     if (!dpar__tp_shares_memory(comm)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED,
-                         "dpar_steal_create: %s is not a comm of thread ranks (work stealing runs "
-                         "tasks on the other ranks' threads)",
+                         "dpar_steal_create: %s is not a comm of thread ranks with buffers in host memory "
+                         "(work stealing runs tasks on the other ranks' threads)",
                          comm->name);
     if (max_tasks < 1 || (unsigned)max_tasks > DPAR__STEAL_MASK)
         return dpar__bad_call(
@@ -8595,6 +8801,9 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
     if ((st = dpar__check_allocator("dpar_comm_from_mpi", &d.allocator)) != DPAR_OK) return st;
     if (d.timeout_ms < -1 || d.spin_us < -1)
         return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: timeout_ms = %d, spin_us = %d", d.timeout_ms, d.spin_us);
+    if (d.memory.reduce || d.memory.alloc)
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_comm_from_mpi: dpar_comm_memory is for thread groups (the MPI "
+                                            "transport moves host memory)");
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
     if (!inited || finalized)
@@ -8832,6 +9041,11 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
                          "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
                          dpar__m_level_name(level));
     DPAR__TRY(dpar_group_join(local, local_rank, &lc));
+    if (lc->desc.memory.reduce) {
+        dpar_comm_destroy(lc);
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_group_join_mpi: the local group has dpar_comm_memory, which the "
+                                            "MPI transport cannot move");
+    }
     T = lc->size;
     if (local_rank == 0) { /* the leader: the process's shared MPI comm, and the comm of the leaders */
         dpar_comm_desc d = lc->desc;

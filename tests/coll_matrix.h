@@ -170,7 +170,16 @@ typedef struct {
     dpar_op op;
     char *send[8], *recv[8]; /* per rank, count * 8 bytes each */
     int root;
+    /* buffers in "device memory" (test_comm's dpar_comm_memory test): called on every input before a call and on
+       every output after it, it turns host bytes into the device's form and back (NULL: host memory) */
+    void (*device)(void *buf, size_t bytes);
 } matrix_case;
+
+/* host bytes to the case's device form and back (nothing for host memory) */
+DT_UNUSED static void dev(const matrix_case *m, void *buf, size_t bytes)
+{
+    if (m->device && bytes) m->device(buf, bytes);
+}
 
 DT_UNUSED static void fill(char *buf, int q, size_t begin, size_t end, dpar_dtype t, dpar_op op)
 {
@@ -207,23 +216,30 @@ DT_UNUSED static void matrix_rank(world *w, dpar_comm *c, int r)
 
     /* allreduce, out of place and in place */
     fill(s, r, 0, n, m->t, m->op);
+    dev(m, s, n * es);
     memset(v, 0x5a, n * es);
     expect_ok(w, dpar_allreduce(c, s, v, n, m->t, m->op), "allreduce", r);
+    dev(m, v, n * es);
     check_range(w, "allreduce", r, v, 0, n, m, 0);
     expect_ok(w, dpar_allreduce(c, s, s, n, m->t, m->op), "allreduce in place", r);
+    dev(m, s, n * es);
     check_range(w, "allreduce in place", r, s, 0, n, m, 0);
 
     /* reduce to a root */
     fill(s, r, 0, n, m->t, m->op);
+    dev(m, s, n * es);
     if (r == m->root) memset(v, 0x5a, n * es);
     expect_ok(w, dpar_reduce(c, s, r == m->root ? v : NULL, n, m->t, m->op, m->root), "reduce", r);
+    if (r == m->root) dev(m, v, n * es);
     if (r == m->root) check_range(w, "reduce", r, v, 0, n, m, 0);
 
     /* reduce-scatter: this rank's block; then in place (recv = my block of send) */
     memset(v, 0x5a, len * es + 1);
     expect_ok(w, dpar_reduce_scatter(c, s, v, n, m->t, m->op), "reduce_scatter", r);
+    dev(m, v, len * es);
     check_range(w, "reduce_scatter", r, v, 0, len, m, off);
     expect_ok(w, dpar_reduce_scatter(c, s, s + off * es, n, m->t, m->op), "reduce_scatter in place", r);
+    dev(m, s + off * es, len * es);
     check_range(w, "reduce_scatter in place", r, s + off * es, 0, len, m, off);
 }
 
@@ -237,21 +253,27 @@ DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
     dpar_block_range(n, N, r, &off, &len);
     /* broadcast from root: recv = root's input */
     if (r == m->root) fill(s, r, 0, n, m->t, DPAR_SUM);
+    if (r == m->root) dev(m, s, n * es);
     memset(v, 0x5a, n * es);
     expect_ok(w, dpar_broadcast(c, s, v, n, m->t, m->root), "broadcast", r);
+    dev(m, v, n * es);
     for (i = 0; i < n && !bad; i++) bad = get(v, m->t, i) != input(m->root, i, m->t, DPAR_SUM);
     if (bad)
         note(w, "broadcast N=%d count=%zu %s root %d: rank %d element %zu wrong", N, n, dpar_dtype_name(m->t), m->root,
              r, i - 1);
     /* in place on every rank */
     if (r == m->root) fill(v, r, 0, n, m->t, DPAR_SUM);
+    if (r == m->root) dev(m, v, n * es);
     expect_ok(w, dpar_broadcast(c, v, v, n, m->t, m->root), "broadcast in place", r);
+    dev(m, v, n * es);
     for (i = 0; i < n && !bad; i++) bad = get(v, m->t, i) != input(m->root, i, m->t, DPAR_SUM);
     if (bad) note(w, "broadcast in place N=%d count=%zu: rank %d element %zu wrong", N, n, r, i - 1);
     /* allgather: block q of recv = rank q's input over block q */
     fill(s, r, off, off + len, m->t, DPAR_SUM);
+    dev(m, s + off * es, len * es);
     memset(v, 0x5a, n * es);
     expect_ok(w, dpar_allgather(c, s + off * es, v, n, m->t), "allgather", r);
+    dev(m, v, n * es);
     for (q = 0; q < N && !bad; q++) {
         size_t qo, ql;
         dpar_block_range(n, N, q, &qo, &ql);
@@ -261,7 +283,9 @@ DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
     /* in place: my block already sits in recv */
     memset(v, 0x5a, n * es);
     fill(v, r, off, off + len, m->t, DPAR_SUM);
+    dev(m, v + off * es, len * es);
     expect_ok(w, dpar_allgather(c, v + off * es, v, n, m->t), "allgather in place", r);
+    dev(m, v, n * es);
     for (q = 0; q < N && !bad; q++) {
         size_t qo, ql;
         dpar_block_range(n, N, q, &qo, &ql);
@@ -271,12 +295,15 @@ DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
     /* alltoall with count/N (at least 1) per peer: block q of recv = rank q's block r */
     per = n / (size_t)N ? n / (size_t)N : (n ? 1 : 0);
     for (q = 0; q < N; q++) fill(s + (size_t)q * per * es, r * 100 + q, 0, per, m->t, DPAR_SUM);
+    dev(m, s, (size_t)N * per * es);
     expect_ok(w, dpar_alltoall(c, s, v, per, m->t), "alltoall", r);
+    dev(m, v, (size_t)N * per * es);
     for (q = 0; q < N && !bad; q++)
         for (i = 0; i < per && !bad; i++)
             bad = get(v + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
     if (bad) note(w, "alltoall N=%d per=%zu %s: rank %d wrong", N, per, dpar_dtype_name(m->t), r);
     expect_ok(w, dpar_alltoall(c, s, s, per, m->t), "alltoall in place", r);
+    dev(m, s, (size_t)N * per * es);
     for (q = 0; q < N && !bad; q++)
         for (i = 0; i < per && !bad; i++)
             bad = get(s + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);

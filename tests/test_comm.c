@@ -712,6 +712,321 @@ static void test_split_and_mesh(void)
     CHECK(run_world(8, mesh_rank, NULL) == 0);
 }
 
+/* ---- dpar_comm_memory: buffers the host must not touch ---- */
+/* A fake device: its memory holds every byte XORed with a key of the byte's address, so bytes that dpar copied
+   or combined on the host itself (instead of through the callbacks) come out wrong. The callbacks decode,
+   compute as the reference does (small integers: exact in any order), and encode at the destination. */
+typedef struct {
+    int peer_access; /* what peer_access answers */
+    int fail_worker; /* this worker's reduce number fail_at fails (-1: none) */
+    long fail_at;
+    long reduces, copies, enters, staged, allocs, frees; /* atomics */
+    int bad_worker;                                      /* a callback saw a worker outside 0..size-1 */
+    int size;
+    const char *own[8]; /* worker q's buffers: [own[q], own[q] + own_bytes) */
+    size_t own_bytes;
+    int peer_read; /* reduce read another worker's buffer though peer_access said no */
+} fake_dev;
+static fake_dev fdev;
+
+static unsigned char fake_key(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    return (unsigned char)((a * 2654435761u) >> 11);
+}
+static void fake_code(void *buf, size_t bytes) /* host bytes <-> device bytes (XOR: its own inverse) */
+{
+    unsigned char *b = (unsigned char *)buf;
+    size_t i;
+    for (i = 0; i < bytes; i++) b[i] ^= fake_key(b + i);
+}
+static void fake_worker(int worker)
+{
+    if (worker < 0 || worker >= fdev.size) __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED);
+}
+/* n elements at p, decoded into a fresh host copy */
+static void *fake_read(const void *p, size_t bytes)
+{
+    unsigned char *h = (unsigned char *)malloc(bytes ? bytes : 1);
+    const unsigned char *d = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < bytes; i++) h[i] = d[i] ^ fake_key(d + i);
+    return h;
+}
+static void fake_write(void *p, const void *h, size_t bytes)
+{
+    unsigned char *d = (unsigned char *)p;
+    size_t i;
+    for (i = 0; i < bytes; i++) d[i] = ((const unsigned char *)h)[i] ^ fake_key(d + i);
+}
+static double fake_avg(double v, dpar_dtype t, int div)
+{
+    if (t == DPAR_I32 || t == DPAR_I64 || t == DPAR_U8) return (double)((long long)v / div);
+    if (t == DPAR_F64) return v / div;
+    return (double)((float)v / (float)div);
+}
+static dpar_status fake_reduce(void *user, int worker, void *out, const void *a, const void *b, size_t n, dpar_dtype t,
+                               dpar_op op, int div)
+{
+    size_t es = dpar_dtype_size(t), i;
+    void *ha, *hb;
+    long k = __atomic_add_fetch(&fdev.reduces, 1, __ATOMIC_RELAXED);
+    (void)user;
+    fake_worker(worker);
+    if (worker == fdev.fail_worker && k >= fdev.fail_at)
+        return dpar_set_error(DPAR_ESYSTEM, "fake device fault on worker %d", worker);
+    for (i = 0; i < 8 && !fdev.peer_access && n; i++) { /* without peer access, only own and staged bytes */
+        const char *o = fdev.own[i];
+        int q = (int)i;
+        if (q != worker && o &&
+            (((const char *)a >= o && (const char *)a < o + fdev.own_bytes) ||
+             ((const char *)b >= o && (const char *)b < o + fdev.own_bytes)))
+            __atomic_store_n(&fdev.peer_read, 1, __ATOMIC_RELAXED);
+    }
+    ha = fake_read(a, n * es);
+    hb = fake_read(b, n * es);
+    for (i = 0; i < n; i++) {
+        double x = get(ha, t, i), y = get(hb, t, i), z;
+        switch (op) {
+        case DPAR_SUM:
+        case DPAR_AVG: z = x + y; break;
+        case DPAR_MIN: z = y < x ? y : x; break;
+        case DPAR_MAX: z = y > x ? y : x; break;
+        default: z = x * y; break;
+        }
+        if (t == DPAR_U8) z = (double)((long long)z & 255);
+        if (op == DPAR_AVG && div > 1) z = fake_avg(z, t, div);
+        put(ha, t, i, z);
+    }
+    fake_write(out, ha, n * es);
+    free(ha);
+    free(hb);
+    return DPAR_OK;
+}
+static dpar_status fake_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t, int div)
+{
+    size_t es = dpar_dtype_size(t), i;
+    void *h = fake_read(in, n * es);
+    (void)user;
+    fake_worker(worker);
+    for (i = 0; i < n && div > 1; i++) put(h, t, i, fake_avg(get(h, t, i), t, div));
+    fake_write(out, h, n * es);
+    free(h);
+    return DPAR_OK;
+}
+static dpar_status fake_copy(void *user, int worker, void *dst, const void *src, size_t bytes)
+{
+    void *h = fake_read(src, bytes);
+    (void)user;
+    fake_worker(worker);
+    __atomic_add_fetch(&fdev.copies, 1, __ATOMIC_RELAXED);
+    fake_write(dst, h, bytes);
+    free(h);
+    return DPAR_OK;
+}
+static dpar_status fake_enter(void *user, int worker)
+{
+    (void)user;
+    fake_worker(worker);
+    __atomic_add_fetch(&fdev.enters, 1, __ATOMIC_RELAXED);
+    return DPAR_OK;
+}
+static int fake_peer_access(void *user, int worker, int peer)
+{
+    (void)user;
+    fake_worker(worker);
+    fake_worker(peer);
+    if (!fdev.peer_access && worker != peer) __atomic_add_fetch(&fdev.staged, 1, __ATOMIC_RELAXED);
+    return fdev.peer_access || worker == peer;
+}
+static void *fake_alloc(void *user, int worker, size_t bytes)
+{
+    (void)user;
+    fake_worker(worker);
+    __atomic_add_fetch(&fdev.allocs, 1, __ATOMIC_RELAXED);
+    return malloc(bytes);
+}
+static void fake_free(void *user, int worker, void *p)
+{
+    (void)user;
+    fake_worker(worker);
+    __atomic_add_fetch(&fdev.frees, 1, __ATOMIC_RELAXED);
+    free(p);
+}
+static dpar_comm_desc fake_desc(int n, int peer_access)
+{
+    dpar_comm_desc d;
+    memset(&d, 0, sizeof d);
+    memset(&fdev, 0, sizeof fdev);
+    fdev.peer_access = peer_access;
+    fdev.fail_worker = -1;
+    fdev.size = n;
+    d.size = n;
+    d.segment_bytes = 4096; /* several segments per chunk at the larger counts */
+    d.memory.reduce = fake_reduce;
+    d.memory.divide = fake_divide;
+    d.memory.copy = fake_copy;
+    d.memory.enter = fake_enter;
+    d.memory.peer_access = fake_peer_access;
+    d.memory.alloc = fake_alloc;
+    d.memory.free = fake_free;
+    return d;
+}
+
+/* every collective and every dtype and op, on buffers only the callbacks may touch, with peers readable
+   directly and through staging */
+static void test_memory_callbacks_matrix(void)
+{
+    static const int ns[] = {1, 2, 3, 4};
+    char *bufs[8];
+    int ni, pa, q, t, op, ci;
+    char *block = (char *)malloc(8 * 5000 * 8);
+    for (q = 0; q < 8; q++) bufs[q] = block + (size_t)q * 5000 * 8;
+    for (pa = 1; pa >= 0; pa--)
+        for (ni = 0; ni < 4; ni++) {
+            int N = ns[ni], fails = 0;
+            size_t counts[4];
+            dpar_comm_desc d = fake_desc(N, pa);
+            for (q = 0; q < N; q++) fdev.own[q] = bufs[2 * q]; /* send and recv of worker q: one block */
+            fdev.own_bytes = 2 * 5000 * 8;
+            counts[0] = 0;
+            counts[1] = 1;
+            counts[2] = (size_t)N + 1;
+            counts[3] = 5000;
+            for (ci = 0; ci < 4; ci++) {
+                matrix_case m;
+                memset(&m, 0, sizeof m);
+                m.count = counts[ci];
+                m.device = fake_code;
+                for (q = 0; q < N; q++) {
+                    m.send[q] = bufs[2 * q];
+                    m.recv[q] = bufs[2 * q + 1];
+                }
+                for (t = 0; t < DPAR_DTYPE_COUNT; t++) {
+                    m.t = (dpar_dtype)t;
+                    m.root = (int)(counts[ci] % (size_t)N);
+                    for (op = 0; op < DPAR_OP_COUNT; op++) {
+                        m.op = (dpar_op)op;
+                        fails += run_world_desc(N, &d, matrix_rank, &m, NULL, 0);
+                    }
+                    m.op = DPAR_SUM;
+                    fails += run_world_desc(N, &d, movement_rank, &m, NULL, 0);
+                }
+            }
+            CHECK_MSG(fails == 0, "N=%d peer_access=%d: %d failures", N, pa, fails);
+            CHECK(!fdev.bad_worker);
+            CHECK(!fdev.peer_read);
+            CHECK(fdev.enters > 0);
+            CHECK(N == 1 || fdev.reduces > 0);
+            CHECK(N == 1 || fdev.copies > 0);
+            CHECK_MSG(N == 1 || (pa ? fdev.staged == 0 : fdev.staged > 0), "N=%d peer_access=%d staged=%ld", N, pa,
+                      fdev.staged);
+            CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
+        }
+    free(block);
+}
+
+/* a callback fails on one worker: every rank returns its error, with its text, at once */
+typedef struct {
+    dpar_status st[4];
+    char msg[4][512];
+    double seconds[4];
+    int mode; /* 0: a failing reduce on worker 1; 1: rank 2 calls dpar_comm_fail instead of the collective */
+} mem_fail_job;
+static mem_fail_job mem_fail;
+static void mem_fail_rank(world *w, dpar_comm *c, int r)
+{
+    float *x = (float *)calloc(4096, sizeof(float));
+    double t0 = dt_now();
+    int i;
+    (void)w;
+    for (i = 0; i < 3 && mem_fail.st[r] == DPAR_OK; i++) {
+        if (mem_fail.mode == 1 && r == 2 && i == 1) {
+            dpar_comm_fail(c, DPAR_ESYSTEM, "device 2 was lost");
+            mem_fail.st[r] = DPAR_ESYSTEM;
+            break;
+        }
+        mem_fail.st[r] = dpar_allreduce(c, x, x, 4096, DPAR_F32, DPAR_SUM);
+    }
+    snprintf(mem_fail.msg[r], sizeof mem_fail.msg[r], "%s", dpar_last_error());
+    mem_fail.seconds[r] = dt_now() - t0;
+    free(x);
+}
+static void test_memory_callback_failure_reaches_every_rank(void)
+{
+    int mode, r;
+    for (mode = 0; mode < 2; mode++) {
+        dpar_comm_desc d = fake_desc(4, 1);
+        memset(&mem_fail, 0, sizeof mem_fail);
+        mem_fail.mode = mode;
+        d.timeout_ms = 10000;
+        if (mode == 0) {
+            fdev.fail_worker = 1;
+            fdev.fail_at = 10; /* some reduces in: the failure comes mid-collective */
+        }
+        run_world_desc(4, &d, mem_fail_rank, NULL, NULL, 0);
+        for (r = 0; r < 4; r++) {
+            const char *want = mode == 0 ? "fake device fault on worker 1" : "rank 2 failed: device 2 was lost";
+            CHECK_MSG(mem_fail.st[r] == DPAR_ESYSTEM && mem_fail.seconds[r] < 5.0, "mode %d rank %d: %s after %.2f s",
+                      mode, r, dpar_status_string(mem_fail.st[r]), mem_fail.seconds[r]);
+            if (r != 2 || mode == 0)
+                CHECK_MSG(strstr(mem_fail.msg[r], want) != NULL, "mode %d rank %d: '%s' does not say '%s'", mode, r,
+                          mem_fail.msg[r], want);
+        }
+        if (mode == 0)
+            CHECK_MSG(strstr(mem_fail.msg[0], "rank 1") != NULL, "'%s' does not name rank 1", mem_fail.msg[0]);
+    }
+}
+
+/* split comms keep each thread's worker; shared-memory speed-ups are refused; bad memory descs are refused */
+static void mem_split_rank(world *w, dpar_comm *c, int r)
+{
+    dpar_comm *sub = NULL;
+    float x[300];
+    int i, sr, sn;
+    dpar_steal *st = NULL;
+    dpar_steal_desc sd;
+    for (i = 0; i < 300; i++) x[i] = (float)(r + i);
+    fake_code(x, sizeof x);
+    expect_ok(w, dpar_comm_split(c, r % 2, -r, &sub), "split", r);
+    if (!sub) return;
+    sr = dpar_comm_rank(sub);
+    sn = dpar_comm_size(sub);
+    if (sr != (sn - 1) - r / 2) note(w, "rank %d: sub rank %d (keys reverse the order)", r, sr);
+    expect_ok(w, dpar_allreduce(sub, x, x, 300, DPAR_F32, DPAR_SUM), "sub allreduce", r);
+    fake_code(x, sizeof x);
+    for (i = 0; i < 300; i++) {
+        float want = 0;
+        int q;
+        for (q = r % 2; q < w->n; q += 2) want += (float)(q + i);
+        if (x[i] != want) {
+            note(w, "rank %d element %d: %g, want %g", r, i, x[i], want);
+            break;
+        }
+    }
+    memset(&sd, 0, sizeof sd);
+    sd.comm = sub;
+    sd.max_tasks = 4;
+    if (dpar_steal_create(&sd, &st) != DPAR_EUNSUPPORTED) note(w, "rank %d: steal on device memory accepted", r);
+    dpar_steal_destroy(st);
+    dpar_comm_destroy(sub);
+}
+static void test_memory_callbacks_split_and_refusals(void)
+{
+    dpar_comm_desc d = fake_desc(4, 0);
+    dpar_group *g = NULL;
+    CHECK(run_world_desc(4, &d, mem_split_rank, NULL, NULL, 0) == 0);
+    CHECK(!fdev.bad_worker);
+    CHECK(fdev.staged > 0);
+    d.memory.free = NULL; /* four of five */
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    CHECK(strstr(dpar_last_error(), "all or none") != NULL);
+    memset(&d.memory, 0, sizeof d.memory);
+    d.memory.peer_access = fake_peer_access;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    CHECK(dpar_comm_fail(NULL, DPAR_ESYSTEM, "x") == DPAR_EINVAL);
+}
+
 /* ---- bad input, creation ---- */
 static void bad_rank(world *w, dpar_comm *c, int r)
 {
@@ -906,6 +1221,9 @@ int main(int argc, char **argv)
     RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);
     RUN(test_split_out_of_memory_on_one_rank);
+    RUN(test_memory_callbacks_matrix);
+    RUN(test_memory_callback_failure_reaches_every_rank);
+    RUN(test_memory_callbacks_split_and_refusals);
     RUN(test_trace_has_collectives_with_bytes);
     pools_free();
     return dt_summary();
