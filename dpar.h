@@ -4472,7 +4472,7 @@ DPAR_API dpar_status dpar_comm_fail(dpar_comm *comm, dpar_status why, const char
 {
     char text[DPAR__ERROR_TEXT];
     if (!comm || why == DPAR_OK) return dpar__err(DPAR_EINVAL, "dpar_comm_fail: comm is NULL or why is DPAR_OK");
-    snprintf(text, sizeof text, "%s rank %d failed: %s", comm->name, comm->rank, msg ? msg : "(no message)");
+    snprintf(text, sizeof text, "%s rank %d failed: %.440s", comm->name, comm->rank, msg ? msg : "(no message)");
     return dpar__tp_poison(comm, why, text);
 }
 

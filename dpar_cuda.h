@@ -123,19 +123,20 @@ DPAR_API void dpar_cuda_add_f32_ref(float *out, const float *a, const float *b, 
 
 /* dpar_cuda_reduce: out[i] = a[i] op b[i], then / div when op is DPAR_AVG and div > 1: the local step of
    dpar's reductions, on the device.
-   dtype:    DPAR_F32, DPAR_BF16 or DPAR_F16 (16-bit types are widened to float, combined, and rounded to
-             nearest even: bitwise what dpar.h's CPU reductions give; a NaN result is a NaN there too, but its
-             payload may differ, as the GPU's float arithmetic returns one canonical NaN).
+   dtype:    every dpar_dtype, bitwise what dpar.h's CPU reductions give: 16-bit floats are widened to float,
+             combined, and rounded to nearest even; f32 and f64 combine in their own type; integers wrap (sum and
+             product) and the average truncates. A NaN result is a NaN there too, but its payload may differ, as the
+             GPU's float arithmetic returns one canonical NaN.
    out:      may be a or b.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL pointers, a bad op or dtype), DPAR_EUNSUPPORTED (another dpar dtype),
-             DPAR_ESYSTEM.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pointers, a bad op or dtype), DPAR_ESYSTEM.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype, dpar_op op,
                                       int div, void *stream);
 DPAR_API void dpar_cuda_reduce_ref(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype, dpar_op op,
                                    int div);
 
-/* dpar_cuda_divide: out[i] = in[i] / div (div <= 1: a copy); out may be in. Dtypes as dpar_cuda_reduce.
+/* dpar_cuda_divide: out[i] = in[i] / div (div <= 1: a copy); out may be in. Every dpar_dtype, as dpar_cuda_reduce
+   (integers: C's truncating division).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size_t n, dpar_dtype dtype, int div, void *stream);
 DPAR_API void dpar_cuda_divide_ref(void *out, const void *in, size_t n, dpar_dtype dtype, int div);
@@ -233,7 +234,13 @@ DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N,
    Workers:  rank r uses devices[r / workers_per_device] (the devices in the desc's order).
    Errors:   a CUDA error in a run (a failed call, or a kernel fault that sticks to the context) becomes the
              run's status, naming the worker, its device and CUDA's error name.
-   See:      docs/cuda.md, 'The GPU pool'. */
+   Comm:     worker->comm is rank r of a dpar_comm over the pool's workers whose buffers are device memory: every
+             call of dpar.h's comm API (collectives, point-to-point, async requests, split, mesh) on pointers from
+             cudaMalloc. dpar.h's ring drives it; the reductions and copies run as this header's kernels on the
+             worker's comm_stream. A call first waits for the worker's `stream` (the work that wrote its inputs),
+             and returns with its results complete. A worker whose run fails poisons the comm with its error, so the
+             others return from their calls instead of waiting; the poison stays: destroy the pool to start again.
+   See:      docs/cuda.md, 'The GPU pool' and 'Collectives on device buffers'. */
 typedef struct dpar_cuda_pool dpar_cuda_pool;
 
 /* dpar_cuda_worker: what a worker owns, as its run function sees it. */
@@ -244,7 +251,23 @@ typedef struct dpar_cuda_worker {
     void *cublas;         /* its cublasHandle_t, bound to the stream */
     void *scratch;        /* scratch_bytes of device memory (NULL when 0) */
     size_t scratch_bytes; /* as in the desc */
+    dpar_comm *comm;      /* rank `rank` of the pool's comm over its workers: device buffers (see dpar_cuda_path) */
+    void *comm_stream;    /* the cudaStream_t the comm's kernels and copies run on */
 } dpar_cuda_worker;
+
+/* dpar_cuda_path: how the pool's comm moves the bytes of one worker to another. Every path gives the same bits.
+     AUTO    PEER between workers of one device or of devices with peer access, MEMCPY between the others
+     PEER    kernels read the peer's buffer directly (cudaDeviceCanAccessPeer; peer access is enabled at create);
+             dpar_cuda_pool_create fails with DPAR_EUNSUPPORTED where two devices cannot reach each other
+     MEMCPY  the peer's bytes are first copied into this worker's memory (cudaMemcpyPeerAsync between devices)
+     HOST    every copy goes through this worker's pinned host buffer (device to host, then host to device): for
+             devices that cannot reach each other at all, and to test the path on one GPU */
+typedef enum dpar_cuda_path {
+    DPAR_CUDA_PATH_AUTO = 0,
+    DPAR_CUDA_PATH_PEER,
+    DPAR_CUDA_PATH_MEMCPY,
+    DPAR_CUDA_PATH_HOST
+} dpar_cuda_path;
 
 /* dpar_cuda_pool_desc: how to make a GPU pool; a zero field means its default. */
 typedef struct dpar_cuda_pool_desc {
@@ -252,8 +275,11 @@ typedef struct dpar_cuda_pool_desc {
     int num_devices;          /* with devices: how many; 0 with NULL devices */
     int workers_per_device;   /* 0: 1; 2 or more share each device between ranks */
     size_t scratch_bytes;     /* device scratch per worker (0: none) */
-    const char *name;         /* prefix of the trace tracks (copied; default "gpu") */
+    const char *name;         /* prefix of the trace tracks and the comm's name (copied; default "gpu") */
     dpar_allocator allocator; /* the pool's host memory (zero: malloc/free) */
+    dpar_comm_desc comm;      /* the workers' comm: timeout, checks, deterministic, name...; size 0 or the number of
+                                 workers, memory zero (the pool's); segment_bytes 0: 4 MiB */
+    dpar_cuda_path path;      /* how the comm moves bytes between workers (0: AUTO) */
 } dpar_cuda_pool_desc;
 
 /* dpar_cuda_pool_run_fn: the body of a run: worker `worker->rank` of `worker->size`, on its own thread
@@ -550,6 +576,39 @@ DPAR_CUDA__HD float dpar_cuda__reduce_elem(float x, float y, int op, int div)
     }
 }
 DPAR_CUDA__HD float dpar_cuda__divide_elem(float x, int div) { return dpar_cuda__fdiv(x, (float)div); }
+/* f64, as dpar.h's loops on doubles (each step rounded on its own) */
+DPAR_CUDA__HD double dpar_cuda__dop(double x, double y, int which) /* 0: x + y, 1: x * y, 2: x / y */
+{
+#ifdef __CUDA_ARCH__
+    return which == 0 ? __dadd_rn(x, y) : which == 1 ? __dmul_rn(x, y) : __ddiv_rn(x, y);
+#else
+    return which == 0 ? x + y : which == 1 ? x * y : x / y;
+#endif
+}
+DPAR_CUDA__HD double dpar_cuda__reduce_f64_elem(double x, double y, int op, int div)
+{
+    switch (op) {
+    case DPAR_SUM: return dpar_cuda__dop(x, y, 0);
+    case DPAR_AVG: return div > 1 ? dpar_cuda__dop(dpar_cuda__dop(x, y, 0), (double)div, 2) : dpar_cuda__dop(x, y, 0);
+    case DPAR_MIN: return y < x ? y : x;
+    case DPAR_MAX: return y > x ? y : x;
+    default: return dpar_cuda__dop(x, y, 1);
+    }
+}
+/* integers, as dpar.h's: the sum and product wrap (computed on U, the unsigned type of T's width or wider), the
+   average divides the wrapped sum, truncating */
+template <class T, class U> DPAR_CUDA__HD T dpar_cuda__reduce_int_elem(T x, T y, int op, int div)
+{
+    switch (op) {
+    case DPAR_SUM: return (T)((U)x + (U)y);
+    case DPAR_AVG: return div > 1 ? (T)((T)((U)x + (U)y) / (T)div) : (T)((U)x + (U)y);
+    case DPAR_MIN: return y < x ? y : x;
+    case DPAR_MAX: return y > x ? y : x;
+    default: return (T)((U)x * (U)y);
+    }
+}
+DPAR_CUDA__HD double dpar_cuda__divide_native_elem(double x, int div) { return dpar_cuda__dop(x, (double)div, 2); }
+template <class T> DPAR_CUDA__HD T dpar_cuda__divide_native_elem(T x, int div) { return (T)(x / div); }
 DPAR_CUDA__HD void dpar_cuda__sgd_elem(float *p, float *m, float g, float lr, float mu, float wd)
 {
     float gi = dpar_cuda__fadd(g, dpar_cuda__fmul(wd, *p));
@@ -706,6 +765,22 @@ template <class D> struct dpar_cuda__divide_f {
     {
         return D::store(dpar_cuda__divide_elem(D::load(x), div));
     }
+};
+/* the other dtypes: their own type, no widening */
+template <class T, class U> struct dpar_cuda__reduce_int_f {
+    int op, div;
+    __host__ __device__ T operator()(T x, T y) const { return dpar_cuda__reduce_int_elem<T, U>(x, y, op, div); }
+};
+struct dpar_cuda__reduce_f64_f {
+    int op, div;
+    __host__ __device__ double operator()(double x, double y) const
+    {
+        return dpar_cuda__reduce_f64_elem(x, y, op, div);
+    }
+};
+template <class T> struct dpar_cuda__divide_native_f {
+    int div;
+    __host__ __device__ T operator()(T x) const { return dpar_cuda__divide_native_elem(x, div); }
 };
 template <class DO, class DI> struct dpar_cuda__cast_f {
     __host__ __device__ typename DO::T operator()(typename DI::T x) const { return DO::store(DI::load(x)); }
@@ -914,16 +989,35 @@ static dpar_status dpar_cuda__reduce_t(void *out, const void *a, const void *b, 
                              "dpar_cuda_reduce");
 }
 
+template <class F, class T>
+static dpar_status dpar_cuda__reduce_n(void *out, const void *a, const void *b, size_t n, int op, int div, void *stream)
+{
+    F f;
+    f.op = op, f.div = div;
+    return dpar_cuda__launch(dpar_cuda__make_map2((T *)out, (const T *)a, (const T *)b, n, f), stream,
+                             "dpar_cuda_reduce");
+}
+
 extern "C" DPAR_API dpar_status dpar_cuda_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype,
                                                  dpar_op op, int div, void *stream)
 {
     DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_reduce", n, out, a, b, b));
-    DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_reduce", dtype));
+    if ((unsigned)dtype >= DPAR_DTYPE_COUNT)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_reduce: dtype %d is not a dpar_dtype", (int)dtype);
     if ((unsigned)op >= DPAR_OP_COUNT)
         return dpar_set_error(DPAR_EINVAL, "dpar_cuda_reduce: op %d is not a dpar_op", (int)op);
-    if (dtype == DPAR_F32) return dpar_cuda__reduce_t<dpar_cuda__f32>(out, a, b, n, op, div, stream);
-    if (dtype == DPAR_BF16) return dpar_cuda__reduce_t<dpar_cuda__bf16>(out, a, b, n, op, div, stream);
-    return dpar_cuda__reduce_t<dpar_cuda__f16>(out, a, b, n, op, div, stream);
+    switch (dtype) {
+    case DPAR_F32: return dpar_cuda__reduce_t<dpar_cuda__f32>(out, a, b, n, op, div, stream);
+    case DPAR_BF16: return dpar_cuda__reduce_t<dpar_cuda__bf16>(out, a, b, n, op, div, stream);
+    case DPAR_F16: return dpar_cuda__reduce_t<dpar_cuda__f16>(out, a, b, n, op, div, stream);
+    case DPAR_F64: return dpar_cuda__reduce_n<dpar_cuda__reduce_f64_f, double>(out, a, b, n, op, div, stream);
+    case DPAR_I32:
+        return dpar_cuda__reduce_n<dpar_cuda__reduce_int_f<int32_t, uint32_t>, int32_t>(out, a, b, n, op, div, stream);
+    case DPAR_I64:
+        return dpar_cuda__reduce_n<dpar_cuda__reduce_int_f<int64_t, uint64_t>, int64_t>(out, a, b, n, op, div, stream);
+    default:
+        return dpar_cuda__reduce_n<dpar_cuda__reduce_int_f<uint8_t, uint32_t>, uint8_t>(out, a, b, n, op, div, stream);
+    }
 }
 
 template <class D> static dpar_status dpar_cuda__divide_t(void *out, const void *in, size_t n, int div, void *stream)
@@ -934,11 +1028,19 @@ template <class D> static dpar_status dpar_cuda__divide_t(void *out, const void 
     return dpar_cuda__launch(dpar_cuda__make_map1((T *)out, (const T *)in, n, f), stream, "dpar_cuda_divide");
 }
 
+template <class T> static dpar_status dpar_cuda__divide_n(void *out, const void *in, size_t n, int div, void *stream)
+{
+    dpar_cuda__divide_native_f<T> f;
+    f.div = div;
+    return dpar_cuda__launch(dpar_cuda__make_map1((T *)out, (const T *)in, n, f), stream, "dpar_cuda_divide");
+}
+
 extern "C" DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size_t n, dpar_dtype dtype, int div,
                                                  void *stream)
 {
     DPAR_CUDA__TRY(dpar_cuda__null("dpar_cuda_divide", n, out, in, in, in));
-    DPAR_CUDA__TRY(dpar_cuda__dtype("dpar_cuda_divide", dtype));
+    if ((unsigned)dtype >= DPAR_DTYPE_COUNT)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_divide: dtype %d is not a dpar_dtype", (int)dtype);
     if (n == 0) return DPAR_OK;
     if (div <= 1) {
         if (out == in) return DPAR_OK;
@@ -946,9 +1048,15 @@ extern "C" DPAR_API dpar_status dpar_cuda_divide(void *out, const void *in, size
             cudaMemcpyAsync(out, in, n * dpar_dtype_size(dtype), cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
             "dpar_cuda_divide", "cudaMemcpyAsync");
     }
-    if (dtype == DPAR_F32) return dpar_cuda__divide_t<dpar_cuda__f32>(out, in, n, div, stream);
-    if (dtype == DPAR_BF16) return dpar_cuda__divide_t<dpar_cuda__bf16>(out, in, n, div, stream);
-    return dpar_cuda__divide_t<dpar_cuda__f16>(out, in, n, div, stream);
+    switch (dtype) {
+    case DPAR_F32: return dpar_cuda__divide_t<dpar_cuda__f32>(out, in, n, div, stream);
+    case DPAR_BF16: return dpar_cuda__divide_t<dpar_cuda__bf16>(out, in, n, div, stream);
+    case DPAR_F16: return dpar_cuda__divide_t<dpar_cuda__f16>(out, in, n, div, stream);
+    case DPAR_F64: return dpar_cuda__divide_n<double>(out, in, n, div, stream);
+    case DPAR_I32: return dpar_cuda__divide_n<int32_t>(out, in, n, div, stream);
+    case DPAR_I64: return dpar_cuda__divide_n<int64_t>(out, in, n, div, stream);
+    default: return dpar_cuda__divide_n<uint8_t>(out, in, n, div, stream);
+    }
 }
 
 template <class DO, class DI> static dpar_status dpar_cuda__cast_t(void *out, const void *in, size_t n, void *stream)
@@ -1113,10 +1221,44 @@ static void dpar_cuda__ref_put(void *p, dpar_dtype t, size_t i, float f)
     else ((uint16_t *)p)[i] = dpar_f32_to_f16(f);
 }
 
+/* the other dtypes: the naive loop on each type (integers wrap through their unsigned type; u8 through unsigned) */
+#define DPAR_CUDA__REF_RED(T, U)                                    \
+    for (i = 0; i < n; i++) {                                       \
+        T x = ((const T *)a)[i], y = ((const T *)b)[i], r;          \
+        if (op == DPAR_SUM || op == DPAR_AVG) r = (T)((U)x + (U)y); \
+        else if (op == DPAR_MIN) r = y < x ? y : x;                 \
+        else if (op == DPAR_MAX) r = y > x ? y : x;                 \
+        else r = (T)((U)x * (U)y);                                  \
+        if (op == DPAR_AVG && div > 1) r = (T)(r / (T)div);         \
+        ((T *)out)[i] = r;                                          \
+    }
 extern "C" DPAR_API void dpar_cuda_reduce_ref(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype,
                                               dpar_op op, int div)
 {
     size_t i;
+    if (dtype == DPAR_I32) {
+        DPAR_CUDA__REF_RED(int32_t, uint32_t)
+        return;
+    }
+    if (dtype == DPAR_I64) {
+        DPAR_CUDA__REF_RED(int64_t, uint64_t)
+        return;
+    }
+    if (dtype == DPAR_U8) {
+        DPAR_CUDA__REF_RED(uint8_t, unsigned)
+        return;
+    }
+    if (dtype == DPAR_F64) {
+        for (i = 0; i < n; i++) {
+            double x = ((const double *)a)[i], y = ((const double *)b)[i], r;
+            if (op == DPAR_SUM || op == DPAR_AVG) r = x + y;
+            else if (op == DPAR_MIN) r = y < x ? y : x;
+            else if (op == DPAR_MAX) r = y > x ? y : x;
+            else r = x * y;
+            ((double *)out)[i] = op == DPAR_AVG && div > 1 ? r / div : r;
+        }
+        return;
+    }
     for (i = 0; i < n; i++) {
         float x = dpar_cuda__ref_get(a, dtype, i), y = dpar_cuda__ref_get(b, dtype, i), r;
         if (op == DPAR_SUM) r = x + y;
@@ -1132,6 +1274,16 @@ extern "C" DPAR_API void dpar_cuda_reduce_ref(void *out, const void *a, const vo
 extern "C" DPAR_API void dpar_cuda_divide_ref(void *out, const void *in, size_t n, dpar_dtype dtype, int div)
 {
     size_t i;
+    for (i = 0; i < n && div > 1; i++) {
+        if (dtype == DPAR_F64) ((double *)out)[i] = ((const double *)in)[i] / div;
+        else if (dtype == DPAR_I32) ((int32_t *)out)[i] = ((const int32_t *)in)[i] / div;
+        else if (dtype == DPAR_I64) ((int64_t *)out)[i] = ((const int64_t *)in)[i] / div;
+        else if (dtype == DPAR_U8) ((uint8_t *)out)[i] = (uint8_t)(((const uint8_t *)in)[i] / div);
+    }
+    if (dtype == DPAR_F64 || dtype == DPAR_I32 || dtype == DPAR_I64 || dtype == DPAR_U8) {
+        if (div <= 1 && out != in) memmove(out, in, n * dpar_dtype_size(dtype));
+        return;
+    }
     for (i = 0; i < n; i++) {
         float x = dpar_cuda__ref_get(in, dtype, i);
         dpar_cuda__ref_put(out, dtype, i, div > 1 ? x / (float)div : x);
@@ -1260,7 +1412,14 @@ struct dpar_cuda_pool {
     pthread_mutex_t *wlocks; /* [n]: one task of a worker enqueues at a time (its cuBLAS handle is not shared) */
     dpar_cuda__task **tasks;
     size_t ntasks, captasks;
+    /* the comm over the workers */
+    dpar_group *group;
+    dpar_cuda_path path;
+    unsigned char *peer;     /* [n * n]: worker i's kernels may read worker j's memory */
+    pthread_mutex_t *blocks; /* [n]: a worker's bounce buffer is used by one copy at a time */
+    void **bounce;           /* [n]: pinned host memory of the HOST path (made on first use) */
 };
+#define DPAR_CUDA__BOUNCE ((size_t)4 << 20) /* the HOST path's pinned buffer per worker */
 
 /* a CUDA error of worker w: "what (worker r, device d): cudaErrorX (code): text" */
 static dpar_status dpar_cuda__worker_error(const dpar_cuda_worker *w, cudaError_t e, const char *what)
@@ -1293,7 +1452,20 @@ static dpar_status dpar_cuda__worker_start_on(void *user, int t, int n)
         w->scratch = NULL;
         return dpar_cuda__worker_error(w, e, "cudaMalloc of the scratch");
     }
-    return DPAR_OK;
+    if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+        return dpar_cuda__worker_error(w, e, "cudaStreamCreateWithFlags (the comm's stream)");
+    w->comm_stream = s;
+    {
+        int q;
+        for (q = 0; q < p->n; q++) { /* read the devices this worker may read directly */
+            int other = p->w[q].device;
+            if (other == w->device || !p->peer[(size_t)t * (size_t)p->n + (size_t)q]) continue;
+            e = cudaDeviceEnablePeerAccess(other, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError(); /* another worker of this device */
+            else if (e != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaDeviceEnablePeerAccess");
+        }
+    }
+    return dpar_group_join(p->group, t, &w->comm);
 }
 
 /* frees what worker t owns; the first error is returned, everything is freed all the same */
@@ -1305,8 +1477,14 @@ static dpar_status dpar_cuda__worker_stop_on(void *user, int t, int n)
     cudaError_t e;
     (void)n;
     if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
+    dpar_comm_destroy(w->comm); /* its scratch goes back through the pool's free callback */
+    w->comm = NULL;
     if (w->stream && (e = cudaStreamSynchronize((cudaStream_t)w->stream)) != cudaSuccess)
         st = dpar_cuda__worker_error(w, e, "cudaStreamSynchronize");
+    if (w->comm_stream) cudaStreamDestroy((cudaStream_t)w->comm_stream);
+    w->comm_stream = NULL;
+    if (p->bounce && p->bounce[t]) cudaFreeHost(p->bounce[t]);
+    if (p->bounce) p->bounce[t] = NULL;
     if (w->cublas) cublasDestroy((cublasHandle_t)w->cublas);
     if (w->scratch) cudaFree(w->scratch);
     if (w->stream) cudaStreamDestroy((cudaStream_t)w->stream);
@@ -1337,19 +1515,124 @@ static void dpar_cuda__tasks_free(dpar_cuda_pool *p);
 static void dpar_cuda__pool_free(dpar_cuda_pool *p)
 {
     dpar_allocator a = p->allocator;
+    int i;
     dpar_cuda__tasks_free(p);
     pthread_mutex_destroy(&p->tlock);
-    if (p->wlocks) {
-        int i;
-        for (i = 0; i < p->n; i++) pthread_mutex_destroy(&p->wlocks[i]);
-        dpar_cuda__free(&a, p->wlocks);
-    }
     if (p->threads) {
         dpar_pool_run(p->threads, dpar_cuda__worker_stop, p);
         dpar_pool_destroy(p->threads);
     }
+    if (p->wlocks) {
+        for (i = 0; i < p->n; i++) pthread_mutex_destroy(&p->wlocks[i]);
+        dpar_cuda__free(&a, p->wlocks);
+    }
+    if (p->blocks) {
+        for (i = 0; i < p->n; i++) pthread_mutex_destroy(&p->blocks[i]);
+        dpar_cuda__free(&a, p->blocks);
+    }
+    dpar_group_destroy(p->group);
+    dpar_cuda__free(&a, p->bounce);
+    dpar_cuda__free(&a, p->peer);
     dpar_cuda__free(&a, p->w);
     dpar_cuda__free(&a, p);
+}
+
+/* ---- the comm's callbacks (dpar_comm_memory): the worker's device current, kernels on its comm stream, each
+   finished before it returns ---- */
+static dpar_status dpar_cuda__c_sync(const dpar_cuda_worker *w, dpar_status st, const char *what)
+{
+    cudaError_t e;
+    if (st != DPAR_OK) return st; /* a launch that failed: its text names the kernel and CUDA's error */
+    e = cudaStreamSynchronize((cudaStream_t)w->comm_stream);
+    return e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, what);
+}
+static const dpar_cuda_worker *dpar_cuda__c_worker(void *user, int worker)
+{
+    const dpar_cuda_worker *w = &((dpar_cuda_pool *)user)->w[worker];
+    cudaSetDevice(w->device); /* a progress thread acting for the worker has no device of its own */
+    return w;
+}
+static dpar_status dpar_cuda__c_enter(void *user, int worker)
+{
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)w->stream);
+    return e == cudaSuccess ? DPAR_OK
+                            : dpar_cuda__worker_error(w, e, "a comm call waiting for the worker's stream (its inputs)");
+}
+static dpar_status dpar_cuda__c_reduce(void *user, int worker, void *out, const void *a, const void *b, size_t n,
+                                       dpar_dtype t, dpar_op op, int div)
+{
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    return dpar_cuda__c_sync(w, dpar_cuda_reduce(out, a, b, n, t, op, div, w->comm_stream), "dpar_cuda_reduce");
+}
+static dpar_status dpar_cuda__c_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t,
+                                       int div)
+{
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    return dpar_cuda__c_sync(w, dpar_cuda_divide(out, in, n, t, div, w->comm_stream), "dpar_cuda_divide");
+}
+/* the device a pointer's memory is on, or -1 (host memory) */
+static int dpar_cuda__device_of(const void *ptr)
+{
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged ? at.device : -1;
+}
+static dpar_status dpar_cuda__c_copy(void *user, int worker, void *dst, const void *src, size_t bytes)
+{
+    dpar_cuda_pool *p = (dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    cudaStream_t s = (cudaStream_t)w->comm_stream;
+    cudaError_t e = cudaSuccess;
+    if (p->path == DPAR_CUDA_PATH_HOST) { /* through this worker's pinned buffer, 4 MiB at a time */
+        size_t o;
+        pthread_mutex_lock(&p->blocks[worker]);
+        if (!p->bounce[worker]) e = cudaHostAlloc(&p->bounce[worker], DPAR_CUDA__BOUNCE, cudaHostAllocDefault);
+        for (o = 0; o < bytes && e == cudaSuccess; o += DPAR_CUDA__BOUNCE) {
+            size_t l = bytes - o < DPAR_CUDA__BOUNCE ? bytes - o : DPAR_CUDA__BOUNCE;
+            e = cudaMemcpyAsync(p->bounce[worker], (const char *)src + o, l, cudaMemcpyDefault, s);
+            if (e == cudaSuccess) e = cudaMemcpyAsync((char *)dst + o, p->bounce[worker], l, cudaMemcpyDefault, s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(s); /* the buffer is reused by the next piece */
+        }
+        pthread_mutex_unlock(&p->blocks[worker]);
+        return e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "a comm copy through pinned host memory");
+    }
+    if (p->path == DPAR_CUDA_PATH_MEMCPY) {
+        int sd = dpar_cuda__device_of(src), dd = dpar_cuda__device_of(dst);
+        if (sd >= 0 && dd >= 0 && sd != dd) {
+            e = cudaMemcpyPeerAsync(dst, dd, src, sd, bytes, s);
+            return dpar_cuda__c_sync(w,
+                                     e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaMemcpyPeerAsync"),
+                                     "cudaMemcpyPeerAsync");
+        }
+    }
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s); /* unified addressing: any two devices */
+    return dpar_cuda__c_sync(w, e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaMemcpyAsync"),
+                             "cudaMemcpyAsync in a comm call");
+}
+static int dpar_cuda__c_peer_access(void *user, int worker, int peer)
+{
+    dpar_cuda_pool *p = (dpar_cuda_pool *)user;
+    if (p->path == DPAR_CUDA_PATH_MEMCPY || p->path == DPAR_CUDA_PATH_HOST) return worker == peer;
+    return p->peer[(size_t)worker * (size_t)p->n + (size_t)peer];
+}
+static void *dpar_cuda__c_alloc(void *user, int worker, size_t bytes)
+{
+    void *d = NULL;
+    dpar_cuda__c_worker(user, worker);
+    if (cudaMalloc(&d, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return d;
+}
+static void dpar_cuda__c_free(void *user, int worker, void *ptr)
+{
+    dpar_cuda__c_worker(user, worker);
+    cudaFree(ptr);
 }
 
 extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc *desc, dpar_cuda_pool **out)
@@ -1386,17 +1669,29 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
                               "dpar_cuda_pool_create: %d devices x %d workers is above DPAR_MAX_THREADS "
                               "(%d)",
                               ndev, per, DPAR_MAX_THREADS);
+    if ((unsigned)d.path > DPAR_CUDA_PATH_HOST || (d.comm.size && d.comm.size != ndev * per) || d.comm.memory.reduce ||
+        d.comm.memory.alloc)
+        return dpar_set_error(DPAR_EINVAL,
+                              "dpar_cuda_pool_create: path %d, comm.size %d for %d workers, comm.memory %s (the "
+                              "pool sets it)",
+                              (int)d.path, d.comm.size, ndev * per, d.comm.memory.reduce ? "set" : "zero");
     p = (dpar_cuda_pool *)dpar_cuda__calloc(&d.allocator, 1, sizeof *p);
     if (!p) return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_pool_create: out of memory");
     p->allocator = d.allocator;
     pthread_mutex_init(&p->tlock, NULL);
     p->n = ndev * per;
+    p->path = d.path;
     snprintf(p->name, sizeof p->name, "%s", d.name && *d.name ? d.name : "gpu");
     p->w = (dpar_cuda_worker *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->w);
     p->wlocks = (pthread_mutex_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->wlocks);
+    p->blocks = (pthread_mutex_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->blocks);
+    p->bounce = (void **)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->bounce);
+    p->peer = (unsigned char *)dpar_cuda__calloc(&d.allocator, (size_t)p->n * (size_t)p->n, 1);
     if (p->wlocks)
         for (i = 0; i < p->n; i++) pthread_mutex_init(&p->wlocks[i], NULL);
-    if (!p->w || !p->wlocks) {
+    if (p->blocks)
+        for (i = 0; i < p->n; i++) pthread_mutex_init(&p->blocks[i], NULL);
+    if (!p->w || !p->wlocks || !p->blocks || !p->bounce || !p->peer) {
         dpar_cuda__pool_free(p);
         return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_pool_create: out of memory");
     }
@@ -1405,6 +1700,39 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         p->w[i].size = p->n;
         p->w[i].device = d.devices ? d.devices[i / per] : i / per;
         p->w[i].scratch_bytes = d.scratch_bytes;
+    }
+    for (i = 0; i < p->n * p->n; i++) { /* who may read whom: one device, or peer access */
+        int a = p->w[i / p->n].device, b = p->w[i % p->n].device, can = a == b;
+        if (!can && cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess) can = 0;
+        p->peer[i] = (unsigned char)(can != 0);
+        if (!can && p->path == DPAR_CUDA_PATH_PEER) {
+            dpar_cuda__pool_free(p);
+            return dpar_set_error(DPAR_EUNSUPPORTED,
+                                  "dpar_cuda_pool_create: path PEER, but device %d cannot read device %d's memory "
+                                  "(cudaDeviceCanAccessPeer): use AUTO, MEMCPY or HOST",
+                                  a, b);
+        }
+    }
+    {
+        dpar_comm_desc cd = d.comm;
+        cd.size = p->n;
+        cd.name = cd.name && *cd.name ? cd.name : p->name;
+        if (!cd.segment_bytes) cd.segment_bytes = (size_t)4 << 20;
+        cd.memory.user = p;
+        cd.memory.enter = dpar_cuda__c_enter;
+        cd.memory.reduce = dpar_cuda__c_reduce;
+        cd.memory.divide = dpar_cuda__c_divide;
+        cd.memory.copy = dpar_cuda__c_copy;
+        cd.memory.peer_access = dpar_cuda__c_peer_access;
+        cd.memory.alloc = dpar_cuda__c_alloc;
+        cd.memory.free = dpar_cuda__c_free;
+        if (!cd.allocator.alloc) cd.allocator = d.allocator;
+        if ((st = dpar_group_create(&cd, &p->group)) != DPAR_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dpar_last_error());
+            dpar_cuda__pool_free(p);
+            return dpar_set_error(st, "dpar_cuda_pool_create: the comm: %s", msg);
+        }
     }
     memset(&pd, 0, sizeof pd);
     pd.num_threads = p->n;
@@ -1469,6 +1797,12 @@ static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
     }
     if (st == DPAR_OK && e != cudaSuccess)
         st = dpar_cuda__worker_error(w, e, "a CUDA call or kernel of the run (seen at the end of it)");
+    if (st != DPAR_OK && w->comm) { /* the others must not wait for this worker in a collective */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dpar_last_error());
+        dpar_comm_fail(w->comm, st, msg);
+        dpar_set_error(st, "%s", msg); /* this worker's own error stays its text */
+    }
     return st;
 }
 static dpar_status dpar_cuda__worker_run(void *user, int t, int n)

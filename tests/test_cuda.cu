@@ -54,8 +54,14 @@ static void to_host(void *host, const void *dev, size_t bytes)
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
 }
-static int nan_of(const void *p, size_t es, int bf16)
+static int nan_of(const void *p, size_t es, int bf16) /* bf16: 1 bf16, 0 another float, -1 an integer */
 {
+    if (bf16 < 0 || es == 1) return 0;
+    if (es == 8) {
+        double d;
+        memcpy(&d, p, 8);
+        return d != d;
+    }
     if (es == 4) {
         float f;
         memcpy(&f, p, 4);
@@ -190,21 +196,23 @@ static void test_elementwise_kernels(void)
 /* reduce and divide, every dtype and op, against the references (which the host test ties to dpar__reduce) */
 static void test_reduce_and_divide(void)
 {
-    static const dpar_dtype ts[] = {DPAR_F32, DPAR_BF16, DPAR_F16};
+    static const dpar_dtype ts[] = {DPAR_F32, DPAR_BF16, DPAR_F16, DPAR_F64, DPAR_I32, DPAR_I64, DPAR_U8};
     static const int divs[] = {0, 3, 8};
     size_t n = 65537 + 3, i;
     int t, op, d;
     NEED_GPU();
-    for (t = 0; t < 3; t++) {
+    for (t = 0; t < 7; t++) {
         size_t es = dpar_dtype_size(ts[t]);
-        int bf16 = ts[t] == DPAR_BF16;
+        int bf16 = ts[t] == DPAR_BF16 ? 1 : ts[t] == DPAR_I32 || ts[t] == DPAR_I64 || ts[t] == DPAR_U8 ? -1 : 0;
         char *a = (char *)malloc(n * es), *b = (char *)malloc(n * es), *r = (char *)malloc(n * es),
              *got = (char *)malloc(n * es);
         char *da = (char *)dev_copy(NULL, n * es), *db = (char *)dev_copy(NULL, n * es),
              *dout = (char *)dev_copy(NULL, n * es);
-        if (es == 4) {
+        if (ts[t] == DPAR_F32) {
             fill_random((float *)a, n); /* with NaN, infinities, -0, subnormals */
             fill_random((float *)b, n);
+        } else if (es != 2) { /* f64 and the integers: random bits (f64: NaNs and infinities among them) */
+            for (i = 0; i < n * es; i++) a[i] = (char)dt_rand(), b[i] = (char)dt_rand();
         } else {
             for (i = 0; i < n; i++)
                 ((uint16_t *)a)[i] = (uint16_t)(i & 0xffff), ((uint16_t *)b)[i] = (uint16_t)dt_rand();
@@ -498,6 +506,213 @@ static dpar_status failing_task(void *user, const dpar_cuda_worker *w)
     return dpar_set_error(DPAR_EUSER, "task on worker %d says no", w->rank);
 }
 
+/* ---- the pool's comm: dpar.h's collectives on device buffers, every path ---- */
+typedef struct comm_job {
+    size_t n;
+    int fail_rank; /* this worker fails its run instead of calling the collective (-1: none) */
+    dpar_status st[64];
+    double seconds[64];
+    char first[64][600]; /* the first wrong result or error of worker r */
+} comm_job;
+
+static float cin(int q, size_t i) { return (float)((int)((q * 7 + i * 13) % 17) - 8); } /* sums are exact */
+
+#define COMM_TRY(what, call)                                                              \
+    do {                                                                                  \
+        dpar_status st_ = (call);                                                         \
+        if (st_ != DPAR_OK && !j->first[r][0])                                            \
+            snprintf(j->first[r], sizeof j->first[r], "%s: %s", what, dpar_last_error()); \
+    } while (0)
+#define COMM_EXPECT(what, cond, i)                                                           \
+    do {                                                                                     \
+        if (!(cond) && !j->first[r][0])                                                      \
+            snprintf(j->first[r], sizeof j->first[r], "%s: element %zu", what, (size_t)(i)); \
+    } while (0)
+
+static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
+{
+    comm_job *j = (comm_job *)user;
+    int r = w->rank, N = w->size, q;
+    size_t n = j->n, i, off, len, per = n / (size_t)N ? n / (size_t)N : 1;
+    size_t big = n * (size_t)N + (size_t)N;
+    cudaStream_t s = (cudaStream_t)w->stream;
+    float *h = (float *)malloc(big * 4), *got = (float *)malloc(big * 4), *dx = NULL, *dy = NULL;
+    dpar_request *req = NULL;
+    uint16_t *hb = (uint16_t *)malloc(n * 2);
+    int32_t *hi = (int32_t *)malloc(n * 4);
+    if (cudaMalloc(&dx, big * 4) != cudaSuccess || cudaMalloc(&dy, big * 4) != cudaSuccess) {
+        free(h), free(got), free(hb), free(hi);
+        return dpar_set_error(DPAR_ENOMEM, "cudaMalloc");
+    }
+    dpar_block_range(n, N, r, &off, &len);
+    /* allreduce, out of place: the input goes in on the worker's stream, which the call waits for */
+    for (i = 0; i < n; i++) h[i] = cin(r, i);
+    cudaMemcpyAsync(dx, h, n * 4, cudaMemcpyHostToDevice, s);
+    COMM_TRY("allreduce", dpar_allreduce(w->comm, dx, dy, n, DPAR_F32, DPAR_SUM));
+    cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < n; i++) {
+        float want = 0;
+        for (q = 0; q < N; q++) want += cin(q, i);
+        COMM_EXPECT("allreduce sum", got[i] == want, i);
+    }
+    /* in place, average */
+    COMM_TRY("allreduce avg", dpar_allreduce(w->comm, dx, dx, n, DPAR_F32, DPAR_AVG));
+    cudaMemcpy(got, dx, n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < n; i++) {
+        float want = 0;
+        for (q = 0; q < N; q++) want += cin(q, i);
+        COMM_EXPECT("allreduce avg in place", got[i] == want / (float)N, i);
+    }
+    /* reduce-scatter (max) and all-gather */
+    cudaMemcpy(dx, h, n * 4, cudaMemcpyHostToDevice);
+    COMM_TRY("reduce_scatter", dpar_reduce_scatter(w->comm, dx, dy, n, DPAR_F32, DPAR_MAX));
+    cudaMemcpy(got, dy, len * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < len; i++) {
+        float want = cin(0, off + i);
+        for (q = 1; q < N; q++) want = cin(q, off + i) > want ? cin(q, off + i) : want;
+        COMM_EXPECT("reduce_scatter max", got[i] == want, off + i);
+    }
+    COMM_TRY("allgather", dpar_allgather(w->comm, dx + off, dy, n, DPAR_F32));
+    cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
+    for (q = 0; q < N; q++) {
+        size_t qo, ql;
+        dpar_block_range(n, N, q, &qo, &ql);
+        for (i = qo; i < qo + ql; i++) COMM_EXPECT("allgather", got[i] == cin(q, i), i);
+    }
+    /* broadcast from the last worker, reduce (sum) to worker 0 */
+    COMM_TRY("broadcast", dpar_broadcast(w->comm, dx, dy, n, DPAR_F32, N - 1));
+    cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < n; i++) COMM_EXPECT("broadcast", got[i] == cin(N - 1, i), i);
+    COMM_TRY("reduce", dpar_reduce(w->comm, dx, r == 0 ? dy : NULL, n, DPAR_F32, DPAR_SUM, 0));
+    if (r == 0) {
+        cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
+        for (i = 0; i < n; i++) {
+            float want = 0;
+            for (q = 0; q < N; q++) want += cin(q, i);
+            COMM_EXPECT("reduce", got[i] == want, i);
+        }
+    }
+    /* alltoall: block q of mine goes to worker q */
+    for (q = 0; q < N; q++)
+        for (i = 0; i < per; i++) h[(size_t)q * per + i] = cin(r * 100 + q, i);
+    cudaMemcpy(dx, h, (size_t)N * per * 4, cudaMemcpyHostToDevice);
+    COMM_TRY("alltoall", dpar_alltoall(w->comm, dx, dy, per, DPAR_F32));
+    cudaMemcpy(got, dy, (size_t)N * per * 4, cudaMemcpyDeviceToHost);
+    for (q = 0; q < N; q++)
+        for (i = 0; i < per; i++) COMM_EXPECT("alltoall", got[(size_t)q * per + i] == cin(q * 100 + r, i), i);
+    /* point to point around the ring */
+    for (i = 0; i < n; i++) h[i] = cin(r + 50, i);
+    cudaMemcpy(dx, h, n * 4, cudaMemcpyHostToDevice);
+    COMM_TRY("sendrecv", dpar_sendrecv(w->comm, dx, n, (r + 1) % N, dy, n, (r + N - 1) % N, DPAR_F32, 7));
+    cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < n; i++) COMM_EXPECT("sendrecv", got[i] == cin((r + N - 1) % N + 50, i), i);
+    /* an async request; bf16 and i32 */
+    COMM_TRY("iallreduce", dpar_iallreduce(w->comm, dx, dy, n, DPAR_F32, DPAR_SUM, &req));
+    COMM_TRY("request_wait", dpar_request_wait(req));
+    cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < n; i++) {
+        float want = 0;
+        for (q = 0; q < N; q++) want += cin(q + 50, i);
+        COMM_EXPECT("iallreduce", got[i] == want, i);
+    }
+    for (i = 0; i < n; i++) hb[i] = dpar_f32_to_bf16(cin(r, i)), hi[i] = (int32_t)cin(r, i) * 1000003;
+    cudaMemcpy(dx, hb, n * 2, cudaMemcpyHostToDevice);
+    COMM_TRY("allreduce bf16", dpar_allreduce(w->comm, dx, dx, n, DPAR_BF16, DPAR_SUM));
+    cudaMemcpy(hb, dx, n * 2, cudaMemcpyDeviceToHost);
+    for (i = 0; i < n; i++) {
+        float want = 0;
+        for (q = 0; q < N; q++) want += cin(q, i);
+        COMM_EXPECT("allreduce bf16", dpar_bf16_to_f32(hb[i]) == want, i);
+    }
+    cudaMemcpy(dx, hi, n * 4, cudaMemcpyHostToDevice);
+    COMM_TRY("allreduce i32", dpar_allreduce(w->comm, dx, dy, n, DPAR_I32, DPAR_MIN));
+    cudaMemcpy(hi, dy, n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; i < n; i++) {
+        int32_t want = (int32_t)cin(0, i) * 1000003;
+        for (q = 1; q < N; q++) want = (int32_t)cin(q, i) * 1000003 < want ? (int32_t)cin(q, i) * 1000003 : want;
+        COMM_EXPECT("allreduce i32 min", hi[i] == want, i);
+    }
+    cudaFree(dx), cudaFree(dy);
+    free(h), free(got), free(hb), free(hi);
+    return DPAR_OK;
+}
+
+static void test_pool_comm_collectives(void)
+{
+    static const dpar_cuda_path paths[] = {DPAR_CUDA_PATH_AUTO, DPAR_CUDA_PATH_PEER, DPAR_CUDA_PATH_MEMCPY,
+                                           DPAR_CUDA_PATH_HOST};
+    static const char *names[] = {"auto", "peer", "memcpy", "host"};
+    static const size_t ns[] = {5, ((size_t)3 << 20) + 7}; /* several 4 MiB segments per chunk */
+    int pi, ni, layout;
+    NEED_GPU();
+    for (layout = 0; layout < 2; layout++) /* 3 workers on device 0; then 2 on every device */
+        for (pi = 0; pi < 4; pi++)
+            for (ni = 0; ni < 2; ni++) {
+                dpar_cuda_pool_desc d;
+                dpar_cuda_pool *p = NULL;
+                int dev0 = 0, r;
+                comm_job *j = (comm_job *)calloc(1, sizeof *j);
+                memset(&d, 0, sizeof d);
+                if (layout == 0) d.devices = &dev0, d.num_devices = 1, d.workers_per_device = 3;
+                else d.workers_per_device = 2;
+                d.path = paths[pi];
+                d.comm.timeout_ms = 20000;
+                if (dpar_cuda_pool_create(&d, &p) != DPAR_OK) {
+                    CHECK_MSG(paths[pi] == DPAR_CUDA_PATH_PEER && strstr(dpar_last_error(), "cannot read"), "%s",
+                              dpar_last_error());
+                    free(j);
+                    continue;
+                }
+                j->n = ns[ni];
+                j->fail_rank = -1;
+                CHECK_MSG(dpar_cuda_pool_run(p, comm_body, j) == DPAR_OK, "%s", dpar_last_error());
+                for (r = 0; r < dpar_cuda_pool_size(p); r++)
+                    CHECK_MSG(!j->first[r][0], "layout %d path %s n=%zu worker %d: %s", layout, names[pi], ns[ni], r,
+                              j->first[r]);
+                CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+                free(j);
+            }
+}
+
+/* a worker that fails: the others' collectives return its error at once, not after the timeout */
+static dpar_status fail_body(void *user, const dpar_cuda_worker *w)
+{
+    comm_job *j = (comm_job *)user;
+    float *dx = NULL;
+    double t0 = dt_now();
+    int i;
+    if (w->rank == j->fail_rank) return dpar_set_error(DPAR_EUSER, "worker %d ran out of patience", w->rank);
+    cudaMalloc(&dx, 1024 * 4);
+    cudaMemset(dx, 0, 1024 * 4);
+    for (i = 0; i < 3; i++)
+        if ((j->st[w->rank] = dpar_allreduce(w->comm, dx, dx, 1024, DPAR_F32, DPAR_SUM)) != DPAR_OK) break;
+    snprintf(j->first[w->rank], sizeof j->first[w->rank], "%s", dpar_last_error());
+    j->seconds[w->rank] = dt_now() - t0;
+    cudaFree(dx);
+    return j->st[w->rank];
+}
+static void test_pool_comm_failure_reaches_every_worker(void)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    int dev0 = 0, r;
+    comm_job *j = (comm_job *)calloc(1, sizeof *j);
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.devices = &dev0, d.num_devices = 1, d.workers_per_device = 3;
+    d.comm.timeout_ms = 20000;
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_OK);
+    j->fail_rank = 1;
+    CHECK(dpar_cuda_pool_run(p, fail_body, j) == DPAR_EUSER);
+    for (r = 0; r < 3; r++) {
+        if (r == 1) continue;
+        CHECK_MSG(j->st[r] == DPAR_EUSER && j->seconds[r] < 5.0 && strstr(j->first[r], "ran out of patience"),
+                  "worker %d: %s after %.2f s: %s", r, dpar_status_string(j->st[r]), j->seconds[r], j->first[r]);
+    }
+    CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+    free(j);
+}
+
 static void test_tasks_without_a_pool(void) /* runs without a device */
 {
     dpar_cuda_task_desc d;
@@ -578,5 +793,7 @@ int main(int argc, char **argv)
     RUN(test_pool_runs_every_worker);
     RUN(test_tasks_without_a_pool);
     RUN(test_tasks_across_workers);
+    RUN(test_pool_comm_collectives);
+    RUN(test_pool_comm_failure_reaches_every_worker);
     return dt_summary();
 }

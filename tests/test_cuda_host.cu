@@ -57,13 +57,19 @@ static void fill_random(float *x, size_t n, int specials)
 }
 
 /* element kinds: how outputs are compared */
-enum { F32 = 4, BF16 = 2, F16 = 3 }; /* F32's value is its size; BF16 and F16 are 2 bytes */
-static size_t kind_size(int kind) { return kind == F32 ? 4 : 2; }
+enum { F32 = 4, BF16 = 2, F16 = 3, F64 = 8, I32 = 40, I64 = 80, U8 = 1 }; /* F32, F64, U8: their size */
+static size_t kind_size(int kind)
+{
+    return kind == F32 || kind == I32 ? 4 : kind == F64 || kind == I64 ? 8 : kind == U8 ? 1 : 2;
+}
 static int kind_of(dpar_dtype t) { return t == DPAR_F32 ? F32 : t == DPAR_BF16 ? BF16 : F16; }
 static int is_nan(const void *p, int kind)
 {
     float f;
+    double d;
     uint16_t h;
+    if (kind == I32 || kind == I64 || kind == U8) return 0;
+    if (kind == F64) return memcpy(&d, p, 8), d != d;
     if (kind == F32) return memcpy(&f, p, 4), f != f;
     memcpy(&h, p, 2);
     return kind == BF16 ? (h & 0x7fffu) > 0x7f80u : (h & 0x7fffu) > 0x7c00u;
@@ -80,10 +86,11 @@ static buf buf_make(size_t n, int kind, size_t off)
     buf b;
     size_t es = kind_size(kind);
     b.es = es, b.n = n, b.off = off, b.kind = kind;
-    b.bytes = (n + 2 * GUARD + off) * es;
+    size_t pad = (GUARD * es + 15) / 16 * 16; /* the guard, then a 16-byte boundary (malloc's are 16-aligned) */
+    b.bytes = pad + (n + GUARD + off) * es;
     b.base = (unsigned char *)malloc(b.bytes + 16);
     memset(b.base, 0xA5, b.bytes + 16);
-    b.p = b.base + (GUARD + off) * es;
+    b.p = b.base + pad + off * es;
     return b;
 }
 static int buf_guard_ok(const buf *b)
@@ -296,6 +303,87 @@ template <class D> static void divide_case(dpar_dtype t, int div, size_t n, size
     }
     free(expect), free(cpu);
     buf_free(&in), buf_free(&out);
+}
+
+/* the other dtypes (f64, i32, i64, u8): their own arithmetic, integers wrapping; reference and dpar.h's loops
+   bit for bit, the simulated grids too */
+static uint64_t rand64(void) { return ((uint64_t)dt_rand() << 32) ^ (uint64_t)dt_rand(); }
+template <class F, class T> static void native_case(dpar_dtype t, int kind, int op, int div, size_t n, size_t off)
+{
+    size_t i;
+    buf a = buf_make(n, kind, off), b = buf_make(n, kind, off), out = buf_make(n, kind, off), *outs[1] = {&out};
+    T *expect = (T *)malloc(n * sizeof(T) + 1), *cpu = (T *)malloc(n * sizeof(T) + 1);
+    const void *exps[1] = {expect};
+    char what[96];
+    for (i = 0; i < n; i++) {
+        T x, y;
+        if (t == DPAR_F64) {
+            double u = (double)frand() * 1e3 + (double)dt_rand() / 3.0, v = (double)frand() / 7.0;
+            if (dt_rand() % 16 == 0) u = (double)special((int)(dt_rand() % 64)); /* inf, NaN, -0 ... as doubles */
+            memcpy(&x, &u, sizeof x), memcpy(&y, &v, sizeof y);
+        } else {
+            uint64_t r = rand64(), q = rand64();
+            if (dt_rand() % 4 == 0) r |= (uint64_t)1 << (8 * sizeof(T) - 1); /* negative, or above 127: wraps */
+            memcpy(&x, &r, sizeof x), memcpy(&y, &q, sizeof y);
+        }
+        ((T *)a.p)[i] = x, ((T *)b.p)[i] = y;
+    }
+    if (div >= 0) {
+        dpar_cuda_reduce_ref(expect, a.p, b.p, n, t, (dpar_op)op, div);
+        dpar__reduce(cpu, a.p, b.p, n, t, (dpar_op)op, div);
+    } else {
+        dpar_cuda_divide_ref(expect, a.p, n, t, -div);
+        dpar__divide(cpu, a.p, n, t, -div);
+    }
+    snprintf(what, sizeof what, "%s %s %s div %d", div >= 0 ? "reduce" : "divide", dpar_dtype_name(t),
+             dpar_op_name((dpar_op)op), div);
+    CHECK_MSG(first_diff(expect, cpu, n, kind) < 0, "reference and dpar.h differ: %s n=%zu", what, n);
+    free(cpu);
+    if (div >= 0) {
+        F g; /* the launcher's functor */
+        g.op = op, g.div = div;
+        auto k = dpar_cuda__make_map2((T *)out.p, (const T *)a.p, (const T *)b.p, n, g);
+        CHECK(off || k.nvec == n / lanes(k));
+        RUN_GRIDS(k, memset(out.p, 0xEE, n * sizeof(T)), outs, 1, exps, what);
+    } else {
+        dpar_cuda__divide_native_f<T> g;
+        g.div = -div;
+        auto k = dpar_cuda__make_map1((T *)out.p, (const T *)a.p, n, g);
+        CHECK(off || k.nvec == n / lanes(k));
+        RUN_GRIDS(k, memset(out.p, 0xEE, n * sizeof(T)), outs, 1, exps, what);
+    }
+    free(expect);
+    buf_free(&a), buf_free(&b), buf_free(&out);
+}
+
+static void test_reduce_and_divide_other_dtypes(void)
+{
+    static const int divs[] = {0, 1, 2, 3, 8};
+    size_t s, off;
+    int op, d;
+    for (s = 0; s < NSIZES; s++)
+        for (off = 0; off < 2; off++)
+            for (op = 0; op < DPAR_OP_COUNT; op++)
+                for (d = 0; d < 5; d++) {
+                    if (op != DPAR_AVG && d > 1) continue;
+                    if (sizes[s] > 1023 && (d % 2 || off)) continue;
+                    native_case<dpar_cuda__reduce_f64_f, double>(DPAR_F64, F64, op, divs[d], sizes[s], off);
+                    native_case<dpar_cuda__reduce_int_f<int32_t, uint32_t>, int32_t>(DPAR_I32, I32, op, divs[d],
+                                                                                     sizes[s], off);
+                    native_case<dpar_cuda__reduce_int_f<int64_t, uint64_t>, int64_t>(DPAR_I64, I64, op, divs[d],
+                                                                                     sizes[s], off);
+                    native_case<dpar_cuda__reduce_int_f<uint8_t, uint32_t>, uint8_t>(DPAR_U8, U8, op, divs[d], sizes[s],
+                                                                                     off);
+                    if (op == DPAR_SUM && d > 0) { /* divide: every div once */
+                        native_case<dpar_cuda__reduce_f64_f, double>(DPAR_F64, F64, op, -divs[d], sizes[s], off);
+                        native_case<dpar_cuda__reduce_int_f<int32_t, uint32_t>, int32_t>(DPAR_I32, I32, op, -divs[d],
+                                                                                         sizes[s], off);
+                        native_case<dpar_cuda__reduce_int_f<int64_t, uint64_t>, int64_t>(DPAR_I64, I64, op, -divs[d],
+                                                                                         sizes[s], off);
+                        native_case<dpar_cuda__reduce_int_f<uint8_t, uint32_t>, uint8_t>(DPAR_U8, U8, op, -divs[d],
+                                                                                         sizes[s], off);
+                    }
+                }
 }
 
 static void test_divide_kernel(void)
@@ -560,14 +648,13 @@ static void test_launchers_refuse_bad_arguments(void)
     CHECK(dpar_cuda_add_f32(&f, &f, NULL, 3, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_reduce(&f, &f, NULL, 3, DPAR_F32, DPAR_SUM, 0, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_reduce(&f, &f, &f, 3, (dpar_dtype)99, DPAR_SUM, 0, NULL) == DPAR_EINVAL);
-    CHECK(dpar_cuda_reduce(&f, &f, &f, 3, DPAR_F64, DPAR_SUM, 0, NULL) == DPAR_EUNSUPPORTED);
-    CHECK(strstr(dpar_last_error(), "f64") != NULL);
     CHECK(dpar_cuda_reduce(&f, &f, &f, 3, DPAR_F32, (dpar_op)7, 0, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_divide(&h, NULL, 3, DPAR_BF16, 2, NULL) == DPAR_EINVAL);
-    CHECK(dpar_cuda_divide(&h, &h, 3, DPAR_I32, 2, NULL) == DPAR_EUNSUPPORTED);
+    CHECK(dpar_cuda_divide(&h, &h, 3, (dpar_dtype)-1, 2, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_divide(&h, &h, 3, DPAR_BF16, 1, NULL) == DPAR_OK); /* in place, div 1: nothing to do */
     CHECK(dpar_cuda_cast(&h, DPAR_BF16, NULL, DPAR_F32, 3, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_cast(&h, DPAR_U8, &f, DPAR_F32, 3, NULL) == DPAR_EUNSUPPORTED);
+    CHECK(strstr(dpar_last_error(), "u8") != NULL);
     CHECK(dpar_cuda_sgd_f32(&f, NULL, &f, 3, 0.1f, 0.9f, 0, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_adamw_f32(&f, &f, &f, NULL, 3, 0.1f, 0.9f, 0.99f, 1e-8f, 0, 1, NULL) == DPAR_EINVAL);
     CHECK(dpar_cuda_adamw_f32(&f, &f, &f, &f, 3, 0.1f, 0.9f, 0.99f, 1e-8f, 0, 0, NULL) == DPAR_EINVAL);
@@ -598,6 +685,7 @@ int main(int argc, char **argv)
     RUN(test_cast_kernel);
     RUN(test_reduce_kernel);
     RUN(test_divide_kernel);
+    RUN(test_reduce_and_divide_other_dtypes);
     RUN(test_elementwise_kernels);
     RUN(test_bias_add_kernel);
     RUN(test_bias_backward_kernel);
