@@ -87,6 +87,7 @@
      >>comm       the communicator API; (impl) its front end                       base, transport, ring
      >>async      (impl) asynchronous requests, the progress thread                base, transport, comm
      >>threads    (impl) the threads transport: zero-copy channels, doorbells      base, transport, ring, comm
+     >>ops        (impl) comms whose collectives another library runs (NCCL)        base, transport, comm
      >>gemm       dpar_sgemm (OpenBLAS or built in), one GEMM over a pool          base, pool
      >>shard      shard plans: scatter, gather, all-gather of blocks               base, comm
      >>tp         tensor-parallel linear layers (Megatron)                         base, pool, gemm, shard
@@ -637,6 +638,45 @@ DPAR_API dpar_status dpar_comm_abort(dpar_comm *comm);
    Returns:  the group's poison: `why`, or an earlier poison, which wins; DPAR_EINVAL (NULL comm, why DPAR_OK).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_fail(dpar_comm *comm, dpar_status why, const char *msg);
+
+/* dpar_comm_ops: a comm whose collectives another library carries out (dpar_cuda.h's NCCL comm). dpar keeps the
+   front end: argument checks, the contract checker (each call's fingerprint allgathered through `exchange` and
+   compared on every rank before `run`), the sequence numbers, counters, trace spans, async requests and poison.
+     run(user, call)          carry out one collective (never point-to-point), every rank's in the same order;
+                              return its status (its text by dpar_set_error) by call->deadline_ns (0: none)
+     exchange(user, mine, all, bytes, deadline_ns)   an allgather of `bytes` host bytes per rank into `all`
+                              (rank q's at all + q * bytes); required unless desc->no_check
+     destroy(user)            the comm is destroyed (may be NULL)
+   Remarks:  on such a comm point-to-point calls and dpar_comm_split return DPAR_EUNSUPPORTED, and run receives every
+             collective, also on one rank. Poison is this rank's alone: other ranks learn of a failure from the
+             library (or their deadline).
+   See:      docs/comm.md, 'Comms run by another library'. */
+typedef struct dpar_comm_call {
+    dpar_coll coll; /* DPAR_COLL_BARRIER ... DPAR_COLL_ALLTOALL */
+    const void *send;
+    void *recv;
+    size_t count; /* as the collective's own (total for reduce_scatter and allgather, per peer for alltoall) */
+    dpar_dtype dtype;
+    dpar_op op;
+    int root;
+    uint64_t seq;         /* this comm's collective number, from 1 */
+    uint64_t deadline_ns; /* absolute dpar_time_ns() by which to give up; 0: never */
+    const char *file;     /* the caller's source line */
+    int line;
+} dpar_comm_call;
+typedef struct dpar_comm_ops {
+    void *user;
+    int rank, size; /* required: this rank, the number of ranks */
+    dpar_status (*run)(void *user, const dpar_comm_call *call);
+    dpar_status (*exchange)(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline_ns);
+    void (*destroy)(void *user);
+} dpar_comm_ops;
+/* dpar_comm_from_ops: make this rank's comm over ops (copied).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL ops or out, no run, no exchange with the checker on, rank outside 0..size-1, a
+             desc with memory callbacks or deterministic: the library decides the order), DPAR_ENOMEM. On error *out is
+             NULL and ops->destroy has not been called.
+   Thread safety: any thread. */
+DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_comm_desc *desc, dpar_comm **out);
 
 /* dpar_send / dpar_recv / dpar_sendrecv: point-to-point messages, which arrive in order between two ranks.
    Macros:   the names below; they call these _at functions with the caller's file and line.
@@ -3291,7 +3331,8 @@ struct dpar__call;
                                   DPAR_ETIMEDOUT at deadline (absolute ns, 0: none). Spins, then sleeps.
      wake(c, peer)                ring peer's doorbell; call after the store the peer waits for
      timeout(x, peer, what)       a wait for peer gave up at x's deadline: poison the comm with a
-                                  DPAR_ETIMEDOUT message naming the ranks that are behind, return it */
+                                  DPAR_ETIMEDOUT message naming the ranks that are behind, return it
+   native_first                   1: the front end asks native first, even on one rank (>>ops) */
 typedef struct dpar__transport {
     const char *name;
     dpar_status (*post)(dpar__ctx *x, int peer, const void *buf, size_t bytes);
@@ -3317,6 +3358,7 @@ typedef struct dpar__transport {
     dpar_status (*wait_bell)(dpar_comm *c, uint32_t seen, uint64_t deadline);
     void (*wake)(dpar_comm *c, int peer);
     dpar_status (*timeout)(dpar__ctx *x, int peer, const char *what);
+    int native_first; /* 1: native takes every collective, also on one rank (a library that runs whole calls) */
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -3970,7 +4012,9 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
     if ((st = dpar__tp_poisoned(c)) != DPAR_OK) return st;
     dpar__tp_enter(&x);
-    if (N == 1) { /* nothing to meet: copies only */
+    if (c->tp->native_first) {
+        st = dpar__tp_native(&x, call, &native); /* the library runs every call */
+    } else if (N == 1) {                         /* nothing to meet: copies only */
         size_t bytes1 = call->count * es;
         switch (call->coll) {
         case DPAR_COLL_BROADCAST:
@@ -5237,6 +5281,7 @@ static const dpar__transport dpar__threads_memory_transport = {
     dpar__tm_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__tm_destroy,
     dpar__tm_recv_into, NULL, NULL,
     1, NULL, NULL, NULL, NULL, NULL, /* no shared memory: the host cannot read the buffers */
+    0,
 };
 static const dpar__transport dpar__threads_transport = {
     "threads",
@@ -5245,6 +5290,7 @@ static const dpar__transport dpar__threads_transport = {
     dpar__t_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__t_destroy,
     NULL, NULL, NULL, /* recv_into, native, prefetch: zero-copy needs none */
     1, dpar__t_expose, dpar__t_doorbell, dpar__t_wait_bell, dpar__t_wake, dpar__t_timeout, /* shared memory */
+    0,
 };
 /* clang-format on */
 
@@ -5345,6 +5391,223 @@ DPAR_API dpar_status dpar_group_join(dpar_group *group, int rank, dpar_comm **ou
     *out = NULL;
     if (!group) return dpar__err(DPAR_EINVAL, "dpar_group_join: group is NULL");
     return dpar__t_join(group, rank, rank, out);
+}
+
+/* >>ops: comms whose collectives another library carries out (dpar_comm_from_ops) ------------------ */
+/* The front end stays dpar's; native takes every collective (native_first): the fingerprints are
+   allgathered through ops.exchange and compared on every rank, then ops.run does the call. Nothing
+   else of the interface is used: point-to-point and split say so. */
+typedef struct dpar__ops {
+    dpar_comm_ops ops;
+    int poison; /* atomic: 0, or the status every call now returns (this rank's) */
+    char poison_msg[DPAR__ERROR_TEXT];
+    pthread_mutex_t lock;
+} dpar__ops;
+#define DPAR__O(c) ((dpar__ops *)(c)->tp_data)
+
+/* a fingerprint as it crosses to the other ranks: no pointers */
+typedef struct dpar__ofp {
+    uint64_t seq, count;
+    int32_t coll, dtype, op, root, line, pad;
+    char file[48]; /* the last 47 characters of the caller's file */
+} dpar__ofp;
+
+static dpar_status dpar__o_poisoned(dpar_comm *c)
+{
+    dpar__ops *o = DPAR__O(c);
+    int st = DPAR__LOAD(&o->poison, DPAR__SEQ_CST);
+    if (!st) return DPAR_OK;
+    pthread_mutex_lock(&o->lock);
+    dpar__err((dpar_status)st, "%s", o->poison_msg);
+    pthread_mutex_unlock(&o->lock);
+    return (dpar_status)st;
+}
+static dpar_status dpar__o_poison(dpar_comm *c, dpar_status why, const char *msg)
+{
+    dpar__ops *o = DPAR__O(c);
+    pthread_mutex_lock(&o->lock);
+    if (!DPAR__LOAD(&o->poison, DPAR__RELAXED)) {
+        snprintf(o->poison_msg, sizeof o->poison_msg, "%s", msg);
+        DPAR__STORE(&o->poison, (int)why, DPAR__SEQ_CST);
+    }
+    pthread_mutex_unlock(&o->lock);
+    return dpar__o_poisoned(c);
+}
+static dpar_status dpar__o_unsupported(dpar_comm *c)
+{
+    return dpar__err(DPAR_EUNSUPPORTED,
+                     "%s: point-to-point and split are not on a comm run by another library "
+                     "(dpar_comm_from_ops): use the library's own",
+                     c->name);
+}
+static dpar_status dpar__o_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+{
+    (void)peer, (void)buf, (void)bytes;
+    return dpar__o_unsupported(x->c);
+}
+static dpar_status dpar__o_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
+{
+    (void)peer, (void)bytes, (void)data;
+    return dpar__o_unsupported(x->c);
+}
+static dpar_status dpar__o_peer(dpar__ctx *x, int peer)
+{
+    (void)peer;
+    return dpar__o_unsupported(x->c);
+}
+static dpar_status dpar__o_drain(dpar__ctx *x, int peer, int max)
+{
+    (void)peer, (void)max;
+    return dpar__o_unsupported(x->c);
+}
+static dpar_status dpar__o_split(dpar__ctx *x, int color, int key, dpar_comm **out)
+{
+    (void)color, (void)key, (void)out;
+    return dpar__o_unsupported(x->c);
+}
+static void dpar__o_enter(dpar__ctx *x) { (void)x; }
+
+static void dpar__o_fp(dpar__ofp *f, const dpar__fp *from)
+{
+    const char *file = from->file ? from->file : "?";
+    size_t n = strlen(file);
+    memset(f, 0, sizeof *f);
+    f->seq = from->seq;
+    f->count = from->count;
+    f->coll = from->coll, f->dtype = from->dtype, f->op = from->op, f->root = from->root, f->line = from->line;
+    snprintf(f->file, sizeof f->file, "%s", n >= sizeof f->file ? file + n - (sizeof f->file - 1) : file);
+}
+
+/* every rank sees every rank's fingerprint: a disagreement fails every rank, naming both sides */
+static dpar_status dpar__o_check(dpar__ctx *x)
+{
+    dpar_comm *c = x->c;
+    dpar__ops *o = DPAR__O(c);
+    dpar__ofp *all;
+    char *scr = NULL, msg[DPAR__ERROR_TEXT];
+    dpar_status st;
+    int q;
+    DPAR__TRY(dpar__scratch(c, (size_t)(c->size + 1) * sizeof(dpar__ofp), &scr));
+    all = (dpar__ofp *)(void *)scr;
+    dpar__o_fp(&all[c->size], &x->fp);
+    st = o->ops.exchange(o->ops.user, &all[c->size], all, sizeof(dpar__ofp), x->deadline);
+    if (st != DPAR_OK) {
+        snprintf(msg, sizeof msg, "%s rank %d: the contract check's exchange failed: %.400s", c->name, c->rank,
+                 dpar__tls_error);
+        return dpar__o_poison(c, st, msg);
+    }
+    for (q = 0; q < c->size; q++) {
+        const dpar__ofp *t = &all[q], *m = &all[c->size];
+        dpar__fp theirs, mine = x->fp;
+        char a[200], b[200];
+        if (t->seq == m->seq && t->count == m->count && t->coll == m->coll && t->dtype == m->dtype && t->op == m->op &&
+            t->root == m->root)
+            continue;
+        memset(&theirs, 0, sizeof theirs);
+        theirs.seq = t->seq, theirs.count = t->count, theirs.coll = t->coll, theirs.dtype = t->dtype;
+        theirs.op = t->op, theirs.root = t->root, theirs.rank = q, theirs.file = t->file, theirs.line = t->line;
+        if ((unsigned)theirs.coll >= DPAR_COLL_COUNT || (unsigned)theirs.dtype >= DPAR_DTYPE_COUNT ||
+            (unsigned)theirs.op >= DPAR_OP_COUNT)
+            theirs.coll = DPAR_COLL_BARRIER; /* bytes the library garbled: never index a name table with them */
+        dpar__fp_describe(&theirs, a, sizeof a);
+        dpar__fp_describe(&mine, b, sizeof b);
+        dpar__on_comm(c, b, sizeof b);
+        snprintf(msg, sizeof msg, "rank %d called %s while rank %d called %s", c->rank, b, q, a);
+        return dpar__o_poison(c, DPAR_EMISMATCH, msg);
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *done)
+{
+    dpar_comm *c = x->c;
+    dpar__ops *o = DPAR__O(c);
+    dpar_comm_call cc;
+    dpar_status st;
+    char msg[DPAR__ERROR_TEXT];
+    *done = 1;
+    if (call->offs)
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "%s: an all-gather of uneven blocks of one's own layout (a shard plan) is "
+                         "not on a comm run by another library",
+                         c->name);
+    if (c->check) DPAR__TRY(dpar__o_check(x));
+    memset(&cc, 0, sizeof cc);
+    cc.coll = call->coll;
+    cc.send = call->send;
+    cc.recv = call->recv;
+    cc.count = call->count;
+    cc.dtype = call->dtype;
+    cc.op = call->op;
+    cc.root = call->root;
+    cc.seq = call->seq;
+    cc.deadline_ns = x->deadline;
+    cc.file = call->file;
+    cc.line = call->line;
+    st = o->ops.run(o->ops.user, &cc);
+    if (st == DPAR_OK) return DPAR_OK;
+    snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
+    return dpar__o_poison(c, st, msg);
+}
+
+static void dpar__o_destroy(dpar_comm *c)
+{
+    dpar__ops *o = DPAR__O(c);
+    if (o->ops.destroy) o->ops.destroy(o->ops.user);
+    pthread_mutex_destroy(&o->lock);
+    dpar__free(&c->allocator, o);
+}
+
+/* clang-format off */
+static const dpar__transport dpar__ops_transport = {
+    "ops",
+    dpar__o_post, dpar__o_fetch, dpar__o_peer, dpar__o_drain, /* moving bytes: not here */
+    NULL, NULL, NULL,
+    dpar__o_enter, dpar__o_poisoned, dpar__o_poison, NULL, dpar__o_split, dpar__o_destroy,
+    NULL, dpar__o_native, NULL,
+    0, NULL, NULL, NULL, NULL, NULL,
+    1, /* native_first: the library runs every collective */
+};
+/* clang-format on */
+
+DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_comm_desc *desc, dpar_comm **out)
+{
+    dpar_comm_desc d;
+    dpar_comm *c;
+    dpar__ops *o;
+    dpar_status st;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_from_ops: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (!ops || !ops->run || ops->size < 1 || ops->rank < 0 || ops->rank >= ops->size ||
+        (!ops->exchange && !d.no_check))
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_comm_from_ops: ops %s (run, rank in 0..size-1, and exchange unless no_check "
+                         "are required)",
+                         ops ? "incomplete" : "NULL");
+    if ((st = dpar__check_allocator("dpar_comm_from_ops", &d.allocator)) != DPAR_OK) return st;
+    if (d.memory.reduce || d.memory.alloc || d.deterministic || d.timeout_ms < -1)
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_comm_from_ops: memory callbacks, deterministic or timeout_ms %d: the "
+                         "library decides where the bytes are and in which order they are combined",
+                         d.timeout_ms);
+    dpar__trace_from_env();
+    c = (dpar_comm *)dpar__calloc(&d.allocator, 1, sizeof *c);
+    o = (dpar__ops *)dpar__calloc(&d.allocator, 1, sizeof *o);
+    if (!c || !o) {
+        dpar__free(&d.allocator, c);
+        dpar__free(&d.allocator, o);
+        return dpar__err(DPAR_ENOMEM, "dpar_comm_from_ops: out of memory");
+    }
+    d.size = ops->size;
+    dpar__comm_init(c, &d, ops->rank, ops->size);
+    o->ops = *ops;
+    pthread_mutex_init(&o->lock, NULL);
+    c->tp = &dpar__ops_transport;
+    c->tp_data = o;
+    *out = c;
+    return DPAR_OK;
 }
 
 /* >>gemm: dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool ------------- */
@@ -8718,6 +8981,7 @@ static const dpar__transport dpar__mpi_transport = {
     dpar__m_enter, dpar__m_poisoned, dpar__m_poison, dpar__m_quiesce, dpar__m_split, dpar__m_destroy,
     dpar__m_recv_into, dpar__m_native, dpar__m_prefetch,
     0, NULL, NULL, NULL, NULL, NULL, /* no shared memory between processes */
+    0,
 };
 /* clang-format on */
 

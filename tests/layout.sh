@@ -27,6 +27,7 @@ check_private() { # PATTERN SECTION...
 }
 check_private 'dpar__t_[a-z]|dpar__slot|dpar__chan|dpar__ring_bell|dpar__threads_transport|DPAR__TG\(|->slots|->chans|->handover' threads
 check_private 'dpar__m_[a-z]|dpar__mpi\b|DPAR__M\(|dpar__mpi_transport|dpar__hybrid\b' mpi hybrid
+check_private 'dpar__o_[a-z]|dpar__ops\b|DPAR__O\(|dpar__ops_transport' ops
 # the dpar_group struct's fields are private to the threads transport
 check_private 'struct dpar_group \{' threads
 [ $fail = 0 ] && echo "layout ok"

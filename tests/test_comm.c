@@ -1027,6 +1027,151 @@ static void test_memory_callbacks_split_and_refusals(void)
     CHECK(dpar_comm_fail(NULL, DPAR_ESYSTEM, "x") == DPAR_EINVAL);
 }
 
+/* ---- dpar_comm_from_ops: a comm whose collectives another library runs; the "library" here is an inner
+   threads comm, so the whole matrix can check it against the serial references ---- */
+typedef struct {
+    dpar_comm *inner;
+    long runs, exchanges;
+    uint64_t fail_at; /* run of this collective number fails (0: none) */
+    int destroyed;
+} lib_rank;
+static dpar_status lib_run(void *user, const dpar_comm_call *k)
+{
+    lib_rank *l = (lib_rank *)user;
+    l->runs++;
+    if (k->seq == l->fail_at)
+        return dpar_set_error(DPAR_ESYSTEM, "the library broke in call #%llu", (unsigned long long)k->seq);
+    switch (k->coll) {
+    case DPAR_COLL_BARRIER: return dpar_barrier(l->inner);
+    case DPAR_COLL_BROADCAST: return dpar_broadcast(l->inner, k->send, k->recv, k->count, k->dtype, k->root);
+    case DPAR_COLL_REDUCE: return dpar_reduce(l->inner, k->send, k->recv, k->count, k->dtype, k->op, k->root);
+    case DPAR_COLL_REDUCE_SCATTER: return dpar_reduce_scatter(l->inner, k->send, k->recv, k->count, k->dtype, k->op);
+    case DPAR_COLL_ALLGATHER: return dpar_allgather(l->inner, k->send, k->recv, k->count, k->dtype);
+    case DPAR_COLL_ALLREDUCE: return dpar_allreduce(l->inner, k->send, k->recv, k->count, k->dtype, k->op);
+    case DPAR_COLL_ALLTOALL: return dpar_alltoall(l->inner, k->send, k->recv, k->count, k->dtype);
+    default: return dpar_set_error(DPAR_EINVAL, "lib_run: call %d", (int)k->coll);
+    }
+}
+static dpar_status lib_exchange(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline_ns)
+{
+    lib_rank *l = (lib_rank *)user;
+    (void)deadline_ns;
+    l->exchanges++;
+    return dpar_allgather(l->inner, mine, all, bytes * (size_t)dpar_comm_size(l->inner), DPAR_U8);
+}
+static void lib_destroy(void *user) { ((lib_rank *)user)->destroyed = 1; }
+static dpar_comm *lib_comm(lib_rank *l, dpar_comm *inner, int no_check)
+{
+    dpar_comm_ops ops;
+    dpar_comm_desc d;
+    dpar_comm *c = NULL;
+    memset(l, 0, sizeof *l);
+    memset(&ops, 0, sizeof ops);
+    memset(&d, 0, sizeof d);
+    l->inner = inner;
+    ops.user = l;
+    ops.rank = dpar_comm_rank(inner);
+    ops.size = dpar_comm_size(inner);
+    ops.run = lib_run;
+    ops.exchange = lib_exchange;
+    ops.destroy = lib_destroy;
+    d.name = "lib";
+    d.no_check = no_check;
+    return dpar_comm_from_ops(&ops, &d, &c) == DPAR_OK ? c : NULL;
+}
+static void ops_matrix_rank(world *w, dpar_comm *inner, int r)
+{
+    lib_rank l;
+    dpar_comm *c = lib_comm(&l, inner, 0);
+    dpar_comm_stats st;
+    if (!c) {
+        note(w, "rank %d: dpar_comm_from_ops: %s", r, dpar_last_error());
+        return;
+    }
+    movement_rank(w, c, r);
+    matrix_rank(w, c, r);
+    if (dpar_comm_stats_get(c, &st) != DPAR_OK || st.by_coll[DPAR_COLL_ALLREDUCE].calls != 2)
+        note(w, "rank %d: %llu allreduce calls counted", r, (unsigned long long)st.by_coll[DPAR_COLL_ALLREDUCE].calls);
+    if (l.runs < 10 || l.exchanges != l.runs) note(w, "rank %d: %ld runs, %ld exchanges", r, l.runs, l.exchanges);
+    dpar_comm_destroy(c);
+    if (!l.destroyed) note(w, "rank %d: ops.destroy not called", r);
+}
+static void test_ops_comm_runs_the_matrix(void)
+{
+    int ni, t;
+    char *bufs[16];
+    for (t = 0; t < 16; t++) bufs[t] = (char *)malloc(2000 * 8);
+    for (ni = 0; ni < 5; ni++) { /* N = 1 too: the library gets every call */
+        int N = Ns[ni], fails = 0, q;
+        for (t = 0; t < DPAR_DTYPE_COUNT; t++) {
+            matrix_case m;
+            memset(&m, 0, sizeof m);
+            m.count = 1999;
+            m.t = (dpar_dtype)t;
+            m.op = t == DPAR_U8 ? DPAR_MAX : DPAR_SUM;
+            m.root = N - 1;
+            for (q = 0; q < N; q++) m.send[q] = bufs[2 * q], m.recv[q] = bufs[2 * q + 1];
+            fails += run_world(N, ops_matrix_rank, &m);
+        }
+        CHECK_MSG(fails == 0, "N=%d: %d failures", N, fails);
+    }
+    for (t = 0; t < 16; t++) free(bufs[t]);
+}
+
+/* the contract check through the library: a rank in another collective fails every rank, naming both;
+   a failed run returns its text and poisons this rank's comm; point-to-point and split are refused */
+static void ops_errors_rank(world *w, dpar_comm *inner, int r)
+{
+    lib_rank l;
+    dpar_comm *c = lib_comm(&l, inner, 0), *sub = NULL;
+    float x[64];
+    dpar_status st;
+    memset(x, 0, sizeof x);
+    if (!c) return;
+    st = r == 1 ? dpar_broadcast(c, x, x, 64, DPAR_F32, 0) : dpar_allreduce(c, x, x, 64, DPAR_F32, DPAR_SUM);
+    if (st != DPAR_EMISMATCH || !strstr(dpar_last_error(), "broadcast") || !strstr(dpar_last_error(), "allreduce"))
+        note(w, "rank %d: mismatch gave %s: %s", r, dpar_status_string(st), dpar_last_error());
+    dpar_comm_destroy(c);
+    c = lib_comm(&l, inner, 1);
+    l.fail_at = 2;
+    if ((st = dpar_allreduce(c, x, x, 64, DPAR_F32, DPAR_SUM)) != DPAR_OK) note(w, "rank %d: %s", r, dpar_last_error());
+    st = dpar_allreduce(c, x, x, 64, DPAR_F32, DPAR_SUM);
+    if (st != DPAR_ESYSTEM || !strstr(dpar_last_error(), "the library broke in call #2"))
+        note(w, "rank %d: a failed run gave %s: %s", r, dpar_status_string(st), dpar_last_error());
+    if (dpar_allreduce(c, x, x, 64, DPAR_F32, DPAR_SUM) != DPAR_ESYSTEM || l.runs != 2)
+        note(w, "rank %d: the poison did not stay (%ld runs)", r, l.runs);
+    dpar_comm_destroy(c);
+    c = lib_comm(&l, inner, 1);
+    if (dpar_send(c, x, 4, DPAR_F32, (r + 1) % w->n, 0) != DPAR_EUNSUPPORTED) note(w, "rank %d: send accepted", r);
+    if (dpar_comm_split(c, 0, r, &sub) != DPAR_EUNSUPPORTED || sub) note(w, "rank %d: split accepted", r);
+    dpar_comm_destroy(c);
+}
+static void test_ops_comm_errors(void)
+{
+    dpar_comm_ops ops;
+    dpar_comm *c = NULL;
+    dpar_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.no_check = 1; /* the library checks nothing itself (as NCCL): the mismatch is dpar's to catch */
+    d.timeout_ms = 3000;
+    CHECK(run_world_desc(3, &d, ops_errors_rank, NULL, NULL, 0) == 0);
+    memset(&ops, 0, sizeof ops);
+    memset(&d, 0, sizeof d);
+    ops.run = lib_run;
+    ops.size = 2;
+    ops.rank = 0;
+    CHECK(dpar_comm_from_ops(&ops, NULL, &c) == DPAR_EINVAL && !c); /* no exchange, checker on */
+    d.no_check = 1;
+    ops.rank = 2;
+    CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c); /* rank outside 0..size-1 */
+    ops.rank = 1;
+    d.deterministic = 1;
+    CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c);
+    d.deterministic = 0;
+    CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_OK && c);
+    CHECK(dpar_comm_destroy(c) == DPAR_OK);
+}
+
 /* ---- bad input, creation ---- */
 static void bad_rank(world *w, dpar_comm *c, int r)
 {
@@ -1224,6 +1369,8 @@ int main(int argc, char **argv)
     RUN(test_memory_callbacks_matrix);
     RUN(test_memory_callback_failure_reaches_every_rank);
     RUN(test_memory_callbacks_split_and_refusals);
+    RUN(test_ops_comm_runs_the_matrix);
+    RUN(test_ops_comm_errors);
     RUN(test_trace_has_collectives_with_bytes);
     pools_free();
     return dt_summary();
