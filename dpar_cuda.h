@@ -251,8 +251,11 @@ typedef struct dpar_cuda_worker {
     void *cublas;         /* its cublasHandle_t, bound to the stream */
     void *scratch;        /* scratch_bytes of device memory (NULL when 0) */
     size_t scratch_bytes; /* as in the desc */
-    dpar_comm *comm;      /* rank `rank` of the pool's comm over its workers: device buffers (see dpar_cuda_path) */
-    void *comm_stream;    /* the cudaStream_t the comm's kernels and copies run on */
+    dpar_comm *comm;      /* rank `rank` of the pool's comm over its workers, on device buffers: nccl when the pool
+                             has one, else ring */
+    void *comm_stream;    /* the cudaStream_t the comm's kernels, copies and NCCL calls run on */
+    dpar_comm *ring;      /* the comm of dpar.h's ring over the workers (see dpar_cuda_path) */
+    dpar_comm *nccl;      /* the comm over NCCL (dpar_cuda_pool_desc.nccl), or NULL */
 } dpar_cuda_worker;
 
 /* dpar_cuda_path: how the pool's comm moves the bytes of one worker to another. Every path gives the same bits.
@@ -279,7 +282,9 @@ typedef struct dpar_cuda_pool_desc {
     dpar_allocator allocator; /* the pool's host memory (zero: malloc/free) */
     dpar_comm_desc comm;      /* the workers' comm: timeout, checks, deterministic, name...; size 0 or the number of
                                  workers, memory zero (the pool's); segment_bytes 0: 4 MiB */
-    dpar_cuda_path path;      /* how the comm moves bytes between workers (0: AUTO) */
+    dpar_cuda_path path;      /* how the ring comm moves bytes between workers (0: AUTO) */
+    int nccl;                 /* 1: also make an NCCL comm over the workers (ncclCommInitAll; one worker per device;
+                                 the implementation built with DPAR_NCCL), which worker->comm then is */
 } dpar_cuda_pool_desc;
 
 /* dpar_cuda_pool_run_fn: the body of a run: worker `worker->rank` of `worker->size`, on its own thread
@@ -288,9 +293,11 @@ typedef dpar_status (*dpar_cuda_pool_run_fn)(void *user, const dpar_cuda_worker 
 
 /* dpar_cuda_pool_create: start the workers: a host thread each, its stream, cuBLAS handle and scratch.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL out, a negative count, devices without num_devices or the reverse, a
-             device outside 0..count-1, half an allocator), DPAR_EUNSUPPORTED (no usable CUDA device: CUDA's
-             reason in dpar_last_error), DPAR_ERANGE (more than DPAR_MAX_THREADS workers), DPAR_ENOMEM,
-             DPAR_ESYSTEM (a CUDA or cuBLAS call failed, or a thread could not start). On error *out is NULL.
+             device outside 0..count-1, half an allocator, a bad path or comm desc), DPAR_EUNSUPPORTED (no usable CUDA
+             device: CUDA's reason in dpar_last_error; path PEER between devices that cannot reach each other; nccl
+             without DPAR_NCCL or with several workers per device), DPAR_ERANGE (more than DPAR_MAX_THREADS
+             workers), DPAR_ENOMEM, DPAR_ESYSTEM (a CUDA, cuBLAS or NCCL call failed, or a thread could not start). On
+             error *out is NULL.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc *desc, dpar_cuda_pool **out);
 
@@ -356,6 +363,43 @@ DPAR_API dpar_status dpar_cuda_task_wait(dpar_cuda_pool *pool, dpar_cuda_task ta
    Returns:  the status of the first task that failed (in submission order), or a CUDA error; DPAR_OK.
    Thread safety: any thread outside the pool's tasks. */
 DPAR_API dpar_status dpar_cuda_task_wait_all(dpar_cuda_pool *pool);
+
+/* ============================================================================================== */
+/* >>nccl: dpar comms whose collectives NCCL runs (define DPAR_NCCL where the implementation is built; -lnccl) */
+/* ============================================================================================== */
+/* An NCCL comm is a dpar_comm (dpar_comm_from_ops): the same collectives, dtypes and ops as every comm, on device
+   buffers, with dpar's contract checker (each call's fingerprint is allgathered through NCCL first: one small
+   ncclAllGather per call; no_check turns it off), counters, trace spans and async requests. Each call is enqueued on
+   the comm's stream, after the work already there, and returns when it is done; the wait polls NCCL's errors and the
+   comm's timeout (then ncclCommAbort and DPAR_ETIMEDOUT: NCCL does not say which rank is missing). AVG is NCCL's
+   sum, then dpar_cuda_divide by N (dpar's rule); reduce_scatter and allgather of counts that N does not divide use
+   dpar's uneven blocks (grouped ncclReduce / ncclBroadcast). Point-to-point calls and dpar_comm_split return
+   DPAR_EUNSUPPORTED. Without DPAR_NCCL these calls return DPAR_EUNSUPPORTED.
+   See:      docs/cuda.md, 'NCCL'. */
+
+/* dpar_cuda_comm_from_nccl: a dpar_comm over an existing ncclComm_t (not owned: destroy the dpar_comm first, then
+   your ncclComm_t); calls run on `stream` (a cudaStream_t; NULL: the legacy default stream).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL nccl_comm or out, a bad desc), DPAR_EUNSUPPORTED (built without DPAR_NCCL),
+             DPAR_ESYSTEM (an NCCL query failed), DPAR_ENOMEM.
+   Thread safety: any thread; the comm then belongs to one thread at a time. */
+DPAR_API dpar_status dpar_cuda_comm_from_nccl(void *nccl_comm, void *stream, const dpar_comm_desc *desc,
+                                              dpar_comm **out);
+
+/* dpar_cuda_nccl_desc: an NCCL comm made by the ranks of a host comm; a zero field means its default. */
+typedef struct dpar_cuda_nccl_desc {
+    dpar_comm *host;     /* required: a comm on host memory (MPI processes, thread ranks): its rank r makes rank r */
+    int device;          /* this rank's CUDA device */
+    void *stream;        /* the cudaStream_t the calls run on; NULL: a non-blocking stream the comm makes and owns */
+    dpar_comm_desc comm; /* the new comm's options (name 0: "nccl") */
+} dpar_cuda_nccl_desc;
+
+/* dpar_cuda_nccl_create: collective over desc->host: its rank 0 makes an NCCL unique id, broadcasts it over host,
+   and every rank joins with ncclCommInitRank on its device. The new comm owns the NCCL comm. Across machines: make
+   host with dpar_comm_from_mpi, one process per GPU, started by mpirun.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, host or out), DPAR_EUNSUPPORTED (built without DPAR_NCCL), DPAR_ESYSTEM
+             (a CUDA or NCCL call failed, rank 0's included), host's errors. On error *out is NULL.
+   Thread safety: host's thread. */
+DPAR_API dpar_status dpar_cuda_nccl_create(const dpar_cuda_nccl_desc *desc, dpar_comm **out);
 
 #ifdef __cplusplus
 }
@@ -1385,6 +1429,334 @@ extern "C" DPAR_API void dpar_cuda_softmax_xent_backward_f32_ref(float *dlogits,
         }
     }
 }
+/* >>nccl: dpar comms whose collectives NCCL runs (DPAR_NCCL) ------------------------------------------ */
+#ifdef DPAR_NCCL
+#include <nccl.h>
+#include <sched.h>
+#include <time.h>
+
+typedef struct dpar_cuda__nc {
+    ncclComm_t nc;
+    cudaStream_t stream;
+    int own_comm, own_stream, aborted;
+    int device, rank, size;
+    void *scratch; /* device memory: the checker's exchange, the barrier's word, an in-place alltoall's copy */
+    size_t scratch_bytes;
+} dpar_cuda__nc;
+
+static dpar_status dpar_cuda__nccl_check(ncclResult_t r, const dpar_cuda__nc *k, const char *call)
+{
+    if (r == ncclSuccess) return DPAR_OK;
+    return dpar_set_error(DPAR_ESYSTEM, "%s (NCCL rank %d of %d, device %d): %s (%d)%s%s", call, k ? k->rank : -1,
+                          k ? k->size : 0, k ? k->device : -1, ncclGetErrorString(r), (int)r,
+                          ncclGetLastError(k ? k->nc : NULL) ? ": " : "", ncclGetLastError(k ? k->nc : NULL));
+}
+static int dpar_cuda__nccl_type(dpar_dtype t, ncclDataType_t *out)
+{
+    switch (t) {
+    case DPAR_F32: *out = ncclFloat32; return 1;
+    case DPAR_F64: *out = ncclFloat64; return 1;
+    case DPAR_I32: *out = ncclInt32; return 1;
+    case DPAR_I64: *out = ncclInt64; return 1;
+    case DPAR_U8: *out = ncclUint8; return 1;
+    case DPAR_F16: *out = ncclFloat16; return 1;
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21000
+    case DPAR_BF16: *out = ncclBfloat16; return 1;
+#endif
+    default: return 0;
+    }
+}
+/* dpar's average is the sum, then one division by N (dpar_cuda_divide): the same rule as the ring's */
+static ncclRedOp_t dpar_cuda__nccl_op(dpar_op op)
+{
+    return op == DPAR_PROD ? ncclProd : op == DPAR_MIN ? ncclMin : op == DPAR_MAX ? ncclMax : ncclSum;
+}
+
+static dpar_status dpar_cuda__nc_scratch(dpar_cuda__nc *k, size_t bytes)
+{
+    cudaError_t e;
+    if (bytes <= k->scratch_bytes) return DPAR_OK;
+    if (k->scratch) cudaFree(k->scratch);
+    k->scratch = NULL;
+    k->scratch_bytes = 0;
+    if ((e = cudaMalloc(&k->scratch, bytes)) != cudaSuccess) {
+        k->scratch = NULL;
+        return dpar_set_error(DPAR_ENOMEM, "NCCL comm (device %d): cudaMalloc of %zu bytes: %s", k->device, bytes,
+                              cudaGetErrorName(e));
+    }
+    k->scratch_bytes = bytes;
+    return DPAR_OK;
+}
+
+/* wait for the stream without blocking in CUDA: NCCL's own errors and the deadline are seen while waiting; the
+   wait spins briefly, then sleeps 20 us to 1 ms at a time (no core is starved) */
+static dpar_status dpar_cuda__nc_wait(dpar_cuda__nc *k, uint64_t deadline, const char *what)
+{
+    uint64_t t0 = dpar_time_ns(), sleep_ns = 20000;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(k->stream);
+        ncclResult_t ar = ncclSuccess;
+        if (e == cudaSuccess) return DPAR_OK;
+        if (e != cudaErrorNotReady)
+            return dpar_set_error(DPAR_ESYSTEM, "%s (NCCL rank %d, device %d): %s (%d): %s", what, k->rank, k->device,
+                                  cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
+        if (ncclCommGetAsyncError(k->nc, &ar) == ncclSuccess && ar != ncclSuccess && ar != ncclInProgress) {
+            dpar_status st = dpar_cuda__nccl_check(ar, k, what);
+            ncclCommAbort(k->nc); /* the comm cannot go on; the stream's work ends with it */
+            k->aborted = 1;
+            return st;
+        }
+        if (deadline && dpar_time_ns() >= deadline) {
+            ncclCommAbort(k->nc);
+            k->aborted = 1;
+            return dpar_set_error(DPAR_ETIMEDOUT,
+                                  "NCCL rank %d of %d (device %d) timed out after %llu ms in %s; NCCL does not say "
+                                  "which rank is missing; the NCCL comm is aborted",
+                                  k->rank, k->size, k->device, (unsigned long long)((dpar_time_ns() - t0) / 1000000u),
+                                  what);
+        }
+        if (dpar_time_ns() - t0 < 50000u) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, (long)sleep_ns};
+            nanosleep(&ts, NULL);
+            if (sleep_ns < 1000000u) sleep_ns *= 2;
+        }
+    }
+}
+
+static dpar_status dpar_cuda__nc_dead(const dpar_cuda__nc *k)
+{
+    return k->aborted ? dpar_set_error(DPAR_EABORTED,
+                                       "NCCL rank %d (device %d): the NCCL comm was aborted by an earlier "
+                                       "error or timeout",
+                                       k->rank, k->device)
+                      : DPAR_OK;
+}
+
+static dpar_status dpar_cuda__nc_exchange(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline)
+{
+    dpar_cuda__nc *k = (dpar_cuda__nc *)user;
+    char *in, *out;
+    cudaError_t e;
+    DPAR_CUDA__TRY(dpar_cuda__nc_dead(k));
+    cudaSetDevice(k->device);
+    DPAR_CUDA__TRY(dpar_cuda__nc_scratch(k, (size_t)(k->size + 1) * bytes));
+    in = (char *)k->scratch + (size_t)k->size * bytes;
+    out = (char *)k->scratch;
+    if ((e = cudaMemcpyAsync(in, mine, bytes, cudaMemcpyHostToDevice, k->stream)) != cudaSuccess)
+        return dpar_cuda__check(e, "the NCCL comm's contract check", "cudaMemcpyAsync");
+    DPAR_CUDA__TRY(dpar_cuda__nccl_check(ncclAllGather(in, out, bytes, ncclUint8, k->nc, k->stream), k,
+                                         "ncclAllGather (the contract check)"));
+    DPAR_CUDA__TRY(dpar_cuda__nc_wait(k, deadline, "the contract check's allgather"));
+    return dpar_cuda__check(cudaMemcpy(all, out, (size_t)k->size * bytes, cudaMemcpyDeviceToHost),
+                            "the NCCL comm's contract check", "cudaMemcpy");
+}
+
+static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
+{
+    dpar_cuda__nc *k = (dpar_cuda__nc *)user;
+    ncclDataType_t nt = ncclUint8;
+    ncclRedOp_t op = dpar_cuda__nccl_op(c->op);
+    size_t es = dpar_dtype_size(c->dtype), N = (size_t)k->size, o, l, q;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv;
+    ncclResult_t r = ncclSuccess;
+    dpar_status st = DPAR_OK;
+    char what[64];
+    DPAR_CUDA__TRY(dpar_cuda__nc_dead(k));
+    snprintf(what, sizeof what, "%s #%llu", dpar_coll_name(c->coll), (unsigned long long)c->seq);
+    if (c->coll != DPAR_COLL_BARRIER && !dpar_cuda__nccl_type(c->dtype, &nt))
+        return dpar_set_error(DPAR_EUNSUPPORTED, "NCCL comm: dtype %s is not in this NCCL", dpar_dtype_name(c->dtype));
+    if (c->coll != DPAR_COLL_BARRIER && c->count == 0) return DPAR_OK;
+    cudaSetDevice(k->device);
+    switch (c->coll) {
+    case DPAR_COLL_BARRIER:
+        DPAR_CUDA__TRY(dpar_cuda__nc_scratch(k, 16));
+        r = ncclAllReduce(k->scratch, k->scratch, 1, ncclInt32, ncclSum, k->nc, k->stream);
+        break;
+    case DPAR_COLL_BROADCAST:
+        r = ncclBroadcast(k->rank == c->root ? send : recv, recv, c->count, nt, c->root, k->nc, k->stream);
+        break;
+    case DPAR_COLL_REDUCE:
+        r = ncclReduce(send, k->rank == c->root ? recv : (void *)send, c->count, nt, op, c->root, k->nc, k->stream);
+        if (r == ncclSuccess && c->op == DPAR_AVG && k->rank == c->root)
+            st = dpar_cuda_divide(recv, recv, c->count, c->dtype, k->size, k->stream);
+        break;
+    case DPAR_COLL_ALLREDUCE:
+        r = ncclAllReduce(send, recv, c->count, nt, op, k->nc, k->stream);
+        if (r == ncclSuccess && c->op == DPAR_AVG)
+            st = dpar_cuda_divide(recv, recv, c->count, c->dtype, k->size, k->stream);
+        break;
+    case DPAR_COLL_REDUCE_SCATTER:
+        dpar_block_range(c->count, k->size, k->rank, &o, &l);
+        if (c->count % N == 0) {
+            r = ncclReduceScatter(send, recv, c->count / N, nt, op, k->nc, k->stream);
+        } else { /* dpar's uneven blocks: one reduce per block, rooted at its owner */
+            ncclGroupStart();
+            for (q = 0; q < N && r == ncclSuccess; q++) {
+                size_t qo, ql;
+                dpar_block_range(c->count, k->size, (int)q, &qo, &ql);
+                if (ql)
+                    r = ncclReduce(send + qo * es, (int)q == k->rank ? recv : (void *)(send + qo * es), ql, nt, op,
+                                   (int)q, k->nc, k->stream);
+            }
+            if (ncclGroupEnd() != ncclSuccess && r == ncclSuccess) r = ncclInternalError;
+        }
+        if (r == ncclSuccess && c->op == DPAR_AVG && l)
+            st = dpar_cuda_divide(recv, recv, l, c->dtype, k->size, k->stream);
+        break;
+    case DPAR_COLL_ALLGATHER:
+        if (c->count % N == 0) {
+            r = ncclAllGather(send, recv, c->count / N, nt, k->nc, k->stream);
+        } else { /* uneven blocks: each owner broadcasts its block */
+            ncclGroupStart();
+            for (q = 0; q < N && r == ncclSuccess; q++) {
+                size_t qo, ql;
+                dpar_block_range(c->count, k->size, (int)q, &qo, &ql);
+                if (ql)
+                    r = ncclBroadcast((int)q == k->rank ? send : recv + qo * es, recv + qo * es, ql, nt, (int)q, k->nc,
+                                      k->stream);
+            }
+            if (ncclGroupEnd() != ncclSuccess && r == ncclSuccess) r = ncclInternalError;
+        }
+        break;
+    case DPAR_COLL_ALLTOALL: {
+        size_t block = c->count * es;
+        if (send == recv) { /* in place: the blocks I send would be overwritten as others arrive */
+            cudaError_t e;
+            DPAR_CUDA__TRY(dpar_cuda__nc_scratch(k, N * block));
+            if ((e = cudaMemcpyAsync(k->scratch, send, N * block, cudaMemcpyDeviceToDevice, k->stream)) != cudaSuccess)
+                return dpar_cuda__check(e, "NCCL alltoall in place", "cudaMemcpyAsync");
+            send = (const char *)k->scratch;
+        }
+        ncclGroupStart();
+        for (q = 0; q < N && r == ncclSuccess; q++) {
+            r = ncclSend(send + q * block, c->count, nt, (int)q, k->nc, k->stream);
+            if (r == ncclSuccess) r = ncclRecv(recv + q * block, c->count, nt, (int)q, k->nc, k->stream);
+        }
+        if (ncclGroupEnd() != ncclSuccess && r == ncclSuccess) r = ncclInternalError;
+        break;
+    }
+    default: return dpar_set_error(DPAR_EINVAL, "NCCL comm: call %d", (int)c->coll);
+    }
+    if (r != ncclSuccess) return dpar_cuda__nccl_check(r, k, what);
+    if (st != DPAR_OK) return st;
+    return dpar_cuda__nc_wait(k, c->deadline_ns, what);
+}
+
+static void dpar_cuda__nc_destroy(void *user)
+{
+    dpar_cuda__nc *k = (dpar_cuda__nc *)user;
+    int before = -1;
+    cudaGetDevice(&before);
+    cudaSetDevice(k->device);
+    if (k->own_comm && !k->aborted) ncclCommDestroy(k->nc);
+    if (k->own_stream) cudaStreamDestroy(k->stream);
+    if (k->scratch) cudaFree(k->scratch);
+    if (before >= 0) cudaSetDevice(before);
+    free(k);
+}
+
+static dpar_status dpar_cuda__nccl_wrap(ncclComm_t nc, cudaStream_t stream, int own_comm, int own_stream,
+                                        const dpar_comm_desc *desc, dpar_comm **out)
+{
+    dpar_cuda__nc *k = (dpar_cuda__nc *)calloc(1, sizeof *k);
+    dpar_comm_ops ops;
+    dpar_comm_desc d;
+    dpar_status st;
+    if (!k) return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_comm_from_nccl: out of memory");
+    k->nc = nc;
+    k->stream = stream;
+    if ((st = dpar_cuda__nccl_check(ncclCommCount(nc, &k->size), k, "ncclCommCount")) != DPAR_OK ||
+        (st = dpar_cuda__nccl_check(ncclCommUserRank(nc, &k->rank), k, "ncclCommUserRank")) != DPAR_OK ||
+        (st = dpar_cuda__nccl_check(ncclCommCuDevice(nc, &k->device), k, "ncclCommCuDevice")) != DPAR_OK) {
+        free(k);
+        return st;
+    }
+    memset(&ops, 0, sizeof ops);
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (!d.name || !*d.name) d.name = "nccl";
+    ops.user = k;
+    ops.rank = k->rank;
+    ops.size = k->size;
+    ops.run = dpar_cuda__nc_run;
+    ops.exchange = dpar_cuda__nc_exchange;
+    ops.destroy = dpar_cuda__nc_destroy;
+    if ((st = dpar_comm_from_ops(&ops, &d, out)) != DPAR_OK) {
+        free(k);
+        return st;
+    }
+    k->own_comm = own_comm; /* only now: on failure the caller still owns them */
+    k->own_stream = own_stream;
+    return DPAR_OK;
+}
+#endif /* DPAR_NCCL */
+
+extern "C" DPAR_API dpar_status dpar_cuda_comm_from_nccl(void *nccl_comm, void *stream, const dpar_comm_desc *desc,
+                                                         dpar_comm **out)
+{
+    if (!out) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_from_nccl: out is NULL");
+    *out = NULL;
+    if (!nccl_comm) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_from_nccl: nccl_comm is NULL");
+#ifdef DPAR_NCCL
+    return dpar_cuda__nccl_wrap((ncclComm_t)nccl_comm, (cudaStream_t)stream, 0, 0, desc, out);
+#else
+    (void)stream, (void)desc;
+    return dpar_set_error(DPAR_EUNSUPPORTED, "dpar_cuda_comm_from_nccl: dpar_cuda.h's implementation was built "
+                                             "without DPAR_NCCL (define it and link -lnccl)");
+#endif
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_nccl_create(const dpar_cuda_nccl_desc *desc, dpar_comm **out)
+{
+    if (!out) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_nccl_create: out is NULL");
+    *out = NULL;
+    if (!desc || !desc->host) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_nccl_create: desc or desc->host is NULL");
+#ifdef DPAR_NCCL
+    {
+        /* rank 0's status and id travel together: a failure there ends every rank's call */
+        struct {
+            int32_t status;
+            ncclUniqueId id;
+        } msg;
+        int rank = dpar_comm_rank(desc->host), size = dpar_comm_size(desc->host), before = -1;
+        ncclComm_t nc = NULL;
+        cudaStream_t s = (cudaStream_t)desc->stream;
+        dpar_status st;
+        cudaError_t e;
+        memset(&msg, 0, sizeof msg);
+        if (rank == 0) {
+            ncclResult_t r = ncclGetUniqueId(&msg.id);
+            msg.status = r == ncclSuccess ? 0 : (int32_t)DPAR_ESYSTEM;
+            if (r != ncclSuccess) dpar_cuda__nccl_check(r, NULL, "ncclGetUniqueId");
+        }
+        if ((st = dpar_broadcast(desc->host, &msg, &msg, sizeof msg, DPAR_U8, 0)) != DPAR_OK) return st;
+        if (msg.status)
+            return rank == 0 ? (dpar_status)msg.status
+                             : dpar_set_error((dpar_status)msg.status, "dpar_cuda_nccl_create: rank 0 could not make "
+                                                                       "an NCCL id");
+        cudaGetDevice(&before);
+        if ((e = cudaSetDevice(desc->device)) != cudaSuccess)
+            return dpar_cuda__check(e, "dpar_cuda_nccl_create", "cudaSetDevice");
+        if (!s && (e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+            return dpar_cuda__check(e, "dpar_cuda_nccl_create", "cudaStreamCreateWithFlags");
+        st = dpar_cuda__nccl_check(ncclCommInitRank(&nc, size, msg.id, rank), NULL, "ncclCommInitRank");
+        if (st == DPAR_OK) st = dpar_cuda__nccl_wrap(nc, s, 1, !desc->stream, &desc->comm, out);
+        if (st != DPAR_OK) {
+            if (nc) ncclCommDestroy(nc);
+            if (!desc->stream) cudaStreamDestroy(s);
+        }
+        if (before >= 0) cudaSetDevice(before);
+        return st;
+    }
+#else
+    return dpar_set_error(DPAR_EUNSUPPORTED, "dpar_cuda_nccl_create: dpar_cuda.h's implementation was built without "
+                                             "DPAR_NCCL (define it and link -lnccl)");
+#endif
+}
+
 /* >>cuda_pool: the GPU workers ---------------------------------------------------------------------- */
 /* the allocator hook without dpar.h's private helpers (its implementation may be in another file) */
 static void *dpar_cuda__calloc(const dpar_allocator *a, size_t n, size_t size)
@@ -1465,7 +1837,9 @@ static dpar_status dpar_cuda__worker_start_on(void *user, int t, int n)
             else if (e != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaDeviceEnablePeerAccess");
         }
     }
-    return dpar_group_join(p->group, t, &w->comm);
+    DPAR_CUDA__TRY(dpar_group_join(p->group, t, &w->ring));
+    w->comm = w->ring;
+    return DPAR_OK;
 }
 
 /* frees what worker t owns; the first error is returned, everything is freed all the same */
@@ -1477,8 +1851,9 @@ static dpar_status dpar_cuda__worker_stop_on(void *user, int t, int n)
     cudaError_t e;
     (void)n;
     if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
-    dpar_comm_destroy(w->comm); /* its scratch goes back through the pool's free callback */
-    w->comm = NULL;
+    dpar_comm_destroy(w->nccl); /* and its NCCL comm */
+    dpar_comm_destroy(w->ring); /* its scratch goes back through the pool's free callback */
+    w->comm = w->ring = w->nccl = NULL;
     if (w->stream && (e = cudaStreamSynchronize((cudaStream_t)w->stream)) != cudaSuccess)
         st = dpar_cuda__worker_error(w, e, "cudaStreamSynchronize");
     if (w->comm_stream) cudaStreamDestroy((cudaStream_t)w->comm_stream);
@@ -1635,6 +2010,32 @@ static void dpar_cuda__c_free(void *user, int worker, void *ptr)
     cudaFree(ptr);
 }
 
+#ifdef DPAR_NCCL
+/* one NCCL comm per worker (ncclCommInitAll), each wrapped on its worker's comm stream and owned by it */
+static dpar_status dpar_cuda__pool_nccl(dpar_cuda_pool *p, const dpar_comm_desc *cd)
+{
+    ncclComm_t *ncs = (ncclComm_t *)dpar_cuda__calloc(&p->allocator, (size_t)p->n, sizeof *ncs);
+    int *devs = (int *)dpar_cuda__calloc(&p->allocator, (size_t)p->n, sizeof *devs);
+    dpar_comm_desc d = *cd;
+    dpar_status st = DPAR_OK;
+    int i;
+    if (!ncs || !devs) st = dpar_set_error(DPAR_ENOMEM, "out of memory");
+    for (i = 0; st == DPAR_OK && i < p->n; i++) devs[i] = p->w[i].device;
+    if (st == DPAR_OK) st = dpar_cuda__nccl_check(ncclCommInitAll(ncs, p->n, devs), NULL, "ncclCommInitAll");
+    d.size = 0;
+    if (!d.name || !*d.name) d.name = "nccl";
+    for (i = 0; st == DPAR_OK && i < p->n; i++) {
+        st = dpar_cuda__nccl_wrap(ncs[i], (cudaStream_t)p->w[i].comm_stream, 1, 0, &d, &p->w[i].nccl);
+        if (st == DPAR_OK) p->w[i].comm = p->w[i].nccl, ncs[i] = NULL;
+    }
+    for (i = 0; ncs && i < p->n; i++) /* those not wrapped (after a failure) */
+        if (ncs[i]) ncclCommDestroy(ncs[i]);
+    dpar_cuda__free(&p->allocator, ncs);
+    dpar_cuda__free(&p->allocator, devs);
+    return st;
+}
+#endif
+
 extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc *desc, dpar_cuda_pool **out)
 {
     dpar_cuda_pool_desc d;
@@ -1669,6 +2070,17 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
                               "dpar_cuda_pool_create: %d devices x %d workers is above DPAR_MAX_THREADS "
                               "(%d)",
                               ndev, per, DPAR_MAX_THREADS);
+#ifndef DPAR_NCCL
+    if (d.nccl)
+        return dpar_set_error(DPAR_EUNSUPPORTED,
+                              "dpar_cuda_pool_create: nccl = 1, but dpar_cuda.h's implementation was "
+                              "built without DPAR_NCCL (define it and link -lnccl)");
+#endif
+    if (d.nccl && per > 1)
+        return dpar_set_error(DPAR_EUNSUPPORTED,
+                              "dpar_cuda_pool_create: nccl = 1 with %d workers per device (NCCL "
+                              "runs one rank per GPU)",
+                              per);
     if ((unsigned)d.path > DPAR_CUDA_PATH_HOST || (d.comm.size && d.comm.size != ndev * per) || d.comm.memory.reduce ||
         d.comm.memory.alloc)
         return dpar_set_error(DPAR_EINVAL,
@@ -1745,6 +2157,14 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         dpar_cuda__pool_free(p);
         return dpar_set_error(st, "dpar_cuda_pool_create: %s", msg);
     }
+#ifdef DPAR_NCCL
+    if (d.nccl && (st = dpar_cuda__pool_nccl(p, &d.comm)) != DPAR_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dpar_last_error());
+        dpar_cuda__pool_free(p);
+        return dpar_set_error(st, "dpar_cuda_pool_create: the NCCL comm: %s", msg);
+    }
+#endif
     *out = p;
     return DPAR_OK;
 }

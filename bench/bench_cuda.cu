@@ -7,8 +7,16 @@
    The goal (issue 16): ratio >= 0.9 at 64 MiB and above. Without a usable device it says so and
    exits 0.
 
-   Build: nvcc -std=c++14 -O2 -arch=sm_90 -I. bench/bench_cuda.cu -o bench_cuda -lcublas
-   Run:   ./bench_cuda [max_mib]      (default 256; one bench= line per kernel and size) */
+   Then the allreduce of a GPU pool's comm (f32 sum, in place), the median of 9 calls on every worker
+   (host clock, a barrier before each), busbw = bytes / time x 2(N-1)/N as nccl-tests count it:
+       bench=allreduce transport=cuda ranks=N bytes=B us=T busbw_GBps=G      dpar.h's ring on device buffers
+       bench=allreduce transport=nccl ranks=N bytes=B us=T busbw_GBps=G      the same pool's NCCL comm (-DDPAR_NCCL)
+   on every visible device, one worker each, or 2 workers on one device when there is only one (NCCL runs one
+   rank per GPU: then its line has ranks=1). The goal: cuda >= 0.9 of nccl's busbw at 64 MiB and above on the
+   same GPUs.
+
+   Build: nvcc -std=c++14 -O2 -arch=sm_90 -I. bench/bench_cuda.cu -o bench_cuda -lcublas   (+ -DDPAR_NCCL -lnccl)
+   Run:   ./bench_cuda [max_mib]      (default 256; one bench= line per kernel and size, then the allreduces) */
 #define DPAR_IMPLEMENTATION
 #define DPAR_CUDA_IMPLEMENTATION
 #include "dpar_cuda.h"
@@ -74,6 +82,85 @@ static float time_ms(int k, float *x, float *y, float *z, float *w, size_t n)
     return ms[REPS / 2];
 }
 
+/* ---- the allreduce of a pool's comm ---- */
+typedef struct {
+    size_t max_bytes;
+    int nccl;
+    double us[64][REPS];
+    float *buf[64];
+} ar_job;
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static dpar_status ar_alloc(void *user, const dpar_cuda_worker *w)
+{
+    ar_job *j = (ar_job *)user;
+    if (cudaMalloc((void **)&j->buf[w->rank], j->max_bytes) != cudaSuccess)
+        return dpar_set_error(DPAR_ENOMEM, "cudaMalloc");
+    return cudaMemset(j->buf[w->rank], 0, j->max_bytes) == cudaSuccess ? DPAR_OK
+                                                                       : dpar_set_error(DPAR_ESYSTEM, "memset");
+}
+static size_t ar_bytes;
+static dpar_status ar_time(void *user, const dpar_cuda_worker *w)
+{
+    ar_job *j = (ar_job *)user;
+    dpar_comm *c = j->nccl ? w->nccl : w->ring;
+    int rep;
+    DPAR_CUDA__TRY(dpar_allreduce(c, j->buf[w->rank], j->buf[w->rank], ar_bytes / 4, DPAR_F32, DPAR_SUM)); /* warm */
+    for (rep = 0; rep < REPS; rep++) {
+        uint64_t t0;
+        DPAR_CUDA__TRY(dpar_barrier(w->ring));
+        t0 = dpar_time_ns();
+        DPAR_CUDA__TRY(dpar_allreduce(c, j->buf[w->rank], j->buf[w->rank], ar_bytes / 4, DPAR_F32, DPAR_SUM));
+        j->us[w->rank][rep] = (double)(dpar_time_ns() - t0) / 1e3;
+    }
+    return DPAR_OK;
+}
+static dpar_status ar_free(void *user, const dpar_cuda_worker *w)
+{
+    cudaFree(((ar_job *)user)->buf[w->rank]);
+    return DPAR_OK;
+}
+static void bench_allreduce(size_t max_mib, int gpus, int nccl)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    ar_job *j = (ar_job *)calloc(1, sizeof *j);
+    int N;
+    memset(&d, 0, sizeof d);
+    if (gpus == 1 && !nccl) d.workers_per_device = 2;
+    d.nccl = nccl;
+    d.comm.no_check = 1; /* nccl-tests' conditions: the call alone */
+    if (dpar_cuda_pool_create(&d, &p) != DPAR_OK) {
+        printf("bench=allreduce transport=%s skipped: %s\n", nccl ? "nccl" : "cuda", dpar_last_error());
+        free(j);
+        return;
+    }
+    N = dpar_cuda_pool_size(p);
+    j->max_bytes = max_mib << 20;
+    j->nccl = nccl;
+    if (dpar_cuda_pool_run(p, ar_alloc, j) == DPAR_OK)
+        for (ar_bytes = (size_t)1 << 20; ar_bytes <= j->max_bytes; ar_bytes *= 4) {
+            double med = 0;
+            int r;
+            if (dpar_cuda_pool_run(p, ar_time, j) != DPAR_OK) {
+                printf("bench=allreduce transport=%s failed: %s\n", nccl ? "nccl" : "cuda", dpar_last_error());
+                break;
+            }
+            for (r = 0; r < N; r++) { /* the slowest worker's median */
+                qsort(j->us[r], REPS, sizeof(double), cmp_double);
+                if (j->us[r][REPS / 2] > med) med = j->us[r][REPS / 2];
+            }
+            printf("bench=allreduce transport=%s ranks=%d bytes=%zu us=%.1f busbw_GBps=%.1f\n", nccl ? "nccl" : "cuda",
+                   N, ar_bytes, med, (double)ar_bytes / (med * 1e3) * (N > 1 ? 2.0 * (N - 1) / N : 1.0));
+        }
+    dpar_cuda_pool_run(p, ar_free, j);
+    dpar_cuda_pool_destroy(p);
+    free(j);
+}
+
 int main(int argc, char **argv)
 {
     size_t max_mib = argc > 1 ? (size_t)atol(argv[1]) : 256, mib, n, i;
@@ -100,5 +187,11 @@ int main(int argc, char **argv)
         }
     }
     cudaFree(x), cudaFree(y), cudaFree(z), cudaFree(w);
+    bench_allreduce(max_mib, gpus, 0);
+#ifdef DPAR_NCCL
+    bench_allreduce(max_mib, gpus, 1);
+#else
+    printf("bench=allreduce transport=nccl skipped: built without DPAR_NCCL\n");
+#endif
     return 0;
 }

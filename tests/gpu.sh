@@ -34,6 +34,16 @@ for f in tests/*.cu examples/*.cu bench/*.cu; do
     name=$(basename "$f" .cu)
     step "nvcc sm_$ARCH: $f" sh -c "$NV $f -o $BUILD/gpu/$name $LIBS"
 done
+# the NCCL comm (DPAR_NCCL): the test program, the trainer and the benchmark once more with it
+NCCL_H=$(ls "$CUDA_HOME/include/nccl.h" /usr/include/nccl.h 2>/dev/null | head -n 1)
+if [ -n "$NCCL_H" ]; then
+    for f in tests/test_cuda.cu examples/cuda_data_parallel.cu bench/bench_cuda.cu; do
+        [ -f "$f" ] || continue
+        step "nvcc sm_$ARCH -DDPAR_NCCL: $f" sh -c "$NV -DDPAR_NCCL $f -o $BUILD/gpu/$(basename "$f" .cu)_nccl $LIBS -lnccl"
+    done
+else
+    skip "DPAR_NCCL builds" "nccl.h not found"
+fi
 step "kernels: no register spills, no local memory (ptxas, sm_$ARCH)" tests/cuda_resources.sh
 # dpar_cuda.h's declarations from plain C99 and C++, linked against the nvcc-built implementation
 step "dpar_cuda.h from C99 and C++, linked with the nvcc-built implementation" sh -c "
@@ -61,6 +71,7 @@ if [ -x "$BUILD/gpu/test_cuda" ]; then
         summary; exit
     fi
     if [ $rc -eq 0 ]; then ok "test_cuda on the device"; else bad "test_cuda on the device"; fi
+    if [ -x "$BUILD/gpu/test_cuda_nccl" ]; then step "test_cuda_nccl (DPAR_NCCL) on the device" "$BUILD/gpu/test_cuda_nccl"; fi
     if [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then
         # --report-api-errors no: test_cuda makes one bad launch on purpose (the pool's error path)
         for tool in memcheck racecheck; do
@@ -79,8 +90,10 @@ if [ -x "$BUILD/gpu/test_cuda" ]; then
 fi
 for f in examples/*.cu bench/*.cu; do
     [ -f "$f" ] || continue
-    name=$(basename "$f" .cu)
-    step "run $name" "$BUILD/gpu/$name"
-    cat "$BUILD/gpu/out" | grep '^bench=\|^train' || true
+    for name in "$(basename "$f" .cu)" "$(basename "$f" .cu)_nccl"; do
+        [ -x "$BUILD/gpu/$name" ] || continue
+        step "run $name" "$BUILD/gpu/$name"
+        cat "$BUILD/gpu/out" | grep '^bench=\|^train' || true
+    done
 done
 summary

@@ -509,7 +509,9 @@ static dpar_status failing_task(void *user, const dpar_cuda_worker *w)
 /* ---- the pool's comm: dpar.h's collectives on device buffers, every path ---- */
 typedef struct comm_job {
     size_t n;
-    int fail_rank; /* this worker fails its run instead of calling the collective (-1: none) */
+    int no_p2p;        /* an NCCL comm: point-to-point is NCCL's own */
+    dpar_comm **comms; /* per worker, instead of worker->comm (NULL: worker->comm) */
+    int fail_rank;     /* this worker fails its run instead of calling the collective (-1: none) */
     dpar_status st[64];
     double seconds[64];
     char first[64][600]; /* the first wrong result or error of worker r */
@@ -533,6 +535,7 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
 {
     comm_job *j = (comm_job *)user;
     int r = w->rank, N = w->size, q;
+    dpar_comm *comm = j->comms ? j->comms[r] : w->comm;
     size_t n = j->n, i, off, len, per = n / (size_t)N ? n / (size_t)N : 1;
     size_t big = n * (size_t)N + (size_t)N;
     cudaStream_t s = (cudaStream_t)w->stream;
@@ -548,7 +551,7 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
     /* allreduce, out of place: the input goes in on the worker's stream, which the call waits for */
     for (i = 0; i < n; i++) h[i] = cin(r, i);
     cudaMemcpyAsync(dx, h, n * 4, cudaMemcpyHostToDevice, s);
-    COMM_TRY("allreduce", dpar_allreduce(w->comm, dx, dy, n, DPAR_F32, DPAR_SUM));
+    COMM_TRY("allreduce", dpar_allreduce(comm, dx, dy, n, DPAR_F32, DPAR_SUM));
     cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
     for (i = 0; i < n; i++) {
         float want = 0;
@@ -556,7 +559,7 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
         COMM_EXPECT("allreduce sum", got[i] == want, i);
     }
     /* in place, average */
-    COMM_TRY("allreduce avg", dpar_allreduce(w->comm, dx, dx, n, DPAR_F32, DPAR_AVG));
+    COMM_TRY("allreduce avg", dpar_allreduce(comm, dx, dx, n, DPAR_F32, DPAR_AVG));
     cudaMemcpy(got, dx, n * 4, cudaMemcpyDeviceToHost);
     for (i = 0; i < n; i++) {
         float want = 0;
@@ -565,14 +568,14 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
     }
     /* reduce-scatter (max) and all-gather */
     cudaMemcpy(dx, h, n * 4, cudaMemcpyHostToDevice);
-    COMM_TRY("reduce_scatter", dpar_reduce_scatter(w->comm, dx, dy, n, DPAR_F32, DPAR_MAX));
+    COMM_TRY("reduce_scatter", dpar_reduce_scatter(comm, dx, dy, n, DPAR_F32, DPAR_MAX));
     cudaMemcpy(got, dy, len * 4, cudaMemcpyDeviceToHost);
     for (i = 0; i < len; i++) {
         float want = cin(0, off + i);
         for (q = 1; q < N; q++) want = cin(q, off + i) > want ? cin(q, off + i) : want;
         COMM_EXPECT("reduce_scatter max", got[i] == want, off + i);
     }
-    COMM_TRY("allgather", dpar_allgather(w->comm, dx + off, dy, n, DPAR_F32));
+    COMM_TRY("allgather", dpar_allgather(comm, dx + off, dy, n, DPAR_F32));
     cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
     for (q = 0; q < N; q++) {
         size_t qo, ql;
@@ -580,10 +583,10 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
         for (i = qo; i < qo + ql; i++) COMM_EXPECT("allgather", got[i] == cin(q, i), i);
     }
     /* broadcast from the last worker, reduce (sum) to worker 0 */
-    COMM_TRY("broadcast", dpar_broadcast(w->comm, dx, dy, n, DPAR_F32, N - 1));
+    COMM_TRY("broadcast", dpar_broadcast(comm, dx, dy, n, DPAR_F32, N - 1));
     cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
     for (i = 0; i < n; i++) COMM_EXPECT("broadcast", got[i] == cin(N - 1, i), i);
-    COMM_TRY("reduce", dpar_reduce(w->comm, dx, r == 0 ? dy : NULL, n, DPAR_F32, DPAR_SUM, 0));
+    COMM_TRY("reduce", dpar_reduce(comm, dx, r == 0 ? dy : NULL, n, DPAR_F32, DPAR_SUM, 0));
     if (r == 0) {
         cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
         for (i = 0; i < n; i++) {
@@ -596,18 +599,22 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
     for (q = 0; q < N; q++)
         for (i = 0; i < per; i++) h[(size_t)q * per + i] = cin(r * 100 + q, i);
     cudaMemcpy(dx, h, (size_t)N * per * 4, cudaMemcpyHostToDevice);
-    COMM_TRY("alltoall", dpar_alltoall(w->comm, dx, dy, per, DPAR_F32));
+    COMM_TRY("alltoall", dpar_alltoall(comm, dx, dy, per, DPAR_F32));
     cudaMemcpy(got, dy, (size_t)N * per * 4, cudaMemcpyDeviceToHost);
     for (q = 0; q < N; q++)
         for (i = 0; i < per; i++) COMM_EXPECT("alltoall", got[(size_t)q * per + i] == cin(q * 100 + r, i), i);
     /* point to point around the ring */
     for (i = 0; i < n; i++) h[i] = cin(r + 50, i);
     cudaMemcpy(dx, h, n * 4, cudaMemcpyHostToDevice);
-    COMM_TRY("sendrecv", dpar_sendrecv(w->comm, dx, n, (r + 1) % N, dy, n, (r + N - 1) % N, DPAR_F32, 7));
-    cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
-    for (i = 0; i < n; i++) COMM_EXPECT("sendrecv", got[i] == cin((r + N - 1) % N + 50, i), i);
+    if (!j->no_p2p) {
+        COMM_TRY("sendrecv", dpar_sendrecv(comm, dx, n, (r + 1) % N, dy, n, (r + N - 1) % N, DPAR_F32, 7));
+        cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
+        for (i = 0; i < n; i++) COMM_EXPECT("sendrecv", got[i] == cin((r + N - 1) % N + 50, i), i);
+    } else if (dpar_send(comm, dx, n, DPAR_F32, (r + 1) % N, 7) != DPAR_EUNSUPPORTED && !j->first[r][0]) {
+        snprintf(j->first[r], sizeof j->first[r], "send on an NCCL comm was not refused");
+    }
     /* an async request; bf16 and i32 */
-    COMM_TRY("iallreduce", dpar_iallreduce(w->comm, dx, dy, n, DPAR_F32, DPAR_SUM, &req));
+    COMM_TRY("iallreduce", dpar_iallreduce(comm, dx, dy, n, DPAR_F32, DPAR_SUM, &req));
     COMM_TRY("request_wait", dpar_request_wait(req));
     cudaMemcpy(got, dy, n * 4, cudaMemcpyDeviceToHost);
     for (i = 0; i < n; i++) {
@@ -617,7 +624,7 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
     }
     for (i = 0; i < n; i++) hb[i] = dpar_f32_to_bf16(cin(r, i)), hi[i] = (int32_t)cin(r, i) * 1000003;
     cudaMemcpy(dx, hb, n * 2, cudaMemcpyHostToDevice);
-    COMM_TRY("allreduce bf16", dpar_allreduce(w->comm, dx, dx, n, DPAR_BF16, DPAR_SUM));
+    COMM_TRY("allreduce bf16", dpar_allreduce(comm, dx, dx, n, DPAR_BF16, DPAR_SUM));
     cudaMemcpy(hb, dx, n * 2, cudaMemcpyDeviceToHost);
     for (i = 0; i < n; i++) {
         float want = 0;
@@ -625,7 +632,7 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
         COMM_EXPECT("allreduce bf16", dpar_bf16_to_f32(hb[i]) == want, i);
     }
     cudaMemcpy(dx, hi, n * 4, cudaMemcpyHostToDevice);
-    COMM_TRY("allreduce i32", dpar_allreduce(w->comm, dx, dy, n, DPAR_I32, DPAR_MIN));
+    COMM_TRY("allreduce i32", dpar_allreduce(comm, dx, dy, n, DPAR_I32, DPAR_MIN));
     cudaMemcpy(hi, dy, n * 4, cudaMemcpyDeviceToHost);
     for (i = 0; i < n; i++) {
         int32_t want = (int32_t)cin(0, i) * 1000003;
@@ -713,6 +720,97 @@ static void test_pool_comm_failure_reaches_every_worker(void)
     free(j);
 }
 
+/* ---- NCCL: the same collectives through NCCL (DPAR_NCCL builds: gpu.sh's test_cuda_nccl) ---- */
+static void test_nccl_without_a_device(void) /* argument checks and the build's answer, no device needed */
+{
+    dpar_comm *c = (dpar_comm *)1;
+    dpar_cuda_nccl_desc d;
+    memset(&d, 0, sizeof d);
+    CHECK(dpar_cuda_comm_from_nccl(NULL, NULL, NULL, &c) == DPAR_EINVAL && c == NULL);
+    CHECK(dpar_cuda_nccl_create(&d, &c) == DPAR_EINVAL && c == NULL);
+#ifndef DPAR_NCCL
+    CHECK(dpar_cuda_comm_from_nccl(&d, NULL, NULL, &c) == DPAR_EUNSUPPORTED && strstr(dpar_last_error(), "DPAR_NCCL"));
+#endif
+}
+
+#ifdef DPAR_NCCL
+static void test_nccl_pool_collectives(void)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    int ni, r;
+    static const size_t ns[] = {5, ((size_t)3 << 20) + 7};
+    NEED_GPU();
+    for (ni = 0; ni < 2; ni++) {
+        comm_job *j = (comm_job *)calloc(1, sizeof *j);
+        memset(&d, 0, sizeof d);
+        d.nccl = 1;
+        d.comm.timeout_ms = 20000;
+        CHECK_MSG(dpar_cuda_pool_create(&d, &p) == DPAR_OK, "%s", dpar_last_error());
+        if (!p) return;
+        j->n = ns[ni];
+        j->no_p2p = 1;
+        CHECK_MSG(dpar_cuda_pool_run(p, comm_body, j) == DPAR_OK, "%s", dpar_last_error());
+        for (r = 0; r < dpar_cuda_pool_size(p); r++) CHECK_MSG(!j->first[r][0], "worker %d: %s", r, j->first[r]);
+        CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+        free(j);
+    }
+    d.workers_per_device = 2;
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_EUNSUPPORTED);
+}
+
+/* dpar_cuda_nccl_create over a host comm of thread ranks (one per device, as MPI processes would be) */
+typedef struct {
+    dpar_group *host;
+    dpar_comm *comms[64];
+    dpar_status st[64];
+} nccl_make_job;
+static dpar_status nccl_make_body(void *user, const dpar_cuda_worker *w)
+{
+    nccl_make_job *m = (nccl_make_job *)user;
+    dpar_comm *host = NULL;
+    dpar_cuda_nccl_desc d;
+    if ((m->st[w->rank] = dpar_group_join(m->host, w->rank, &host)) != DPAR_OK) return m->st[w->rank];
+    memset(&d, 0, sizeof d);
+    d.host = host;
+    d.device = w->device;
+    d.comm.name = "made";
+    m->st[w->rank] = dpar_cuda_nccl_create(&d, &m->comms[w->rank]);
+    dpar_comm_destroy(host);
+    return m->st[w->rank];
+}
+static dpar_status nccl_free_body(void *user, const dpar_cuda_worker *w)
+{
+    nccl_make_job *m = (nccl_make_job *)user;
+    return dpar_comm_destroy(m->comms[w->rank]);
+}
+static void test_nccl_create_over_a_host_comm(void)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    dpar_comm_desc hd;
+    nccl_make_job *m = (nccl_make_job *)calloc(1, sizeof *m);
+    comm_job *j = (comm_job *)calloc(1, sizeof *j);
+    int r;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    CHECK(dpar_cuda_pool_create(&d, &p) == DPAR_OK);
+    memset(&hd, 0, sizeof hd);
+    hd.size = dpar_cuda_pool_size(p);
+    CHECK(dpar_group_create(&hd, &m->host) == DPAR_OK);
+    CHECK_MSG(dpar_cuda_pool_run(p, nccl_make_body, m) == DPAR_OK, "%s", dpar_last_error());
+    j->n = 100003;
+    j->no_p2p = 1;
+    j->comms = m->comms;
+    CHECK_MSG(dpar_cuda_pool_run(p, comm_body, j) == DPAR_OK, "%s", dpar_last_error());
+    for (r = 0; r < dpar_cuda_pool_size(p); r++) CHECK_MSG(!j->first[r][0], "worker %d: %s", r, j->first[r]);
+    CHECK(dpar_cuda_pool_run(p, nccl_free_body, m) == DPAR_OK);
+    dpar_group_destroy(m->host);
+    CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+    free(m), free(j);
+}
+#endif
+
 static void test_tasks_without_a_pool(void) /* runs without a device */
 {
     dpar_cuda_task_desc d;
@@ -795,5 +893,10 @@ int main(int argc, char **argv)
     RUN(test_tasks_across_workers);
     RUN(test_pool_comm_collectives);
     RUN(test_pool_comm_failure_reaches_every_worker);
+    RUN(test_nccl_without_a_device);
+#ifdef DPAR_NCCL
+    RUN(test_nccl_pool_collectives);
+    RUN(test_nccl_create_over_a_host_comm);
+#endif
     return dt_summary();
 }
