@@ -253,7 +253,7 @@ typedef struct dpar_cuda_worker {
     size_t scratch_bytes; /* as in the desc */
     dpar_comm *comm;      /* rank `rank` of the pool's comm over its workers, on device buffers: nccl when the pool
                              has one, else ring */
-    void *comm_stream;    /* the cudaStream_t the comm's kernels, copies and NCCL calls run on */
+    void *comm_stream;    /* the cudaStream_t the ring comm's kernels and copies run on (NCCL's calls go on `stream`) */
     dpar_comm *ring;      /* the comm of dpar.h's ring over the workers (see dpar_cuda_path) */
     dpar_comm *nccl;      /* the comm over NCCL (dpar_cuda_pool_desc.nccl), or NULL */
 } dpar_cuda_worker;
@@ -2025,7 +2025,8 @@ static dpar_status dpar_cuda__pool_nccl(dpar_cuda_pool *p, const dpar_comm_desc 
     d.size = 0;
     if (!d.name || !*d.name) d.name = "nccl";
     for (i = 0; st == DPAR_OK && i < p->n; i++) {
-        st = dpar_cuda__nccl_wrap(ncs[i], (cudaStream_t)p->w[i].comm_stream, 1, 0, &d, &p->w[i].nccl);
+        /* on the worker's own stream: each call follows the work already enqueued there (backward) */
+        st = dpar_cuda__nccl_wrap(ncs[i], (cudaStream_t)p->w[i].stream, 1, 0, &d, &p->w[i].nccl);
         if (st == DPAR_OK) p->w[i].comm = p->w[i].nccl, ncs[i] = NULL;
     }
     for (i = 0; ncs && i < p->n; i++) /* those not wrapped (after a failure) */

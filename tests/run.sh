@@ -101,6 +101,12 @@ examples() {
         for p in dpar.h dpar_cuda.h examples data; do [ -e "$p" ] && ln -s "$ROOT/$p" "$tmp/ex/$p"; done
         head -30 "$f" | sed -n 's/^ *Check: *//p' >"$tmp/checks"
         step "example $name: $build && $run" sh -c "cd '$tmp/ex' && $build && DPAR_TEST_QUICK=1 timeout 300 $run > out.txt 2>&1; rc=\$?; cat out.txt; [ \$rc = 0 ] || exit \$rc; while IFS= read -r re; do grep -Eq \"\$re\" out.txt || { echo \"the output does not match the example's Check: \$re\"; exit 1; }; done < '$tmp/checks'"
+        if [ "$name" = cuda_data_parallel.cu ]; then # its CPU reference is the CPU example's training
+            step "example $name: its CPU reference (--cpu 2) gives examples/data_parallel.c's losses (within 2e-4)" sh -c "cd '$tmp/ex' &&
+                cc -std=c99 -O2 -I. examples/data_parallel.c -o dp -pthread -lm && ./dp --threads 2 --steps 12 | grep '^step' > a.txt &&
+                ./cuda_data_parallel --cpu 2 --steps 12 | grep '^step' > b.txt && paste a.txt b.txt &&
+                [ \$(wc -l < a.txt) = 7 ] && paste a.txt b.txt | awk '{ d = \$4 - \$8; if (\$2 != \$6 || d > 2e-4 || d < -2e-4) bad = 1 } END { exit bad }'"
+        fi
         if [ "$name" = data_parallel.c ]; then # its claim: one shared copy of the weights = separate replicas
             step "example $name: weights shared by 3 ranks end bit for bit as 3 replicas (--replicas)" sh -c "cd '$tmp/ex' &&
                 ./data_parallel --threads 3 --batch 96 --steps 6 > s.txt && ./data_parallel --threads 3 --batch 96 --steps 6 --replicas > r.txt &&

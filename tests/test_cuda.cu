@@ -774,6 +774,7 @@ static dpar_status nccl_make_body(void *user, const dpar_cuda_worker *w)
     memset(&d, 0, sizeof d);
     d.host = host;
     d.device = w->device;
+    d.stream = w->stream; /* the calls follow the worker's own work */
     d.comm.name = "made";
     m->st[w->rank] = dpar_cuda_nccl_create(&d, &m->comms[w->rank]);
     dpar_comm_destroy(host);
