@@ -2209,9 +2209,15 @@ static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
     dpar_status st;
     cudaError_t e;
     (void)n;
+    uint64_t t0 = dpar_time_ns();
     if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
     st = r->fn(r->user, w);
     e = cudaStreamSynchronize((cudaStream_t)w->stream);
+    if (dpar_trace_enabled()) { /* the worker's part of the run, its stream's work included */
+        char args[96];
+        snprintf(args, sizeof args, "\"worker\":%d,\"device\":%d,\"status\":%d", w->rank, w->device, (int)st);
+        dpar_trace_event("cuda_pool_run", "gpu", t0, dpar_time_ns(), args);
+    }
     {
         cudaError_t last = cudaGetLastError(); /* read either way: a stale error must not reach a later launch */
         if (e == cudaSuccess) e = last;
@@ -2247,6 +2253,7 @@ struct dpar_cuda__task {
     dpar_cuda_task_fn fn;
     void *user;
     int worker;
+    const char *name; /* the desc's (not copied, as dpar_task_desc's) */
     dpar_task host;    /* the task of the pool's graph that runs fn */
     cudaEvent_t event; /* recorded on the worker's stream after fn's work; made on the worker's device */
     int ndeps;
@@ -2272,8 +2279,14 @@ static dpar_status dpar_cuda__task_main_on(void *user, int t, int n)
     for (i = 0; i < k->ndeps; i++) /* the same worker's stream keeps the order by itself */
         if (k->deps[i]->worker != k->worker && (e = cudaStreamWaitEvent(s, k->deps[i]->event, 0)) != cudaSuccess)
             return dpar_cuda__worker_error(w, e, "cudaStreamWaitEvent on a dependency's event");
+    uint64_t t0 = dpar_time_ns();
     pthread_mutex_lock(&k->pool->wlocks[k->worker]);
     st = k->fn(k->user, w);
+    if (dpar_trace_enabled()) { /* the host's enqueueing (the device work runs after, on the stream) */
+        char args[64];
+        snprintf(args, sizeof args, "\"worker\":%d,\"device\":%d", k->worker, w->device);
+        dpar_trace_event(k->name ? k->name : "cuda_task", "gpu", t0, dpar_time_ns(), args);
+    }
     e = cudaEventCreateWithFlags(&k->event, cudaEventDisableTiming);
     if (e != cudaSuccess) k->event = NULL;
     else e = cudaEventRecord(k->event, s);
@@ -2323,6 +2336,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_task_submit(dpar_cuda_pool *pool, cons
     k->fn = desc->fn;
     k->user = desc->user;
     k->worker = desc->worker;
+    k->name = desc->name;
     k->ndeps = desc->num_deps;
     pthread_mutex_lock(&pool->tlock);
     for (i = 0; i < desc->num_deps && st == DPAR_OK; i++) {
