@@ -2253,7 +2253,7 @@ struct dpar_cuda__task {
     dpar_cuda_task_fn fn;
     void *user;
     int worker;
-    const char *name; /* the desc's (not copied, as dpar_task_desc's) */
+    const char *name;  /* the desc's (not copied, as dpar_task_desc's) */
     dpar_task host;    /* the task of the pool's graph that runs fn */
     cudaEvent_t event; /* recorded on the worker's stream after fn's work; made on the worker's device */
     int ndeps;
