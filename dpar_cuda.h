@@ -1,5 +1,5 @@
-/* dpar_cuda.h - dpar's GPU part: devices, kernels, a GPU worker pool, and (to come) a device
-   transport and NCCL for the communicator.  v0.2.0
+/* dpar_cuda.h - dpar's GPU part: devices, kernels, a GPU worker pool, the communicator on device
+   buffers (dpar.h's ring, or NCCL).  v0.3.0
 
    USE
      Plain C or C++ includes "dpar_cuda.h" for the declarations (it includes dpar.h). Exactly one
@@ -11,7 +11,7 @@
 
          nvcc -O2 -I. my_kernels.cu -c    and link with -lcublas (nvcc links -lcudart by default)
 
-   WHAT IS HERE (v0.2)
+   WHAT IS HERE (v0.3)
      - device count and properties, with CUDA errors mapped to dpar_status and the CUDA call, CUDA's
        error name and its text in dpar_last_error();
      - >>kernels: fill, scale, axpy, add; reduce and divide of F32/BF16/F16 with dpar's ops (bitwise the
@@ -24,7 +24,13 @@
        may share a device; SPMD runs whose CUDA errors (a fault on the worker's stream included) come
        back as the run's status, naming the worker, its device and CUDA's error name; tasks bound to a
        worker (dpar_cuda_task_submit / _wait / _wait_all), dependencies across workers carried by CUDA
-       events, failures propagated by dpar's task graph.
+       events, failures propagated by dpar's task graph;
+     - the pool's comm (worker->comm): dpar.h's whole comm API on device buffers, its ring driven through
+       dpar_comm_memory with this header's kernels and peer copies (paths AUTO/PEER/MEMCPY/HOST); a worker
+       whose run fails poisons it;
+     - >>nccl (DPAR_NCCL): comms whose collectives NCCL runs, with dpar's front end and contract checker:
+       over a pool (ncclCommInitAll), across processes and machines (the id broadcast over an MPI comm),
+       or over an ncclComm_t of yours.
    HOW THE KERNELS ARE BUILT (and verified without a GPU)
      Each kernel's per-element work is a __host__ __device__ function (dpar_cuda__<kernel>_elem); a
      small functor applies it to element i (`one`) or to W aligned elements loaded as one 16-byte vector
@@ -35,16 +41,16 @@
      on the device the _rn intrinsics, so nvcc cannot fuse a multiply and an add, and the device gives
      the host's bits (expf/logf excepted: CUDA's are within 2 ulp of glibc's, see the softmax kernels;
      and a computed NaN is the GPU's canonical one).
-   WHAT COMES (the CUDA issue): a transport for
-   device buffers (the ring of dpar.h over peer copies, its arithmetic as the kernels above) and NCCL
-   under DPAR_NCCL, a GPU trainer. See docs/cuda.md.
+   See docs/cuda.md; examples/cuda_data_parallel.cu is a whole trainer.
 
    LINKING
      The implementation calls cuBLAS (dpar_cuda_sgemm): link the program with -lcublas (nvcc adds
-     -lcudart itself).
+     -lcudart itself); with DPAR_NCCL also -lnccl.
 
    OPTIONS
      DPAR_CUDA_IMPLEMENTATION   emit the implementation (nvcc only)
+     DPAR_NCCL                  the NCCL comms (nccl.h; link -lnccl); without it those calls return
+                                DPAR_EUNSUPPORTED
 
    THREAD SAFETY
      Every function may be called from any thread; kernels run on the stream given.
@@ -54,7 +60,7 @@
 
 #include "dpar.h"
 
-#define DPAR_CUDA_VERSION "0.2.0"
+#define DPAR_CUDA_VERSION "0.3.0"
 
 #ifdef __cplusplus
 extern "C" {
