@@ -92,6 +92,7 @@
      >>shard      shard plans: scatter, gather, all-gather of blocks               base, comm
      >>tp         tensor-parallel linear layers (Megatron)                         base, pool, gemm, shard
      >>zero       ZeRO-1: sharded optimizer state                                  base, comm
+     >>fsdp       ZeRO-2 and ZeRO-3 (FSDP): sharded by unit, prefetched gathers     base, comm, zero
      >>pipe       pipeline schedules as checked data, the stage runner             base, comm
      >>dp         data-parallel helpers: sampler, gradient buckets                 base, transport, comm, async
      >>steal      work stealing between thread ranks                               base, transport, comm
@@ -1005,6 +1006,88 @@ DPAR_API void dpar_zero_shard(const dpar_zero *zero, size_t *offset, size_t *len
    Returns:  DPAR_OK (also for NULL).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
+
+/* ============================================================================================== */
+/* >>fsdp: ZeRO-2 and ZeRO-3 (FSDP): gradients, optimizer state and parameters sharded by unit    */
+/* ============================================================================================== */
+/* dpar_fsdp: sharded data parallelism over the ranks of a comm (DeepSpeed ZeRO-2/3, PyTorch FSDP). The model is a
+   list of units (a layer or a group of layers), each a flat array of float parameters; rank r keeps block r
+   (dpar_block_range) of every unit's parameters, gradients and optimizer state.
+   Stage 2:  every rank keeps the full parameters too; a unit's gradients are reduce-scattered as soon as its backward
+             is done (dpar_fsdp_reduce), so only one unit's full gradients exist at a time; the step updates the
+             shards and all-gathers the parameters.
+   Stage 3:  only the shards are kept. dpar_fsdp_gather all-gathers a unit's parameters into one of two pooled
+             buffers and starts gathering the next unit (in the direction of the calls: forward up, backward down)
+             into the other, so the gather overlaps the unit's compute; dpar_fsdp_release gives the buffer back.
+   Per step: forward: for each unit gather, compute, release; backward, last unit first: gather, dpar_fsdp_grads (a
+             zeroed full-size gradient buffer), compute, dpar_fsdp_reduce, release; then dpar_fsdp_step. The pointers
+             your code gets are plain full-size arrays.
+   Results:  the reduce-scatter of a unit's gradients adds in the order of dpar_allreduce of the same count, so
+             training ends bitwise identical to plain data parallelism that allreduces each unit's gradients (AVG) and
+             applies the same optimizer (dpar_zero_step's math), for any number of ranks (tests/test_fsdp.c).
+   Memory:   stage 3: (4 + 4 + 4 k) x params / N bytes (parameter, gradient and k optimizer words per parameter: SGD
+             k = 1, Adam k = 2) plus two pooled unit buffers and one gradient buffer of the largest unit; stage 2 keeps
+             4 x params of full parameters instead of the parameter shard. dpar_fsdp_memory reports what is held.
+   See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'. */
+typedef struct dpar_fsdp dpar_fsdp;
+
+/* dpar_fsdp_desc: how to make a sharded model; a zero field means its default. */
+typedef struct dpar_fsdp_desc {
+    dpar_comm *comm;                                 /* required: the data-parallel ranks */
+    int stage;                                       /* 2 or 3 (0: 3) */
+    int num_units;                                   /* required, >= 1 */
+    const size_t *unit_counts;                       /* required: each unit's parameters (copied) */
+    dpar_optim kind;                                 /* the optimizer, as dpar_zero_desc: default DPAR_OPTIM_SGD */
+    float lr;                                        /* required, > 0 */
+    float momentum, beta1, beta2, eps, weight_decay; /* as dpar_zero_desc */
+    dpar_allocator allocator;                        /* every byte the object holds (zero: malloc/free) */
+} dpar_fsdp_desc;
+
+/* dpar_fsdp_create: make this rank's part of a sharded model; its parameters start at zero (dpar_fsdp_set_params).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm, unit_counts or out, num_units < 1, a stage other than 2 or 3, a bad
+             kind, lr not positive, half an allocator), DPAR_ENOMEM. On error *out is NULL.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **out);
+/* dpar_fsdp_set_params / dpar_fsdp_get_params: copy a unit's full parameters in (every rank passes the same values:
+   each keeps its part) / out (collective: the shards are all-gathered into `full`).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL fsdp or full, a unit out of range, a gather in flight); get: the comm's errors.
+   Thread safety: the rank's thread; get is collective. */
+DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *fsdp, int unit, const float *full);
+DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *fsdp, int unit, float *full);
+/* dpar_fsdp_gather: the unit's full parameters in *params, valid until dpar_fsdp_release of the unit.
+   Remarks:  stage 3: collective; it waits for the prefetched gather when it is this unit's, else all-gathers now,
+             then starts gathering the next unit (comms without async requests: no prefetch). Stage 2: the kept copy.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL arguments, a unit out of range), DPAR_EBUSY (two units already held); the
+             comm's errors.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *fsdp, int unit, float **params);
+/* dpar_fsdp_release: the unit's gathered parameters are no longer used (stage 2: nothing to do).
+   Returns:  DPAR_OK; DPAR_EINVAL (the unit is not held).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *fsdp, int unit);
+/* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL arguments, a unit out of range), DPAR_EBUSY (another unit's gradients are not
+             reduced yet).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *fsdp, int unit, float **grads);
+/* dpar_fsdp_reduce: reduce-scatter the unit's gradients (the average over ranks) and add this rank's block to its
+   gradient shard; the gradient buffer goes back to the pool.
+   Returns:  DPAR_OK; DPAR_EINVAL (the unit's gradients were not taken with dpar_fsdp_grads); the comm's errors.
+   Thread safety: the rank's thread; collective. */
+DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *fsdp, int unit);
+/* dpar_fsdp_step: the optimizer on this rank's shards (dpar_zero_step's math), the gradient shards zeroed after;
+   stage 2: the parameters all-gathered into every rank's full copy.
+   Returns:  DPAR_OK; DPAR_EBUSY (a unit is still held, or gradients not reduced); the comm's errors.
+   Thread safety: the rank's thread; collective. */
+DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *fsdp);
+/* dpar_fsdp_memory: the bytes this rank's object holds now and at most so far (through its allocator).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL fsdp).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_memory(const dpar_fsdp *fsdp, size_t *bytes, size_t *peak);
+/* dpar_fsdp_destroy: free everything (waits for a prefetch in flight).
+   Returns:  DPAR_OK (also for NULL); the prefetch's error.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *fsdp);
 
 /* ============================================================================================== */
 /* >>pipe: pipeline parallelism: schedules as checked data, the stage runner                      */
@@ -6396,6 +6479,296 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
     dpar__free(&a, z->m);
     dpar__free(&a, z->v);
     dpar__free(&a, z);
+    return DPAR_OK;
+}
+
+/* >>fsdp: ZeRO-2 and ZeRO-3 (FSDP): sharded by unit ----------------------------------------------- */
+struct dpar_fsdp {
+    dpar_comm *comm;
+    dpar_fsdp_desc d;
+    int U, stage;
+    size_t *count, *off, *len, *soff, *foff; /* per unit: size; this rank's block in it; the block in the shards;
+                                                stage 2: the unit in `full` */
+    unsigned char *fresh;                    /* per unit: no gradient reduced into the shard since the last step */
+    size_t slen, maxc, total;                /* the shards' length; the largest unit; all parameters */
+    float *p, *g, *m, *v;                    /* shards: parameters (stage 3), gradients, optimizer state */
+    float *full;                             /* stage 2: every unit's full parameters */
+    float *buf[2];                           /* stage 3: the pooled unit buffers */
+    int held[2], taken[2];                   /* the unit in buf[i] (-1: none); taken: gathered by the caller */
+    dpar_request *req;                       /* the prefetch in flight, into buf[req_slot] */
+    int req_slot, no_async, last;
+    float *gbuf; /* the gradient buffer of unit gunit (-1: free) */
+    int gunit;
+    size_t bytes;
+    long step;
+};
+
+static void *dpar__fsdp_alloc(dpar_fsdp *f, size_t n, size_t size)
+{
+    void *p = dpar__calloc(&f->d.allocator, n ? n : 1, size);
+    if (p) f->bytes += (n ? n : 1) * size;
+    return p;
+}
+
+/* wait for the prefetch in flight, if any (its buffer is dropped when it failed) */
+static dpar_status dpar__fsdp_settle(dpar_fsdp *f)
+{
+    dpar_status st = DPAR_OK;
+    if (f->req) {
+        st = dpar_request_wait(f->req);
+        f->req = NULL;
+        if (st != DPAR_OK) f->held[f->req_slot] = -1;
+    }
+    return st;
+}
+
+DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
+{
+    dpar_allocator a;
+    dpar_status st = DPAR_OK;
+    if (!f) return DPAR_OK;
+    st = dpar__fsdp_settle(f); /* its buffer is about to go */
+    a = f->d.allocator;
+    dpar__free(&a, f->count), dpar__free(&a, f->off), dpar__free(&a, f->len), dpar__free(&a, f->soff);
+    dpar__free(&a, f->foff), dpar__free(&a, f->fresh), dpar__free(&a, f->p), dpar__free(&a, f->g);
+    dpar__free(&a, f->m), dpar__free(&a, f->v), dpar__free(&a, f->full), dpar__free(&a, f->buf[0]);
+    dpar__free(&a, f->buf[1]), dpar__free(&a, f->gbuf), dpar__free(&a, f);
+    return st;
+}
+
+DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **out)
+{
+    dpar_fsdp *f;
+    dpar_comm *c;
+    int u, ok;
+    if (!out) return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: out is NULL");
+    *out = NULL;
+    if (!desc || !desc->comm || !desc->unit_counts || desc->num_units < 1)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: desc, comm or unit_counts is NULL, or num_units < 1");
+    if ((desc->stage != 0 && desc->stage != 2 && desc->stage != 3) || (unsigned)desc->kind > 1 || !(desc->lr > 0))
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: stage %d (2 or 3), kind %d, lr %g (positive)", desc->stage,
+                         (int)desc->kind, (double)desc->lr);
+    DPAR__TRY(dpar__check_allocator("dpar_fsdp_create", &desc->allocator));
+    f = (dpar_fsdp *)dpar__calloc(&desc->allocator, 1, sizeof *f);
+    if (!f) return dpar__err(DPAR_ENOMEM, "dpar_fsdp_create: out of memory");
+    f->bytes = sizeof *f;
+    f->d = *desc;
+    f->d.unit_counts = NULL;
+    if (f->d.beta1 == 0) f->d.beta1 = 0.9f;
+    if (f->d.beta2 == 0) f->d.beta2 = 0.999f;
+    if (f->d.eps == 0) f->d.eps = 1e-8f;
+    f->comm = c = desc->comm;
+    f->U = desc->num_units;
+    f->stage = desc->stage ? desc->stage : 3;
+    f->held[0] = f->held[1] = f->gunit = f->last = -1;
+    f->count = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
+    f->off = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
+    f->len = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
+    f->soff = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
+    f->foff = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
+    f->fresh = (unsigned char *)dpar__fsdp_alloc(f, (size_t)f->U, 1);
+    ok = f->count && f->off && f->len && f->soff && f->foff && f->fresh;
+    for (u = 0; ok && u < f->U; u++) {
+        f->count[u] = desc->unit_counts[u];
+        dpar_block_range(f->count[u], c->size, c->rank, &f->off[u], &f->len[u]);
+        f->soff[u] = f->slen;
+        f->foff[u] = f->total;
+        f->slen += f->len[u];
+        f->total += f->count[u];
+        if (f->count[u] > f->maxc) f->maxc = f->count[u];
+        f->fresh[u] = 1;
+    }
+    if (ok) {
+        f->g = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
+        f->m = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
+        if (f->d.kind == DPAR_OPTIM_ADAM) f->v = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
+        f->gbuf = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
+        if (f->stage == 2) {
+            f->full = (float *)dpar__fsdp_alloc(f, f->total, sizeof(float));
+        } else {
+            f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
+            f->buf[0] = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
+            f->buf[1] = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
+        }
+        ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && f->gbuf &&
+             (f->stage == 2 ? f->full != NULL : f->p && f->buf[0] && f->buf[1]);
+    }
+    if (!ok) {
+        dpar_fsdp_destroy(f);
+        return dpar__err(DPAR_ENOMEM, "dpar_fsdp_create: out of memory");
+    }
+    *out = f;
+    return DPAR_OK;
+}
+
+static dpar_status dpar__fsdp_unit(const dpar_fsdp *f, int unit, const void *p, const char *fn)
+{
+    if (!f || !p) return dpar__err(DPAR_EINVAL, "%s: a NULL argument", fn);
+    if (unit < 0 || unit >= f->U) return dpar__err(DPAR_EINVAL, "%s: unit %d is not in 0..%d", fn, unit, f->U - 1);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *full)
+{
+    DPAR__TRY(dpar__fsdp_unit(f, unit, full, "dpar_fsdp_set_params"));
+    if (f->held[0] >= 0 || f->held[1] >= 0)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_set_params: a unit is gathered or being gathered");
+    if (f->stage == 2) memcpy(f->full + f->foff[unit], full, f->count[unit] * sizeof(float));
+    else memcpy(f->p + f->soff[unit], full + f->off[unit], f->len[unit] * sizeof(float));
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *f, int unit, float *full)
+{
+    DPAR__TRY(dpar__fsdp_unit(f, unit, full, "dpar_fsdp_get_params"));
+    if (f->stage == 2) {
+        memcpy(full, f->full + f->foff[unit], f->count[unit] * sizeof(float));
+        return DPAR_OK;
+    }
+    DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in order on every rank */
+    return dpar_allgather(f->comm, f->p + f->soff[unit], full, f->count[unit], DPAR_F32);
+}
+
+/* stage 3: start gathering `unit` into buf[slot] (async where the comm allows, else now) */
+static dpar_status dpar__fsdp_fetch(dpar_fsdp *f, int unit, int slot, int async)
+{
+    dpar_status st;
+    f->held[slot] = unit;
+    f->taken[slot] = 0;
+    if (async && !f->no_async) {
+        st = dpar_iallgather(f->comm, f->p + f->soff[unit], f->buf[slot], f->count[unit], DPAR_F32, &f->req);
+        if (st == DPAR_OK) {
+            f->req_slot = slot;
+            return DPAR_OK;
+        }
+        if (st != DPAR_EUNSUPPORTED) return f->held[slot] = -1, st;
+        f->no_async = 1; /* an MPI comm without MPI_THREAD_MULTIPLE: gathers without prefetch */
+        f->held[slot] = -1;
+        return DPAR_OK;
+    }
+    st = dpar_allgather(f->comm, f->p + f->soff[unit], f->buf[slot], f->count[unit], DPAR_F32);
+    if (st != DPAR_OK) f->held[slot] = -1;
+    return st;
+}
+
+DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
+{
+    int s, next, dir;
+    DPAR__TRY(dpar__fsdp_unit(f, unit, params, "dpar_fsdp_gather"));
+    if (f->stage == 2) {
+        *params = f->full + f->foff[unit];
+        return DPAR_OK;
+    }
+    for (s = 0; s < 2 && !(f->held[s] == unit && !f->taken[s]); s++) continue;
+    if (s < 2 && f->req && f->req_slot == s) DPAR__TRY(dpar__fsdp_settle(f)); /* prefetched: wait for it */
+    if (s == 2) { /* not prefetched: a free buffer, or the one a useless prefetch holds */
+        for (s = 0; s < 2 && f->held[s] >= 0; s++) continue;
+        if (s == 2) {
+            for (s = 0; s < 2 && f->taken[s]; s++) continue;
+            if (s == 2)
+                return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: units %d and %d are held (release one)", f->held[0],
+                                 f->held[1]);
+            DPAR__TRY(dpar__fsdp_settle(f));
+        } else {
+            DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in the same order on every rank */
+        }
+        DPAR__TRY(dpar__fsdp_fetch(f, unit, s, 0));
+    }
+    f->taken[s] = 1;
+    *params = f->buf[s];
+    /* prefetch the next unit in the direction of the calls: up in forward, down once a unit repeats (backward) */
+    dir = f->last < 0 || unit > f->last ? 1 : -1;
+    f->last = unit;
+    next = unit + dir;
+    if (next >= 0 && next < f->U && !f->req && f->held[1 - s] < 0) return dpar__fsdp_fetch(f, next, 1 - s, 1);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *f, int unit)
+{
+    int s;
+    if (!f || unit < 0 || unit >= f->U) return dpar__err(DPAR_EINVAL, "dpar_fsdp_release: a bad fsdp or unit");
+    if (f->stage == 2) return DPAR_OK;
+    for (s = 0; s < 2 && !(f->held[s] == unit && f->taken[s]); s++) continue;
+    if (s == 2) return dpar__err(DPAR_EINVAL, "dpar_fsdp_release: unit %d is not gathered", unit);
+    f->held[s] = -1;
+    f->taken[s] = 0;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
+{
+    DPAR__TRY(dpar__fsdp_unit(f, unit, grads, "dpar_fsdp_grads"));
+    if (f->gunit >= 0)
+        return dpar__err(DPAR_EBUSY, "dpar_fsdp_grads: unit %d's gradients are not reduced yet", f->gunit);
+    memset(f->gbuf, 0, f->count[unit] * sizeof(float));
+    f->gunit = unit;
+    *grads = f->gbuf;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
+{
+    float *mine, *g;
+    size_t i;
+    if (!f || unit < 0 || unit >= f->U || f->gunit != unit)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_reduce: unit %d's gradients were not taken with dpar_fsdp_grads",
+                         unit);
+    mine = f->gbuf + f->off[unit];
+    DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, mine, f->count[unit], DPAR_F32, DPAR_AVG));
+    g = f->g + f->soff[unit];
+    if (f->fresh[unit]) memcpy(g, mine, f->len[unit] * sizeof(float)); /* not 0 + x: a -0 stays -0 */
+    else
+        for (i = 0; i < f->len[unit]; i++) g[i] += mine[i];
+    f->fresh[unit] = 0;
+    f->gunit = -1;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
+{
+    int u;
+    size_t i;
+    if (!f) return dpar__err(DPAR_EINVAL, "dpar_fsdp_step: fsdp is NULL");
+    if (f->gunit >= 0 || (f->held[0] >= 0 && f->taken[0]) || (f->held[1] >= 0 && f->taken[1]))
+        return dpar__err(DPAR_EBUSY, "dpar_fsdp_step: a unit is still gathered or its gradients not reduced");
+    DPAR__TRY(dpar__fsdp_settle(f)); /* a prefetch of the old parameters */
+    f->held[0] = f->held[1] = f->last = -1;
+    f->step++;
+    for (u = 0; u < f->U; u++) { /* dpar_zero_step's math on this rank's block of each unit */
+        float *p = f->stage == 2 ? f->full + f->foff[u] + f->off[u] : f->p + f->soff[u];
+        float *g = f->g + f->soff[u], *m = f->m + f->soff[u], *v = f->v ? f->v + f->soff[u] : NULL;
+        if (f->fresh[u]) memset(g, 0, f->len[u] * sizeof(float)); /* no gradient this step */
+        if (f->d.kind == DPAR_OPTIM_SGD) {
+            float lr = f->d.lr, mu = f->d.momentum, wd = f->d.weight_decay;
+            for (i = 0; i < f->len[u]; i++) {
+                float gi = g[i] + wd * p[i];
+                m[i] = mu * m[i] + gi;
+                p[i] -= lr * m[i];
+            }
+        } else {
+            float lr = f->d.lr, b1 = f->d.beta1, b2 = f->d.beta2, eps = f->d.eps, wd = f->d.weight_decay;
+            float c1 = 1.0f - powf(b1, (float)f->step), c2 = 1.0f - powf(b2, (float)f->step);
+            for (i = 0; i < f->len[u]; i++) {
+                m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+                v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+                p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
+            }
+        }
+        f->fresh[u] = 1;
+    }
+    if (f->stage == 2) /* everyone's blocks of the parameters, in place */
+        for (u = 0; u < f->U; u++)
+            DPAR__TRY(
+                dpar_allgather(f->comm, f->full + f->foff[u] + f->off[u], f->full + f->foff[u], f->count[u], DPAR_F32));
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_memory(const dpar_fsdp *f, size_t *bytes, size_t *peak)
+{
+    if (!f) return dpar__err(DPAR_EINVAL, "dpar_fsdp_memory: fsdp is NULL");
+    if (bytes) *bytes = f->bytes; /* everything is allocated at create and kept: the peak is the same */
+    if (peak) *peak = f->bytes;
     return DPAR_OK;
 }
 
