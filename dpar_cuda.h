@@ -384,7 +384,8 @@ DPAR_API dpar_status dpar_cuda_task_wait_all(dpar_cuda_pool *pool);
    See:      docs/cuda.md, 'NCCL'. */
 
 /* dpar_cuda_comm_from_nccl: a dpar_comm over an existing ncclComm_t (not owned: destroy the dpar_comm first, then
-   your ncclComm_t); calls run on `stream` (a cudaStream_t; NULL: the legacy default stream).
+   your ncclComm_t); calls run on `stream` (a cudaStream_t; NULL: the legacy default stream). After a call that timed
+   out or failed in NCCL, the dpar_comm makes no more NCCL calls: abort your ncclComm_t (ncclCommAbort).
    Returns:  DPAR_OK; DPAR_EINVAL (NULL nccl_comm or out, a bad desc), DPAR_EUNSUPPORTED (built without DPAR_NCCL),
              DPAR_ESYSTEM (an NCCL query failed), DPAR_ENOMEM.
    Thread safety: any thread; the comm then belongs to one thread at a time. */
@@ -395,13 +396,16 @@ DPAR_API dpar_status dpar_cuda_comm_from_nccl(void *nccl_comm, void *stream, con
 typedef struct dpar_cuda_nccl_desc {
     dpar_comm *host;     /* required: a comm on host memory (MPI processes, thread ranks): its rank r makes rank r */
     int device;          /* this rank's CUDA device */
-    void *stream;        /* the cudaStream_t the calls run on; NULL: a non-blocking stream the comm makes and owns */
+    void *stream;        /* the cudaStream_t the calls run on (give the one your work is on); NULL: a blocking stream
+                            the comm makes and owns, which follows work on the legacy default stream */
     dpar_comm_desc comm; /* the new comm's options (name 0: "nccl") */
 } dpar_cuda_nccl_desc;
 
 /* dpar_cuda_nccl_create: collective over desc->host: its rank 0 makes an NCCL unique id, broadcasts it over host,
-   and every rank joins with ncclCommInitRank on its device. The new comm owns the NCCL comm. Across machines: make
-   host with dpar_comm_from_mpi, one process per GPU, started by mpirun.
+   and every rank joins with ncclCommInitRank on its device (after every rank has said over host that its device is
+   ready: a rank that fails before does not leave the others waiting in NCCL). The new comm owns the NCCL comm
+   (destroyed with it; aborted instead after a failed or timed-out call). Across machines: make host with
+   dpar_comm_from_mpi, one process per GPU, started by mpirun.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, host or out), DPAR_EUNSUPPORTED (built without DPAR_NCCL), DPAR_ESYSTEM
              (a CUDA or NCCL call failed, rank 0's included), host's errors. On error *out is NULL.
    Thread safety: host's thread. */
@@ -1444,7 +1448,7 @@ extern "C" DPAR_API void dpar_cuda_softmax_xent_backward_f32_ref(float *dlogits,
 typedef struct dpar_cuda__nc {
     ncclComm_t nc;
     cudaStream_t stream;
-    int own_comm, own_stream, aborted;
+    int own_comm, own_stream, aborted; /* aborted: a call failed or timed out; no more calls go to NCCL */
     int device, rank, size;
     void *scratch; /* device memory: the checker's exchange, the barrier's word, an in-place alltoall's copy */
     size_t scratch_bytes;
@@ -1486,12 +1490,21 @@ static dpar_status dpar_cuda__nc_scratch(dpar_cuda__nc *k, size_t bytes)
     k->scratch = NULL;
     k->scratch_bytes = 0;
     if ((e = cudaMalloc(&k->scratch, bytes)) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: a later launch must not see it */
         k->scratch = NULL;
         return dpar_set_error(DPAR_ENOMEM, "NCCL comm (device %d): cudaMalloc of %zu bytes: %s", k->device, bytes,
                               cudaGetErrorName(e));
     }
     k->scratch_bytes = bytes;
     return DPAR_OK;
+}
+
+/* a failed or timed-out comm: no more calls; an owned NCCL comm is aborted (its work in flight ends), one of the
+   caller's is left to the caller, who must abort it (ncclCommAbort frees it) */
+static void dpar_cuda__nc_abort(dpar_cuda__nc *k)
+{
+    if (k->own_comm && !k->aborted) ncclCommAbort(k->nc);
+    k->aborted = 1;
 }
 
 /* wait for the stream without blocking in CUDA: NCCL's own errors and the deadline are seen while waiting; the
@@ -1508,18 +1521,18 @@ static dpar_status dpar_cuda__nc_wait(dpar_cuda__nc *k, uint64_t deadline, const
                                   cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
         if (ncclCommGetAsyncError(k->nc, &ar) == ncclSuccess && ar != ncclSuccess && ar != ncclInProgress) {
             dpar_status st = dpar_cuda__nccl_check(ar, k, what);
-            ncclCommAbort(k->nc); /* the comm cannot go on; the stream's work ends with it */
-            k->aborted = 1;
+            dpar_cuda__nc_abort(k); /* the comm cannot go on; the stream's work ends with it */
             return st;
         }
         if (deadline && dpar_time_ns() >= deadline) {
-            ncclCommAbort(k->nc);
-            k->aborted = 1;
+            dpar_cuda__nc_abort(k);
             return dpar_set_error(DPAR_ETIMEDOUT,
                                   "NCCL rank %d of %d (device %d) timed out after %llu ms in %s; NCCL does not say "
-                                  "which rank is missing; the NCCL comm is aborted",
+                                  "which rank is missing; %s",
                                   k->rank, k->size, k->device, (unsigned long long)((dpar_time_ns() - t0) / 1000000u),
-                                  what);
+                                  what,
+                                  k->own_comm ? "the NCCL comm is aborted"
+                                              : "abort your NCCL comm (ncclCommAbort), then destroy this dpar_comm");
         }
         if (dpar_time_ns() - t0 < 50000u) {
             sched_yield();
@@ -1540,7 +1553,7 @@ static dpar_status dpar_cuda__nc_dead(const dpar_cuda__nc *k)
                       : DPAR_OK;
 }
 
-static dpar_status dpar_cuda__nc_exchange(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline)
+static dpar_status dpar_cuda__nc_exchange_on(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline)
 {
     dpar_cuda__nc *k = (dpar_cuda__nc *)user;
     char *in, *out;
@@ -1559,7 +1572,7 @@ static dpar_status dpar_cuda__nc_exchange(void *user, const void *mine, void *al
                             "the NCCL comm's contract check", "cudaMemcpy");
 }
 
-static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
+static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
 {
     dpar_cuda__nc *k = (dpar_cuda__nc *)user;
     ncclDataType_t nt = ncclUint8;
@@ -1607,7 +1620,10 @@ static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
                     r = ncclReduce(send + qo * es, (int)q == k->rank ? recv : (void *)(send + qo * es), ql, nt, op,
                                    (int)q, k->nc, k->stream);
             }
-            if (ncclGroupEnd() != ncclSuccess && r == ncclSuccess) r = ncclInternalError;
+            {
+                ncclResult_t ge = ncclGroupEnd();
+                if (r == ncclSuccess) r = ge;
+            }
         }
         if (r == ncclSuccess && c->op == DPAR_AVG && l)
             st = dpar_cuda_divide(recv, recv, l, c->dtype, k->size, k->stream);
@@ -1624,7 +1640,10 @@ static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
                     r = ncclBroadcast((int)q == k->rank ? send : recv + qo * es, recv + qo * es, ql, nt, (int)q, k->nc,
                                       k->stream);
             }
-            if (ncclGroupEnd() != ncclSuccess && r == ncclSuccess) r = ncclInternalError;
+            {
+                ncclResult_t ge = ncclGroupEnd();
+                if (r == ncclSuccess) r = ge;
+            }
         }
         break;
     case DPAR_COLL_ALLTOALL: {
@@ -1641,7 +1660,10 @@ static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
             r = ncclSend(send + q * block, c->count, nt, (int)q, k->nc, k->stream);
             if (r == ncclSuccess) r = ncclRecv(recv + q * block, c->count, nt, (int)q, k->nc, k->stream);
         }
-        if (ncclGroupEnd() != ncclSuccess && r == ncclSuccess) r = ncclInternalError;
+        {
+            ncclResult_t ge = ncclGroupEnd();
+            if (r == ncclSuccess) r = ge;
+        }
         break;
     }
     default: return dpar_set_error(DPAR_EINVAL, "NCCL comm: call %d", (int)c->coll);
@@ -1651,13 +1673,33 @@ static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
     return dpar_cuda__nc_wait(k, c->deadline_ns, what);
 }
 
+/* the calling thread's current device is the same after a call as before */
+static dpar_status dpar_cuda__nc_exchange(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline)
+{
+    int before = -1;
+    dpar_status st;
+    cudaGetDevice(&before);
+    st = dpar_cuda__nc_exchange_on(user, mine, all, bytes, deadline);
+    if (before >= 0) cudaSetDevice(before);
+    return st;
+}
+static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
+{
+    int before = -1;
+    dpar_status st;
+    cudaGetDevice(&before);
+    st = dpar_cuda__nc_run_on(user, c);
+    if (before >= 0) cudaSetDevice(before);
+    return st;
+}
+
 static void dpar_cuda__nc_destroy(void *user)
 {
     dpar_cuda__nc *k = (dpar_cuda__nc *)user;
     int before = -1;
     cudaGetDevice(&before);
     cudaSetDevice(k->device);
-    if (k->own_comm && !k->aborted) ncclCommDestroy(k->nc);
+    if (k->own_comm && !k->aborted) ncclCommDestroy(k->nc); /* aborted ones are freed already */
     if (k->own_stream) cudaStreamDestroy(k->stream);
     if (k->scratch) cudaFree(k->scratch);
     if (before >= 0) cudaSetDevice(before);
@@ -1728,6 +1770,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_nccl_create(const dpar_cuda_nccl_desc 
             ncclUniqueId id;
         } msg;
         int rank = dpar_comm_rank(desc->host), size = dpar_comm_size(desc->host), before = -1;
+        int32_t failed = 0, any = 0;
         ncclComm_t nc = NULL;
         cudaStream_t s = (cudaStream_t)desc->stream;
         dpar_status st;
@@ -1744,15 +1787,21 @@ extern "C" DPAR_API dpar_status dpar_cuda_nccl_create(const dpar_cuda_nccl_desc 
                              : dpar_set_error((dpar_status)msg.status, "dpar_cuda_nccl_create: rank 0 could not make "
                                                                        "an NCCL id");
         cudaGetDevice(&before);
-        if ((e = cudaSetDevice(desc->device)) != cudaSuccess)
-            return dpar_cuda__check(e, "dpar_cuda_nccl_create", "cudaSetDevice");
-        if (!s && (e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
-            return dpar_cuda__check(e, "dpar_cuda_nccl_create", "cudaStreamCreateWithFlags");
-        st = dpar_cuda__nccl_check(ncclCommInitRank(&nc, size, msg.id, rank), NULL, "ncclCommInitRank");
+        /* this rank's device and stream, then every rank agrees before ncclCommInitRank, which would wait forever
+           for a rank that gave up. A stream made here is a blocking one: it follows the legacy default stream */
+        e = cudaSetDevice(desc->device);
+        if (e == cudaSuccess && !s) e = cudaStreamCreate(&s);
+        failed = e != cudaSuccess;
+        if (failed) dpar_cuda__check(e, "dpar_cuda_nccl_create", "cudaSetDevice / cudaStreamCreate");
+        if ((st = dpar_allreduce(desc->host, &failed, &any, 1, DPAR_I32, DPAR_MAX)) == DPAR_OK && any && !failed)
+            st = dpar_set_error(DPAR_ESYSTEM, "dpar_cuda_nccl_create: another rank could not set up its device");
+        else if (st == DPAR_OK && failed) st = DPAR_ESYSTEM;
+        if (st == DPAR_OK)
+            st = dpar_cuda__nccl_check(ncclCommInitRank(&nc, size, msg.id, rank), NULL, "ncclCommInitRank");
         if (st == DPAR_OK) st = dpar_cuda__nccl_wrap(nc, s, 1, !desc->stream, &desc->comm, out);
         if (st != DPAR_OK) {
-            if (nc) ncclCommDestroy(nc);
-            if (!desc->stream) cudaStreamDestroy(s);
+            if (nc) ncclCommAbort(nc); /* never waits for the other ranks, as destroy would */
+            if (!desc->stream && s) cudaStreamDestroy(s);
         }
         if (before >= 0) cudaSetDevice(before);
         return st;
@@ -1971,7 +2020,11 @@ static dpar_status dpar_cuda__c_copy(void *user, int worker, void *dst, const vo
     if (p->path == DPAR_CUDA_PATH_HOST) { /* through this worker's pinned buffer, 4 MiB at a time */
         size_t o;
         pthread_mutex_lock(&p->blocks[worker]);
-        if (!p->bounce[worker]) e = cudaHostAlloc(&p->bounce[worker], DPAR_CUDA__BOUNCE, cudaHostAllocDefault);
+        if (!p->bounce[worker] &&
+            (e = cudaHostAlloc(&p->bounce[worker], DPAR_CUDA__BOUNCE, cudaHostAllocDefault)) != cudaSuccess) {
+            (void)cudaGetLastError();
+            p->bounce[worker] = NULL;
+        }
         for (o = 0; o < bytes && e == cudaSuccess; o += DPAR_CUDA__BOUNCE) {
             size_t l = bytes - o < DPAR_CUDA__BOUNCE ? bytes - o : DPAR_CUDA__BOUNCE;
             e = cudaMemcpyAsync(p->bounce[worker], (const char *)src + o, l, cudaMemcpyDefault, s);
@@ -2035,8 +2088,8 @@ static dpar_status dpar_cuda__pool_nccl(dpar_cuda_pool *p, const dpar_comm_desc 
         st = dpar_cuda__nccl_wrap(ncs[i], (cudaStream_t)p->w[i].stream, 1, 0, &d, &p->w[i].nccl);
         if (st == DPAR_OK) p->w[i].comm = p->w[i].nccl, ncs[i] = NULL;
     }
-    for (i = 0; ncs && i < p->n; i++) /* those not wrapped (after a failure) */
-        if (ncs[i]) ncclCommDestroy(ncs[i]);
+    for (i = 0; ncs && i < p->n; i++)      /* those not wrapped (after a failure) */
+        if (ncs[i]) ncclCommAbort(ncs[i]); /* abort never waits for the other ranks */
     dpar_cuda__free(&p->allocator, ncs);
     dpar_cuda__free(&p->allocator, devs);
     return st;
@@ -2088,6 +2141,15 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
                               "dpar_cuda_pool_create: nccl = 1 with %d workers per device (NCCL "
                               "runs one rank per GPU)",
                               per);
+    for (i = 0; d.nccl && d.devices && i < d.num_devices; i++) {
+        int q;
+        for (q = 0; q < i; q++)
+            if (d.devices[q] == d.devices[i])
+                return dpar_set_error(DPAR_EUNSUPPORTED,
+                                      "dpar_cuda_pool_create: nccl = 1 with device %d listed twice (NCCL runs one "
+                                      "rank per GPU)",
+                                      d.devices[i]);
+    }
     if ((unsigned)d.path > DPAR_CUDA_PATH_HOST || (d.comm.size && d.comm.size != ndev * per) || d.comm.memory.reduce ||
         d.comm.memory.alloc)
         return dpar_set_error(DPAR_EINVAL,
@@ -2233,8 +2295,11 @@ static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
     if (st != DPAR_OK && w->comm) { /* the others must not wait for this worker in a collective */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", dpar_last_error());
-        dpar_comm_fail(w->comm, st, msg);
-        dpar_set_error(st, "%s", msg); /* this worker's own error stays its text */
+        dpar_comm_fail(w->ring, st, msg); /* the ring's ranks return at once; an NCCL comm's */
+        if (w->nccl)
+            dpar_comm_fail(w->nccl, st, msg); /* poison is this worker's: the others' calls end at their
+                                                          deadline */
+        dpar_set_error(st, "%s", msg);        /* this worker's own error stays its text */
     }
     return st;
 }

@@ -130,7 +130,9 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
         CU(cudaStreamSynchronize(s));
         for (mean = 0, i = 0; i < b; i++) mean += hloss[i];
         mean /= (float)b;
-        CU(cudaMemcpy(dmean, &mean, 4, cudaMemcpyHostToDevice)); /* the global batch's loss: the mean over workers */
+        /* the global batch's loss: the mean over workers (copied on the stream the allreduce waits for: a plain
+           cudaMemcpy from pageable memory may return before the bytes reach the device) */
+        CU(cudaMemcpyAsync(dmean, &mean, 4, cudaMemcpyHostToDevice, s));
         TRY(dpar_allreduce(w->comm, dmean, dmean, 1, DPAR_F32, DPAR_AVG));
         CU(cudaMemcpy(&j->loss[w->rank][step], dmean, 4, cudaMemcpyDeviceToHost));
     }
