@@ -17,6 +17,7 @@ static void test_step_hook(void);
 #include "dpar_test.h"
 #include "coll_matrix.h"
 #include "pipe_mlp.h"
+#include "fsdp_case.h"
 
 static int hook_on;
 static DPAR__TLS unsigned long long hook_rng = 1;
@@ -392,6 +393,21 @@ static void buckets_proc(world *w, dpar_comm *c, int r)
     free(g), free(p), free(rp);
 }
 
+/* ZeRO-2 and ZeRO-3 across processes: bitwise plain data parallelism after every step (tests/fsdp_case.h) */
+static void test_fsdp_over_mpi(void)
+{
+    int stage, kind;
+    for (stage = 2; stage <= 3; stage++)
+        for (kind = 0; kind < 2; kind++) {
+            fsdp_case k;
+            memset(&k, 0, sizeof k);
+            k.stage = stage;
+            k.kind = (dpar_optim)kind;
+            CHECK_MSG(run_proc(NULL, fsdp_rank, &k) == 0, "stage %d %s over %d processes", stage, kind ? "adam" : "sgd",
+                      nprocs);
+        }
+}
+
 static void test_async_split_mesh_over_mpi(void)
 {
     CHECK(run_proc(NULL, async_proc, NULL) == 0);
@@ -670,6 +686,7 @@ int main(int argc, char **argv)
         MRUN(test_ring_bytes_over_mpi);
         MRUN(test_bitwise_reproducible_over_mpi);
         MRUN(test_deterministic_mode_over_mpi);
+        MRUN(test_fsdp_over_mpi);
         MRUN(test_async_split_mesh_over_mpi);
         MRUN(test_pipeline_over_mpi);
         /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
