@@ -83,6 +83,9 @@ $(BUILD)/char_lm: demo/char_lm.c dpar.h | $(BUILD)
 $(BUILD)/data_parallel: examples/data_parallel.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/fsdp: examples/fsdp.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
@@ -122,7 +125,7 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
+bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/fsdp $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 else
@@ -131,6 +134,8 @@ endif
 	./$(BUILD)/bench_comm
 	./$(BUILD)/bench_pipe
 	bench/bench_train.sh ./$(BUILD)/data_parallel ./$(BUILD)/bench_cores
+	./$(BUILD)/fsdp --stage 2 --bench | grep '^bench='
+	./$(BUILD)/fsdp --stage 3 --bench | grep '^bench='
 ifneq ($(OPENBLAS),)
 	./$(BUILD)/bench_gemm
 else

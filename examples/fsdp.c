@@ -1,0 +1,268 @@
+/* fsdp.c - an MLP trained with ZeRO-2 or ZeRO-3 (dpar_fsdp: each layer a unit, sharded over thread ranks, its
+   parameters gathered before use with the next layer's gather prefetched) and, in the same run, with plain data
+   parallelism (one allreduce per layer's gradients): memory, bytes moved and time per step of both, and the check
+   that both end with bitwise the same parameters.
+   Build: cc -std=c99 -O2 -I. examples/fsdp.c -o fsdp -pthread -lm
+   Run:   ./fsdp                    (--stage 2|3 --threads 2 --steps 10 --layers 784,1024,1024,10 --batch 256 --bench)
+   Check: ^fsdp: parameters bitwise equal to plain data parallelism after [0-9]+ steps$
+   Check: ^memory per rank: fsdp [0-9.]+ MiB, plain [0-9.]+ MiB$
+
+   Both runs use AdamW (lr 1e-3) on the same synthetic data (inputs in [0, 1), labels from a random linear teacher);
+   rank r trains on samples r b .. r b + b - 1 of each global batch. Memory is what each holds for the model:
+   plain data parallelism 16 bytes per parameter (weights, gradients, two Adam moments), dpar_fsdp what
+   dpar_fsdp_memory reports. Bytes are those each rank sent and received in the step's collectives
+   (dpar_comm_stats). --bench prints the bench=fsdp line of make bench. */
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXL 8
+
+typedef struct {
+    int nl, width[MAXL + 1], batch, steps, threads, stage, bench;
+    size_t n, units[MAXL], np;
+    float *x, *init[MAXL];
+    int *y;
+    dpar_group *group;
+    double ms[2];              /* per step: plain, fsdp (rank 0) */
+    double bytes[2];           /* per step and rank: plain, fsdp */
+    size_t mem[2];             /* per rank */
+    float *final[2][64][MAXL]; /* each rank's final parameters, per mode */
+} job;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
+static float uniform(uint64_t *s) { return (float)((double)rng_next(s) / 9007199254740992.0); }
+
+/* AdamW, dpar_fsdp_step's (and dpar_zero_step's) math, for plain data parallelism */
+static void adamw(float *p, const float *g, float *m, float *v, size_t n, long t)
+{
+    float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, c1 = 1.0f - powf(b1, (float)t),
+          c2 = 1.0f - powf(b2, (float)t);
+    size_t i;
+    for (i = 0; i < n; i++) {
+        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + 0.0f * p[i]);
+    }
+}
+
+#define TRY(call)                               \
+    do {                                        \
+        if ((st = (call)) != DPAR_OK) goto out; \
+    } while (0)
+
+/* one rank, one mode (0: plain data parallelism, 1: dpar_fsdp) */
+static dpar_status train(job *j, dpar_comm *c, int r, int mode)
+{
+    int L = j->nl, b = j->batch / j->threads, l, i, k, step;
+    float *act[MAXL + 1], *delta[MAXL + 1], *p[MAXL], *g[MAXL], *m[MAXL], *v[MAXL], *w, *gw;
+    dpar_fsdp *f = NULL;
+    dpar_fsdp_desc fd;
+    dpar_comm_stats s0, s1;
+    dpar_status st = DPAR_OK;
+    uint64_t t0 = 0;
+    memset(p, 0, sizeof p), memset(g, 0, sizeof g), memset(m, 0, sizeof m), memset(v, 0, sizeof v);
+    for (l = 0; l <= L; l++) {
+        act[l] = (float *)malloc(sizeof(float) * b * j->width[l]);
+        delta[l] = (float *)malloc(sizeof(float) * b * j->width[l]);
+    }
+    if (mode == 0) {
+        for (l = 0; l < L; l++) {
+            p[l] = (float *)malloc(j->units[l] * 4), g[l] = (float *)malloc(j->units[l] * 4);
+            m[l] = (float *)calloc(j->units[l], 4), v[l] = (float *)calloc(j->units[l], 4);
+            memcpy(p[l], j->init[l], j->units[l] * 4);
+        }
+        j->mem[0] = 16 * j->np;
+    } else {
+        memset(&fd, 0, sizeof fd);
+        fd.comm = c, fd.stage = j->stage, fd.num_units = L, fd.unit_counts = j->units;
+        fd.kind = DPAR_OPTIM_ADAM, fd.lr = 1e-3f;
+        TRY(dpar_fsdp_create(&fd, &f));
+        for (l = 0; l < L; l++) TRY(dpar_fsdp_set_params(f, l, j->init[l]));
+        TRY(dpar_fsdp_memory(f, &j->mem[1], NULL));
+    }
+    for (step = 0; step < j->steps; step++) {
+        if (step == 1) { /* step 0 warms up */
+            TRY(dpar_barrier(c));
+            dpar_comm_stats_get(c, &s0);
+            t0 = dpar_time_ns();
+        }
+        for (i = 0; i < b; i++) { /* this rank's part of the global batch */
+            size_t q = ((size_t)step * j->batch + (size_t)r * b + i) % j->n;
+            memcpy(act[0] + (size_t)i * j->width[0], j->x + q * j->width[0], sizeof(float) * j->width[0]);
+        }
+        for (l = 0; l < L; l++) { /* forward */
+            int in = j->width[l], out = j->width[l + 1];
+            if (mode) TRY(dpar_fsdp_gather(f, l, &w));
+            else w = p[l];
+            dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, 1.0f, act[l], in, w, out, 0.0f, act[l + 1], out);
+            for (i = 0; i < b; i++)
+                for (k = 0; k < out; k++) {
+                    float z = act[l + 1][(size_t)i * out + k] + w[(size_t)in * out + k];
+                    act[l + 1][(size_t)i * out + k] = l + 1 < L && z < 0 ? 0 : z;
+                }
+            if (mode) TRY(dpar_fsdp_release(f, l));
+        }
+        for (i = 0; i < b; i++) { /* softmax cross-entropy: delta[L] = (softmax - onehot) / b */
+            int C = j->width[L], cc, lab = j->y[((size_t)step * j->batch + (size_t)r * b + i) % j->n];
+            float *z = act[L] + (size_t)i * C, *d = delta[L] + (size_t)i * C, mx = z[0], sum = 0;
+            for (cc = 1; cc < C; cc++) mx = z[cc] > mx ? z[cc] : mx;
+            for (cc = 0; cc < C; cc++) sum += (d[cc] = expf(z[cc] - mx));
+            for (cc = 0; cc < C; cc++) d[cc] = (d[cc] / sum - (cc == lab)) / (float)b;
+        }
+        for (l = L - 1; l >= 0; l--) { /* backward, last layer first; each layer's gradients leave at once */
+            int in = j->width[l], out = j->width[l + 1];
+            if (mode) {
+                TRY(dpar_fsdp_gather(f, l, &w));
+                TRY(dpar_fsdp_grads(f, l, &gw));
+            } else {
+                w = p[l], gw = g[l];
+            }
+            dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, in, out, b, 1.0f, act[l], in, delta[l + 1], out, 0.0f, gw, out);
+            for (k = 0; k < out; k++) gw[(size_t)in * out + k] = 0;
+            for (i = 0; i < b; i++)
+                for (k = 0; k < out; k++) gw[(size_t)in * out + k] += delta[l + 1][(size_t)i * out + k];
+            if (l > 0) {
+                dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, in, out, 1.0f, delta[l + 1], out, w, out, 0.0f, delta[l], in);
+                for (k = 0; k < b * in; k++)
+                    if (!(act[l][k] > 0)) delta[l][k] = 0;
+            }
+            if (mode) {
+                TRY(dpar_fsdp_reduce(f, l));
+                TRY(dpar_fsdp_release(f, l));
+            } else {
+                TRY(dpar_allreduce(c, g[l], g[l], j->units[l], DPAR_F32, DPAR_AVG));
+            }
+        }
+        if (mode) TRY(dpar_fsdp_step(f));
+        else
+            for (l = 0; l < L; l++) adamw(p[l], g[l], m[l], v[l], j->units[l], step + 1);
+    }
+    TRY(dpar_barrier(c));
+    if (j->steps > 1 && r == 0) {
+        dpar_comm_stats_get(c, &s1);
+        j->ms[mode] = (double)(dpar_time_ns() - t0) * 1e-6 / (j->steps - 1);
+        j->bytes[mode] = 0;
+        for (k = 0; k < DPAR_COLL_COUNT; k++)
+            j->bytes[mode] += (double)(s1.by_coll[k].bytes_sent - s0.by_coll[k].bytes_sent +
+                                       s1.by_coll[k].bytes_received - s0.by_coll[k].bytes_received);
+        j->bytes[mode] /= (j->steps - 1);
+    }
+    for (l = 0; l < L; l++) { /* the final parameters, to compare */
+        j->final[mode][r][l] = (float *)malloc(j->units[l] * 4);
+        if (mode) TRY(dpar_fsdp_get_params(f, l, j->final[mode][r][l]));
+        else memcpy(j->final[mode][r][l], p[l], j->units[l] * 4);
+    }
+out:
+    if (st != DPAR_OK) dpar_comm_abort(c);
+    dpar_fsdp_destroy(f);
+    for (l = 0; l <= L; l++) free(act[l]), free(delta[l]);
+    for (l = 0; l < L; l++) free(p[l]), free(g[l]), free(m[l]), free(v[l]);
+    return st;
+}
+
+static dpar_status rank_main(void *user, int rank, int nranks)
+{
+    job *j = (job *)user;
+    dpar_comm *c;
+    dpar_status st;
+    (void)nranks;
+    if ((st = dpar_group_join(j->group, rank, &c)) != DPAR_OK) return st;
+    if ((st = train(j, c, rank, 0)) == DPAR_OK) st = train(j, c, rank, 1);
+    dpar_comm_destroy(c);
+    return st;
+}
+
+int main(int argc, char **argv)
+{
+    static job j;
+    const char *layers = "784,1024,1024,10";
+    dpar_pool *pool;
+    dpar_pool_desc pd = {0};
+    dpar_comm_desc cd = {0};
+    uint64_t s = 99, t = 12345;
+    int a, l, k, c, r, same = 1;
+    float *teacher;
+    j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 4 : 10, j.threads = 2, j.stage = 3;
+    for (a = 1; a < argc; a++) {
+        const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
+        if (!strcmp(o, "--bench")) {
+            j.bench = 1;
+            continue;
+        }
+        if (!v) return fprintf(stderr, "fsdp: %s needs a value\n", o), 2;
+        a++;
+        if (!strcmp(o, "--layers")) layers = v;
+        else if (!strcmp(o, "--batch")) j.batch = atoi(v);
+        else if (!strcmp(o, "--steps")) j.steps = atoi(v);
+        else if (!strcmp(o, "--threads")) j.threads = atoi(v);
+        else if (!strcmp(o, "--stage")) j.stage = atoi(v);
+        else return fprintf(stderr, "fsdp: unknown option %s\n", o), 2;
+    }
+    for (const char *q = layers; j.nl <= MAXL; j.nl++) {
+        j.width[j.nl] = atoi(q);
+        if (!(q = strchr(q, ','))) break;
+        q++;
+    }
+    if (j.nl < 1 || j.nl > MAXL || j.threads < 1 || j.threads > 64 || j.batch % j.threads || j.steps < 1 ||
+        (j.stage != 2 && j.stage != 3))
+        return fprintf(stderr, "fsdp: 2 to 9 --layers, --threads 1..64 dividing --batch, --steps >= 1, --stage 2|3\n"),
+               2;
+    for (l = 0; l <= j.nl; l++)
+        if (j.width[l] < 1) return fprintf(stderr, "fsdp: --layers wants positive widths\n"), 2;
+    j.n = 4096;
+    j.x = (float *)malloc(sizeof(float) * j.n * j.width[0]);
+    j.y = (int *)malloc(sizeof(int) * j.n);
+    teacher = (float *)malloc(sizeof(float) * j.width[0] * j.width[j.nl]);
+    for (k = 0; k < j.width[0] * j.width[j.nl]; k++) teacher[k] = uniform(&t) - 0.5f;
+    for (size_t i = 0; i < j.n; i++) {
+        float best = -1e30f, *xi = j.x + i * j.width[0];
+        for (k = 0; k < j.width[0]; k++) xi[k] = uniform(&t);
+        for (c = 0; c < j.width[j.nl]; c++) {
+            float z = 0;
+            for (k = 0; k < j.width[0]; k++) z += teacher[c * j.width[0] + k] * (xi[k] - 0.5f);
+            if (z > best) best = z, j.y[i] = c;
+        }
+    }
+    for (l = 0; l < j.nl; l++) { /* unit l: W_l (in x out, row-major), then b_l */
+        j.units[l] = (size_t)j.width[l] * j.width[l + 1] + j.width[l + 1];
+        j.np += j.units[l];
+        j.init[l] = (float *)calloc(j.units[l], sizeof(float));
+        for (size_t q = 0; q < (size_t)j.width[l] * j.width[l + 1]; q++)
+            j.init[l][q] = (2 * uniform(&s) - 1) * sqrtf(6.0f / (float)j.width[l]);
+    }
+    pd.num_threads = cd.size = j.threads;
+    if (dpar_pool_create(&pd, &pool) != DPAR_OK || dpar_group_create(&cd, &j.group) != DPAR_OK ||
+        dpar_pool_run(pool, rank_main, &j) != DPAR_OK)
+        return fprintf(stderr, "fsdp: %s\n", dpar_last_error()), 1;
+    dpar_group_destroy(j.group);
+    dpar_pool_destroy(pool);
+    for (r = 0; r < j.threads; r++)
+        for (l = 0; l < j.nl; l++) same &= !memcmp(j.final[0][r][l], j.final[1][r][l], j.units[l] * 4);
+    printf("fsdp: layers %s (%zu parameters), ZeRO-%d over %d thread ranks, %d steps of %d samples\n", layers, j.np,
+           j.stage, j.threads, j.steps, j.batch);
+    if (same) printf("fsdp: parameters bitwise equal to plain data parallelism after %d steps\n", j.steps);
+    else printf("fsdp: parameters DIFFER from plain data parallelism\n");
+    printf("memory per rank: fsdp %.2f MiB, plain %.2f MiB\n", j.mem[1] / 1048576.0, j.mem[0] / 1048576.0);
+    if (j.steps > 1) {
+        printf("per step: fsdp %.2f ms, %.2f MiB moved per rank; plain %.2f ms, %.2f MiB\n", j.ms[1],
+               j.bytes[1] / 1048576.0, j.ms[0], j.bytes[0] / 1048576.0);
+        if (j.bench)
+            printf("bench=fsdp stage=%d ranks=%d params=%zu step_ms=%.2f dp_step_ms=%.2f ratio=%.3f bytes_per_rank=%zu "
+                   "dp_bytes_per_rank=%zu\n",
+                   j.stage, j.threads, j.np, j.ms[1], j.ms[0], j.ms[0] / j.ms[1], j.mem[1], j.mem[0]);
+    }
+    for (r = 0; r < 64; r++)
+        for (l = 0; l < MAXL; l++) free(j.final[0][r][l]), free(j.final[1][r][l]);
+    for (l = 0; l < j.nl; l++) free(j.init[l]);
+    free(j.x), free(j.y), free(teacher);
+    return same ? 0 : 1;
+}
