@@ -1041,6 +1041,16 @@ typedef struct dpar_fsdp_desc {
     float lr;                                        /* required, > 0 */
     float momentum, beta1, beta2, eps, weight_decay; /* as dpar_zero_desc */
     dpar_allocator allocator;                        /* every byte the object holds (zero: malloc/free) */
+    /* mixed precision: fp32 master weights and optimizer state in the shards; the parameters and gradients your
+       code sees in `compute` (DPAR_BF16 or DPAR_F16: use dpar_fsdp_gather16 / _grads16) */
+    dpar_dtype compute;      /* DPAR_F32 (0), DPAR_BF16, DPAR_F16 */
+    dpar_dtype reduce_dtype; /* the gradients' reduction: DPAR_F32 (0; a 16-bit gradient widened first) or `compute`
+                                (half the bytes; each of the N - 1 adds rounds to it: relative error up to about
+                                (N - 1) 2^-8 for bf16, (N - 1) 2^-11 for f16) */
+    float loss_scale;        /* the factor your loss is multiplied by before backward (the gradients are divided by
+                                it); 0: 1, or 65536 with compute f16 */
+    int static_loss_scale;   /* 1: never change it. Else, with compute f16, it is dynamic: halved when a step is
+                                skipped, doubled after 1000 steps without one */
 } dpar_fsdp_desc;
 
 /* dpar_fsdp_create: make this rank's part of a sharded model; its parameters start at zero (dpar_fsdp_set_params).
@@ -1061,6 +1071,11 @@ DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *fsdp, int unit, float *full
              comm's errors.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *fsdp, int unit, float **params);
+/* dpar_fsdp_gather16 / dpar_fsdp_grads16: the same with 16-bit compute (desc->compute DPAR_BF16 or DPAR_F16: bf16 or
+   IEEE half bits, as dpar_f32_to_bf16 / dpar_f32_to_f16 round). The f32 calls refuse a 16-bit fsdp and the reverse.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_gather16(dpar_fsdp *fsdp, int unit, uint16_t **params);
+DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *fsdp, int unit, uint16_t **grads);
 /* dpar_fsdp_release: the unit's gathered parameters are no longer used (stage 2: nothing to do).
    Returns:  DPAR_OK; DPAR_EINVAL (the unit is not held).
    Thread safety: the rank's thread. */
@@ -1076,10 +1091,17 @@ DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *fsdp, int unit, float **grads);
    Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *fsdp, int unit);
 /* dpar_fsdp_step: the optimizer on this rank's shards (dpar_zero_step's math), the gradient shards zeroed after;
-   stage 2: the parameters all-gathered into every rank's full copy.
+   stage 2: the parameters all-gathered into every rank's full copy. When a gradient of any rank is inf or NaN (after
+   the loss scale is divided out) every rank skips the step together (one allreduce of a flag), and a dynamic loss
+   scale is halved.
    Returns:  DPAR_OK; DPAR_EBUSY (a unit is still held, or gradients not reduced); the comm's errors.
    Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *fsdp);
+/* dpar_fsdp_scale: the loss scale to multiply the next step's loss by, and the steps skipped so far (either may be
+   NULL).
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL fsdp).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_scale(const dpar_fsdp *fsdp, float *loss_scale, long *skipped);
 /* dpar_fsdp_memory: the bytes this rank's object holds now and at most so far (through its allocator).
    Returns:  DPAR_OK; DPAR_EINVAL (NULL fsdp).
    Thread safety: the rank's thread. */
@@ -6483,22 +6505,31 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
 }
 
 /* >>fsdp: ZeRO-2 and ZeRO-3 (FSDP): sharded by unit ----------------------------------------------- */
+/* The shards are always fp32: p (this rank's block of each unit: the master weights; absent at stage 2 in f32,
+   where the full copy is the master), g (its gradient), m and v (the optimizer's). What the caller sees is in
+   the compute type (ces bytes an element). */
 struct dpar_fsdp {
     dpar_comm *comm;
     dpar_fsdp_desc d;
     int U, stage;
+    dpar_dtype ct, rt;                       /* compute and reduction types */
+    size_t ces;                              /* bytes of a compute element */
     size_t *count, *off, *len, *soff, *foff; /* per unit: size; this rank's block in it; the block in the shards;
-                                                stage 2: the unit in `full` */
+                                                stage 2: the unit in `full` (elements) */
     unsigned char *fresh;                    /* per unit: no gradient reduced into the shard since the last step */
-    size_t slen, maxc, total;                /* the shards' length; the largest unit; all parameters */
-    float *p, *g, *m, *v;                    /* shards: parameters (stage 3), gradients, optimizer state */
-    float *full;                             /* stage 2: every unit's full parameters */
-    float *buf[2];                           /* stage 3: the pooled unit buffers */
+    size_t slen, maxc, maxlen, total;        /* the shards' length; the largest unit and block; all parameters */
+    float *p, *g, *m, *v;                    /* shards: parameters (master), gradients, optimizer state */
+    void *full;                              /* stage 2: every unit's full parameters, in the compute type */
+    void *buf[2];                            /* stage 3: the pooled unit buffers (compute type) */
+    void *send[2];                           /* stage 3, 16-bit: this rank's block converted, per buffer */
     int held[2], taken[2];                   /* the unit in buf[i] (-1: none); taken: gathered by the caller */
     dpar_request *req;                       /* the prefetch in flight, into buf[req_slot] */
     int req_slot, no_async, last;
-    float *gbuf; /* the gradient buffer of unit gunit (-1: free) */
-    int gunit;
+    void *gbuf;              /* the gradient buffer (compute type) of unit gunit (-1: free) */
+    float *gwide;            /* 16-bit compute reduced in f32: the gradients widened */
+    int gunit, bad, dynamic; /* bad: an inf or NaN gradient on this rank this step */
+    float scale;
+    long good, skipped;
     size_t bytes;
     long step;
 };
@@ -6522,6 +6553,28 @@ static dpar_status dpar__fsdp_settle(dpar_fsdp *f)
     return st;
 }
 
+/* floats to the compute type and back */
+static void dpar__fsdp_narrow(void *out, const float *in, size_t n, dpar_dtype t)
+{
+    size_t i;
+    uint16_t *o = (uint16_t *)out;
+    if (t == DPAR_F32) memcpy(out, in, n * sizeof(float));
+    else if (t == DPAR_BF16)
+        for (i = 0; i < n; i++) o[i] = dpar_f32_to_bf16(in[i]);
+    else
+        for (i = 0; i < n; i++) o[i] = dpar_f32_to_f16(in[i]);
+}
+static void dpar__fsdp_widen(float *out, const void *in, size_t n, dpar_dtype t)
+{
+    size_t i;
+    const uint16_t *h = (const uint16_t *)in;
+    if (t == DPAR_F32) memcpy(out, in, n * sizeof(float));
+    else if (t == DPAR_BF16)
+        for (i = 0; i < n; i++) out[i] = dpar_bf16_to_f32(h[i]);
+    else
+        for (i = 0; i < n; i++) out[i] = dpar_f16_to_f32(h[i]);
+}
+
 DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
 {
     dpar_allocator a;
@@ -6532,7 +6585,8 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
     dpar__free(&a, f->count), dpar__free(&a, f->off), dpar__free(&a, f->len), dpar__free(&a, f->soff);
     dpar__free(&a, f->foff), dpar__free(&a, f->fresh), dpar__free(&a, f->p), dpar__free(&a, f->g);
     dpar__free(&a, f->m), dpar__free(&a, f->v), dpar__free(&a, f->full), dpar__free(&a, f->buf[0]);
-    dpar__free(&a, f->buf[1]), dpar__free(&a, f->gbuf), dpar__free(&a, f);
+    dpar__free(&a, f->buf[1]), dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
+    dpar__free(&a, f->gwide), dpar__free(&a, f);
     return st;
 }
 
@@ -6540,7 +6594,7 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
 {
     dpar_fsdp *f;
     dpar_comm *c;
-    int u, ok;
+    int u, ok, half;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: out is NULL");
     *out = NULL;
     if (!desc || !desc->comm || !desc->unit_counts || desc->num_units < 1)
@@ -6548,6 +6602,13 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     if ((desc->stage != 0 && desc->stage != 2 && desc->stage != 3) || (unsigned)desc->kind > 1 || !(desc->lr > 0))
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: stage %d (2 or 3), kind %d, lr %g (positive)", desc->stage,
                          (int)desc->kind, (double)desc->lr);
+    half = desc->compute == DPAR_BF16 || desc->compute == DPAR_F16;
+    if ((desc->compute != DPAR_F32 && !half) ||
+        (desc->reduce_dtype != DPAR_F32 && desc->reduce_dtype != desc->compute) || desc->loss_scale < 0)
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_fsdp_create: compute %s (f32, bf16 or f16), reduce_dtype %s (f32 or the "
+                         "compute type), loss_scale %g",
+                         dpar_dtype_name(desc->compute), dpar_dtype_name(desc->reduce_dtype), (double)desc->loss_scale);
     DPAR__TRY(dpar__check_allocator("dpar_fsdp_create", &desc->allocator));
     f = (dpar_fsdp *)dpar__calloc(&desc->allocator, 1, sizeof *f);
     if (!f) return dpar__err(DPAR_ENOMEM, "dpar_fsdp_create: out of memory");
@@ -6560,6 +6621,11 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     f->comm = c = desc->comm;
     f->U = desc->num_units;
     f->stage = desc->stage ? desc->stage : 3;
+    f->ct = desc->compute;
+    f->rt = desc->reduce_dtype;
+    f->ces = dpar_dtype_size(f->ct);
+    f->scale = desc->loss_scale > 0 ? desc->loss_scale : f->ct == DPAR_F16 ? 65536.0f : 1.0f;
+    f->dynamic = f->ct == DPAR_F16 && !desc->static_loss_scale;
     f->held[0] = f->held[1] = f->gunit = f->last = -1;
     f->count = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
     f->off = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
@@ -6576,22 +6642,27 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
         f->slen += f->len[u];
         f->total += f->count[u];
         if (f->count[u] > f->maxc) f->maxc = f->count[u];
+        if (f->len[u] > f->maxlen) f->maxlen = f->len[u];
         f->fresh[u] = 1;
     }
     if (ok) {
         f->g = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         f->m = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->d.kind == DPAR_OPTIM_ADAM) f->v = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
-        f->gbuf = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
+        f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces);
+        if (half && f->rt == DPAR_F32) f->gwide = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
+        if (f->stage == 3 || half) f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->stage == 2) {
-            f->full = (float *)dpar__fsdp_alloc(f, f->total, sizeof(float));
+            f->full = dpar__fsdp_alloc(f, f->total, f->ces);
         } else {
-            f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
-            f->buf[0] = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
-            f->buf[1] = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
+            f->buf[0] = dpar__fsdp_alloc(f, f->maxc, f->ces);
+            f->buf[1] = dpar__fsdp_alloc(f, f->maxc, f->ces);
+            if (half) f->send[0] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
+            if (half) f->send[1] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
         }
         ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && f->gbuf &&
-             (f->stage == 2 ? f->full != NULL : f->p && f->buf[0] && f->buf[1]);
+             (!half || f->rt != DPAR_F32 || f->gwide) && ((f->stage != 3 && !half) || f->p) &&
+             (f->stage == 2 ? f->full != NULL : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
     }
     if (!ok) {
         dpar_fsdp_destroy(f);
@@ -6608,21 +6679,27 @@ static dpar_status dpar__fsdp_unit(const dpar_fsdp *f, int unit, const void *p, 
     return DPAR_OK;
 }
 
+/* this rank's block of the unit's parameters: the master shard, or (stage 2 in f32) the full copy itself */
+static float *dpar__fsdp_master(dpar_fsdp *f, int u)
+{
+    return f->p ? f->p + f->soff[u] : (float *)f->full + f->foff[u] + f->off[u];
+}
+
 DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *full)
 {
     DPAR__TRY(dpar__fsdp_unit(f, unit, full, "dpar_fsdp_set_params"));
     if (f->held[0] >= 0 || f->held[1] >= 0)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_set_params: a unit is gathered or being gathered");
-    if (f->stage == 2) memcpy(f->full + f->foff[unit], full, f->count[unit] * sizeof(float));
-    else memcpy(f->p + f->soff[unit], full + f->off[unit], f->len[unit] * sizeof(float));
+    if (f->p) memcpy(f->p + f->soff[unit], full + f->off[unit], f->len[unit] * sizeof(float));
+    if (f->stage == 2) dpar__fsdp_narrow((char *)f->full + f->foff[unit] * f->ces, full, f->count[unit], f->ct);
     return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *f, int unit, float *full)
 {
     DPAR__TRY(dpar__fsdp_unit(f, unit, full, "dpar_fsdp_get_params"));
-    if (f->stage == 2) {
-        memcpy(full, f->full + f->foff[unit], f->count[unit] * sizeof(float));
+    if (!f->p) {
+        memcpy(full, (float *)f->full + f->foff[unit], f->count[unit] * sizeof(float));
         return DPAR_OK;
     }
     DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in order on every rank */
@@ -6633,34 +6710,39 @@ DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *f, int unit, float *full)
 static dpar_status dpar__fsdp_fetch(dpar_fsdp *f, int unit, int slot, int async)
 {
     dpar_status st;
+    const void *mine = f->p + f->soff[unit];
+    if (f->ct != DPAR_F32) { /* this rank's block in the compute type, kept until the gather is done */
+        dpar__fsdp_narrow(f->send[slot], f->p + f->soff[unit], f->len[unit], f->ct);
+        mine = f->send[slot];
+    }
     f->held[slot] = unit;
     f->taken[slot] = 0;
     if (async && !f->no_async) {
-        st = dpar_iallgather(f->comm, f->p + f->soff[unit], f->buf[slot], f->count[unit], DPAR_F32, &f->req);
+        st = dpar_iallgather(f->comm, mine, f->buf[slot], f->count[unit], f->ct, &f->req);
         if (st == DPAR_OK) {
             f->req_slot = slot;
             return DPAR_OK;
         }
-        if (st != DPAR_EUNSUPPORTED) return f->held[slot] = -1, st;
-        f->no_async = 1; /* an MPI comm without MPI_THREAD_MULTIPLE: gathers without prefetch */
         f->held[slot] = -1;
+        if (st != DPAR_EUNSUPPORTED) return st;
+        f->no_async = 1; /* an MPI comm without MPI_THREAD_MULTIPLE: gathers without prefetch */
         return DPAR_OK;
     }
-    st = dpar_allgather(f->comm, f->p + f->soff[unit], f->buf[slot], f->count[unit], DPAR_F32);
+    st = dpar_allgather(f->comm, mine, f->buf[slot], f->count[unit], f->ct);
     if (st != DPAR_OK) f->held[slot] = -1;
     return st;
 }
 
-DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
+static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
 {
     int s, next, dir;
-    DPAR__TRY(dpar__fsdp_unit(f, unit, params, "dpar_fsdp_gather"));
     if (f->stage == 2) {
-        *params = f->full + f->foff[unit];
+        *params = (char *)f->full + f->foff[unit] * f->ces;
         return DPAR_OK;
     }
     for (s = 0; s < 2 && !(f->held[s] == unit && !f->taken[s]); s++) continue;
     if (s < 2 && f->req && f->req_slot == s) DPAR__TRY(dpar__fsdp_settle(f)); /* prefetched: wait for it */
+    if (s < 2 && f->held[s] != unit) s = 2;                                   /* its gather failed */
     if (s == 2) { /* not prefetched: a free buffer, or the one a useless prefetch holds */
         for (s = 0; s < 2 && f->held[s] >= 0; s++) continue;
         if (s == 2) {
@@ -6668,10 +6750,8 @@ DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
             if (s == 2)
                 return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: units %d and %d are held (release one)", f->held[0],
                                  f->held[1]);
-            DPAR__TRY(dpar__fsdp_settle(f));
-        } else {
-            DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in the same order on every rank */
         }
+        DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in the same order on every rank */
         DPAR__TRY(dpar__fsdp_fetch(f, unit, s, 0));
     }
     f->taken[s] = 1;
@@ -6681,6 +6761,28 @@ DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
     f->last = unit;
     next = unit + dir;
     if (next >= 0 && next < f->U && !f->req && f->held[1 - s] < 0) return dpar__fsdp_fetch(f, next, 1 - s, 1);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
+{
+    void *p = NULL;
+    DPAR__TRY(dpar__fsdp_unit(f, unit, params, "dpar_fsdp_gather"));
+    if (f->ct != DPAR_F32)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_gather: the compute type is %s: use dpar_fsdp_gather16",
+                         dpar_dtype_name(f->ct));
+    DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
+    *params = (float *)p;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_fsdp_gather16(dpar_fsdp *f, int unit, uint16_t **params)
+{
+    void *p = NULL;
+    DPAR__TRY(dpar__fsdp_unit(f, unit, params, "dpar_fsdp_gather16"));
+    if (f->ct == DPAR_F32)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_gather16: the compute type is f32: use dpar_fsdp_gather");
+    DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
+    *params = (uint16_t *)p;
     return DPAR_OK;
 }
 
@@ -6696,30 +6798,72 @@ DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *f, int unit)
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
+static dpar_status dpar__fsdp_grads(dpar_fsdp *f, int unit, void **grads)
 {
-    DPAR__TRY(dpar__fsdp_unit(f, unit, grads, "dpar_fsdp_grads"));
     if (f->gunit >= 0)
         return dpar__err(DPAR_EBUSY, "dpar_fsdp_grads: unit %d's gradients are not reduced yet", f->gunit);
-    memset(f->gbuf, 0, f->count[unit] * sizeof(float));
+    memset(f->gbuf, 0, f->count[unit] * f->ces);
     f->gunit = unit;
     *grads = f->gbuf;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
+{
+    void *g = NULL;
+    DPAR__TRY(dpar__fsdp_unit(f, unit, grads, "dpar_fsdp_grads"));
+    if (f->ct != DPAR_F32)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_grads: the compute type is %s: use dpar_fsdp_grads16",
+                         dpar_dtype_name(f->ct));
+    DPAR__TRY(dpar__fsdp_grads(f, unit, &g));
+    *grads = (float *)g;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *f, int unit, uint16_t **grads)
+{
+    void *g = NULL;
+    DPAR__TRY(dpar__fsdp_unit(f, unit, grads, "dpar_fsdp_grads16"));
+    if (f->ct == DPAR_F32)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_grads16: the compute type is f32: use dpar_fsdp_grads");
+    DPAR__TRY(dpar__fsdp_grads(f, unit, &g));
+    *grads = (uint16_t *)g;
     return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
 {
-    float *mine, *g;
+    float *mine, *g, x;
     size_t i;
     if (!f || unit < 0 || unit >= f->U || f->gunit != unit)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_reduce: unit %d's gradients were not taken with dpar_fsdp_grads",
                          unit);
-    mine = f->gbuf + f->off[unit];
-    DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, mine, f->count[unit], DPAR_F32, DPAR_AVG));
-    g = f->g + f->soff[unit];
-    if (f->fresh[unit]) memcpy(g, mine, f->len[unit] * sizeof(float)); /* not 0 + x: a -0 stays -0 */
-    else
-        for (i = 0; i < f->len[unit]; i++) g[i] += mine[i];
+    if (f->ct == DPAR_F32) { /* this rank's block of the average, in place */
+        mine = (float *)f->gbuf + f->off[unit];
+        DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, mine, f->count[unit], DPAR_F32, DPAR_AVG));
+    } else if (f->rt == DPAR_F32) { /* widened first: the reduction in f32 */
+        dpar__fsdp_widen(f->gwide, f->gbuf, f->count[unit], f->ct);
+        mine = f->gwide + f->off[unit];
+        DPAR__TRY(dpar_reduce_scatter(f->comm, f->gwide, mine, f->count[unit], DPAR_F32, DPAR_AVG));
+    } else { /* in the 16-bit type: half the bytes; then widened (into the front of gbuf's floats' room: f->g) */
+        char *block = (char *)f->gbuf + f->off[unit] * f->ces;
+        DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, block, f->count[unit], f->ct, DPAR_AVG));
+        mine = NULL;
+        g = f->g + f->soff[unit];
+        for (i = 0; i < f->len[unit]; i++) {
+            float w;
+            dpar__fsdp_widen(&w, block + i * f->ces, 1, f->ct);
+            x = f->scale != 1.0f ? w / f->scale : w;
+            if (!(x - x == 0)) f->bad = 1; /* inf or NaN */
+            g[i] = f->fresh[unit] ? x : g[i] + x;
+        }
+    }
+    if (mine) {
+        g = f->g + f->soff[unit];
+        for (i = 0; i < f->len[unit]; i++) {
+            x = f->scale != 1.0f ? mine[i] / f->scale : mine[i];
+            if (!(x - x == 0)) f->bad = 1;        /* inf or NaN */
+            g[i] = f->fresh[unit] ? x : g[i] + x; /* the first one a copy: a -0 stays -0 */
+        }
+    }
     f->fresh[unit] = 0;
     f->gunit = -1;
     return DPAR_OK;
@@ -6728,15 +6872,26 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
 DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
 {
     int u;
+    int32_t bad, any = 0;
     size_t i;
     if (!f) return dpar__err(DPAR_EINVAL, "dpar_fsdp_step: fsdp is NULL");
     if (f->gunit >= 0 || (f->held[0] >= 0 && f->taken[0]) || (f->held[1] >= 0 && f->taken[1]))
         return dpar__err(DPAR_EBUSY, "dpar_fsdp_step: a unit is still gathered or its gradients not reduced");
     DPAR__TRY(dpar__fsdp_settle(f)); /* a prefetch of the old parameters */
     f->held[0] = f->held[1] = f->last = -1;
+    bad = f->bad; /* every rank skips together, or none does */
+    DPAR__TRY(dpar_allreduce(f->comm, &bad, &any, 1, DPAR_I32, DPAR_MAX));
+    f->bad = 0;
+    if (any) {
+        for (u = 0; u < f->U; u++) f->fresh[u] = 1; /* the step's gradients are dropped */
+        f->skipped++;
+        f->good = 0;
+        if (f->dynamic && f->scale > 1.0f) f->scale *= 0.5f;
+        return DPAR_OK;
+    }
     f->step++;
     for (u = 0; u < f->U; u++) { /* dpar_zero_step's math on this rank's block of each unit */
-        float *p = f->stage == 2 ? f->full + f->foff[u] + f->off[u] : f->p + f->soff[u];
+        float *p = dpar__fsdp_master(f, u);
         float *g = f->g + f->soff[u], *m = f->m + f->soff[u], *v = f->v ? f->v + f->soff[u] : NULL;
         if (f->fresh[u]) memset(g, 0, f->len[u] * sizeof(float)); /* no gradient this step */
         if (f->d.kind == DPAR_OPTIM_SGD) {
@@ -6757,10 +6912,21 @@ DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
         }
         f->fresh[u] = 1;
     }
-    if (f->stage == 2) /* everyone's blocks of the parameters, in place */
-        for (u = 0; u < f->U; u++)
-            DPAR__TRY(
-                dpar_allgather(f->comm, f->full + f->foff[u] + f->off[u], f->full + f->foff[u], f->count[u], DPAR_F32));
+    if (f->dynamic && ++f->good >= 1000) f->scale *= 2.0f, f->good = 0;
+    if (f->stage == 2) /* everyone's blocks of the parameters, in place, in the compute type */
+        for (u = 0; u < f->U; u++) {
+            char *unit = (char *)f->full + f->foff[u] * f->ces, *mine = unit + f->off[u] * f->ces;
+            if (f->p) dpar__fsdp_narrow(mine, f->p + f->soff[u], f->len[u], f->ct);
+            DPAR__TRY(dpar_allgather(f->comm, mine, unit, f->count[u], f->ct));
+        }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_scale(const dpar_fsdp *f, float *loss_scale, long *skipped)
+{
+    if (!f) return dpar__err(DPAR_EINVAL, "dpar_fsdp_scale: fsdp is NULL");
+    if (loss_scale) *loss_scale = f->scale;
+    if (skipped) *skipped = f->skipped;
     return DPAR_OK;
 }
 
