@@ -41,7 +41,7 @@ HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h tests/pipe_
 MPITEST := $(if $(and $(MPICC),$(MPIRUN)),$(BUILD)/test_mpi)
 MPIASAN := $(if $(MPITEST),$(BUILD)/asan/test_mpi)
 
-.PHONY: all demo test check bench cuda format install clean
+.PHONY: all demo test check bench cuda format mutate install clean
 all: $(TESTS) $(BUILD)/pool_demo $(BUILD)/char_lm
 
 $(BUILD):
@@ -157,6 +157,10 @@ endif
 # the C files as clang-format writes them (tests/format.sh --fix; make test runs the check)
 format:
 	tests/format.sh --fix
+
+# the planted bugs of tests/mutations.txt, each of which its test must catch (minutes: one build and run each)
+mutate:
+	tests/mutate.sh
 
 install:
 	install -d $(DESTDIR)$(PREFIX)/include

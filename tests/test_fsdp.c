@@ -171,6 +171,37 @@ static void test_loss_scaling_skips_together(void)
     free(k);
 }
 
+/* a step in which no gradient was reduced leaves the parameters alone (SGD without momentum or decay) */
+static void test_step_without_gradients(void)
+{
+    dpar_fsdp *f = NULL;
+    dpar_fsdp_desc d;
+    dpar_comm_desc cd;
+    dpar_group *g = NULL;
+    dpar_comm *c = NULL;
+    float *gg = NULL, before[5], after[5], init[5] = {1, 2, 3, 4, 5};
+    size_t one = 5;
+    int i;
+    memset(&cd, 0, sizeof cd);
+    cd.size = 1;
+    CHECK(dpar_group_create(&cd, &g) == DPAR_OK && dpar_group_join(g, 0, &c) == DPAR_OK);
+    memset(&d, 0, sizeof d);
+    d.comm = c, d.num_units = 1, d.unit_counts = &one, d.lr = 0.5f;
+    CHECK(dpar_fsdp_create(&d, &f) == DPAR_OK && f);
+    CHECK(dpar_fsdp_set_params(f, 0, init) == DPAR_OK);
+    CHECK(dpar_fsdp_grads(f, 0, &gg) == DPAR_OK);
+    for (i = 0; i < 5; i++) gg[i] = 1.0f;
+    CHECK(dpar_fsdp_reduce(f, 0) == DPAR_OK && dpar_fsdp_step(f) == DPAR_OK);
+    CHECK(dpar_fsdp_get_params(f, 0, before) == DPAR_OK);
+    for (i = 0; i < 5; i++) CHECK(before[i] == init[i] - 0.5f);
+    CHECK(dpar_fsdp_step(f) == DPAR_OK); /* no gradient this time */
+    CHECK(dpar_fsdp_get_params(f, 0, after) == DPAR_OK);
+    CHECK(!memcmp(before, after, sizeof before));
+    dpar_fsdp_destroy(f);
+    dpar_comm_destroy(c);
+    dpar_group_destroy(g);
+}
+
 static void test_bad_use(void)
 {
     dpar_fsdp *f = (dpar_fsdp *)1;
@@ -204,6 +235,7 @@ int main(int argc, char **argv)
 {
     DT_MAIN_BEGIN(argc, argv);
     RUN(test_bad_use);
+    RUN(test_step_without_gradients);
     RUN(test_stage2_equals_plain_data_parallel);
     RUN(test_stage3_equals_plain_data_parallel);
     RUN(test_mixed_precision_within_tolerance);
