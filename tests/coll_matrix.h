@@ -261,8 +261,10 @@ DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
     if (bad)
         note(w, "broadcast N=%d count=%zu %s root %d: rank %d element %zu wrong", N, n, dpar_dtype_name(m->t), m->root,
              r, i - 1);
-    /* in place on every rank */
+    /* in place on every rank; the others' buffers hold garbage first (not the last call's answer, which a
+       broadcast that never wrote them would leave looking right) */
     if (r == m->root) fill(v, r, 0, n, m->t, DPAR_SUM);
+    else memset(v, 0x5a, n * es);
     if (r == m->root) dev(m, v, n * es);
     expect_ok(w, dpar_broadcast(c, v, v, n, m->t, m->root), "broadcast in place", r);
     dev(m, v, n * es);

@@ -820,12 +820,51 @@ static void test_checkpoint_single(void)
     fputc(0x55, f);
     fclose(f);
     step2 = -1;
-    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "is damaged"));
+    CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "the manifest says"));
     CHECK(step2 == -1); /* nothing was loaded */
+    { /* the same damage, with the manifest rewritten to the damaged shard's size and CRC: each item's own CRC
+         catches it (the two checks stand on their own) */
+        unsigned char man[64], sh[4096];
+        size_t mn, sn;
+        uint32_t crc;
+        int k;
+        FILE *fm = fopen(path, "rb"), *fs = fopen(shard, "rb");
+        mn = fread(man, 1, sizeof man, fm);
+        sn = fread(sh, 1, sizeof sh, fs);
+        fclose(fm), fclose(fs);
+        CHECK(mn == 20 + 12 + 4 && sn < sizeof sh); /* one rank: magic, nranks, generation, (size, crc), crc */
+        crc = dpar_crc32(0, sh, sn);
+        for (k = 0; k < 4; k++) man[28 + k] = (unsigned char)(crc >> (8 * k)); /* little-endian, as dpar writes */
+        crc = dpar_crc32(0, man, mn - 4);
+        for (k = 0; k < 4; k++) man[mn - 4 + k] = (unsigned char)(crc >> (8 * k));
+        fm = fopen(path, "wb");
+        fwrite(man, 1, mn, fm);
+        fclose(fm);
+        CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT && strstr(dpar_last_error(), "(CRC mismatch)"));
+        CHECK(step2 == -1);
+    }
     /* a truncated manifest */
     CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_OK);
     CHECK(truncate(path, 10) == 0);
     CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT);
+    /* a flipped byte inside the manifest (in its record of the shard's CRC): the manifest's own CRC names it, not
+       the shard (which is whole) */
+    CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_OK);
+    {
+        long len;
+        int byte;
+        f = fopen(path, "r+b");
+        fseek(f, 0, SEEK_END);
+        len = ftell(f);
+        fseek(f, len - 5, SEEK_SET);
+        byte = fgetc(f);
+        fseek(f, len - 5, SEEK_SET);
+        fputc(byte ^ 0x20, f);
+        fclose(f);
+        CHECK(dpar_ckpt_load(NULL, path, in, 2) == DPAR_ECORRUPT &&
+              strstr(dpar_last_error(), "the checkpoint manifest"));
+        remove(path); /* the next save starts a new series */
+    }
     /* the program asks for other items than were saved */
     CHECK(dpar_ckpt_save(NULL, path, items, 2) == DPAR_OK);
     in[1].name = "epoch";
