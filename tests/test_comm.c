@@ -361,31 +361,53 @@ static void test_deterministic_mode_same_bits_for_any_n(void)
     free(one);
 }
 
-/* ---- 10,000 mixed collectives ---- */
+/* ---- 10,000 mixed collectives: every call's every element against its closed form (rank r's input: r + k) ---- */
 static void mixed_rank(world *w, dpar_comm *c, int r)
 {
-    int N = w->n, it;
-    double buf[64], out[64 * 8], want;
+    int N = w->n, it, q;
+    double buf[64], out[64 * 8];
     for (it = 0; it < 10000; it++) {
-        size_t n = (size_t)(it % 37) + 1;
-        int k;
-        for (k = 0; k < 64; k++) buf[k] = r + k;
+        size_t n = (size_t)(it % 37) + 1, k, off, len, per = n % 8;
+        int bad = -1;
+        for (k = 0; k < 64; k++) buf[k] = r + (double)k;
+        for (k = 0; k < 64 * 8; k++) out[k] = -1e9; /* nothing left from the last call can pass */
         switch (it % 7) {
         case 0:
             expect_ok(w, dpar_allreduce(c, buf, out, n, DPAR_F64, DPAR_SUM), "allreduce", r);
-            want = N * (N - 1) / 2.0 + (double)N * (double)(n - 1);
-            if (out[n - 1] != want) note(w, "mixed allreduce it %d: %g != %g", it, out[n - 1], want);
+            for (k = 0; k < n && bad < 0; k++)
+                if (out[k] != N * (N - 1) / 2.0 + (double)N * (double)k) bad = (int)k;
             break;
         case 1:
             expect_ok(w, dpar_broadcast(c, buf, out, n, DPAR_F64, it % N), "broadcast", r);
-            if (out[0] != it % N) note(w, "mixed broadcast it %d", it);
+            for (k = 0; k < n && bad < 0; k++)
+                if (out[k] != it % N + (double)k) bad = (int)k;
             break;
         case 2: expect_ok(w, dpar_barrier(c), "barrier", r); break;
-        case 3: expect_ok(w, dpar_reduce_scatter(c, buf, out, n, DPAR_F64, DPAR_MAX), "reduce_scatter", r); break;
-        case 4: expect_ok(w, dpar_allgather(c, buf, out, n * (size_t)N, DPAR_F64), "allgather", r); break;
-        case 5: expect_ok(w, dpar_alltoall(c, buf, out, n % 8, DPAR_F64), "alltoall", r); break;
-        default: expect_ok(w, dpar_reduce(c, buf, out, n, DPAR_F64, DPAR_MIN, (it / 7) % N), "reduce", r); break;
+        case 3: /* my block of the maximum over ranks: N - 1 + k */
+            expect_ok(w, dpar_reduce_scatter(c, buf, out, n, DPAR_F64, DPAR_MAX), "reduce_scatter", r);
+            dpar_block_range(n, N, r, &off, &len);
+            for (k = 0; k < len && bad < 0; k++)
+                if (out[k] != N - 1 + (double)(off + k)) bad = (int)k;
+            break;
+        case 4: /* n elements from each rank: block q is rank q's buf[0..n) */
+            expect_ok(w, dpar_allgather(c, buf, out, n * (size_t)N, DPAR_F64), "allgather", r);
+            for (q = 0; q < N && bad < 0; q++)
+                for (k = 0; k < n && bad < 0; k++)
+                    if (out[(size_t)q * n + k] != q + (double)k) bad = (int)((size_t)q * n + k);
+            break;
+        case 5: /* block q of mine comes from rank q's block r: q + r per + k */
+            expect_ok(w, dpar_alltoall(c, buf, out, per, DPAR_F64), "alltoall", r);
+            for (q = 0; q < N && bad < 0; q++)
+                for (k = 0; k < per && bad < 0; k++)
+                    if (out[(size_t)q * per + k] != q + (double)((size_t)r * per + k)) bad = (int)((size_t)q * per + k);
+            break;
+        default: /* the minimum at the root: rank 0's, k */
+            expect_ok(w, dpar_reduce(c, buf, out, n, DPAR_F64, DPAR_MIN, (it / 7) % N), "reduce", r);
+            for (k = 0; k < n && bad < 0 && r == (it / 7) % N; k++)
+                if (out[k] != (double)k) bad = (int)k;
+            break;
         }
+        if (bad >= 0) note(w, "mixed call %d (kind %d, n %zu) on rank %d: element %d wrong", it, it % 7, n, r, bad);
         if (w->failures) return;
     }
 }
