@@ -76,7 +76,7 @@ static void test_sampler(void)
     }
 }
 
-/* ---- buckets: backward marks layers from the last to the first; compare with one allreduce ---- */
+/* ---- buckets: backward marks layers from the last to the first; compare with the serial average ---- */
 typedef struct {
     size_t n;
     int errors_case;
@@ -103,7 +103,13 @@ static void bucket_rank(world *w, dpar_comm *c, int r)
     if (j->direct) expect_ok(w, dpar_buckets_set_direct(b, 1), "buckets_set_direct", r);
     for (step = 0; step < 3; step++) {
         size_t end = n;
-        for (i = 0; i < n; i++) g[i] = ref[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
+        for (i = 0; i < n; i++) { /* small integers: the sum over ranks is exact in any order, then one division */
+            int q;
+            float sum = 0;
+            g[i] = (float)((r * 31 + (int)i * 7 + step * 3) % 64);
+            for (q = 0; q < w->n; q++) sum += (float)((q * 31 + (int)i * 7 + step * 3) % 64);
+            ref[i] = sum / (float)w->n;
+        }
         while (end > 0) { /* backward: the last layer's gradients are final first */
             size_t start = end > layer ? end - layer : 0;
             usleep(200 + (unsigned)((r * 137 + step * 59 + (int)(end % 97)) % 300)); /* the layer's backward */
@@ -111,8 +117,8 @@ static void bucket_rank(world *w, dpar_comm *c, int r)
             end = start;
         }
         expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
-        expect_ok(w, dpar_allreduce(c, ref, ref, n, DPAR_F32, DPAR_AVG), "allreduce", r);
-        if (memcmp(g, ref, n * sizeof(float))) note(w, "step %d rank %d: buckets differ from one allreduce", step, r);
+        if (memcmp(g, ref, n * sizeof(float)))
+            note(w, "step %d rank %d: buckets differ from the serial average", step, r);
     }
     j->overlap[r] = dpar_buckets_overlap_ns(b);
     if (r == 0) j->nb = dpar_buckets_count(b);
