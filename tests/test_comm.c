@@ -556,6 +556,74 @@ static void test_mismatches_are_caught_on_every_rank(void)
     }
 }
 
+/* the timeout message's other stories: a rank whose last call was an earlier collective, a rank that never
+   joined, a rank that has left */
+typedef struct {
+    int story, done;
+    dpar_status st[3];
+    char msg[3][512];
+} late_job;
+static void late_rank(world *w, dpar_comm *c, int r)
+{
+    late_job *j = (late_job *)w->user;
+    float x[8] = {0};
+    (void)w;
+    if (r == 2) {
+        if (j->story == 0) { /* one barrier, then it stays, silent, until the others gave up */
+            expect_ok(w, dpar_barrier(c), "barrier", r);
+            while (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) < 2) usleep(1000);
+        }
+        return; /* story 2: it leaves at once (world_rank destroys its comm) */
+    }
+    if (j->story == 0) expect_ok(w, dpar_barrier(c), "barrier", r);
+    if (j->story == 2) usleep(50000); /* rank 2 has left by now */
+    j->st[r] = dpar_allreduce(c, x, x, 8, DPAR_F32, DPAR_SUM);
+    snprintf(j->msg[r], sizeof j->msg[r], "%s", dpar_last_error());
+    __atomic_add_fetch(&j->done, 1, __ATOMIC_RELEASE);
+}
+typedef struct {
+    late_job j;
+    dpar_group *g;
+} late_world;
+static dpar_status late_join(void *user, int rank, int n) /* story 1: only ranks 0 and 1 of 3 join */
+{
+    late_job *j = &((late_world *)user)->j;
+    dpar_group *g = ((late_world *)user)->g;
+    dpar_comm *c = NULL;
+    float x[8] = {0};
+    (void)n;
+    if (dpar_group_join(g, rank, &c) != DPAR_OK) return DPAR_EINVAL;
+    j->st[rank] = dpar_allreduce(c, x, x, 8, DPAR_F32, DPAR_SUM);
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", dpar_last_error());
+    dpar_comm_destroy(c);
+    return DPAR_OK;
+}
+static void test_timeout_names_each_story(void)
+{
+    static const char *want[3] = {"rank 2 never arrived (its last call: barrier #1 at tests/test_comm.c",
+                                  "rank 2 never joined (no dpar_group_join)", "rank 2 has left (dpar_comm_destroy)"};
+    int story, r;
+    for (story = 0; story < 3; story++) {
+        late_world k;
+        dpar_comm_desc d;
+        memset(&k, 0, sizeof k);
+        memset(&d, 0, sizeof d);
+        k.j.story = story;
+        d.timeout_ms = 300;
+        if (story == 1) {
+            d.size = 3;
+            CHECK(dpar_group_create(&d, &k.g) == DPAR_OK);
+            CHECK(dpar_pool_run(pool_of(2), late_join, &k) == DPAR_OK);
+            dpar_group_destroy(k.g);
+        } else {
+            run_world_desc(3, &d, late_rank, &k.j, NULL, 0);
+        }
+        for (r = 0; r < 2; r++)
+            CHECK_MSG(k.j.st[r] == DPAR_ETIMEDOUT && strstr(k.j.msg[r], want[story]), "story %d rank %d: %s: '%s'",
+                      story, r, dpar_status_string(k.j.st[r]), k.j.msg[r]);
+    }
+}
+
 /* ---- async ---- */
 typedef struct {
     size_t n;
@@ -1384,6 +1452,7 @@ int main(int argc, char **argv)
     RUN(test_deterministic_mode_same_bits_for_any_n);
     RUN(test_10000_mixed_collectives);
     RUN(test_mismatches_are_caught_on_every_rank);
+    RUN(test_timeout_names_each_story);
     RUN(test_async_requests);
     RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);
