@@ -3,7 +3,7 @@
    Run:   ./pipeline            (./pipeline --stages 2 --micro 16)
    Check: ^stage 0 +\|F0
    Check: ^bubble: predicted 0\.[0-9]+ .*measured [0-9.]+
-   Check: ^pipeline: 1F1B p=[0-9]+ m=[0-9]+ matches sequential training
+   Check: ^pipeline: 1F1B p=[0-9]+ m=[0-9]+ matches sequential training.*parameters bitwise equal, OK$
 
    Pipeline parallelism gives each rank (a stage) a contiguous run of layers; the activations flow
    forward from stage to stage and their gradients flow back. Run naively, one batch at a time, only
@@ -311,7 +311,7 @@ int main(int argc, char **argv)
                1.0 - (double)cpus / j.p);
     printf("\n");
     snprintf(how, sizeof how, worst == 0 ? "bitwise equal" : "within %.1e (relative)", worst);
-    ok = worst <= 1e-5 && j.loss[j.steps - 1] < 0.5f * j.loss[0];
+    ok = worst == 0 && j.loss[j.steps - 1] < 0.5f * j.loss[0]; /* the gate is what the line claims: bitwise */
     printf("pipeline: 1F1B p=%d m=%d %s sequential training: loss %.6f -> %.6f (sequential %.6f), parameters "
            "%s, %s\n",
            j.p, j.m, ok ? "matches" : "DOES NOT MATCH", j.loss[0], j.loss[j.steps - 1], seq_loss, how,
