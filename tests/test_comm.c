@@ -39,7 +39,7 @@ static size_t big_count(void)
 
 static void test_collectives_matrix(void)
 {
-    int ni, t, op, q;
+    int ni, t, op, q, a;
     size_t big = big_count();
     char *bufs[16];
     for (q = 0; q < 16; q++) bufs[q] = (char *)malloc((big + 64) * 8);
@@ -70,6 +70,13 @@ static void test_collectives_matrix(void)
                     if (ci == 5 && op != DPAR_SUM && t != DPAR_F32) continue;
                     m.op = (dpar_op)op;
                     fails += run_world(N, matrix_rank, &m);
+                    for (a = DPAR_ALGO_RING; a <= DPAR_ALGO_SLICE; a++) { /* each allreduce algorithm */
+                        dpar_comm_desc d;
+                        memset(&d, 0, sizeof d);
+                        d.algo = a;
+                        allreduce_want = (dpar_algo)a;
+                        fails += run_world_desc(N, &d, allreduce_rank, &m, NULL, 0);
+                    }
                 }
                 m.op = DPAR_SUM;
                 fails += run_world(N, movement_rank, &m);
@@ -179,6 +186,9 @@ static void bytes_rank(world *w, dpar_comm *c, int r)
     b->busbw[r] = s.last_busbw_gbps;
     if (s.last_coll != DPAR_COLL_ALLREDUCE || s.last.bytes_sent != b->sent[r])
         note(w, "last call stats wrong on rank %d", r);
+    if (s.last_algo != DPAR_ALGO_RING || s.algo_calls[DPAR_ALGO_RING] != 1 || s.algo_calls[DPAR_ALGO_SLICE] != 0)
+        note(w, "rank %d: the counters say %s (%llu ring calls)", r, dpar_algo_name(s.last_algo),
+             (unsigned long long)s.algo_calls[DPAR_ALGO_RING]);
     dpar_comm_stats_reset(c);
     dpar_comm_stats_get(c, &s);
     if (s.by_coll[DPAR_COLL_ALLREDUCE].calls != 0) note(w, "reset did not clear rank %d", r);
@@ -196,9 +206,12 @@ static void test_ring_moves_2_n_minus_1_over_n(void)
         counts[1] = (size_t)N * 1000 + 3;
         for (ci = 0; ci < 2; ci++) {
             bytes_job b;
+            dpar_comm_desc d;
             memset(&b, 0, sizeof b);
+            memset(&d, 0, sizeof d);
+            d.algo = DPAR_ALGO_RING;
             b.n = counts[ci];
-            CHECK(run_world(N, bytes_rank, &b) == 0);
+            CHECK(run_world_desc(N, &d, bytes_rank, &b, NULL, 0) == 0);
             for (r = 0; r < N; r++) {
                 /* rank r sends every chunk but r+1 in all-gather and but r in reduce-scatter,
                    and receives every chunk but r-1 and but r */
@@ -240,12 +253,29 @@ static void random_floats(float *x, size_t n)
         x[i] = (float)((double)(dt_rand() % 2000001) / 1000.0 - 1000.0) * (float)(1 << (dt_rand() % 12));
 }
 
+/* the documented order of every allreduce algorithm (dpar_algo): element i of block c is
+   x[c+1], then x[c+j] + that for j = 2..N */
+static float ring_order_sum(float *const *in, int N, size_t n, size_t i)
+{
+    int c, j;
+    float acc;
+    for (c = 0; c < N; c++) {
+        size_t off, len;
+        dpar_block_range(n, N, c, &off, &len);
+        if (i >= off && i < off + len) break;
+    }
+    acc = in[(c + 1) % N][i];
+    for (j = 2; j <= N; j++) acc = in[(c + j) % N][i] + acc;
+    return acc;
+}
+
 static void test_bitwise_identical_under_random_delays(void)
 {
-    int ni, rep, q;
+    static const int algos[] = {DPAR_ALGO_RING, DPAR_ALGO_ONESHOT, DPAR_ALGO_SLICE, DPAR_ALGO_AUTO};
+    int ni, rep, q, ai;
     size_t n = 30011, i;
     for (ni = 1; ni < NN; ni++) {
-        int N = Ns[ni], diffs = 0;
+        int N = Ns[ni], diffs = 0, wrong = 0;
         det_job d;
         float *first = (float *)malloc(n * sizeof(float));
         dpar_comm_desc desc;
@@ -258,13 +288,21 @@ static void test_bitwise_identical_under_random_delays(void)
             random_floats(d.in[q], n);
         }
         __atomic_store_n(&hook_on, 1, __ATOMIC_RELAXED);
-        for (rep = 0; rep < (N <= 4 ? 200 : 60); rep++) {
-            CHECK(run_world_desc(N, &desc, det_rank, &d, NULL, 0) == 0);
-            if (rep == 0) memcpy(first, d.out[0], n * sizeof(float));
-            for (q = 0; q < N; q++) diffs += memcmp(d.out[q], first, n * sizeof(float)) != 0;
+        for (ai = 0; ai < 4; ai++) { /* every algorithm: the same bits as the ring's first run */
+            desc.algo = algos[ai];
+            for (rep = 0; rep < (N <= 4 ? 200 : 60) / (ai ? 2 : 1); rep++) {
+                CHECK(run_world_desc(N, &desc, det_rank, &d, NULL, 0) == 0);
+                if (rep == 0 && ai == 0) memcpy(first, d.out[0], n * sizeof(float));
+                for (q = 0; q < N; q++) diffs += memcmp(d.out[q], first, n * sizeof(float)) != 0;
+            }
         }
         __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
         CHECK_MSG(diffs == 0, "N=%d: %d results differ from the first", N, diffs);
+        for (i = 0; i < n; i++) { /* the bits of the documented order */
+            float want = ring_order_sum(d.in, N, n, i);
+            wrong += memcmp(&want, &first[i], sizeof want) != 0;
+        }
+        CHECK_MSG(wrong == 0, "N=%d: %d elements differ from the documented order", N, wrong);
         /* and it is right, within float rounding */
         for (i = 0; i < n; i += 97) {
             double ref = 0, mag = 0;
