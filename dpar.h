@@ -57,8 +57,9 @@
      DPAR_OPENBLAS         dpar_sgemm calls OpenBLAS's cblas_sgemm (link -lopenblas)
      DPAR_NO_AVX2          leave out the AVX2 + FMA GEMM kernel (x86; chosen at run time otherwise)
      DPAR_SPIN_US          default microseconds a wait spins before it sleeps (default 200)
-     DPAR_ONESHOT_MAX_BYTES  thread ranks: allreduce one-shot up to this many bytes (default 16384)
-     DPAR_SLICE_MIN_BYTES  thread ranks: allreduce by slice from this many bytes (default 65536)
+     DPAR_ONESHOT_MAX_BYTES  thread ranks: allreduce one-shot up to this many bytes (default 2048)
+     DPAR_SLICE_MIN_BYTES  thread ranks: allreduce by slice above the one-shot size from this many bytes
+                           (default 2048: no size is left to the ring; raise it to give the ring a range)
      DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
      DPAR_NO_STREAM        no streaming (non-temporal) stores: ordinary stores everywhere
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
@@ -3921,11 +3922,15 @@ static dpar_status dpar__barrier(dpar__ctx *x)
    the same bits. Destinations of at least the streaming size (the LLC) are written with streaming
    (non-temporal) stores where the host loops do the arithmetic, fenced before each meeting. */
 #ifndef DPAR_ONESHOT_MAX_BYTES
-#define DPAR_ONESHOT_MAX_BYTES 16384
+#define DPAR_ONESHOT_MAX_BYTES 2048
 #endif
 #ifndef DPAR_SLICE_MIN_BYTES
-#define DPAR_SLICE_MIN_BYTES 65536
+#define DPAR_SLICE_MIN_BYTES 2048
 #endif
+#ifndef DPAR_MSG_ONESHOT_MAX_BYTES
+#define DPAR_MSG_ONESHOT_MAX_BYTES 65536
+#endif
+#define DPAR__MSG_PIECE 2048 /* one-shot over messages sends pieces of this size (below MPI's eager limits) */
 #ifndef DPAR_STREAM_MIN_BYTES
 #define DPAR_STREAM_MIN_BYTES 0 /* 0: the last-level cache's size */
 #endif
@@ -3969,13 +3974,20 @@ static void dpar__stream_copy(void *dst, const void *src, size_t bytes) { memcpy
 static void dpar__stream_fence(void) {}
 #endif
 
-/* the last-level cache's size in bytes (32 MiB where the system does not say) */
+/* the size in bytes of the last-level cache CPU 0 sees: Linux's sysfs (per core complex: glibc's
+   sysconf reports a whole AMD socket's L3, ten times too much), else sysconf, else 32 MiB */
 static size_t dpar__llc_bytes(void)
 {
     long v = -1;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (f) {
+        char unit = 0;
+        if (fscanf(f, "%ld%c", &v, &unit) >= 1)
+            v = unit == 'K' ? v * 1024 : unit == 'M' ? v * 1024 * 1024 : unit == 'G' ? v << 30 : v;
+        fclose(f);
+    }
 #ifdef _SC_LEVEL3_CACHE_SIZE
-    v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (v <= 0) v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (v <= 0) v = sysconf(_SC_LEVEL3_CACHE_SIZE);
 #endif
     return v > 0 ? (size_t)v : (size_t)32 << 20;
 }
@@ -4211,6 +4223,37 @@ static dpar_status dpar__allreduce_oneshot(dpar__ctx *x, const char *send, char 
     return DPAR_OK;
 }
 
+/* One-shot over messages, for transports that do not share memory (MPI): every rank offers its input
+   to every other rank, receives theirs straight into scratch and combines all N in the ring's order
+   (the same bits as the ring). One step instead of 2(N-1), N-1 messages each way per rank; the
+   fingerprints meet in every receive. */
+static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                               dpar_op op)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, k;
+    size_t es = dpar__dtype_sizes[t], bytes = count * es, slot = (bytes + 63) / 64 * 64, o;
+    size_t piece = DPAR__MSG_PIECE / es * es;
+    const char **in;
+    char *scr = NULL;
+    DPAR__TRY(dpar__scratch(c, (size_t)N * (slot + sizeof(char *)), &scr));
+    in = (const char **)(void *)(scr + (size_t)N * slot);
+    in[r] = send;
+    if (send == recv) { /* in place: what I offer must stay as it is while I write recv */
+        dpar__tp_copy(x, scr + (size_t)r * slot, send, bytes);
+        in[r] = scr + (size_t)r * slot;
+    }
+    for (k = 1; k < N; k++) in[(r + N - k) % N] = scr + (size_t)((r + N - k) % N) * slot;
+    for (o = 0; o < bytes; o += piece) { /* pieces an MPI library sends eagerly, without a handshake */
+        size_t l = bytes - o < piece ? bytes - o : piece;
+        for (k = 1; k < N; k++) DPAR__TRY(dpar__post(x, (r + k) % N, in[r] + o, l));
+        for (k = 1; k < N; k++) DPAR__TRY(dpar__recv_into(x, (r + N - k) % N, (char *)in[(r + N - k) % N] + o, l));
+    }
+    dpar__sm_combine(x, recv, in, 0, count, count, t, op);
+    for (k = 1; k < N; k++) DPAR__TRY(dpar__drain(x, (r + k) % N, 0));
+    return DPAR_OK;
+}
+
 /* streaming stores for this call? When the destinations of all ranks together (N x bytes) are at least
    the streaming size: they cannot stay in the cache anyway. The host loops only: a transport with
    arithmetic of its own keeps its own stores. */
@@ -4316,7 +4359,11 @@ static dpar_status dpar__allreduce_slice(dpar__ctx *x, const char *send, char *r
 static dpar_algo dpar__algo_choose(dpar_comm *c, size_t bytes)
 {
     int a = c->algo;
-    if (c->sm_state < 0 || !dpar__tp_shares_memory(c)) return DPAR_ALGO_RING;
+    if (!dpar__tp_shares_memory(c)) /* one-shot over messages for small ones */
+        return a == DPAR_ALGO_ONESHOT || (a == DPAR_ALGO_AUTO && bytes <= (size_t)DPAR_MSG_ONESHOT_MAX_BYTES)
+                   ? DPAR_ALGO_ONESHOT
+                   : DPAR_ALGO_RING;
+    if (c->sm_state < 0) return DPAR_ALGO_RING;
     if (a == DPAR_ALGO_RING || a == DPAR_ALGO_ONESHOT || a == DPAR_ALGO_SLICE) return (dpar_algo)a;
     if (bytes <= (size_t)DPAR_ONESHOT_MAX_BYTES) return DPAR_ALGO_ONESHOT;
     if (bytes >= (size_t)DPAR_SLICE_MIN_BYTES) return DPAR_ALGO_SLICE;
@@ -4329,6 +4376,10 @@ static dpar_status dpar__allreduce_auto(dpar__ctx *x, const char *send, char *re
 {
     dpar_comm *c = x->c;
     dpar_algo a = dpar__algo_choose(c, count * dpar__dtype_sizes[t]);
+    if (a == DPAR_ALGO_ONESHOT && !dpar__tp_shares_memory(c)) {
+        *used = a;
+        return dpar__allreduce_oneshot_msg(x, send, recv, count, t, op);
+    }
     if (a != DPAR_ALGO_RING && c->sm_state == 0) {
         DPAR__TRY(dpar__sm_setup(x));
         a = dpar__algo_choose(c, count * dpar__dtype_sizes[t]);

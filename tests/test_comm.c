@@ -572,6 +572,150 @@ static void test_mismatches_are_caught_on_every_rank(void)
     }
 }
 
+/* The same stories once the ranks meet through shared memory (one-shot, reduce-by-slice): a warm-up
+   allreduce sets the shared block up, then the calls disagree. */
+static void algo_mismatch_rank(world *w, dpar_comm *c, int r)
+{
+    mismatch_job *m = (mismatch_job *)w->user;
+    static float x[3][20000], y[3][20000];
+    uint64_t t0;
+    dpar_status st = dpar_allreduce(c, x[r], y[r], 100, DPAR_F32, DPAR_SUM);
+    if (st != DPAR_OK) note(w, "warm-up on rank %d: %s", r, dpar_last_error());
+    t0 = dpar_time_ns();
+    switch (m->kind) {
+    case 0: /* count, both one-shot */
+        st = dpar_allreduce(c, x[r], y[r], r == 2 ? 100 : 101, DPAR_F32, DPAR_SUM);
+        break;
+    case 1: /* count: one-shot against slice */
+        st = dpar_allreduce(c, x[r], y[r], r == 1 ? 100 : 20000, DPAR_F32, DPAR_SUM);
+        break;
+    case 2: /* op, both slice */
+        st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, r == 1 ? DPAR_MAX : DPAR_SUM);
+        break;
+    case 3: /* kind: a barrier (on the ring) against a one-shot allreduce */
+        st = r == 1 ? dpar_barrier(c) : dpar_allreduce(c, x[r], y[r], 100, DPAR_F32, DPAR_SUM);
+        break;
+    case 4: /* a missing rank */
+        if (r != 2) st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, DPAR_SUM);
+        else usleep(600000);
+        break;
+    default: /* abort while two ranks wait in a slice meeting */
+        if (r == 0) {
+            usleep(100000);
+            st = dpar_comm_abort(c);
+        } else {
+            st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, DPAR_SUM);
+        }
+        break;
+    }
+    m->st[r] = st;
+    snprintf(m->msg[r], sizeof m->msg[r], "%s", st == DPAR_OK ? "" : dpar_last_error());
+    m->seconds[r] = (double)(dpar_time_ns() - t0) * 1e-9;
+}
+
+static void test_algo_mismatches_are_caught_on_every_rank(void)
+{
+    static const struct {
+        dpar_status st;
+        const char *a, *b;
+    } want[] = {
+        {DPAR_EMISMATCH, "allreduce(count=100, dtype=f32, op=sum) #2", "allreduce(count=101, dtype=f32, op=sum) #2"},
+        {DPAR_EMISMATCH, "allreduce(count=100, dtype=f32, op=sum) #2", "allreduce(count=20000, dtype=f32, op=sum) #2"},
+        {DPAR_EMISMATCH, "op=max) #2", "op=sum) #2"},
+        {DPAR_EMISMATCH, "barrier() #2", "allreduce(count=100, dtype=f32, op=sum) #2"},
+        {DPAR_ETIMEDOUT, "timed out after 300 ms in allreduce(count=5000, dtype=f32, op=sum) #2",
+         "rank 2 never arrived (its last call: allreduce #1"},
+        {DPAR_EABORTED, "aborted by dpar_comm_abort", "rank 0"},
+    };
+    int kind, r;
+    for (kind = 0; kind < (int)(sizeof want / sizeof want[0]); kind++) {
+        mismatch_job m;
+        dpar_comm_desc d;
+        memset(&m, 0, sizeof m);
+        memset(&d, 0, sizeof d);
+        m.kind = kind;
+        d.timeout_ms = kind == 4 ? 300 : 5000;
+        run_world_desc(3, &d, algo_mismatch_rank, &m, NULL, 0);
+        for (r = 0; r < 3; r++) {
+            if ((kind == 4 && r == 2) || (kind == 5 && r == 0)) continue;
+            CHECK_MSG(m.st[r] == want[kind].st, "kind %d rank %d: %s, want %s (%s)", kind, r,
+                      dpar_status_string(m.st[r]), dpar_status_string(want[kind].st), m.msg[r]);
+            CHECK_MSG(strstr(m.msg[r], want[kind].a) && strstr(m.msg[r], want[kind].b), "kind %d rank %d: '%s'", kind,
+                      r, m.msg[r]);
+            CHECK_MSG(m.seconds[r] < (kind == 4 ? 2.0 : 1.5), "kind %d rank %d took %.2f s", kind, r, m.seconds[r]);
+        }
+        if (kind == 1 || kind == 4) printf("    e.g. %s\n", m.msg[0]);
+    }
+}
+
+/* ---- which algorithm runs: by size, the desc, DPAR_ALGO ---- */
+typedef struct {
+    size_t n;
+    dpar_algo ran[8], asked[8];
+} choice_job;
+static void choice_rank(world *w, dpar_comm *c, int r)
+{
+    choice_job *j = (choice_job *)w->user;
+    float *x = (float *)calloc(j->n, sizeof(float));
+    dpar_comm_stats s;
+    dpar_comm_desc used;
+    expect_ok(w, dpar_allreduce(c, x, x, j->n, DPAR_F32, DPAR_SUM), "allreduce", r);
+    dpar_comm_stats_get(c, &s);
+    dpar_comm_query(c, &used);
+    j->ran[r] = s.last_algo;
+    j->asked[r] = (dpar_algo)used.algo;
+    if (s.algo_calls[s.last_algo] != 1)
+        note(w, "rank %d: algo_calls[%s] = %llu", r, dpar_algo_name(s.last_algo),
+             (unsigned long long)s.algo_calls[s.last_algo]);
+    free(x);
+}
+
+static void test_algo_chosen_by_size_desc_and_environment(void)
+{
+    static const struct {
+        size_t n;
+        int algo, det;
+        const char *env;
+        dpar_algo ran, asked;
+    } cases[] = {
+        {100, 0, 0, NULL, DPAR_ALGO_ONESHOT, DPAR_ALGO_AUTO},  /* 400 bytes */
+        {100000, 0, 0, NULL, DPAR_ALGO_SLICE, DPAR_ALGO_AUTO}, /* 400 KB */
+        {100000, 0, 0, "oneshot", DPAR_ALGO_ONESHOT, DPAR_ALGO_ONESHOT},
+        {100, 0, 0, "ring", DPAR_ALGO_RING, DPAR_ALGO_RING},
+        {100, 0, 0, "slice", DPAR_ALGO_SLICE, DPAR_ALGO_SLICE},
+        {100, 0, 0, "bogus", DPAR_ALGO_ONESHOT, DPAR_ALGO_AUTO},             /* a warning, then by size */
+        {100, DPAR_ALGO_RING, 0, "oneshot", DPAR_ALGO_RING, DPAR_ALGO_RING}, /* the desc wins */
+        {100, DPAR_ALGO_SLICE, 1, NULL, DPAR_ALGO_TREE, DPAR_ALGO_SLICE},    /* deterministic: the tree */
+    };
+    int k, r;
+    dpar_comm_desc d;
+    dpar_group *g = NULL;
+    dpar_log_level keep = dpar_log_get_level();
+    memset(&d, 0, sizeof d);
+    d.size = 2;
+    d.algo = 7;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    d.algo = -1;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    dpar_log_set_level(DPAR_LOG_ERROR); /* the bogus value's warning */
+    for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+        choice_job j;
+        memset(&j, 0, sizeof j);
+        memset(&d, 0, sizeof d);
+        j.n = cases[k].n;
+        d.algo = cases[k].algo;
+        d.deterministic = cases[k].det;
+        if (cases[k].env) setenv("DPAR_ALGO", cases[k].env, 1);
+        CHECK(run_world_desc(2, &d, choice_rank, &j, NULL, 0) == 0);
+        unsetenv("DPAR_ALGO");
+        for (r = 0; r < 2; r++)
+            CHECK_MSG(j.ran[r] == cases[k].ran && j.asked[r] == cases[k].asked, "case %d rank %d: ran %s asked %s", k,
+                      r, dpar_algo_name(j.ran[r]), dpar_algo_name(j.asked[r]));
+    }
+    dpar_log_set_level(keep);
+    CHECK(!strcmp(dpar_algo_name(DPAR_ALGO_SLICE), "slice") && !strcmp(dpar_algo_name((dpar_algo)99), "?"));
+}
+
 /* ---- async ---- */
 typedef struct {
     size_t n;
@@ -915,8 +1059,9 @@ static void test_trace_has_collectives_with_bytes(void)
     for (ev = jv_get(doc, "traceEvents") ? jv_get(doc, "traceEvents")->child : NULL; ev; ev = ev->next) {
         jv *name = jv_get(ev, "name"), *args = jv_get(ev, "args");
         if (name && name->type == JV_STR && !strcmp(name->str, "allreduce")) {
-            jv *bytes = jv_get(args, "bytes"), *bw = jv_get(args, "busbw_GBps");
+            jv *bytes = jv_get(args, "bytes"), *bw = jv_get(args, "busbw_GBps"), *algo = jv_get(args, "algo");
             CHECK(bytes && bytes->num == 4000 && bw);
+            CHECK(algo && algo->type == JV_STR && !strcmp(algo->str, "slice")); /* 4000 bytes: by slice */
             found++;
         }
     }
@@ -940,6 +1085,8 @@ int main(int argc, char **argv)
     RUN(test_deterministic_mode_same_bits_for_any_n);
     RUN(test_10000_mixed_collectives);
     RUN(test_mismatches_are_caught_on_every_rank);
+    RUN(test_algo_mismatches_are_caught_on_every_rank);
+    RUN(test_algo_chosen_by_size_desc_and_environment);
     RUN(test_async_requests);
     RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);
