@@ -60,6 +60,8 @@
      DPAR_ONESHOT_MAX_BYTES  thread ranks: allreduce one-shot up to this many bytes (default 2048)
      DPAR_SLICE_MIN_BYTES  thread ranks: allreduce by slice above the one-shot size from this many bytes
                            (default 2048: no size is left to the ring; raise it to give the ring a range)
+     DPAR_MSG_ONESHOT_MAX_BYTES  transports without shared memory (MPI): allreduce one-shot over
+                           messages up to this many bytes (default 16384)
      DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
      DPAR_NO_STREAM        no streaming (non-temporal) stores: ordinary stores everywhere
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
@@ -553,14 +555,16 @@ typedef struct dpar_comm dpar_comm;
 typedef struct dpar_request dpar_request;
 
 /* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
-   AUTO     by size and rank count: one-shot up to DPAR_ONESHOT_MAX_BYTES, reduce-by-slice from
-            DPAR_SLICE_MIN_BYTES, the ring between; thread ranks only (other transports: the ring or native)
+   AUTO     by size: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES, reduce-by-slice from
+            DPAR_SLICE_MIN_BYTES, the ring between; other transports (MPI) one-shot over messages up to
+            DPAR_MSG_ONESHOT_MAX_BYTES, the ring above (or MPI's own with dpar_comm_desc.native)
    RING     reduce-scatter then all-gather around the ring, 2(N-1) steps (every transport)
-   ONESHOT  thread ranks: each rank copies its input to memory the ranks share, then reduces the whole
-            message reading every rank's copy: one meeting instead of 2(N-1) steps (small messages)
-   SLICE    thread ranks: rank r reduces block r reading all N inputs where they are, then every rank
-            copies the other blocks from their owners' recv: three meetings, N-1 fewer passes over
-            memory than the ring for N > 2; streaming stores for destinations larger than the LLC
+   ONESHOT  one step instead of 2(N-1), for small messages. Thread ranks: each rank copies its input to
+            memory the ranks share, then reduces the whole message reading every rank's copy. Other
+            transports: each rank sends its input to every other and reduces what it receives.
+   SLICE    thread ranks (elsewhere the ring): rank r reduces block r reading all N inputs where they are,
+            then every rank copies the other blocks from their owners' recv: three meetings, less memory
+            traffic than the ring for N > 2; streaming stores for destinations larger than the LLC
    TREE     the deterministic mode's (dpar_comm_desc.deterministic; not chosen by algo)
    NATIVE   the transport's own collective (MPI's, dpar_comm_desc.native)
    Results: every algorithm combines the inputs of element i in the ring's order, so all give the same bits:
@@ -3928,7 +3932,7 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 #define DPAR_SLICE_MIN_BYTES 2048
 #endif
 #ifndef DPAR_MSG_ONESHOT_MAX_BYTES
-#define DPAR_MSG_ONESHOT_MAX_BYTES 65536
+#define DPAR_MSG_ONESHOT_MAX_BYTES 16384
 #endif
 #define DPAR__MSG_PIECE 2048 /* one-shot over messages sends pieces of this size (below MPI's eager limits) */
 #ifndef DPAR_STREAM_MIN_BYTES
@@ -4063,15 +4067,14 @@ static void dpar__sm_enter(const dpar__ctx *x)
     dpar__sm_rank *me;
     if (!x->c->sm || x->lane != DPAR__LANE_COLL) return;
     me = dpar__sm_at(x->c->sm, x->c->rank);
-    DPAR__STORE(&me->seq, 0, DPAR__RELAXED);
-    __atomic_thread_fence(DPAR__RELEASE);
-    DPAR__STORE(&me->count, x->fp.count, DPAR__RELAXED);
-    DPAR__STORE(&me->coll, x->fp.coll, DPAR__RELAXED);
-    DPAR__STORE(&me->dtype, x->fp.dtype, DPAR__RELAXED);
-    DPAR__STORE(&me->op, x->fp.op, DPAR__RELAXED);
-    DPAR__STORE(&me->root, x->fp.root, DPAR__RELAXED);
-    DPAR__STORE(&me->line, x->fp.line, DPAR__RELAXED);
-    DPAR__STORE(&me->file, x->fp.file, DPAR__RELAXED);
+    DPAR__STORE(&me->seq, 0, DPAR__RELAXED); /* the release stores below keep it ahead of them */
+    DPAR__STORE(&me->count, x->fp.count, DPAR__RELEASE);
+    DPAR__STORE(&me->coll, x->fp.coll, DPAR__RELEASE);
+    DPAR__STORE(&me->dtype, x->fp.dtype, DPAR__RELEASE);
+    DPAR__STORE(&me->op, x->fp.op, DPAR__RELEASE);
+    DPAR__STORE(&me->root, x->fp.root, DPAR__RELEASE);
+    DPAR__STORE(&me->line, x->fp.line, DPAR__RELEASE);
+    DPAR__STORE(&me->file, x->fp.file, DPAR__RELEASE);
     DPAR__STORE(&me->seq, x->fp.seq, DPAR__RELEASE);
 }
 
@@ -4089,14 +4092,14 @@ static dpar_status dpar__sm_agree(dpar__ctx *x, int q)
     memset(&theirs, 0, sizeof theirs);
     theirs.seq = seq;
     theirs.rank = q;
-    theirs.count = DPAR__LOAD(&p->count, DPAR__RELAXED);
-    theirs.coll = DPAR__LOAD(&p->coll, DPAR__RELAXED);
-    theirs.dtype = DPAR__LOAD(&p->dtype, DPAR__RELAXED);
-    theirs.op = DPAR__LOAD(&p->op, DPAR__RELAXED);
-    theirs.root = DPAR__LOAD(&p->root, DPAR__RELAXED);
-    theirs.line = DPAR__LOAD(&p->line, DPAR__RELAXED);
-    theirs.file = DPAR__LOAD(&p->file, DPAR__RELAXED);
-    __atomic_thread_fence(DPAR__ACQUIRE);
+    theirs.count = DPAR__LOAD(&p->count, DPAR__ACQUIRE);
+    theirs.coll = DPAR__LOAD(&p->coll, DPAR__ACQUIRE);
+    theirs.dtype = DPAR__LOAD(&p->dtype, DPAR__ACQUIRE);
+    theirs.op = DPAR__LOAD(&p->op, DPAR__ACQUIRE);
+    theirs.root = DPAR__LOAD(&p->root, DPAR__ACQUIRE);
+    theirs.line = DPAR__LOAD(&p->line, DPAR__ACQUIRE);
+    theirs.file = DPAR__LOAD(&p->file, DPAR__ACQUIRE);
+    /* (acquire loads: the second look at seq cannot move ahead of them; no fences, which TSan lacks) */
     if (DPAR__LOAD(&p->seq, DPAR__RELAXED) != seq) return DPAR_OK; /* it has moved on: it agreed */
     if ((unsigned)theirs.dtype >= DPAR_DTYPE_COUNT) theirs.dtype = x->fp.dtype;
     if (dpar__fp_agree(x, &theirs, (size_t)theirs.count * dpar__dtype_sizes[theirs.dtype], (size_t)x->fp.count * es,
@@ -4343,8 +4346,12 @@ static dpar_status dpar__allreduce_slice(dpar__ctx *x, const char *send, char *r
         if ((st = dpar__sm_wait(x, q, phase + 2, "reduce its block")) != DPAR_OK) return dpar__sm_quiesce(c, st);
         from = (const char *)DPAR__LOAD(&dpar__sm_at(sh, q)->recv, DPAR__RELAXED);
         dpar_block_range(count, N, q, &qo, &ql);
-        if (stream) dpar__stream_copy(recv + qo * es, from + qo * es, ql * es);
-        else dpar__tp_copy(x, recv + qo * es, from + qo * es, ql * es);
+        if (from == recv) { /* ranks that share one recv: the block is already in place */
+        } else if (stream) {
+            dpar__stream_copy(recv + qo * es, from + qo * es, ql * es);
+        } else {
+            dpar__tp_copy(x, recv + qo * es, from + qo * es, ql * es);
+        }
         x->received += ql * es;
     }
     dpar__sm_read_end(c);

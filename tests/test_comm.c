@@ -716,6 +716,38 @@ static void test_algo_chosen_by_size_desc_and_environment(void)
     CHECK(!strcmp(dpar_algo_name(DPAR_ALGO_SLICE), "slice") && !strcmp(dpar_algo_name((dpar_algo)99), "?"));
 }
 
+/* reduce-by-slice into one recv that every rank shares: each rank writes its block, and nobody copies
+   a block onto itself */
+typedef struct {
+    size_t n;
+    float *in[4], *shared;
+} shared_job;
+static void shared_recv_rank(world *w, dpar_comm *c, int r)
+{
+    shared_job *j = (shared_job *)w->user;
+    expect_ok(w, dpar_allreduce(c, j->in[r], j->shared, j->n, DPAR_F32, DPAR_SUM), "allreduce", r);
+}
+static void test_slice_into_one_shared_recv(void)
+{
+    shared_job j;
+    dpar_comm_desc d;
+    size_t i;
+    int q, bad = 0;
+    memset(&d, 0, sizeof d);
+    d.algo = DPAR_ALGO_SLICE;
+    j.n = 100003;
+    j.shared = (float *)malloc(j.n * sizeof(float));
+    for (q = 0; q < 4; q++) {
+        j.in[q] = (float *)malloc(j.n * sizeof(float));
+        for (i = 0; i < j.n; i++) j.in[q][i] = (float)(q + (int)(i % 13));
+    }
+    CHECK(run_world_desc(4, &d, shared_recv_rank, &j, NULL, 0) == 0);
+    for (i = 0; i < j.n; i++) bad += j.shared[i] != (float)(6 + 4 * (int)(i % 13));
+    CHECK(bad == 0);
+    for (q = 0; q < 4; q++) free(j.in[q]);
+    free(j.shared);
+}
+
 /* ---- async ---- */
 typedef struct {
     size_t n;
@@ -1087,6 +1119,7 @@ int main(int argc, char **argv)
     RUN(test_mismatches_are_caught_on_every_rank);
     RUN(test_algo_mismatches_are_caught_on_every_rank);
     RUN(test_algo_chosen_by_size_desc_and_environment);
+    RUN(test_slice_into_one_shared_recv);
     RUN(test_async_requests);
     RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);
