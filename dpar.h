@@ -3972,10 +3972,37 @@ static void dpar__stream_copy(void *dst, const void *src, size_t bytes)
 /* streaming stores are weakly ordered: this fence makes them visible before any later store (the
    release of a meeting's phase) */
 static void dpar__stream_fence(void) { _mm_sfence(); }
+/* out = a + b (then / div when div > 1) for f32, streamed: the bits of dpar__reduce's (the same IEEE
+   single-precision add and divide per element); 0 when it does not apply (then the caller goes through L1) */
+static int dpar__stream_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op, int div)
+{
+    float *o = (float *)out;
+    const float *x = (const float *)a, *y = (const float *)b;
+    size_t i = 0;
+    float f = (float)div;
+    __m128 d = _mm_set1_ps(f);
+    if (t != DPAR_F32 || (op != DPAR_SUM && op != DPAR_AVG) || ((uintptr_t)o & 3u)) return 0;
+    if (op == DPAR_SUM) div = 0;
+    for (; i < n && ((uintptr_t)(o + i) & 15u); i++) o[i] = div > 1 ? (x[i] + y[i]) / f : x[i] + y[i];
+    for (; i + 8 <= n; i += 8) {
+        __m128 s0 = _mm_add_ps(_mm_loadu_ps(x + i), _mm_loadu_ps(y + i));
+        __m128 s1 = _mm_add_ps(_mm_loadu_ps(x + i + 4), _mm_loadu_ps(y + i + 4));
+        if (div > 1) s0 = _mm_div_ps(s0, d), s1 = _mm_div_ps(s1, d);
+        _mm_stream_ps(o + i, s0);
+        _mm_stream_ps(o + i + 4, s1);
+    }
+    for (; i < n; i++) o[i] = div > 1 ? (x[i] + y[i]) / f : x[i] + y[i];
+    return 1;
+}
 #else
 #define DPAR__STREAM 0
 static void dpar__stream_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static void dpar__stream_fence(void) {}
+static int dpar__stream_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op, int div)
+{
+    (void)out, (void)a, (void)b, (void)n, (void)t, (void)op, (void)div;
+    return 0;
+}
 #endif
 
 /* the size in bytes of the last-level cache CPU 0 sees: Linux's sysfs (per core complex: glibc's
@@ -4305,6 +4332,7 @@ static void dpar__sm_reduce_block(dpar__ctx *x, char *out, const char *const *se
             dpar__tp_reduce(x, tmp, send[(r + j) % N] + o, acc, n, t, op, 0);
             acc = tmp;
         }
+        if (stream && dpar__stream_reduce(out + o, send[r] + o, acc, n, t, op, op == DPAR_AVG ? N : 0)) continue;
         dpar__tp_reduce(x, dst, send[r] + o, acc, n, t, op, op == DPAR_AVG ? N : 0);
         if (stream) dpar__stream_copy(out + o, tmp, n * es);
     }
