@@ -1,7 +1,7 @@
 /* bench_mpi.c - dpar's ring allreduce over MPI next to MPI_Allreduce, in the same run.
 
    Build: mpicc -std=c99 -O2 -I. bench/bench_mpi.c -o bench_mpi
-   Run:   mpirun -np 2 ./bench_mpi [max_bytes]      (default 64 MiB; rank 0 prints one line per size)
+   Run:   mpirun -np 2 ./bench_mpi [max_bytes]      (4 B to 64 MiB by default; rank 0 prints one line per size)
 
    For each size: f32 sum, both ranks, alternating samples of dpar_allreduce (the algorithm chosen by
    size, printed as algo=: one-shot over messages for small ones, the ring over MPI point-to-point with
@@ -52,7 +52,7 @@ int main(int argc, char **argv)
         x[i] = (float)(i % 7);
         y[i] = 0;
     }
-    for (bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    for (bytes = 4; bytes <= max_bytes; bytes *= 4) {
         size_t count = bytes / sizeof(float);
         int reps = bytes <= 65536 ? 500 : bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 5 : 2;
         double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES];
