@@ -60,6 +60,8 @@
      DPAR_ONESHOT_MAX_BYTES  thread ranks: allreduce one-shot up to this many bytes (default 2048)
      DPAR_SLICE_MIN_BYTES  thread ranks: allreduce by slice above the one-shot size from this many bytes
                            (default 2048: no size is left to the ring; raise it to give the ring a range)
+     DPAR_RING_MIN_BYTES   thread ranks, 2 of them: the ring from this many bytes (default 1 MiB) until
+                           streaming stores apply (then by slice again)
      DPAR_MSG_ONESHOT_MAX_BYTES  transports without shared memory (MPI): allreduce one-shot over
                            messages up to this many bytes (default 16384)
      DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
@@ -555,8 +557,9 @@ typedef struct dpar_comm dpar_comm;
 typedef struct dpar_request dpar_request;
 
 /* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
-   AUTO     by size: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES, reduce-by-slice from
-            DPAR_SLICE_MIN_BYTES, the ring between; other transports (MPI) one-shot over messages up to
+   AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES, reduce-by-slice
+            from DPAR_SLICE_MIN_BYTES, the ring between, and on 2 ranks the ring from DPAR_RING_MIN_BYTES
+            until streaming stores apply; other transports (MPI) one-shot over messages up to
             DPAR_MSG_ONESHOT_MAX_BYTES, the ring above (or MPI's own with dpar_comm_desc.native)
    RING     reduce-scatter then all-gather around the ring, 2(N-1) steps (every transport)
    ONESHOT  one step instead of 2(N-1), for small messages. Thread ranks: each rank copies its input to
@@ -3931,6 +3934,9 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 #ifndef DPAR_SLICE_MIN_BYTES
 #define DPAR_SLICE_MIN_BYTES 2048
 #endif
+#ifndef DPAR_RING_MIN_BYTES
+#define DPAR_RING_MIN_BYTES (1u << 20)
+#endif
 #ifndef DPAR_MSG_ONESHOT_MAX_BYTES
 #define DPAR_MSG_ONESHOT_MAX_BYTES 16384
 #endif
@@ -4287,10 +4293,11 @@ static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, c
 /* streaming stores for this call? When the destinations of all ranks together (N x bytes) are at least
    the streaming size: they cannot stay in the cache anyway. The host loops only: a transport with
    arithmetic of its own keeps its own stores. */
-static int dpar__sm_stream(dpar__ctx *x, size_t bytes)
+static int dpar__sm_streams(dpar_comm *c, size_t bytes)
 {
-    return DPAR__STREAM && bytes >= x->c->sm->stream_min / (size_t)x->c->size && !x->c->tp->reduce && !x->c->tp->copy;
+    return DPAR__STREAM && c->sm && bytes >= c->sm->stream_min / (size_t)c->size && !c->tp->reduce && !c->tp->copy;
 }
+static int dpar__sm_stream(dpar__ctx *x, size_t bytes) { return dpar__sm_streams(x->c, bytes); }
 
 /* "reading now", then one more look at the poison (a Dekker pair with dpar__sm_quiesce): either this
    rank sees that a peer left on an error, or that peer sees this reader and waits before it returns */
@@ -4401,6 +4408,10 @@ static dpar_algo dpar__algo_choose(dpar_comm *c, size_t bytes)
     if (c->sm_state < 0) return DPAR_ALGO_RING;
     if (a == DPAR_ALGO_RING || a == DPAR_ALGO_ONESHOT || a == DPAR_ALGO_SLICE) return (dpar_algo)a;
     if (bytes <= (size_t)DPAR_ONESHOT_MAX_BYTES) return DPAR_ALGO_ONESHOT;
+    /* 2 ranks move the same bytes either way; in the caches the ring's pipelined segments measured
+       faster, beyond them reduce-by-slice's streaming stores (not known before the setup: slice) */
+    if (c->size == 2 && bytes >= (size_t)DPAR_RING_MIN_BYTES && c->sm && !dpar__sm_streams(c, bytes))
+        return DPAR_ALGO_RING;
     if (bytes >= (size_t)DPAR_SLICE_MIN_BYTES) return DPAR_ALGO_SLICE;
     return DPAR_ALGO_RING;
 }
