@@ -5,6 +5,9 @@
    one comm per algorithm, in the same samples: the automatic choice (mode=auto), each algorithm
    forced (mode=forced: the ring, the ring's state before the algorithms were chosen by size;
    one-shot up to 1 MiB; reduce-by-slice), then the deterministic tree (transport=threads-det).
+   Sizes from 64 bytes. After each rank count, bench=allreduce_choice: up to which size one-shot was
+   the fastest, where the ring beat reduce-by-slice by 5% or more (0: nowhere), beside the
+   thresholds dpar was built with (DPAR_ONESHOT_MAX_BYTES, ...).
    ratio = ref_us / us: 1.0 means the allreduce costs one pass over memory. Medians of 5 samples.
    limit = the ratio the traffic model allows (docs/comm.md, 'Traffic'): the reference's bytes
    through memory per thread over the algorithm's per rank, for buffers larger than the LLC (below
@@ -159,11 +162,17 @@ int main(int argc, char **argv)
             if (dpar_group_create(&d, &b.group[m]) != DPAR_OK) return 1;
         }
         if (dpar_pool_run(b.pool, join, &b) != DPAR_OK) return 1;
-        for (bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+        int ns = 0, k;
+        size_t sizes[32];
+        double forced[32][COMMS]; /* us of each comm at each size */
+        for (bytes = 64; bytes <= max_bytes && ns < 32; bytes *= 4, ns++) {
             double ref;
             b.bytes = bytes;
             b.reps = bytes <= 65536 ? 2000 : bytes <= (1u << 20) ? 200 : bytes <= (16u << 20) ? 10 : 2;
-            for (m = 0; m < COMMS; m++) b.on[m] = comm_algo[m] != DPAR_ALGO_ONESHOT || bytes <= (1u << 20);
+            for (m = 0; m < COMMS; m++) {
+                b.on[m] = comm_algo[m] != DPAR_ALGO_ONESHOT || bytes <= (1u << 20);
+                forced[ns][m] = 1e300; /* not measured */
+            }
             dpar_pool_run(b.pool, rank_main, &b);
             qsort(b.sample_us[0], SAMPLES, sizeof(double), cmp_double);
             ref = b.sample_us[0][SAMPLES / 2];
@@ -174,6 +183,8 @@ int main(int argc, char **argv)
                 if (!b.on[m]) continue;
                 qsort(b.sample_us[1 + m], SAMPLES, sizeof(double), cmp_double);
                 us = b.sample_us[1 + m][SAMPLES / 2];
+                sizes[ns] = bytes;
+                forced[ns][m] = us;
                 busbw = (double)bytes / (us * 1e3) * 2.0 * (n - 1) / n;
                 printf("bench=allreduce transport=%s ranks=%d bytes=%zu algo=%s mode=%s us=%.2f busbw_GBps=%.2f "
                        "ref_us=%.2f ratio=%.2f limit=%.2f\n",
@@ -181,6 +192,21 @@ int main(int argc, char **argv)
                        comm_algo[m] == DPAR_ALGO_AUTO ? "auto" : "forced", us, busbw, ref, ref / us,
                        4.0 / traffic(b.ran[m], n, stream));
             }
+            fflush(stdout);
+        }
+        { /* the thresholds this run measured, beside the ones dpar was built with (the forced lines) */
+            size_t oneshot_max = 0, ring_from = 0, ring_to = 0;
+            for (k = 0; k < ns && forced[k][2] < forced[k][1] && forced[k][2] < forced[k][3]; k++)
+                oneshot_max = sizes[k];
+            for (k = 0; k < ns; k++) /* the ring ahead of reduce-by-slice by 5% or more */
+                if (sizes[k] > oneshot_max && forced[k][1] < 0.95 * forced[k][3]) {
+                    if (!ring_from) ring_from = sizes[k];
+                    ring_to = sizes[k];
+                }
+            printf("bench=allreduce_choice transport=threads ranks=%d oneshot_fastest_to=%zu ring_fastest_from=%zu "
+                   "ring_fastest_to=%zu built_oneshot_max=%d built_slice_min=%d built_ring_min=%d\n",
+                   n, oneshot_max, ring_from, ring_to, DPAR_ONESHOT_MAX_BYTES, DPAR_SLICE_MIN_BYTES,
+                   (int)DPAR_RING_MIN_BYTES);
             fflush(stdout);
         }
         dpar_pool_run(b.pool, leave, &b);
