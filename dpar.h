@@ -57,10 +57,11 @@
      DPAR_OPENBLAS         dpar_sgemm calls OpenBLAS's cblas_sgemm (link -lopenblas)
      DPAR_NO_AVX2          leave out the AVX2 + FMA GEMM kernel (x86; chosen at run time otherwise)
      DPAR_SPIN_US          default microseconds a wait spins before it sleeps (default 200)
-     DPAR_ONESHOT_MAX_BYTES  thread ranks: allreduce one-shot up to this many bytes (default 2048)
+     DPAR_ONESHOT_MAX_BYTES  thread ranks: allreduce one-shot up to this many bytes, twice that on more
+                           than 2 ranks (default 2048)
      DPAR_SLICE_MIN_BYTES  thread ranks: allreduce by slice above the one-shot size from this many bytes
                            (default 2048: no size is left to the ring; raise it to give the ring a range)
-     DPAR_RING_MIN_BYTES   thread ranks, 2 of them: the ring from this many bytes (default 1 MiB) until
+     DPAR_RING_MIN_BYTES   thread ranks, 2 of them: the ring from this many bytes (default 2 MiB) until
                            streaming stores apply (then by slice again)
      DPAR_MSG_ONESHOT_MAX_BYTES  transports without shared memory (MPI): allreduce one-shot over
                            messages up to this many bytes (default 16384)
@@ -557,7 +558,8 @@ typedef struct dpar_comm dpar_comm;
 typedef struct dpar_request dpar_request;
 
 /* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
-   AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES, reduce-by-slice
+   AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES (twice that on more
+            than 2 ranks), reduce-by-slice
             from DPAR_SLICE_MIN_BYTES, the ring between, and on 2 ranks the ring from DPAR_RING_MIN_BYTES
             until streaming stores apply; other transports (MPI) one-shot over messages up to
             DPAR_MSG_ONESHOT_MAX_BYTES, the ring above (or MPI's own with dpar_comm_desc.native)
@@ -3935,7 +3937,7 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 #define DPAR_SLICE_MIN_BYTES 2048
 #endif
 #ifndef DPAR_RING_MIN_BYTES
-#define DPAR_RING_MIN_BYTES (1u << 20)
+#define DPAR_RING_MIN_BYTES (2u << 20)
 #endif
 #ifndef DPAR_MSG_ONESHOT_MAX_BYTES
 #define DPAR_MSG_ONESHOT_MAX_BYTES 16384
@@ -4065,7 +4067,7 @@ static dpar__sm *dpar__sm_make(dpar_comm *c)
 {
     size_t line = DPAR__CACHE_LINE, head = (sizeof(dpar__sm) + line - 1) / line * line;
     size_t stride = (sizeof(dpar__sm_rank) + line - 1) / line * line;
-    size_t stage = (size_t)DPAR_ONESHOT_MAX_BYTES > 4096 ? (size_t)DPAR_ONESHOT_MAX_BYTES : 4096;
+    size_t stage = 2 * (size_t)DPAR_ONESHOT_MAX_BYTES > 4096 ? 2 * (size_t)DPAR_ONESHOT_MAX_BYTES : 4096;
     size_t n = (size_t)c->size;
     stage = (stage + line - 1) / line * line;
     char *p = (char *)dpar__calloc(&c->allocator, 1, head + n * stride + 2 * n * stage);
@@ -4407,7 +4409,8 @@ static dpar_algo dpar__algo_choose(dpar_comm *c, size_t bytes)
                    : DPAR_ALGO_RING;
     if (c->sm_state < 0) return DPAR_ALGO_RING;
     if (a == DPAR_ALGO_RING || a == DPAR_ALGO_ONESHOT || a == DPAR_ALGO_SLICE) return (dpar_algo)a;
-    if (bytes <= (size_t)DPAR_ONESHOT_MAX_BYTES) return DPAR_ALGO_ONESHOT;
+    /* one meeting against three: more ranks, more meetings worth saving (measured: 4 KiB on 4 ranks) */
+    if (bytes <= (size_t)DPAR_ONESHOT_MAX_BYTES * (c->size > 2 ? 2u : 1u)) return DPAR_ALGO_ONESHOT;
     /* 2 ranks move the same bytes either way; in the caches the ring's pipelined segments measured
        faster, beyond them reduce-by-slice's streaming stores (not known before the setup: slice) */
     if (c->size == 2 && bytes >= (size_t)DPAR_RING_MIN_BYTES && c->sm && !dpar__sm_streams(c, bytes))

@@ -1096,7 +1096,7 @@ static void test_trace_has_collectives_with_bytes(void)
         if (name && name->type == JV_STR && !strcmp(name->str, "allreduce")) {
             jv *bytes = jv_get(args, "bytes"), *bw = jv_get(args, "busbw_GBps"), *algo = jv_get(args, "algo");
             CHECK(bytes && bytes->num == 4000 && bw);
-            CHECK(algo && algo->type == JV_STR && !strcmp(algo->str, "slice")); /* 4000 bytes: by slice */
+            CHECK(algo && algo->type == JV_STR && !strcmp(algo->str, "oneshot")); /* 4000 bytes, 4 ranks */
             found++;
         }
     }
