@@ -57,6 +57,16 @@
      DPAR_OPENBLAS         dpar_sgemm calls OpenBLAS's cblas_sgemm (link -lopenblas)
      DPAR_NO_AVX2          leave out the AVX2 + FMA GEMM kernel (x86; chosen at run time otherwise)
      DPAR_SPIN_US          default microseconds a wait spins before it sleeps (default 200)
+     DPAR_ONESHOT_MAX_BYTES  thread ranks: allreduce one-shot up to this many bytes, twice that on more
+                           than 2 ranks (default 2048)
+     DPAR_SLICE_MIN_BYTES  thread ranks: allreduce by slice above the one-shot size from this many bytes
+                           (default 2048: no size is left to the ring; raise it to give the ring a range)
+     DPAR_RING_MIN_BYTES   thread ranks, 2 of them: the ring from this many bytes (default 2 MiB) until
+                           streaming stores apply (then by slice again)
+     DPAR_MSG_ONESHOT_MAX_BYTES  transports without shared memory (MPI): allreduce one-shot over
+                           messages up to this many bytes (default 16384)
+     DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
+     DPAR_NO_STREAM        no streaming (non-temporal) stores: ordinary stores everywhere
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
      DPAR_TIMEOUT_MS_DEFAULT  blocking comm calls give up after this (default 30000)
 
@@ -64,6 +74,7 @@
      DPAR_NUM_THREADS=N    threads of a pool whose description says 0
      DPAR_TRACE=file.json  write a Chrome trace-event file (open it in Perfetto or chrome://tracing)
      DPAR_TIMEOUT_MS=N     timeout of blocking comm calls whose description says 0 (-1: none)
+     DPAR_ALGO=ring|oneshot|slice|auto  allreduce algorithm of comms whose description says 0 (dpar_algo)
      DPAR_LOG=error|warn|info|debug|off   log level (default warn)
 
    SECTIONS (grep for the tag). Declarations come first, then under DPAR_IMPLEMENTATION the code in
@@ -84,7 +95,8 @@
      >>dtype      element types, ops, call kinds, block ranges, bf16/f16, reductions  status
      >>transport  (impl) the transport interface and the comm object               base, dtype
      >>ring       (impl) the collective algorithms, once for every transport       dtype, transport
-     >>comm       the communicator API; (impl) its front end                       base, transport, ring
+     >>algo       (impl) one-shot and reduce-by-slice allreduce, streaming stores  base, dtype, transport, ring
+     >>comm       the communicator API; (impl) its front end                       base, transport, ring, algo
      >>async      (impl) asynchronous requests, the progress thread                base, transport, comm
      >>threads    (impl) the threads transport: zero-copy channels, doorbells      base, transport, ring, comm
      >>ops        (impl) comms whose collectives another library runs (NCCL)        base, transport, comm
@@ -581,6 +593,38 @@ typedef struct dpar_comm_memory {
     void *(*alloc)(void *user, int worker, size_t bytes);
     void (*free)(void *user, int worker, void *p);
 } dpar_comm_memory;
+/* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
+   AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES (twice that on more
+            than 2 ranks), reduce-by-slice
+            from DPAR_SLICE_MIN_BYTES, the ring between, and on 2 ranks the ring from DPAR_RING_MIN_BYTES
+            until streaming stores apply; other transports (MPI) one-shot over messages up to
+            DPAR_MSG_ONESHOT_MAX_BYTES, the ring above (or MPI's own with dpar_comm_desc.native)
+   RING     reduce-scatter then all-gather around the ring, 2(N-1) steps (every transport)
+   ONESHOT  one step instead of 2(N-1), for small messages. Thread ranks: each rank copies its input to
+            memory the ranks share, then reduces the whole message reading every rank's copy. Other
+            transports: each rank sends its input to every other and reduces what it receives.
+   SLICE    thread ranks (elsewhere the ring): rank r reduces block r reading all N inputs where they are,
+            then every rank copies the other blocks from their owners' recv: three meetings, less memory
+            traffic than the ring for N > 2; streaming stores for destinations larger than the LLC
+   TREE     the deterministic mode's (dpar_comm_desc.deterministic; not chosen by algo)
+   NATIVE   the transport's own collective (MPI's, dpar_comm_desc.native)
+   Results: every algorithm combines the inputs of element i in the ring's order, so all give the same bits:
+            for i in block c of dpar_block_range(count, N, c), acc = x[c+1], then acc = x[c+j] op acc for
+            j = 2..N (ranks mod N; AVG divides at the last step). The tree keeps its own, N-independent order.
+   See:     docs/comm.md, 'Algorithms'. */
+typedef enum dpar_algo {
+    DPAR_ALGO_AUTO = 0,
+    DPAR_ALGO_RING = 1,
+    DPAR_ALGO_ONESHOT = 2,
+    DPAR_ALGO_SLICE = 3,
+    DPAR_ALGO_TREE = 4,
+    DPAR_ALGO_NATIVE = 5,
+    DPAR_ALGO_COUNT = 6
+} dpar_algo;
+
+/* dpar_algo_name: "auto", "ring", "oneshot", "slice", "tree", "native"; "?" when out of range.
+   Thread safety: any thread. */
+DPAR_API const char *dpar_algo_name(dpar_algo algo);
 
 /* dpar_comm_desc: how to make a group (and its comms); a zero field means its default. */
 typedef struct dpar_comm_desc {
@@ -593,14 +637,15 @@ typedef struct dpar_comm_desc {
     int spin_us;              /* waits spin this long before sleeping; 0: DPAR_SPIN_US, -1: no spin */
     const char *name;         /* trace and error prefix (copied; default "comm") */
     int native;               /* MPI: use MPI's own collectives for the dtypes MPI has (not bf16/f16) */
+    int algo;                 /* allreduce algorithm (dpar_algo); 0: DPAR_ALGO (environment), else by size */
     dpar_allocator allocator; /* the group's and its comms' memory (zero: malloc/free) */
     dpar_comm_memory memory;  /* thread groups: where the ranks' buffers live (zero: host memory) */
 } dpar_comm_desc;
 
 /* dpar_group_create: make the meeting point of `desc->size` thread ranks; each rank's thread then joins it.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc or out, size < 1, timeout_ms or spin_us below -1, half an
-             allocator), DPAR_ERANGE (size above DPAR_MAX_THREADS), DPAR_EUNSUPPORTED (deterministic with a
-             size that is not a power of two), DPAR_ENOMEM.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc or out, size < 1, timeout_ms or spin_us below -1, algo not
+             auto, ring, oneshot or slice, half an allocator), DPAR_ERANGE (size above DPAR_MAX_THREADS),
+             DPAR_EUNSUPPORTED (deterministic with a size that is not a power of two), DPAR_ENOMEM.
    Remarks:  the group lives until it is destroyed and its last comm is destroyed.
    Thread safety: any thread.
    See:      docs/comm.md, 'Thread ranks in five lines'. */
@@ -802,7 +847,9 @@ DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
 /* dpar_comm_stats_get / dpar_comm_stats_reset: read / clear this rank's counters: calls, bytes, time, per call.
    busbw:    as nccl-tests: algbw = bytes / time with bytes = count * element size (the total count for
              reduce_scatter and allgather, count * N for alltoall); busbw = algbw * 2(N-1)/N for allreduce,
-             (N-1)/N for reduce_scatter, allgather and alltoall, 1 otherwise.
+             (N-1)/N for reduce_scatter, allgather and alltoall, 1 otherwise. algo_calls / last_algo: which
+             allreduce algorithm ran (dpar_algo; one-shot and slice count as sent the bytes of this rank the
+             others read, as received those it read of theirs).
    Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out).
    Thread safety: get: any thread (relaxed reads); reset: the comm's thread (it waits for the comm's requests and
              clears the counters with plain stores).
@@ -815,6 +862,8 @@ typedef struct dpar_comm_stats {
     dpar_coll last_coll;
     dpar_comm_counters last; /* the last call alone */
     double last_busbw_gbps;
+    uint64_t algo_calls[DPAR_ALGO_COUNT]; /* allreduce calls by the algorithm that ran them */
+    dpar_algo last_algo;                  /* of the last allreduce */
 } dpar_comm_stats;
 DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats *out);
 DPAR_API dpar_status dpar_comm_stats_reset(dpar_comm *comm);
@@ -3534,6 +3583,11 @@ struct dpar_comm {
     int stop, thread_started;
     pthread_t thread;
     const char *no_async; /* why async requests cannot run here (NULL: they can) */
+    /* >>algo: the allreduce algorithm asked for, the memory the ranks share for it */
+    int algo;            /* dpar_algo: the desc's, else DPAR_ALGO's, else AUTO */
+    struct dpar__sm *sm; /* NULL until the first allreduce that may use it */
+    int sm_state;        /* 0: not set up yet, 1: sm ready, -1: unavailable (the ring instead) */
+    uint32_t sm_phase;   /* meetings passed (the same count on every rank) */
 };
 
 /* memory where the comm's ranks keep their buffers: host memory, or dpar_comm_memory's */
@@ -4076,6 +4130,550 @@ static dpar_status dpar__barrier(dpar__ctx *x)
     return dpar__dissemination(x);
 }
 
+/* >>algo: one-shot and reduce-by-slice allreduce over shared memory; streaming stores ----------- */
+/* Thread ranks (a transport that shares memory, dpar__tp_shares_memory) may meet through words in
+   memory instead of messages. At the first allreduce of a comm, rank 0 allocates one block the ranks
+   share (dpar__sm: per rank a record and two staging buffers), exposes it (collective) and the last
+   rank to leave frees it. A rank's record holds `phase`, the meetings it has passed (every rank
+   passes the same ones, in the same order), the fingerprint of the call it is in (the contract
+   checker compares it: a peer in another call of the same number is a mismatch, not a wait), and for
+   reduce-by-slice this call's buffers. A meeting: publish my phase, ring every doorbell, wait for
+   each peer's phase on my own doorbell (dpar__tp_wait_bell spins, then sleeps).
+   One-shot, per piece of at most a staging buffer: copy my input to staging buffer (phase & 1), meet,
+   reduce the whole piece reading every rank's staging copy. Two buffers suffice: a rank writes buffer
+   b at phase p only after everyone has passed phase p - 1, so after they stopped reading b (p - 2).
+   Reduce-by-slice: publish send/recv, meet (A), reduce my block reading every rank's send where it
+   is, meet (B), copy the other blocks from their owners' recv, meet (C) so nobody still reads mine.
+   Both combine the inputs of each element in the ring's order (dpar_algo), so every algorithm gives
+   the same bits. Destinations of at least the streaming size (the LLC) are written with streaming
+   (non-temporal) stores where the host loops do the arithmetic, fenced before each meeting. */
+#ifndef DPAR_ONESHOT_MAX_BYTES
+#define DPAR_ONESHOT_MAX_BYTES 2048
+#endif
+#ifndef DPAR_SLICE_MIN_BYTES
+#define DPAR_SLICE_MIN_BYTES 2048
+#endif
+#ifndef DPAR_RING_MIN_BYTES
+#define DPAR_RING_MIN_BYTES (2u << 20)
+#endif
+#ifndef DPAR_MSG_ONESHOT_MAX_BYTES
+#define DPAR_MSG_ONESHOT_MAX_BYTES 16384
+#endif
+#define DPAR__MSG_PIECE 2048 /* one-shot over messages sends pieces of this size (below MPI's eager limits) */
+#ifndef DPAR_STREAM_MIN_BYTES
+#define DPAR_STREAM_MIN_BYTES 0 /* 0: the last-level cache's size */
+#endif
+#define DPAR__SM_BLOCK 8192 /* bytes reduced at a time by reduce-by-slice: the partial stays in L1 */
+
+static const char *const dpar__algo_names[] = {"auto", "ring", "oneshot", "slice", "tree", "native"};
+DPAR_API const char *dpar_algo_name(dpar_algo a) { return (unsigned)a < DPAR_ALGO_COUNT ? dpar__algo_names[a] : "?"; }
+
+/* ---- streaming stores: x86 with SSE2; elsewhere ordinary stores ---- */
+#if !defined(DPAR_NO_STREAM) && (defined(__GNUC__) || defined(__clang__)) && \
+    (defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__)))
+#include <emmintrin.h>
+#define DPAR__STREAM 1
+/* dst = src with stores that bypass the caches (dst 16-byte aligned inside; the edges ordinary) */
+static void dpar__stream_copy(void *dst, const void *src, size_t bytes)
+{
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    size_t head = (16u - ((uintptr_t)d & 15u)) & 15u;
+    if (head > bytes) head = bytes;
+    memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 64; bytes -= 64, d += 64, s += 64) {
+        __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)s);
+        __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+        __m128i v2 = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+        __m128i v3 = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
+        _mm_stream_si128((__m128i *)(void *)d, v0);
+        _mm_stream_si128((__m128i *)(void *)(d + 16), v1);
+        _mm_stream_si128((__m128i *)(void *)(d + 32), v2);
+        _mm_stream_si128((__m128i *)(void *)(d + 48), v3);
+    }
+    memcpy(d, s, bytes);
+}
+/* streaming stores are weakly ordered: this fence makes them visible before any later store (the
+   release of a meeting's phase) */
+static void dpar__stream_fence(void) { _mm_sfence(); }
+/* out = a + b (then / div when div > 1) for f32, streamed: the bits of dpar__reduce's (the same IEEE
+   single-precision add and divide per element); 0 when it does not apply (then the caller goes through L1) */
+static int dpar__stream_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op, int div)
+{
+    float *o = (float *)out;
+    const float *x = (const float *)a, *y = (const float *)b;
+    size_t i = 0;
+    float f = (float)div;
+    __m128 d = _mm_set1_ps(f);
+    if (t != DPAR_F32 || (op != DPAR_SUM && op != DPAR_AVG) || ((uintptr_t)o & 3u)) return 0;
+    if (op == DPAR_SUM) div = 0;
+    for (; i < n && ((uintptr_t)(o + i) & 15u); i++) o[i] = div > 1 ? (x[i] + y[i]) / f : x[i] + y[i];
+    for (; i + 8 <= n; i += 8) {
+        __m128 s0 = _mm_add_ps(_mm_loadu_ps(x + i), _mm_loadu_ps(y + i));
+        __m128 s1 = _mm_add_ps(_mm_loadu_ps(x + i + 4), _mm_loadu_ps(y + i + 4));
+        if (div > 1) s0 = _mm_div_ps(s0, d), s1 = _mm_div_ps(s1, d);
+        _mm_stream_ps(o + i, s0);
+        _mm_stream_ps(o + i + 4, s1);
+    }
+    for (; i < n; i++) o[i] = div > 1 ? (x[i] + y[i]) / f : x[i] + y[i];
+    return 1;
+}
+#else
+#define DPAR__STREAM 0
+static void dpar__stream_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void dpar__stream_fence(void) {}
+static int dpar__stream_reduce(void *out, const void *a, const void *b, size_t n, dpar_dtype t, dpar_op op, int div)
+{
+    (void)out, (void)a, (void)b, (void)n, (void)t, (void)op, (void)div;
+    return 0;
+}
+#endif
+
+/* the size in bytes of the last-level cache CPU 0 sees: Linux's sysfs (per core complex: glibc's
+   sysconf reports a whole AMD socket's L3, ten times too much), else sysconf, else 32 MiB */
+static size_t dpar__llc_bytes(void)
+{
+    long v = -1;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (f) {
+        char unit = 0;
+        if (fscanf(f, "%ld%c", &v, &unit) >= 1)
+            v = unit == 'K' ? v * 1024 : unit == 'M' ? v * 1024 * 1024 : unit == 'G' ? v << 30 : v;
+        fclose(f);
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (v <= 0) v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return v > 0 ? (size_t)v : (size_t)32 << 20;
+}
+
+/* ---- the shared block ---- */
+typedef struct dpar__sm_rank { /* one rank's record, on cache lines of its own */
+    uint32_t phase;            /* meetings passed */
+    uint32_t reading;          /* 1 while it reads other ranks' buffers (reduce-by-slice) */
+    uint64_t seq;              /* the call it is in (0 while the fingerprint below changes) */
+    uint64_t count;
+    int coll, dtype, op, root, line;
+    const char *file;
+    const void *send; /* reduce-by-slice: this call's buffers */
+    void *recv;
+} dpar__sm_rank;
+
+typedef struct dpar__sm {
+    int refs; /* ranks still using it; the last one frees it with rank 0's allocator */
+    int n;
+    dpar_allocator allocator;
+    size_t stride;     /* bytes per rank record */
+    size_t stage;      /* bytes of one staging buffer */
+    size_t stream_min; /* streaming stores for destinations of at least this many bytes */
+    char *ranks;       /* n records */
+    char *stages;      /* n x 2 staging buffers */
+} dpar__sm;
+
+static dpar__sm_rank *dpar__sm_at(dpar__sm *sh, int q)
+{
+    return (dpar__sm_rank *)(void *)(sh->ranks + (size_t)q * sh->stride);
+}
+static char *dpar__sm_stage(dpar__sm *sh, int q, uint32_t phase)
+{
+    return sh->stages + ((size_t)q * 2 + (phase & 1u)) * sh->stage;
+}
+
+static dpar__sm *dpar__sm_make(dpar_comm *c)
+{
+    size_t line = DPAR__CACHE_LINE, head = (sizeof(dpar__sm) + line - 1) / line * line;
+    size_t stride = (sizeof(dpar__sm_rank) + line - 1) / line * line;
+    size_t stage = 2 * (size_t)DPAR_ONESHOT_MAX_BYTES > 4096 ? 2 * (size_t)DPAR_ONESHOT_MAX_BYTES : 4096;
+    size_t n = (size_t)c->size;
+    stage = (stage + line - 1) / line * line;
+    char *p = (char *)dpar__calloc(&c->allocator, 1, head + n * stride + 2 * n * stage);
+    dpar__sm *sh = (dpar__sm *)(void *)p;
+    if (!p) return NULL;
+    sh->refs = c->size;
+    sh->n = c->size;
+    sh->allocator = c->allocator;
+    sh->stride = stride;
+    sh->stage = stage;
+    sh->stream_min = DPAR_STREAM_MIN_BYTES ? (size_t)DPAR_STREAM_MIN_BYTES : dpar__llc_bytes();
+    sh->ranks = p + head;
+    sh->stages = p + head + n * stride;
+    return sh;
+}
+
+/* leaving the comm (dpar_comm_destroy) */
+static void dpar__sm_release(dpar_comm *c)
+{
+    dpar__sm *sh = c->sm;
+    c->sm = NULL;
+    if (sh && DPAR__SUB(&sh->refs, 1, DPAR__ACQ_REL) == 1) {
+        dpar_allocator a = sh->allocator;
+        dpar__free(&a, sh);
+    }
+}
+
+/* a call starts (dpar__execute, dpar__coll_begin): its fingerprint into my record, for the peers'
+   contract checks (a seqlock: seq 0 while the fields change) */
+static void dpar__sm_enter(const dpar__ctx *x)
+{
+    dpar__sm_rank *me;
+    if (!x->c->sm || x->lane != DPAR__LANE_COLL) return;
+    me = dpar__sm_at(x->c->sm, x->c->rank);
+    DPAR__STORE(&me->seq, 0, DPAR__RELAXED); /* the release stores below keep it ahead of them */
+    DPAR__STORE(&me->count, x->fp.count, DPAR__RELEASE);
+    DPAR__STORE(&me->coll, x->fp.coll, DPAR__RELEASE);
+    DPAR__STORE(&me->dtype, x->fp.dtype, DPAR__RELEASE);
+    DPAR__STORE(&me->op, x->fp.op, DPAR__RELEASE);
+    DPAR__STORE(&me->root, x->fp.root, DPAR__RELEASE);
+    DPAR__STORE(&me->line, x->fp.line, DPAR__RELEASE);
+    DPAR__STORE(&me->file, x->fp.file, DPAR__RELEASE);
+    DPAR__STORE(&me->seq, x->fp.seq, DPAR__RELEASE);
+}
+
+/* Does peer q's call fit mine? Only a peer in the call of my number is compared (an earlier one has
+   not arrived; a later one has compared itself with me). The bytes are compared even with no_check.
+   A mismatch poisons the comm with the story every rank returns. */
+static dpar_status dpar__sm_agree(dpar__ctx *x, int q)
+{
+    dpar__sm_rank *p = dpar__sm_at(x->c->sm, q);
+    dpar__fp theirs;
+    char msg[DPAR__ERROR_TEXT];
+    size_t es = dpar__dtype_sizes[x->fp.dtype];
+    uint64_t seq = DPAR__LOAD(&p->seq, DPAR__ACQUIRE);
+    if (seq != x->fp.seq) return DPAR_OK;
+    memset(&theirs, 0, sizeof theirs);
+    theirs.seq = seq;
+    theirs.rank = q;
+    theirs.count = DPAR__LOAD(&p->count, DPAR__ACQUIRE);
+    theirs.coll = DPAR__LOAD(&p->coll, DPAR__ACQUIRE);
+    theirs.dtype = DPAR__LOAD(&p->dtype, DPAR__ACQUIRE);
+    theirs.op = DPAR__LOAD(&p->op, DPAR__ACQUIRE);
+    theirs.root = DPAR__LOAD(&p->root, DPAR__ACQUIRE);
+    theirs.line = DPAR__LOAD(&p->line, DPAR__ACQUIRE);
+    theirs.file = DPAR__LOAD(&p->file, DPAR__ACQUIRE);
+    /* (acquire loads: the second look at seq cannot move ahead of them; no fences, which TSan lacks) */
+    if (DPAR__LOAD(&p->seq, DPAR__RELAXED) != seq) return DPAR_OK; /* it has moved on: it agreed */
+    if ((unsigned)theirs.dtype >= DPAR_DTYPE_COUNT) theirs.dtype = x->fp.dtype;
+    if (dpar__fp_agree(x, &theirs, (size_t)theirs.count * dpar__dtype_sizes[theirs.dtype], (size_t)x->fp.count * es,
+                       msg, sizeof msg))
+        return DPAR_OK;
+    return dpar__tp_poison(x->c, DPAR_EMISMATCH, msg);
+}
+
+/* a meeting: I have passed `phase` (my streaming stores fenced first); every peer is woken */
+static void dpar__sm_arrive(dpar_comm *c, uint32_t phase)
+{
+    dpar__stream_fence();
+    DPAR__STORE(&dpar__sm_at(c->sm, c->rank)->phase, phase, DPAR__RELEASE);
+    dpar__tp_wake_all(c);
+}
+
+/* wait until rank q has passed `phase`, on my doorbell; a peer in another call of my number fails it */
+static dpar_status dpar__sm_wait(dpar__ctx *x, int q, uint32_t phase, const char *what)
+{
+    dpar_comm *c = x->c;
+    dpar__sm_rank *p = dpar__sm_at(c->sm, q);
+    uint64_t now, poll;
+    DPAR_TEST_STEP_HOOK();
+    for (;;) {
+        uint32_t bell = dpar__tp_doorbell(c);
+        if ((int32_t)(DPAR__LOAD(&p->phase, DPAR__ACQUIRE) - phase) >= 0) return DPAR_OK;
+        DPAR__TRY(dpar__tp_poisoned(c));
+        DPAR__TRY(dpar__sm_agree(x, q));
+        now = dpar_time_ns();
+        if (x->deadline && now >= x->deadline) return dpar__tp_timeout(x, q, what);
+        /* a peer that enters another call rings no bell: look again at least every 50 ms */
+        poll = now + 50000000u;
+        dpar__tp_wait_bell(c, bell, x->deadline && x->deadline < poll ? x->deadline : poll);
+    }
+}
+
+/* every peer has passed `phase`; at the first meeting of a call, every peer is in the same call */
+static dpar_status dpar__sm_meet(dpar__ctx *x, uint32_t phase, int first, const char *what)
+{
+    dpar_comm *c = x->c;
+    int q;
+    dpar__sm_arrive(c, phase);
+    for (q = 1; q < c->size; q++) DPAR__TRY(dpar__sm_wait(x, (c->rank + q) % c->size, phase, what));
+    for (q = 0; first && q < c->size; q++)
+        if (q != c->rank) DPAR__TRY(dpar__sm_agree(x, q));
+    return DPAR_OK;
+}
+
+/* Collective, at a comm's first allreduce: rank 0 makes the block and exposes it; NULL on every rank
+   (rank 0 out of memory) leaves the comm on the ring. The fingerprints meet in a barrier first, so
+   ranks that disagree, or one that never comes, fail with the usual story about this call. */
+static dpar_status dpar__sm_setup(dpar__ctx *x)
+{
+    dpar_comm *c = x->c;
+    dpar__sm *mine = c->rank == 0 ? dpar__sm_make(c) : NULL;
+    const void *bufs[1];
+    void **peers = NULL;
+    dpar__fp keep = x->fp;
+    dpar_status st;
+    char *scr = NULL;
+    bufs[0] = mine;
+    if ((st = dpar__scratch(c, (size_t)c->size * sizeof(void *), &scr)) != DPAR_OK) {
+        dpar__free(&c->allocator, mine);
+        return dpar__tp_fail(c, st, dpar_last_error());
+    }
+    peers = (void **)(void *)scr;
+    if ((st = dpar__barrier(x)) != DPAR_OK) { /* everyone is here: expose's own waits cannot time out */
+        dpar__free(&c->allocator, mine);
+        return st;
+    }
+    st = c->tp->expose(x, bufs, 1, peers); /* once given, the block is never freed on an error */
+    x->fp = keep;
+    DPAR__TRY(st);
+    c->sm = (dpar__sm *)peers[0];
+    c->sm_state = c->sm ? 1 : -1;
+    dpar__sm_enter(x);
+    return DPAR_OK;
+}
+
+/* out[0..n) = elements [lo, lo + n) of the whole message (count elements) combined in the ring's
+   order: in[q] is rank q's copy of those elements. out is none of the inputs. */
+static dpar_status dpar__sm_combine(dpar__ctx *x, char *out, const char *const *in, size_t lo, size_t n, size_t count,
+                                    dpar_dtype t, dpar_op op)
+{
+    int N = x->c->size, c, j;
+    size_t es = dpar__dtype_sizes[t];
+    for (c = 0; c < N; c++) {
+        size_t co, cl, a, b, o;
+        dpar_block_range(count, N, c, &co, &cl);
+        a = co > lo ? co : lo;
+        b = co + cl < lo + n ? co + cl : lo + n;
+        if (a >= b) continue;
+        o = (a - lo) * es;
+        DPAR__TRY(dpar__tp_reduce(x, out + o, in[(c + 2) % N] + o, in[(c + 1) % N] + o, b - a, t, op,
+                                  N == 2 && op == DPAR_AVG ? N : 0));
+        for (j = 3; j <= N; j++)
+            DPAR__TRY(dpar__tp_reduce(x, out + o, in[(c + j) % N] + o, out + o, b - a, t, op,
+                                      j == N && op == DPAR_AVG ? N : 0));
+    }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__allreduce_oneshot(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                           dpar_op op)
+{
+    dpar_comm *c = x->c;
+    dpar__sm *sh = c->sm;
+    int N = c->size, q;
+    size_t es = dpar__dtype_sizes[t], per = sh->stage / es, lo;
+    const char **in;
+    char *scr = NULL;
+    dpar_status st;
+    if ((st = dpar__scratch(c, (size_t)N * sizeof(char *), &scr)) != DPAR_OK)
+        return dpar__tp_fail(c, st, dpar_last_error()); /* the others must not wait for me */
+    in = (const char **)(void *)scr;
+    for (lo = 0; lo < count; lo += per) {
+        size_t n = count - lo < per ? count - lo : per;
+        uint32_t phase = ++c->sm_phase;
+        for (q = 0; q < N; q++) in[q] = dpar__sm_stage(sh, q, phase);
+        (void)dpar__tp_copy(x, (char *)in[c->rank], send + lo * es, n * es); /* shared memory: host loops */
+        DPAR__TRY(dpar__sm_meet(x, phase, lo == 0, "arrive"));
+        (void)dpar__sm_combine(x, recv + lo * es, in, lo, n, count, t, op);
+        x->sent += (size_t)(N - 1) * n * es; /* what the others read of mine, and I of theirs */
+        x->received += (size_t)(N - 1) * n * es;
+    }
+    return DPAR_OK;
+}
+
+/* One-shot over messages, for transports that do not share memory (MPI): every rank offers its input
+   to every other rank, receives theirs straight into scratch and combines all N in the ring's order
+   (the same bits as the ring). One step instead of 2(N-1), N-1 messages each way per rank; the
+   fingerprints meet in every receive. */
+static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                               dpar_op op)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, k;
+    size_t es = dpar__dtype_sizes[t], bytes = count * es, slot = (bytes + 63) / 64 * 64, o;
+    size_t piece = DPAR__MSG_PIECE / es * es;
+    const char *small[64], **in = small; /* host pointers: the scratch may be device memory (dpar_comm_memory) */
+    char *scr = NULL;
+    dpar_status st = DPAR_OK;
+    DPAR__TRY(dpar__scratch(c, (size_t)N * slot, &scr));
+    if (N > 64 && !(in = (const char **)dpar__alloc(&c->allocator, (size_t)N * sizeof(char *))))
+        return dpar__err(DPAR_ENOMEM, "%s rank %d: out of memory", c->name, r);
+    in[r] = send;
+    if (send == recv) { /* in place: what I offer must stay as it is while I write recv */
+        st = dpar__tp_copy(x, scr + (size_t)r * slot, send, bytes);
+        in[r] = scr + (size_t)r * slot;
+    }
+    for (k = 1; k < N; k++) in[(r + N - k) % N] = scr + (size_t)((r + N - k) % N) * slot;
+    for (o = 0; o < bytes && st == DPAR_OK; o += piece) { /* pieces an MPI library sends eagerly, no handshake */
+        size_t l = bytes - o < piece ? bytes - o : piece;
+        for (k = 1; k < N && st == DPAR_OK; k++) st = dpar__post(x, (r + k) % N, in[r] + o, l);
+        for (k = 1; k < N && st == DPAR_OK; k++)
+            st = dpar__recv_into(x, (r + N - k) % N, (char *)in[(r + N - k) % N] + o, l);
+    }
+    if (st == DPAR_OK) st = dpar__sm_combine(x, recv, in, 0, count, count, t, op);
+    for (k = 1; k < N && st == DPAR_OK; k++) st = dpar__drain(x, (r + k) % N, 0);
+    if (in != small) dpar__free(&c->allocator, (void *)in);
+    return st;
+}
+
+/* streaming stores for this call? When the destinations of all ranks together (N x bytes) are at least
+   the streaming size: they cannot stay in the cache anyway. The host loops only: a transport with
+   arithmetic of its own keeps its own stores. */
+static int dpar__sm_streams(dpar_comm *c, size_t bytes)
+{
+    return DPAR__STREAM && c->sm && bytes >= c->sm->stream_min / (size_t)c->size && !c->tp->reduce && !c->tp->copy;
+}
+static int dpar__sm_stream(dpar__ctx *x, size_t bytes) { return dpar__sm_streams(x->c, bytes); }
+
+/* "reading now", then one more look at the poison (a Dekker pair with dpar__sm_quiesce): either this
+   rank sees that a peer left on an error, or that peer sees this reader and waits before it returns */
+static dpar_status dpar__sm_read_begin(dpar_comm *c)
+{
+    dpar__sm_rank *me = dpar__sm_at(c->sm, c->rank);
+    dpar_status st;
+    DPAR__STORE(&me->reading, 1u, DPAR__SEQ_CST);
+    if ((st = dpar__tp_poisoned(c)) != DPAR_OK) DPAR__STORE(&me->reading, 0u, DPAR__SEQ_CST);
+    return st;
+}
+static void dpar__sm_read_end(dpar_comm *c) { DPAR__STORE(&dpar__sm_at(c->sm, c->rank)->reading, 0u, DPAR__SEQ_CST); }
+
+/* leaving reduce-by-slice on an error: the comm is poisoned (nobody starts reading my buffers); wait
+   until nobody still reads them, so the caller may free them */
+static dpar_status dpar__sm_quiesce(dpar_comm *c, dpar_status st)
+{
+    uint64_t give_up = dpar_time_ns() + 5000000000u;
+    int q;
+    dpar__sm_read_end(c);
+    if (!dpar__tp_is_poisoned(c)) dpar__tp_poison_quietly(c, st, dpar_last_error());
+    for (q = 0; q < c->size; q++)
+        while (q != c->rank && DPAR__LOAD(&dpar__sm_at(c->sm, q)->reading, DPAR__SEQ_CST) && dpar_time_ns() < give_up)
+            sched_yield();
+    return st;
+}
+
+/* my block, reduced in the ring's order from every rank's send (blocks of DPAR__SM_BLOCK through L1) */
+static void dpar__sm_reduce_block(dpar__ctx *x, char *out, const char *const *send, size_t off, size_t len,
+                                  dpar_dtype t, dpar_op op, int stream, char *tmp)
+{
+    int N = x->c->size, r = x->c->rank, j;
+    size_t es = dpar__dtype_sizes[t], per = DPAR__SM_BLOCK / es, b;
+    for (b = 0; b < len; b += per) {
+        size_t n = len - b < per ? len - b : per, o = (off + b) * es;
+        char *dst = stream ? tmp : out + o;
+        const char *acc = send[(r + 1) % N] + o;
+        for (j = 2; j < N; j++) { /* the partial in tmp: out may be my own send (in place) */
+            (void)dpar__tp_reduce(x, tmp, send[(r + j) % N] + o, acc, n, t, op, 0); /* shared memory: host loops */
+            acc = tmp;
+        }
+        if (stream && dpar__stream_reduce(out + o, send[r] + o, acc, n, t, op, op == DPAR_AVG ? N : 0)) continue;
+        (void)dpar__tp_reduce(x, dst, send[r] + o, acc, n, t, op, op == DPAR_AVG ? N : 0);
+        if (stream) dpar__stream_copy(out + o, tmp, n * es);
+    }
+}
+
+static dpar_status dpar__allreduce_slice(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                         dpar_op op)
+{
+    dpar_comm *c = x->c;
+    dpar__sm *sh = c->sm;
+    dpar__sm_rank *me = dpar__sm_at(sh, c->rank);
+    int N = c->size, r = c->rank, q, k;
+    size_t es = dpar__dtype_sizes[t], off, len;
+    int stream = dpar__sm_stream(x, count * es);
+    uint32_t phase = c->sm_phase;
+    const char **sends;
+    char *scr = NULL, *tmp;
+    dpar_status st;
+    c->sm_phase += 3;
+    if ((st = dpar__scratch(c, (size_t)N * sizeof(char *) + DPAR__SM_BLOCK + DPAR__CACHE_LINE, &scr)) != DPAR_OK)
+        return dpar__tp_fail(c, st, dpar_last_error()); /* the others must not wait for me */
+    sends = (const char **)(void *)scr;
+    tmp = scr + ((size_t)N * sizeof(char *) + DPAR__CACHE_LINE - 1) / DPAR__CACHE_LINE * DPAR__CACHE_LINE;
+    DPAR__STORE(&me->send, (const void *)send, DPAR__RELAXED);
+    DPAR__STORE(&me->recv, (void *)recv, DPAR__RELAXED);
+    /* A: everyone's buffers are published */
+    if ((st = dpar__sm_meet(x, phase + 1, 1, "arrive")) != DPAR_OK) return dpar__sm_quiesce(c, st);
+    for (q = 0; q < N; q++) sends[q] = (const char *)DPAR__LOAD(&dpar__sm_at(sh, q)->send, DPAR__RELAXED);
+    if ((st = dpar__sm_read_begin(c)) != DPAR_OK) return dpar__sm_quiesce(c, st);
+    dpar_block_range(count, N, r, &off, &len);
+    dpar__sm_reduce_block(x, recv, sends, off, len, t, op, stream, tmp);
+    x->received += (size_t)(N - 1) * len * es;
+    /* B: my block is final in my recv; copy each other block once its owner has passed B */
+    dpar__sm_arrive(c, phase + 2);
+    for (k = 1; k < N; k++) {
+        size_t qo, ql;
+        const char *from;
+        q = (r + k) % N;
+        if ((st = dpar__sm_wait(x, q, phase + 2, "reduce its block")) != DPAR_OK) return dpar__sm_quiesce(c, st);
+        from = (const char *)DPAR__LOAD(&dpar__sm_at(sh, q)->recv, DPAR__RELAXED);
+        dpar_block_range(count, N, q, &qo, &ql);
+        if (from == recv) { /* ranks that share one recv: the block is already in place */
+        } else if (stream) {
+            dpar__stream_copy(recv + qo * es, from + qo * es, ql * es);
+        } else {
+            (void)dpar__tp_copy(x, recv + qo * es, from + qo * es, ql * es); /* shared memory: host loops */
+        }
+        x->received += ql * es;
+    }
+    dpar__sm_read_end(c);
+    x->sent += ((count - len) + (size_t)(N - 1) * len) * es; /* what the others read of mine */
+    /* C: nobody reads my buffers any more */
+    if ((st = dpar__sm_meet(x, phase + 3, 0, "copy the blocks")) != DPAR_OK) return dpar__sm_quiesce(c, st);
+    return DPAR_OK;
+}
+
+/* The algorithm for this allreduce: the comm's choice, else by size and rank count; the ring where
+   memory is not shared (or could not be set up). */
+static dpar_algo dpar__algo_choose(dpar_comm *c, size_t bytes)
+{
+    int a = c->algo;
+    if (!dpar__tp_shares_memory(c)) /* one-shot over messages for small ones */
+        return a == DPAR_ALGO_ONESHOT || (a == DPAR_ALGO_AUTO && bytes <= (size_t)DPAR_MSG_ONESHOT_MAX_BYTES)
+                   ? DPAR_ALGO_ONESHOT
+                   : DPAR_ALGO_RING;
+    if (c->sm_state < 0) return DPAR_ALGO_RING;
+    if (a == DPAR_ALGO_RING || a == DPAR_ALGO_ONESHOT || a == DPAR_ALGO_SLICE) return (dpar_algo)a;
+    /* one meeting against three: more ranks, more meetings worth saving (measured: 4 KiB on 4 ranks) */
+    if (bytes <= (size_t)DPAR_ONESHOT_MAX_BYTES * (c->size > 2 ? 2u : 1u)) return DPAR_ALGO_ONESHOT;
+    /* 2 ranks move the same bytes either way; in the caches the ring's pipelined segments measured
+       faster, beyond them reduce-by-slice's streaming stores (not known before the setup: slice) */
+    if (c->size == 2 && bytes >= (size_t)DPAR_RING_MIN_BYTES && c->sm && !dpar__sm_streams(c, bytes))
+        return DPAR_ALGO_RING;
+    if (bytes >= (size_t)DPAR_SLICE_MIN_BYTES) return DPAR_ALGO_SLICE;
+    return DPAR_ALGO_RING;
+}
+
+/* allreduce on N > 1 ranks, count > 0, not deterministic; *used: the algorithm that ran */
+static dpar_status dpar__allreduce_auto(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
+                                        dpar_op op, dpar_algo *used)
+{
+    dpar_comm *c = x->c;
+    dpar_algo a = dpar__algo_choose(c, count * dpar__dtype_sizes[t]);
+    if (a == DPAR_ALGO_ONESHOT && !dpar__tp_shares_memory(c)) {
+        *used = a;
+        return dpar__allreduce_oneshot_msg(x, send, recv, count, t, op);
+    }
+    if (a != DPAR_ALGO_RING && c->sm_state == 0) {
+        DPAR__TRY(dpar__sm_setup(x));
+        a = dpar__algo_choose(c, count * dpar__dtype_sizes[t]);
+    }
+    *used = a;
+    if (a == DPAR_ALGO_ONESHOT) return dpar__allreduce_oneshot(x, send, recv, count, t, op);
+    if (a == DPAR_ALGO_SLICE) return dpar__allreduce_slice(x, send, recv, count, t, op);
+    return dpar__allreduce_ring(x, send, recv, count, t, op);
+}
+
+/* DPAR_ALGO=ring|oneshot|slice|auto, for a desc that says 0 */
+static int dpar__algo_from_env(void)
+{
+    const char *e = getenv("DPAR_ALGO");
+    int a;
+    if (!e || !*e) return DPAR_ALGO_AUTO;
+    for (a = DPAR_ALGO_AUTO; a <= DPAR_ALGO_SLICE; a++)
+        if (!strcmp(e, dpar__algo_names[a])) return a;
+    DPAR__LOG(DPAR_LOG_WARN, "DPAR_ALGO=%s is not one of ring, oneshot, slice, auto; choosing by size", e);
+    return DPAR_ALGO_AUTO;
+}
+
 /* >>comm: the front end: validation, running a call, collectives, point-to-point, comm life ----- */
 /* ---- running a call: validation, fingerprint, timeout, counters, trace ---- */
 typedef struct dpar__call { /* one collective call, as made */
@@ -4102,6 +4700,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     uint64_t t0 = dpar_time_ns(), dt, bytes;
     double factor = 1.0, busbw;
     int N = c->size, native = 0;
+    dpar_algo algo = DPAR_ALGO_RING;
     memset(&x, 0, sizeof x);
     x.c = c;
     x.lane = DPAR__LANE_COLL;
@@ -4117,6 +4716,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
     if ((st = dpar__tp_poisoned(c)) != DPAR_OK) return st;
     dpar__tp_enter(&x);
+    dpar__sm_enter(&x);
     if (c->tp->native_first) {
         st = dpar__tp_native(&x, call, &native); /* the library runs every call */
     } else if (N == 1) {                         /* nothing to meet: copies only */
@@ -4137,7 +4737,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     } else if ((st = dpar__tp_native(&x, call, &native)) != DPAR_OK) {
         /* the transport's own collective failed */
     } else if (native) {
-        /* done by the transport's own collective */
+        algo = DPAR_ALGO_NATIVE; /* done by the transport's own collective */
     } else if (call->count == 0 && call->coll != DPAR_COLL_BARRIER) {
         st = x.c->check ? dpar__barrier(&x) : DPAR_OK; /* nothing to move; the fingerprints still meet */
     } else {
@@ -4167,8 +4767,9 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
             break;
         }
         case DPAR_COLL_ALLREDUCE:
+            if (c->det) algo = DPAR_ALGO_TREE;
             st = c->det ? dpar__allreduce_tree(&x, send, recv, call->count, call->dtype, call->op)
-                        : dpar__allreduce_ring(&x, send, recv, call->count, call->dtype, call->op);
+                        : dpar__allreduce_auto(&x, send, recv, call->count, call->dtype, call->op, &algo);
             break;
         case DPAR_COLL_ALLTOALL: st = dpar__alltoall_pairwise(&x, send, recv, call->count, es); break;
         default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)call->coll); break;
@@ -4196,14 +4797,18 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
         memcpy(&bits, &busbw, sizeof bits);
         DPAR__STORE(&c->last_coll, (int)call->coll, DPAR__RELAXED);
         DPAR__STORE(&c->last_busbw_bits, bits, DPAR__RELAXED);
+        if (call->coll == DPAR_COLL_ALLREDUCE) {
+            DPAR__ADD(&c->stats.algo_calls[algo], 1, DPAR__RELAXED);
+            DPAR__STORE(&c->stats.last_algo, algo, DPAR__RELAXED);
+        }
     }
     if (dpar_trace_enabled())
         dpar__trace_span(dpar_coll_name(call->coll), "comm", t0,
                          "\"seq\":%llu,\"count\":%llu,\"dtype\":\"%s\",\"bytes\":%llu,\"sent\":%llu,\"received\":%llu,"
-                         "\"busbw_GBps\":%.3f,\"status\":%d",
+                         "\"busbw_GBps\":%.3f,\"status\":%d,\"algo\":\"%s\"",
                          (unsigned long long)call->seq, (unsigned long long)call->count, dpar_dtype_name(call->dtype),
                          (unsigned long long)bytes, (unsigned long long)x.sent, (unsigned long long)x.received, busbw,
-                         (int)st);
+                         (int)st, call->coll == DPAR_COLL_ALLREDUCE ? dpar_algo_name(algo) : "-");
     return st;
 }
 
@@ -4555,6 +5160,7 @@ static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int ra
     c->check = !d->no_check;
     c->det = d->deterministic != 0;
     c->segment_bytes = d->segment_bytes ? d->segment_bytes : DPAR__SEGMENT_DEFAULT;
+    c->algo = d->algo > DPAR_ALGO_AUTO && d->algo <= DPAR_ALGO_SLICE ? d->algo : dpar__algo_from_env();
     c->spin = dpar__spin_make(d->spin_us == 0 ? DPAR_SPIN_US : (d->spin_us < 0 ? 0 : d->spin_us), size);
     snprintf(c->name, sizeof c->name, "%s", d->name && *d->name ? d->name : "comm");
     c->desc = *d;
@@ -4585,6 +5191,7 @@ DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm)
         dpar__bump(&comm->qseq, &comm->qsleepers, INT_MAX);
         pthread_join(comm->thread, NULL);
     }
+    dpar__sm_release(comm);
     dpar__tp_destroy(comm);
     dpar__comm_free(comm);
     return DPAR_OK;
@@ -4602,6 +5209,7 @@ DPAR_API dpar_status dpar_comm_query(const dpar_comm *comm, dpar_comm_desc *used
     used->no_check = !comm->check;
     used->deterministic = comm->det;
     used->segment_bytes = comm->segment_bytes;
+    used->algo = comm->algo;
     used->spin_us = comm->spin.spin_ns ? (int)(comm->spin.spin_ns / 1000u) : -1;
     used->name = comm->name;
     used->allocator = comm->allocator;
@@ -4645,6 +5253,8 @@ DPAR_API dpar_status dpar_comm_stats_get(const dpar_comm *comm, dpar_comm_stats 
         uint64_t bits = DPAR__LOAD(&comm->last_busbw_bits, DPAR__RELAXED);
         memcpy(&out->last_busbw_gbps, &bits, sizeof bits);
     }
+    for (i = 0; i < DPAR_ALGO_COUNT; i++) out->algo_calls[i] = DPAR__LOAD(&comm->stats.algo_calls[i], DPAR__RELAXED);
+    out->last_algo = (dpar_algo)DPAR__LOAD(&comm->stats.last_algo, DPAR__RELAXED);
     return DPAR_OK;
 }
 
@@ -4671,6 +5281,7 @@ static dpar_status dpar__coll_begin(dpar__ctx *x, dpar_comm *c, dpar_coll coll, 
     x->fp.file = who;
     x->deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
     dpar__tp_enter(x);
+    dpar__sm_enter(x);
     return DPAR_OK;
 }
 
@@ -5428,6 +6039,8 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
             return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter or memory.peer_access without the "
                                           "memory callbacks");
     }
+    if (desc->algo < DPAR_ALGO_AUTO || desc->algo > DPAR_ALGO_SLICE)
+        return dpar__err(DPAR_EINVAL, "dpar_group_create: algo = %d (auto, ring, oneshot or slice)", desc->algo);
     if (desc->deterministic && (desc->size & (desc->size - 1)))
         return dpar__err(DPAR_EUNSUPPORTED,
                          "dpar_group_create: the deterministic mode needs a power-of-two number of "

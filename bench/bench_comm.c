@@ -1,11 +1,19 @@
 /* bench_comm.c - allreduce over thread ranks against a memory-bandwidth reference, in one run.
 
    For each size, first the reference: the N threads each make one pass of out[i] = x[i] + y[i]
-   over the same number of bytes at the same time. Then N ranks allreduce that many bytes of f32
-   (ring, then the deterministic tree). ratio = ref_us / us: 1.0 means the allreduce costs one
-   pass over memory. Medians of 5 samples.
+   over the same number of bytes at the same time. Then N ranks allreduce that many bytes of f32 on
+   one comm per algorithm, in the same samples: the automatic choice (mode=auto), each algorithm
+   forced (mode=forced: the ring, the ring's state before the algorithms were chosen by size;
+   one-shot up to 1 MiB; reduce-by-slice), then the deterministic tree (transport=threads-det).
+   Sizes from 64 bytes. After each rank count, bench=allreduce_choice: up to which size one-shot was
+   the fastest, where the ring beat reduce-by-slice by 5% or more (0: nowhere), beside the
+   thresholds dpar was built with (DPAR_ONESHOT_MAX_BYTES, ...).
+   ratio = ref_us / us: 1.0 means the allreduce costs one pass over memory. Medians of 5 samples.
+   limit = the ratio the traffic model allows (docs/comm.md, 'Traffic'): the reference's bytes
+   through memory per thread over the algorithm's per rank, for buffers larger than the LLC (below
+   that size the caches, not the model, decide).
 
-   Build: cc -std=c99 -O2 -I. bench/bench_comm.c -o bench_comm -pthread
+   Build: cc -std=c99 -O3 -I. bench/bench_comm.c -o bench_comm -pthread
    Run:   ./bench_comm [max_bytes]      (default 256 MiB; prints one bench= line per case) */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -15,13 +23,20 @@
 
 #define SAMPLES 5
 
+#define COMMS 5 /* auto, ring, oneshot, slice, deterministic */
+static const int comm_algo[COMMS] = {DPAR_ALGO_AUTO, DPAR_ALGO_RING, DPAR_ALGO_ONESHOT, DPAR_ALGO_SLICE,
+                                     DPAR_ALGO_AUTO};
+
 typedef struct {
-    int n, det;
+    int n;
     size_t bytes;
     int reps;
     float *x[4], *y[4], *out[4];
-    dpar_comm *comm[4];
-    double sample_us[2][SAMPLES]; /* [reference, allreduce] */
+    dpar_comm *comm[COMMS][4];
+    dpar_group *group[COMMS];
+    int on[COMMS];                        /* measured at this size */
+    double sample_us[1 + COMMS][SAMPLES]; /* [reference, each comm] */
+    dpar_algo ran[COMMS];
     dpar_pool *pool;
 } bench;
 
@@ -35,9 +50,8 @@ static dpar_status rank_main(void *user, int r, int n)
 {
     bench *b = (bench *)user;
     size_t count = b->bytes / sizeof(float), i;
-    int s, k;
+    int s, k, m;
     float *x = b->x[r], *y = b->y[r], *o = b->out[r];
-    dpar_comm *c = b->comm[r];
     (void)n;
     for (s = -1; s < SAMPLES; s++) { /* sample -1 warms up */
         uint64_t t0;
@@ -50,12 +64,21 @@ static dpar_status rank_main(void *user, int r, int n)
         }
         dpar_pool_barrier(b->pool);
         if (r == 0 && s >= 0) b->sample_us[0][s] = (double)(dpar_time_ns() - t0) / 1e3 / b->reps;
-        /* allreduce of the same bytes */
-        dpar_barrier(c);
-        t0 = dpar_time_ns();
-        for (k = 0; k < b->reps; k++) dpar_allreduce(c, x, o, count, DPAR_F32, DPAR_SUM);
-        dpar_barrier(c);
-        if (r == 0 && s >= 0) b->sample_us[1][s] = (double)(dpar_time_ns() - t0) / 1e3 / b->reps;
+        /* allreduce of the same bytes, on each comm in turn */
+        for (m = 0; m < COMMS; m++) {
+            dpar_comm *c = b->comm[m][r];
+            if (!b->on[m]) continue;
+            dpar_barrier(c);
+            t0 = dpar_time_ns();
+            for (k = 0; k < b->reps; k++) dpar_allreduce(c, x, o, count, DPAR_F32, DPAR_SUM);
+            dpar_barrier(c);
+            if (r == 0 && s >= 0) b->sample_us[1 + m][s] = (double)(dpar_time_ns() - t0) / 1e3 / b->reps;
+            if (r == 0) {
+                dpar_comm_stats st;
+                dpar_comm_stats_get(c, &st);
+                b->ran[m] = st.last_algo;
+            }
+        }
     }
     return DPAR_OK;
 }
@@ -63,14 +86,19 @@ static dpar_status rank_main(void *user, int r, int n)
 static dpar_status join(void *user, int r, int n)
 {
     bench *b = (bench *)user;
-    dpar_group *g = *(dpar_group **)((char *)user + sizeof(bench));
+    int m;
+    dpar_status st = DPAR_OK;
     (void)n;
-    return dpar_group_join(g, r, &b->comm[r]);
+    for (m = 0; m < COMMS && st == DPAR_OK; m++) st = dpar_group_join(b->group[m], r, &b->comm[m][r]);
+    return st;
 }
 static dpar_status leave(void *user, int r, int n)
 {
+    bench *b = (bench *)user;
+    int m;
     (void)n;
-    return dpar_comm_destroy(((bench *)user)->comm[r]);
+    for (m = 0; m < COMMS; m++) dpar_comm_destroy(b->comm[m][r]);
+    return DPAR_OK;
 }
 static dpar_status touch(void *user, int r, int n)
 {
@@ -85,65 +113,110 @@ static dpar_status touch(void *user, int r, int n)
     return DPAR_OK;
 }
 
+/* The traffic model (docs/comm.md, 'Traffic'): bytes through memory per rank, in units of the
+   message, reads + writes + the read of every ordinary store to a line not cached (write-allocate).
+   The reference out = x + y: 2 + 1 + 1 = 4. */
+static double traffic(dpar_algo a, int n, int stream)
+{
+    double f = (double)(n - 1) / n;
+    switch (a) {
+    case DPAR_ALGO_SLICE: /* read all N of my block and N-1 blocks; write 1 */
+        return (1.0 + f) + 1.0 + (stream ? 0.0 : 1.0);
+    case DPAR_ALGO_ONESHOT: /* my input, then every copy; write the staging copy (cached) and recv */
+        return (1.0 + n) + 1.0 + 1.0;
+    default: /* ring and tree: read 3(N-1)/N, write 2(N-1)/N */ return 3.0 * f + 2.0 * f + 2.0 * f;
+    }
+}
+
 int main(int argc, char **argv)
 {
     size_t max_bytes = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : (size_t)256 << 20, bytes;
-    int ni, det, r;
+    int ni, r, m;
     static const int ranks[] = {2, 4};
     for (ni = 0; ni < 2; ni++) {
         int n = ranks[ni];
-        struct {
-            bench b;
-            dpar_group *g;
-        } w;
+        bench b;
         dpar_pool_desc pd;
-        memset(&w, 0, sizeof w);
+        memset(&b, 0, sizeof b);
         memset(&pd, 0, sizeof pd);
         pd.num_threads = n;
-        if (dpar_pool_create(&pd, &w.b.pool) != DPAR_OK) return 1;
-        w.b.n = n;
+        if (dpar_pool_create(&pd, &b.pool) != DPAR_OK) return 1;
+        b.n = n;
         for (r = 0; r < n; r++) {
-            w.b.x[r] = (float *)malloc(max_bytes);
-            w.b.y[r] = (float *)malloc(max_bytes);
-            w.b.out[r] = (float *)malloc(max_bytes);
-            if (!w.b.x[r] || !w.b.y[r] || !w.b.out[r]) {
+            b.x[r] = (float *)malloc(max_bytes);
+            b.y[r] = (float *)malloc(max_bytes);
+            b.out[r] = (float *)malloc(max_bytes);
+            if (!b.x[r] || !b.y[r] || !b.out[r]) {
                 fprintf(stderr, "bench_comm: out of memory\n");
                 return 1;
             }
         }
-        w.b.bytes = max_bytes;
-        dpar_pool_run(w.b.pool, touch, &w.b);
-        for (det = 0; det < 2; det++) {
+        b.bytes = max_bytes;
+        dpar_pool_run(b.pool, touch, &b);
+        for (m = 0; m < COMMS; m++) {
             dpar_comm_desc d;
             memset(&d, 0, sizeof d);
             d.size = n;
-            d.deterministic = det;
-            if (dpar_group_create(&d, &w.g) != DPAR_OK) return 1;
-            dpar_pool_run(w.b.pool, join, &w);
-            for (bytes = 4096; bytes <= max_bytes; bytes *= 4) {
-                double ref, us, busbw;
-                w.b.bytes = bytes;
-                w.b.reps = bytes <= 65536 ? 2000 : bytes <= (1u << 20) ? 200 : bytes <= (16u << 20) ? 10 : 2;
-                dpar_pool_run(w.b.pool, rank_main, &w.b);
-                qsort(w.b.sample_us[0], SAMPLES, sizeof(double), cmp_double);
-                qsort(w.b.sample_us[1], SAMPLES, sizeof(double), cmp_double);
-                ref = w.b.sample_us[0][SAMPLES / 2];
-                us = w.b.sample_us[1][SAMPLES / 2];
-                busbw = (double)bytes / (us * 1e3) * 2.0 * (n - 1) / n;
-                printf(
-                    "bench=allreduce transport=%s ranks=%d bytes=%zu us=%.2f busbw_GBps=%.2f ref_us=%.2f ratio=%.2f\n",
-                    det ? "threads-det" : "threads", n, bytes, us, busbw, ref, ref / us);
-                fflush(stdout);
+            d.algo = comm_algo[m];
+            d.deterministic = m == COMMS - 1;
+            if (dpar_group_create(&d, &b.group[m]) != DPAR_OK) return 1;
+        }
+        if (dpar_pool_run(b.pool, join, &b) != DPAR_OK) return 1;
+        int ns = 0, k;
+        size_t sizes[32];
+        double forced[32][COMMS]; /* us of each comm at each size */
+        for (bytes = 64; bytes <= max_bytes && ns < 32; bytes *= 4, ns++) {
+            double ref;
+            b.bytes = bytes;
+            b.reps = bytes <= 65536 ? 2000 : bytes <= (1u << 20) ? 200 : bytes <= (16u << 20) ? 10 : 2;
+            for (m = 0; m < COMMS; m++) {
+                b.on[m] = comm_algo[m] != DPAR_ALGO_ONESHOT || bytes <= (1u << 20);
+                forced[ns][m] = 1e300; /* not measured */
             }
-            dpar_pool_run(w.b.pool, leave, &w.b);
-            dpar_group_destroy(w.g);
+            dpar_pool_run(b.pool, rank_main, &b);
+            qsort(b.sample_us[0], SAMPLES, sizeof(double), cmp_double);
+            ref = b.sample_us[0][SAMPLES / 2];
+            for (m = 0; m < COMMS; m++) {
+                double us, busbw;
+                /* streaming stores where dpar makes them: destinations of all ranks beyond the LLC */
+                int stream = (double)bytes * n >= 32.0 * 1024 * 1024 && b.ran[m] == DPAR_ALGO_SLICE;
+                if (!b.on[m]) continue;
+                qsort(b.sample_us[1 + m], SAMPLES, sizeof(double), cmp_double);
+                us = b.sample_us[1 + m][SAMPLES / 2];
+                sizes[ns] = bytes;
+                forced[ns][m] = us;
+                busbw = (double)bytes / (us * 1e3) * 2.0 * (n - 1) / n;
+                printf("bench=allreduce transport=%s ranks=%d bytes=%zu algo=%s mode=%s us=%.2f busbw_GBps=%.2f "
+                       "ref_us=%.2f ratio=%.2f limit=%.2f\n",
+                       m == COMMS - 1 ? "threads-det" : "threads", n, bytes, dpar_algo_name(b.ran[m]),
+                       comm_algo[m] == DPAR_ALGO_AUTO ? "auto" : "forced", us, busbw, ref, ref / us,
+                       4.0 / traffic(b.ran[m], n, stream));
+            }
+            fflush(stdout);
         }
+        { /* the thresholds this run measured, beside the ones dpar was built with (the forced lines) */
+            size_t oneshot_max = 0, ring_from = 0, ring_to = 0;
+            for (k = 0; k < ns && forced[k][2] < forced[k][1] && forced[k][2] < forced[k][3]; k++)
+                oneshot_max = sizes[k];
+            for (k = 0; k < ns; k++) /* the ring ahead of reduce-by-slice by 5% or more */
+                if (sizes[k] > oneshot_max && forced[k][1] < 0.95 * forced[k][3]) {
+                    if (!ring_from) ring_from = sizes[k];
+                    ring_to = sizes[k];
+                }
+            printf("bench=allreduce_choice transport=threads ranks=%d oneshot_fastest_to=%zu ring_fastest_from=%zu "
+                   "ring_fastest_to=%zu built_oneshot_max=%d built_slice_min=%d built_ring_min=%d\n",
+                   n, oneshot_max, ring_from, ring_to, DPAR_ONESHOT_MAX_BYTES, DPAR_SLICE_MIN_BYTES,
+                   (int)DPAR_RING_MIN_BYTES);
+            fflush(stdout);
+        }
+        dpar_pool_run(b.pool, leave, &b);
+        for (m = 0; m < COMMS; m++) dpar_group_destroy(b.group[m]);
         for (r = 0; r < n; r++) {
-            free(w.b.x[r]);
-            free(w.b.y[r]);
-            free(w.b.out[r]);
+            free(b.x[r]);
+            free(b.y[r]);
+            free(b.out[r]);
         }
-        dpar_pool_destroy(w.b.pool);
+        dpar_pool_destroy(b.pool);
     }
     return 0;
 }

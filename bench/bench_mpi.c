@@ -1,10 +1,12 @@
 /* bench_mpi.c - dpar's ring allreduce over MPI next to MPI_Allreduce, in the same run.
 
    Build: mpicc -std=c99 -O2 -I. bench/bench_mpi.c -o bench_mpi
-   Run:   mpirun -np 2 ./bench_mpi [max_bytes]      (default 64 MiB; rank 0 prints one line per size)
+   Run:   mpirun -np 2 ./bench_mpi [max_bytes]      (4 B to 64 MiB by default; rank 0 prints one line per size)
 
-   For each size: f32 sum, both ranks, alternating samples of dpar_allreduce (the ring over MPI
-   point-to-point, segments of 1 MiB) and MPI_Allreduce; medians of 7. ratio = mpi_us / dpar_us:
+   For each size: f32 sum, both ranks, alternating samples of dpar_allreduce (the algorithm chosen by
+   size, printed as algo=: one-shot over messages for small ones, the ring over MPI point-to-point with
+   segments of 1 MiB above), dpar_allreduce forced to the ring (ring_us: the state before the choice
+   by size) and MPI_Allreduce; medians of 7. ratio = mpi_us / dpar_us, ring_ratio = mpi_us / ring_us:
    above 1 means dpar is faster. */
 #define DPAR_MPI
 #define DPAR_IMPLEMENTATION
@@ -26,8 +28,9 @@ int main(int argc, char **argv)
     size_t max_bytes, bytes, i;
     int me, n, provided, s, k;
     float *x, *y;
-    dpar_comm *c;
+    dpar_comm *c, *cr;
     dpar_comm_desc d;
+    dpar_comm_stats st;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -38,16 +41,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_mpi: %s\n", dpar_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    d.algo = DPAR_ALGO_RING;
+    if (dpar_comm_from_mpi(MPI_COMM_WORLD, &d, &cr) != DPAR_OK) {
+        fprintf(stderr, "bench_mpi: %s\n", dpar_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     x = (float *)malloc(max_bytes);
     y = (float *)malloc(max_bytes);
     for (i = 0; i < max_bytes / sizeof(float); i++) {
         x[i] = (float)(i % 7);
         y[i] = 0;
     }
-    for (bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    for (bytes = 4; bytes <= max_bytes; bytes *= 4) {
         size_t count = bytes / sizeof(float);
         int reps = bytes <= 65536 ? 500 : bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 5 : 2;
-        double t_dpar[SAMPLES], t_mpi[SAMPLES];
+        double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES];
         for (s = -1; s < SAMPLES; s++) { /* sample -1 warms both up */
             double t0;
             MPI_Barrier(MPI_COMM_WORLD);
@@ -57,19 +65,30 @@ int main(int argc, char **argv)
             if (s >= 0) t_dpar[s] = (MPI_Wtime() - t0) * 1e6 / reps;
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
+            for (k = 0; k < reps; k++) dpar_allreduce(cr, x, y, count, DPAR_F32, DPAR_SUM);
+            MPI_Barrier(MPI_COMM_WORLD);
+            if (s >= 0) t_ring[s] = (MPI_Wtime() - t0) * 1e6 / reps;
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
             for (k = 0; k < reps; k++) MPI_Allreduce(x, y, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             MPI_Barrier(MPI_COMM_WORLD);
             if (s >= 0) t_mpi[s] = (MPI_Wtime() - t0) * 1e6 / reps;
         }
         qsort(t_dpar, SAMPLES, sizeof(double), cmp_double);
         qsort(t_mpi, SAMPLES, sizeof(double), cmp_double);
+        qsort(t_ring, SAMPLES, sizeof(double), cmp_double);
+        dpar_comm_stats_get(c, &st);
         if (me == 0) {
-            printf("bench=allreduce transport=mpi ranks=%d bytes=%zu dpar_us=%.2f mpi_us=%.2f ratio=%.2f\n", n, bytes,
-                   t_dpar[SAMPLES / 2], t_mpi[SAMPLES / 2], t_mpi[SAMPLES / 2] / t_dpar[SAMPLES / 2]);
+            printf("bench=allreduce transport=mpi ranks=%d bytes=%zu algo=%s dpar_us=%.2f mpi_us=%.2f ratio=%.2f "
+                   "ring_us=%.2f ring_ratio=%.2f\n",
+                   n, bytes, dpar_algo_name(st.last_algo), t_dpar[SAMPLES / 2], t_mpi[SAMPLES / 2],
+                   t_mpi[SAMPLES / 2] / t_dpar[SAMPLES / 2], t_ring[SAMPLES / 2],
+                   t_mpi[SAMPLES / 2] / t_ring[SAMPLES / 2]);
             fflush(stdout);
         }
     }
     dpar_comm_destroy(c);
+    dpar_comm_destroy(cr);
     free(x);
     free(y);
     MPI_Finalize();

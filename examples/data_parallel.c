@@ -39,7 +39,8 @@ typedef struct {
     int *y;                               /* labels */
     dpar_group *group;
     double seconds, first_loss, final_loss, gemm_ns, overlap_ns, wait_ns, task_ns[64]; /* task_ns: by the thread */
-    uint64_t given; /* rank 0's tasks that another rank ran */
+    uint64_t given;                   /* rank 0's tasks that another rank ran */
+    uint64_t t_main, t_data, t_first; /* main() began, the data was ready, rank 0 finished step 1 */
 } job;
 
 static uint64_t rng_next(uint64_t *s)
@@ -171,6 +172,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     TRY(dpar_steal_create(&sd, &steal));
     per = dpar_sampler_epoch(&sampler, 0, &mine), pos = 0;
     for (step = 0; step < j->steps; step++) {
+        if (step == 1 && rank == 0) j->t_first = dpar_time_ns(); /* time to the first step (bench=startup) */
         if (step == 1)
             t_start = dpar_time_ns(), gemm_ns = j->task_ns[rank] = 0, overlap = 0, waited = 0; /* step 0 warms up */
         if (pos + (size_t)b > per) per = dpar_sampler_epoch(&sampler, ++epoch, &mine), pos = 0;
@@ -313,6 +315,7 @@ int main(int argc, char **argv)
     const char *layers = "784,1024,1024,10";
     uint64_t s = 99;
     int a, l, r, same = 1;
+    j.t_main = dpar_time_ns();
     j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 12 : 30, j.threads = 2, j.lr = 0.05f;
     for (a = 1; a < argc; a++) {
         const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
@@ -342,6 +345,7 @@ int main(int argc, char **argv)
         return usage("--threads 1..64 dividing --batch, --steps >= 1, --lr > 0");
     if (!!j.images != !!j.labels) return usage("--images and --labels go together");
     if (j.images ? !load_idx(&j) : !make_synthetic(&j)) return 1;
+    j.t_data = dpar_time_ns();
     if ((size_t)(j.batch / j.threads) > j.n / (size_t)j.threads) return usage("--batch is larger than the data");
     for (l = 0; l < j.nl; l++) { /* flat layout [W0 b0 W1 b1 ...]: backward finishes it from the end */
         j.woff[l] = j.np;
@@ -375,6 +379,9 @@ int main(int argc, char **argv)
             "rank)\n",
             j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds, j.overlap_ns * 1e-6 / (j.steps - 1),
             j.wait_ns * 1e-6 / (j.steps - 1), (double)j.given / j.steps);
+    if (j.t_first) /* main() to the end of the first step, of which making or loading the data */
+        printf("startup: first_step_ms=%.2f data_ms=%.2f\n", (double)(j.t_first - j.t_main) * 1e-6,
+               (double)(j.t_data - j.t_main) * 1e-6);
     printf("train samples_per_s=%.1f final_loss=%.4f\n",
            j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0, j.final_loss);
     for (r = 0; r < 64; r++) free(j.params[r]);

@@ -243,6 +243,28 @@ DT_UNUSED static void matrix_rank(world *w, dpar_comm *c, int r)
     check_range(w, "reduce_scatter in place", r, s + off * es, 0, len, m, off);
 }
 
+/* allreduce alone, out of place and in place, on a comm whose desc names the algorithm (want: the
+   algorithm the counters must show, DPAR_ALGO_AUTO: any) */
+DT_UNUSED static dpar_algo allreduce_want;
+DT_UNUSED static void allreduce_rank(world *w, dpar_comm *c, int r)
+{
+    matrix_case *m = (matrix_case *)w->user;
+    size_t es = dpar_dtype_size(m->t), n = m->count;
+    char *s = m->send[r], *v = m->recv[r];
+    dpar_comm_stats st;
+    int k;
+    for (k = 0; k < 2; k++) { /* out of place, then in place */
+        fill(s, r, 0, n, m->t, m->op);
+        memset(v, 0x5a, n * es);
+        expect_ok(w, dpar_allreduce(c, s, k ? s : v, n, m->t, m->op), k ? "allreduce in place" : "allreduce", r);
+        check_range(w, k ? "allreduce in place" : "allreduce", r, k ? s : v, 0, n, m, 0);
+        dpar_comm_stats_get(c, &st);
+        if (w->n > 1 && n && allreduce_want != DPAR_ALGO_AUTO && st.last_algo != allreduce_want)
+            note(w, "allreduce N=%d count=%zu ran %s, not %s", w->n, n, dpar_algo_name(st.last_algo),
+                 dpar_algo_name(allreduce_want));
+    }
+}
+
 /* broadcast, allgather, alltoall: the values must arrive unchanged */
 DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
 {

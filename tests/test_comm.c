@@ -4,6 +4,7 @@
    DPAR_TEST_BIG sets the large count of the matrix (default 1000003; make check uses less). */
 static void test_step_hook(void);
 #define DPAR_TEST_STEP_HOOK() test_step_hook()
+#define DPAR_STREAM_MIN_BYTES 600000 /* streaming stores from N x bytes = 600 KB: the big matrix cases use them */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -39,7 +40,7 @@ static size_t big_count(void)
 
 static void test_collectives_matrix(void)
 {
-    int ni, t, op, q;
+    int ni, t, op, q, a;
     size_t big = big_count();
     char *bufs[16];
     for (q = 0; q < 16; q++) bufs[q] = (char *)malloc((big + 64) * 8);
@@ -70,6 +71,13 @@ static void test_collectives_matrix(void)
                     if (ci == 5 && op != DPAR_SUM && t != DPAR_F32) continue;
                     m.op = (dpar_op)op;
                     fails += run_world(N, matrix_rank, &m);
+                    for (a = DPAR_ALGO_RING; a <= DPAR_ALGO_SLICE; a++) { /* each allreduce algorithm */
+                        dpar_comm_desc d;
+                        memset(&d, 0, sizeof d);
+                        d.algo = a;
+                        allreduce_want = (dpar_algo)a;
+                        fails += run_world_desc(N, &d, allreduce_rank, &m, NULL, 0);
+                    }
                 }
                 m.op = DPAR_SUM;
                 fails += run_world(N, movement_rank, &m);
@@ -179,6 +187,9 @@ static void bytes_rank(world *w, dpar_comm *c, int r)
     b->busbw[r] = s.last_busbw_gbps;
     if (s.last_coll != DPAR_COLL_ALLREDUCE || s.last.bytes_sent != b->sent[r])
         note(w, "last call stats wrong on rank %d", r);
+    if (s.last_algo != DPAR_ALGO_RING || s.algo_calls[DPAR_ALGO_RING] != 1 || s.algo_calls[DPAR_ALGO_SLICE] != 0)
+        note(w, "rank %d: the counters say %s (%llu ring calls)", r, dpar_algo_name(s.last_algo),
+             (unsigned long long)s.algo_calls[DPAR_ALGO_RING]);
     dpar_comm_stats_reset(c);
     dpar_comm_stats_get(c, &s);
     if (s.by_coll[DPAR_COLL_ALLREDUCE].calls != 0) note(w, "reset did not clear rank %d", r);
@@ -196,9 +207,12 @@ static void test_ring_moves_2_n_minus_1_over_n(void)
         counts[1] = (size_t)N * 1000 + 3;
         for (ci = 0; ci < 2; ci++) {
             bytes_job b;
+            dpar_comm_desc d;
             memset(&b, 0, sizeof b);
+            memset(&d, 0, sizeof d);
+            d.algo = DPAR_ALGO_RING;
             b.n = counts[ci];
-            CHECK(run_world(N, bytes_rank, &b) == 0);
+            CHECK(run_world_desc(N, &d, bytes_rank, &b, NULL, 0) == 0);
             for (r = 0; r < N; r++) {
                 /* rank r sends every chunk but r+1 in all-gather and but r in reduce-scatter,
                    and receives every chunk but r-1 and but r */
@@ -230,6 +244,7 @@ typedef struct {
 static void det_rank(world *w, dpar_comm *c, int r)
 {
     det_job *d = (det_job *)w->user;
+    memset(d->out[r], 0x7f, d->n * sizeof(float)); /* no result of an earlier run survives a skipped store */
     expect_ok(w, dpar_allreduce(c, d->in[r], d->out[r], d->n, DPAR_F32, DPAR_SUM), "allreduce", r);
 }
 
@@ -240,12 +255,30 @@ static void random_floats(float *x, size_t n)
         x[i] = (float)((double)(dt_rand() % 2000001) / 1000.0 - 1000.0) * (float)(1 << (dt_rand() % 12));
 }
 
+/* the documented order of every allreduce algorithm (dpar_algo): element i of block c is
+   x[c+1], then x[c+j] + that for j = 2..N */
+static float ring_order_sum(float *const *in, int N, size_t n, size_t i)
+{
+    int c, j;
+    float acc;
+    for (c = 0; c < N; c++) {
+        size_t off, len;
+        dpar_block_range(n, N, c, &off, &len);
+        if (i >= off && i < off + len) break;
+    }
+    acc = in[(c + 1) % N][i];
+    for (j = 2; j <= N; j++) acc = in[(c + j) % N][i] + acc;
+    return acc;
+}
+
 static void test_bitwise_identical_under_random_delays(void)
 {
-    int ni, rep, q;
-    size_t n = 30011, i;
-    for (ni = 1; ni < NN; ni++) {
-        int N = Ns[ni], diffs = 0;
+    static const int algos[] = {DPAR_ALGO_RING, DPAR_ALGO_ONESHOT, DPAR_ALGO_SLICE, DPAR_ALGO_AUTO};
+    int ni, rep, q, ai, big;
+    size_t n, i;
+    for (big = 0, ni = 1; ni < NN; ni += big, big = !big) { /* 30011 elements; 250007, with streaming stores */
+        int N = Ns[ni], diffs = 0, wrong = 0, reps = big ? 6 : N <= 4 ? 200 : 60;
+        n = big ? 250007 : 30011;
         det_job d;
         float *first = (float *)malloc(n * sizeof(float));
         dpar_comm_desc desc;
@@ -258,13 +291,21 @@ static void test_bitwise_identical_under_random_delays(void)
             random_floats(d.in[q], n);
         }
         __atomic_store_n(&hook_on, 1, __ATOMIC_RELAXED);
-        for (rep = 0; rep < (N <= 4 ? 200 : 60); rep++) {
-            CHECK(run_world_desc(N, &desc, det_rank, &d, NULL, 0) == 0);
-            if (rep == 0) memcpy(first, d.out[0], n * sizeof(float));
-            for (q = 0; q < N; q++) diffs += memcmp(d.out[q], first, n * sizeof(float)) != 0;
+        for (ai = 0; ai < 4; ai++) { /* every algorithm: the same bits as the ring's first run */
+            desc.algo = algos[ai];
+            for (rep = 0; rep < reps / (ai ? 2 : 1); rep++) {
+                CHECK(run_world_desc(N, &desc, det_rank, &d, NULL, 0) == 0);
+                if (rep == 0 && ai == 0) memcpy(first, d.out[0], n * sizeof(float));
+                for (q = 0; q < N; q++) diffs += memcmp(d.out[q], first, n * sizeof(float)) != 0;
+            }
         }
         __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
         CHECK_MSG(diffs == 0, "N=%d: %d results differ from the first", N, diffs);
+        for (i = 0; i < n; i++) { /* the bits of the documented order */
+            float want = ring_order_sum(d.in, N, n, i);
+            wrong += memcmp(&want, &first[i], sizeof want) != 0;
+        }
+        CHECK_MSG(wrong == 0, "N=%d: %d elements differ from the documented order", N, wrong);
         /* and it is right, within float rounding */
         for (i = 0; i < n; i += 97) {
             double ref = 0, mag = 0;
@@ -622,6 +663,182 @@ static void test_timeout_names_each_story(void)
             CHECK_MSG(k.j.st[r] == DPAR_ETIMEDOUT && strstr(k.j.msg[r], want[story]), "story %d rank %d: %s: '%s'",
                       story, r, dpar_status_string(k.j.st[r]), k.j.msg[r]);
     }
+}
+
+/* The same stories once the ranks meet through shared memory (one-shot, reduce-by-slice): a warm-up
+   allreduce sets the shared block up, then the calls disagree. */
+static void algo_mismatch_rank(world *w, dpar_comm *c, int r)
+{
+    mismatch_job *m = (mismatch_job *)w->user;
+    static float x[3][20000], y[3][20000];
+    uint64_t t0;
+    dpar_status st = dpar_allreduce(c, x[r], y[r], 100, DPAR_F32, DPAR_SUM);
+    if (st != DPAR_OK) note(w, "warm-up on rank %d: %s", r, dpar_last_error());
+    t0 = dpar_time_ns();
+    switch (m->kind) {
+    case 0: /* count, both one-shot */
+        st = dpar_allreduce(c, x[r], y[r], r == 2 ? 100 : 101, DPAR_F32, DPAR_SUM);
+        break;
+    case 1: /* count: one-shot against slice */
+        st = dpar_allreduce(c, x[r], y[r], r == 1 ? 100 : 20000, DPAR_F32, DPAR_SUM);
+        break;
+    case 2: /* op, both slice */
+        st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, r == 1 ? DPAR_MAX : DPAR_SUM);
+        break;
+    case 3: /* kind: a barrier (on the ring) against a one-shot allreduce */
+        st = r == 1 ? dpar_barrier(c) : dpar_allreduce(c, x[r], y[r], 100, DPAR_F32, DPAR_SUM);
+        break;
+    case 4: /* a missing rank */
+        if (r != 2) st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, DPAR_SUM);
+        else usleep(600000);
+        break;
+    default: /* abort while two ranks wait in a slice meeting */
+        if (r == 0) {
+            usleep(100000);
+            st = dpar_comm_abort(c);
+        } else {
+            st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, DPAR_SUM);
+        }
+        break;
+    }
+    m->st[r] = st;
+    snprintf(m->msg[r], sizeof m->msg[r], "%s", st == DPAR_OK ? "" : dpar_last_error());
+    m->seconds[r] = (double)(dpar_time_ns() - t0) * 1e-9;
+}
+
+static void test_algo_mismatches_are_caught_on_every_rank(void)
+{
+    static const struct {
+        dpar_status st;
+        const char *a, *b;
+    } want[] = {
+        {DPAR_EMISMATCH, "allreduce(count=100, dtype=f32, op=sum) #2", "allreduce(count=101, dtype=f32, op=sum) #2"},
+        {DPAR_EMISMATCH, "allreduce(count=100, dtype=f32, op=sum) #2", "allreduce(count=20000, dtype=f32, op=sum) #2"},
+        {DPAR_EMISMATCH, "op=max) #2", "op=sum) #2"},
+        {DPAR_EMISMATCH, "barrier() #2", "allreduce(count=100, dtype=f32, op=sum) #2"},
+        {DPAR_ETIMEDOUT, "timed out after 300 ms in allreduce(count=5000, dtype=f32, op=sum) #2",
+         "rank 2 never arrived (its last call: allreduce #1"},
+        {DPAR_EABORTED, "aborted by dpar_comm_abort", "rank 0"},
+    };
+    int kind, r;
+    for (kind = 0; kind < (int)(sizeof want / sizeof want[0]); kind++) {
+        mismatch_job m;
+        dpar_comm_desc d;
+        memset(&m, 0, sizeof m);
+        memset(&d, 0, sizeof d);
+        m.kind = kind;
+        d.timeout_ms = kind == 4 ? 300 : 5000;
+        run_world_desc(3, &d, algo_mismatch_rank, &m, NULL, 0);
+        for (r = 0; r < 3; r++) {
+            if ((kind == 4 && r == 2) || (kind == 5 && r == 0)) continue;
+            CHECK_MSG(m.st[r] == want[kind].st, "kind %d rank %d: %s, want %s (%s)", kind, r,
+                      dpar_status_string(m.st[r]), dpar_status_string(want[kind].st), m.msg[r]);
+            CHECK_MSG(strstr(m.msg[r], want[kind].a) && strstr(m.msg[r], want[kind].b), "kind %d rank %d: '%s'", kind,
+                      r, m.msg[r]);
+            CHECK_MSG(m.seconds[r] < (kind == 4 ? 2.0 : 1.5), "kind %d rank %d took %.2f s", kind, r, m.seconds[r]);
+        }
+        if (kind == 1 || kind == 4) printf("    e.g. %s\n", m.msg[0]);
+    }
+}
+
+/* ---- which algorithm runs: by size, the desc, DPAR_ALGO ---- */
+typedef struct {
+    size_t n;
+    dpar_algo ran[8], asked[8];
+} choice_job;
+static void choice_rank(world *w, dpar_comm *c, int r)
+{
+    choice_job *j = (choice_job *)w->user;
+    float *x = (float *)calloc(j->n, sizeof(float));
+    dpar_comm_stats s;
+    dpar_comm_desc used;
+    expect_ok(w, dpar_allreduce(c, x, x, j->n, DPAR_F32, DPAR_SUM), "allreduce", r);
+    dpar_comm_stats_get(c, &s);
+    dpar_comm_query(c, &used);
+    j->ran[r] = s.last_algo;
+    j->asked[r] = (dpar_algo)used.algo;
+    if (s.algo_calls[s.last_algo] != 1)
+        note(w, "rank %d: algo_calls[%s] = %llu", r, dpar_algo_name(s.last_algo),
+             (unsigned long long)s.algo_calls[s.last_algo]);
+    free(x);
+}
+
+static void test_algo_chosen_by_size_desc_and_environment(void)
+{
+    static const struct {
+        size_t n;
+        int algo, det;
+        const char *env;
+        dpar_algo ran, asked;
+    } cases[] = {
+        {100, 0, 0, NULL, DPAR_ALGO_ONESHOT, DPAR_ALGO_AUTO},  /* 400 bytes */
+        {100000, 0, 0, NULL, DPAR_ALGO_SLICE, DPAR_ALGO_AUTO}, /* 400 KB */
+        {100000, 0, 0, "oneshot", DPAR_ALGO_ONESHOT, DPAR_ALGO_ONESHOT},
+        {100, 0, 0, "ring", DPAR_ALGO_RING, DPAR_ALGO_RING},
+        {100, 0, 0, "slice", DPAR_ALGO_SLICE, DPAR_ALGO_SLICE},
+        {100, 0, 0, "bogus", DPAR_ALGO_ONESHOT, DPAR_ALGO_AUTO},             /* a warning, then by size */
+        {100, DPAR_ALGO_RING, 0, "oneshot", DPAR_ALGO_RING, DPAR_ALGO_RING}, /* the desc wins */
+        {100, DPAR_ALGO_SLICE, 1, NULL, DPAR_ALGO_TREE, DPAR_ALGO_SLICE},    /* deterministic: the tree */
+    };
+    int k, r;
+    dpar_comm_desc d;
+    dpar_group *g = NULL;
+    dpar_log_level keep = dpar_log_get_level();
+    memset(&d, 0, sizeof d);
+    d.size = 2;
+    d.algo = 7;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    d.algo = -1;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    dpar_log_set_level(DPAR_LOG_ERROR); /* the bogus value's warning */
+    for (k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+        choice_job j;
+        memset(&j, 0, sizeof j);
+        memset(&d, 0, sizeof d);
+        j.n = cases[k].n;
+        d.algo = cases[k].algo;
+        d.deterministic = cases[k].det;
+        if (cases[k].env) setenv("DPAR_ALGO", cases[k].env, 1);
+        CHECK(run_world_desc(2, &d, choice_rank, &j, NULL, 0) == 0);
+        unsetenv("DPAR_ALGO");
+        for (r = 0; r < 2; r++)
+            CHECK_MSG(j.ran[r] == cases[k].ran && j.asked[r] == cases[k].asked, "case %d rank %d: ran %s asked %s", k,
+                      r, dpar_algo_name(j.ran[r]), dpar_algo_name(j.asked[r]));
+    }
+    dpar_log_set_level(keep);
+    CHECK(!strcmp(dpar_algo_name(DPAR_ALGO_SLICE), "slice") && !strcmp(dpar_algo_name((dpar_algo)99), "?"));
+}
+
+/* reduce-by-slice into one recv that every rank shares: each rank writes its block, and nobody copies
+   a block onto itself */
+typedef struct {
+    size_t n;
+    float *in[4], *shared;
+} shared_job;
+static void shared_recv_rank(world *w, dpar_comm *c, int r)
+{
+    shared_job *j = (shared_job *)w->user;
+    expect_ok(w, dpar_allreduce(c, j->in[r], j->shared, j->n, DPAR_F32, DPAR_SUM), "allreduce", r);
+}
+static void test_slice_into_one_shared_recv(void)
+{
+    shared_job j;
+    dpar_comm_desc d;
+    size_t i;
+    int q, bad = 0;
+    memset(&d, 0, sizeof d);
+    d.algo = DPAR_ALGO_SLICE;
+    j.n = 100003;
+    j.shared = (float *)malloc(j.n * sizeof(float));
+    for (q = 0; q < 4; q++) {
+        j.in[q] = (float *)malloc(j.n * sizeof(float));
+        for (i = 0; i < j.n; i++) j.in[q][i] = (float)(q + (int)(i % 13));
+    }
+    CHECK(run_world_desc(4, &d, shared_recv_rank, &j, NULL, 0) == 0);
+    for (i = 0; i < j.n; i++) bad += j.shared[i] != (float)(6 + 4 * (int)(i % 13));
+    CHECK(bad == 0);
+    for (q = 0; q < 4; q++) free(j.in[q]);
+    free(j.shared);
 }
 
 /* ---- async ---- */
@@ -1072,20 +1289,20 @@ static void test_memory_callback_failure_reaches_every_rank(void)
 static void mem_split_rank(world *w, dpar_comm *c, int r)
 {
     dpar_comm *sub = NULL;
-    float x[300];
+    float x[6000]; /* 24 KB: the ring (smaller ones go one-shot, which stages nothing) */
     int i, sr, sn;
     dpar_steal *st = NULL;
     dpar_steal_desc sd;
-    for (i = 0; i < 300; i++) x[i] = (float)(r + i);
+    for (i = 0; i < 6000; i++) x[i] = (float)(r + i);
     fake_code(x, sizeof x);
     expect_ok(w, dpar_comm_split(c, r % 2, -r, &sub), "split", r);
     if (!sub) return;
     sr = dpar_comm_rank(sub);
     sn = dpar_comm_size(sub);
     if (sr != (sn - 1) - r / 2) note(w, "rank %d: sub rank %d (keys reverse the order)", r, sr);
-    expect_ok(w, dpar_allreduce(sub, x, x, 300, DPAR_F32, DPAR_SUM), "sub allreduce", r);
+    expect_ok(w, dpar_allreduce(sub, x, x, 6000, DPAR_F32, DPAR_SUM), "sub allreduce", r);
     fake_code(x, sizeof x);
-    for (i = 0; i < 300; i++) {
+    for (i = 0; i < 6000; i++) {
         float want = 0;
         int q;
         for (q = r % 2; q < w->n; q += 2) want += (float)(q + i);
@@ -1427,8 +1644,9 @@ static void test_trace_has_collectives_with_bytes(void)
     for (ev = jv_get(doc, "traceEvents") ? jv_get(doc, "traceEvents")->child : NULL; ev; ev = ev->next) {
         jv *name = jv_get(ev, "name"), *args = jv_get(ev, "args");
         if (name && name->type == JV_STR && !strcmp(name->str, "allreduce")) {
-            jv *bytes = jv_get(args, "bytes"), *bw = jv_get(args, "busbw_GBps");
+            jv *bytes = jv_get(args, "bytes"), *bw = jv_get(args, "busbw_GBps"), *algo = jv_get(args, "algo");
             CHECK(bytes && bytes->num == 4000 && bw);
+            CHECK(algo && algo->type == JV_STR && !strcmp(algo->str, "oneshot")); /* 4000 bytes, 4 ranks */
             found++;
         }
     }
@@ -1453,6 +1671,9 @@ int main(int argc, char **argv)
     RUN(test_10000_mixed_collectives);
     RUN(test_mismatches_are_caught_on_every_rank);
     RUN(test_timeout_names_each_story);
+    RUN(test_algo_mismatches_are_caught_on_every_rank);
+    RUN(test_algo_chosen_by_size_desc_and_environment);
+    RUN(test_slice_into_one_shared_recv);
     RUN(test_async_requests);
     RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);

@@ -65,7 +65,7 @@ static void test_collectives_matrix_over_mpi(void)
 {
     size_t big = big_count(), counts[6];
     char *send = (char *)malloc((big + 64) * 8), *recv = (char *)malloc((big + 64) * 8);
-    int ci, t, op, native, fails = 0;
+    int ci, t, op, native, fails = 0, a;
     counts[0] = 0;
     counts[1] = 1;
     counts[2] = (size_t)(nprocs > 1 ? nprocs - 1 : 2);
@@ -90,6 +90,14 @@ static void test_collectives_matrix_over_mpi(void)
                     if (native && ci == 5 && t != DPAR_F32 && t != DPAR_I64) continue;
                     m.op = (dpar_op)op;
                     fails += run_proc(&d, matrix_rank, &m);
+                    if (!native) { /* allreduce forced to each algorithm MPI comms run */
+                        dpar_comm_desc da = d;
+                        for (a = DPAR_ALGO_RING; a <= DPAR_ALGO_ONESHOT; a++) {
+                            da.algo = a;
+                            allreduce_want = (dpar_algo)a;
+                            fails += run_proc(&da, allreduce_rank, &m);
+                        }
+                    }
                 }
                 m.op = DPAR_SUM;
                 fails += run_proc(&d, movement_rank, &m);
@@ -182,6 +190,8 @@ static void test_bitwise_reproducible_over_mpi(void)
     d.first = (float *)malloc(d.n * sizeof(float));
     __atomic_store_n(&hook_on, 1, __ATOMIC_RELAXED);
     for (d.rep = 0; d.rep < 30; d.rep++) CHECK(run_proc(&desc, det_proc, &d) == 0);
+    desc.algo = DPAR_ALGO_ONESHOT; /* one-shot over messages: the ring's bits */
+    for (; d.rep < 40; d.rep++) CHECK(run_proc(&desc, det_proc, &d) == 0);
     __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
     /* every rank has the same bits */
     all = (float *)malloc(d.n * sizeof(float) * (size_t)nprocs);
