@@ -1243,7 +1243,7 @@ typedef struct {
 static mem_fail_job mem_fail;
 static void mem_fail_rank(world *w, dpar_comm *c, int r)
 {
-    float *x = (float *)calloc(4096, sizeof(float));
+    float *x = (float *)calloc(8192, sizeof(float)); /* 32 KiB: the ring (one-shot up to 16 KiB) */
     double t0 = dt_now();
     int i;
     (void)w;
@@ -1253,7 +1253,7 @@ static void mem_fail_rank(world *w, dpar_comm *c, int r)
             mem_fail.st[r] = DPAR_ESYSTEM;
             break;
         }
-        mem_fail.st[r] = dpar_allreduce(c, x, x, 4096, DPAR_F32, DPAR_SUM);
+        mem_fail.st[r] = dpar_allreduce(c, x, x, 8192, DPAR_F32, DPAR_SUM);
     }
     snprintf(mem_fail.msg[r], sizeof mem_fail.msg[r], "%s", dpar_last_error());
     mem_fail.seconds[r] = dt_now() - t0;
