@@ -97,6 +97,10 @@ examples() {
             mpicc*) if [ -z "${MPICC:-}" ] || [ -z "${MPIRUN:-}" ]; then skip "example $name" "MPI not found"; continue; fi ;;
             nvcc*) if [ -z "${NVCC:-}" ]; then skip "example $name" "nvcc not found"; continue; fi ;;
         esac
+        case "$build" in # an OpenMP comparison needs a compiler with -fopenmp
+            *-fopenmp*) if ! printf 'int main(void){return 0;}\n' | ${build%% *} -fopenmp -x c - -o "$tmp/omp" >/dev/null 2>&1; then
+                skip "example $name" "${build%% *} has no -fopenmp"; continue; fi ;;
+        esac
         rm -rf "$tmp/ex" && mkdir -p "$tmp/ex"
         for p in dpar.h dpar_cuda.h examples data; do [ -e "$p" ] && ln -s "$ROOT/$p" "$tmp/ex/$p"; done
         head -30 "$f" | sed -n 's/^ *Check: *//p' >"$tmp/checks"

@@ -252,9 +252,8 @@ static dpar_status visit_grid(void *user, int thread, int nthreads)
 
 static void test_collapsed_2d_and_3d(void)
 {
-    static const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7},  {7, 1, 3},  {1, 100, 1}, {100, 1, 1},
-                                        {2, 3, 1}, {17, 9, 4}, {0, 5, 5},  {5, 0, 5},   {5, 5, 0},
-                                        {64, 33, 2}};
+    static const int64_t shapes[][3] = {{1, 1, 1},  {3, 5, 7}, {7, 1, 3}, {1, 100, 1}, {100, 1, 1}, {2, 3, 1},
+                                        {17, 9, 4}, {0, 5, 5}, {5, 0, 5}, {5, 5, 0},   {64, 33, 2}};
     int c, k, dims, sched;
     for (c = 0; c < NCOUNTS; c++) {
         int T = thread_counts[c];
@@ -279,7 +278,8 @@ static void test_collapsed_2d_and_3d(void)
                     for (i = 0; i < total; i++) {
                         bad += g.count[i] != 1;
                         if (sched == 0) { /* static: the owner of flat index i is dpar_pool_for's */
-                            int64_t q = total / T, r = total % T, t = i < r * (q + 1) ? i / (q + 1) : r + (i - r * (q + 1)) / (q ? q : 1);
+                            int64_t q = total / T, r = total % T,
+                                    t = i < r * (q + 1) ? i / (q + 1) : r + (i - r * (q + 1)) / (q ? q : 1);
                             bad += g.owner[i] != t;
                         }
                     }
@@ -326,7 +326,10 @@ typedef struct red {
 
 /* the value thread t contributes to element e in iteration it: magnitudes far apart, so the float sum
    depends on the order */
-static double red_value(int it, int t, int e) { return ldexp(1.0 + 0.37 * t + 0.11 * e, ((it * 7 + t * 13 + e) % 50) - 25) * ((t + e) % 3 == 1 ? -1 : 1); }
+static double red_value(int it, int t, int e)
+{
+    return ldexp(1.0 + 0.37 * t + 0.11 * e, ((it * 7 + t * 13 + e) % 50) - 25) * ((t + e) % 3 == 1 ? -1 : 1);
+}
 
 static dpar_status reduce_body(void *user, int thread, int nthreads)
 {
@@ -427,9 +430,11 @@ static dpar_status across_body(void *user, int thread, int nthreads)
     (void)nthreads;
     if (a->phase == 0) return dpar_group_join(a->group, thread, &a->comm[thread]);
     for (e = 0; e < 3; e++) v[e] = (float)(thread + 1) * (float)(e + a->phase);
-    if (dpar_allreduce(a->comm[thread], v, v, 3, DPAR_F32, DPAR_SUM) != DPAR_OK) return dpar_set_error(DPAR_EUSER, "%s", dpar_last_error());
+    if (dpar_allreduce(a->comm[thread], v, v, 3, DPAR_F32, DPAR_SUM) != DPAR_OK)
+        return dpar_set_error(DPAR_EUSER, "%s", dpar_last_error());
     for (e = 0; e < 3; e++) /* sum over t of (t + 1)(e + phase) = T(T + 1)/2 (e + phase) */
-        if (v[e] != (float)(COMM_T * (COMM_T + 1) / 2 * (e + a->phase))) __atomic_fetch_add(&a->wrong, 1, __ATOMIC_RELAXED);
+        if (v[e] != (float)(COMM_T * (COMM_T + 1) / 2 * (e + a->phase)))
+            __atomic_fetch_add(&a->wrong, 1, __ATOMIC_RELAXED);
     if (a->phase == 3) {
         dpar_status st = dpar_comm_destroy(a->comm[thread]);
         a->comm[thread] = NULL;
