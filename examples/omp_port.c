@@ -65,7 +65,8 @@ static void step_omp(Model *m)
 #pragma omp for collapse(3) /* 1. embedding: x = wte[tok] + wpe */
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
-                for (int c = 0; c < C; c++) m->x[(b * T + t) * C + c] = p[WTE + m->tok[b * T + t] * C + c] + p[WPE + t * C + c];
+                for (int c = 0; c < C; c++)
+                    m->x[(b * T + t) * C + c] = p[WTE + m->tok[b * T + t] * C + c] + p[WPE + t * C + c];
 #pragma omp for collapse(2) /* 2. h = x W1^T + b1 */
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) {
@@ -170,7 +171,8 @@ static dpar_status step_region(void *user, int thread, int nthreads)
     double loss = 0;
     (void)nthreads;
     for (dpar_share s = dpar_pool_share_3d(pool, B, T, C, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t b = s.i, t = s.j, c = s.k; c < s.end; c++) m->x[(b * T + t) * C + c] = p[WTE + m->tok[b * T + t] * C + c] + p[WPE + t * C + c];
+        for (int64_t b = s.i, t = s.j, c = s.k; c < s.end; c++)
+            m->x[(b * T + t) * C + c] = p[WTE + m->tok[b * T + t] * C + c] + p[WPE + t * C + c];
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
         for (int64_t b = s.i, t = s.j; t < s.end; t++) {
@@ -374,7 +376,7 @@ int main(int argc, char **argv)
    counted by difflib over whitespace-stripped lines:
 
      loop                                     plain  dpar  removed  added  net
-      1 embedding, collapse(3)                    3     3        3      3   +0
+      1 embedding, collapse(3)                    4     4        3      3   +0
       2 h = x W1^T + b1, collapse(2)              9    10        2      3   +1
       3 a = gelu(h)                               1     3        1      3   +2
       4 logits = a W2^T + b2, collapse(2)         9    10        2      3   +1
