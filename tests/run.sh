@@ -60,6 +60,11 @@ matrix() {
     step "compile dpar.h: DPAR_STATIC in two units of one program" \
         sh -c "gcc -std=c99 $WARN -I. tests/compile_static_a.c tests/compile_static_b.c -o $M/static -pthread -lm && $M/static"
     step "dpar.h layout: the section table lists every tag; no transport's private names outside its section" tests/layout.sh
+    for cc in gcc clang; do # the implementation after system headers: -pthread makes glibc show POSIX (compile_late.c)
+        command -v $cc >/dev/null || continue
+        step "compile dpar.h: $cc -std=c99 -pthread, the implementation after system headers" \
+            sh -c "$cc -std=c99 $WARN -pthread -I. tests/compile_late.c -o $M/late_$cc -lm && $M/late_$cc"
+    done
     step "compile dpar.h: DPAR_NO_FUTEX" gcc -std=c99 $WARN -I. -c tests/compile_impl.c -DDPAR_NO_FUTEX -o $M/nofutex.o
     step "compile dpar.h: gcc -O3 (more warnings surface with more inlining)" gcc -std=c99 -O3 $WARN -I. -c tests/compile_impl.c -o $M/o3.o
     step "compile dpar.h: clang -O3" clang -std=c11 -O3 $WARN -I. -c tests/compile_impl.c -o $M/o3c.o
