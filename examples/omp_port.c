@@ -9,9 +9,9 @@
    cross-entropy, then the backward pass and an SGD update: 13 loops, 6 of them collapsed (one collapse(3)), with
    static, dynamic and guided schedules, a reduction and three nowaits. step_omp() is the OpenMP port and
    step_region() the dpar port of the same loops: each `#pragma omp for` became a share line, the loop header
-   reads its start indices (the headers of a collapsed nest become one), and the implicit barrier became
-   dpar_pool_barrier (none for nowait, nor before the end of the region). The bodies are identical, so the results
-   are bitwise identical. The loss is a reduction, which OpenMP adds in an unspecified order and dpar in thread
+   reads its start and end (same index type; the headers of a collapsed nest become one), and the implicit
+   barrier became dpar_pool_barrier (none for nowait, nor before the end of the region). The bodies are identical,
+   so the results are bitwise identical. The loss is a reduction, which OpenMP adds in an unspecified order and dpar in thread
    order; static shares give both the same per-thread partial sums, and at 2 threads (the default) the two orders
    give the same bits (a + b = b + a); the other results do not depend on the thread count at all.
    The lines each loop cost are counted in the note at the end; docs/openmp.md lists every construct. */
@@ -171,11 +171,11 @@ static dpar_status step_region(void *user, int thread, int nthreads)
     double loss = 0;
     (void)nthreads;
     for (dpar_share s = dpar_pool_share_3d(pool, B, T, C, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t b = s.i, t = s.j, c = s.k; c < s.end; c++)
+        for (int b = s.i, t = s.j, c = s.k; c < s.end; c++)
             m->x[(b * T + t) * C + c] = p[WTE + m->tok[b * T + t] * C + c] + p[WPE + t * C + c];
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t b = s.i, t = s.j; t < s.end; t++) {
+        for (int b = s.i, t = s.j; t < s.end; t++) {
             const float *x = m->x + (b * T + t) * C;
             for (int o = 0; o < H; o++) {
                 float acc = p[B1 + o];
@@ -185,10 +185,10 @@ static dpar_status step_region(void *user, int thread, int nthreads)
         }
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share(pool, BT * H, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t i = s.i; i < s.end; i++) m->a[i] = gelu(m->h[i]);
+        for (int i = s.i; i < s.end; i++) m->a[i] = gelu(m->h[i]);
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t b = s.i, t = s.j; t < s.end; t++) {
+        for (int b = s.i, t = s.j; t < s.end; t++) {
             const float *a = m->a + (b * T + t) * H;
             for (int v = 0; v < V; v++) {
                 float acc = p[B2 + v];
@@ -198,7 +198,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
         }
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share(pool, BT, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t r = s.i; r < s.end; r++) {
+        for (int r = s.i; r < s.end; r++) {
             float *l = m->logits + r * V, *d = m->dlogits + r * V, mx = l[0], sum = 0;
             for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
             for (int v = 0; v < V; v++) sum += d[v] = expf(l[v] - mx);
@@ -207,7 +207,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
         }
     dpar_pool_reduce_f64(pool, &loss, 1, DPAR_POOL_SUM);
     for (dpar_share s = dpar_pool_share(pool, V, DPAR_SCHEDULE_DYNAMIC, 4); dpar_share_next(&s);)
-        for (int64_t v = s.i; v < s.end; v++) {
+        for (int v = s.i; v < s.end; v++) {
             float db = 0;
             for (int k = 0; k < H; k++) g[W2 + v * H + k] = 0;
             for (int r = 0; r < BT; r++) {
@@ -218,7 +218,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
             g[B2 + v] = db;
         }
     for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t b = s.i, t = s.j; t < s.end; t++) {
+        for (int b = s.i, t = s.j; t < s.end; t++) {
             float *da = m->da + (b * T + t) * H;
             for (int k = 0; k < H; k++) da[k] = 0;
             for (int v = 0; v < V; v++) {
@@ -228,10 +228,10 @@ static dpar_status step_region(void *user, int thread, int nthreads)
         }
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share(pool, BT * H, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t i = s.i; i < s.end; i++) m->dh[i] = m->da[i] * gelu_grad(m->h[i]);
+        for (int i = s.i; i < s.end; i++) m->dh[i] = m->da[i] * gelu_grad(m->h[i]);
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share(pool, H, DPAR_SCHEDULE_GUIDED, 0); dpar_share_next(&s);)
-        for (int64_t o = s.i; o < s.end; o++) {
+        for (int o = s.i; o < s.end; o++) {
             float db = 0;
             for (int c = 0; c < C; c++) g[W1 + o * C + c] = 0;
             for (int r = 0; r < BT; r++) {
@@ -242,7 +242,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
             g[B1 + o] = db;
         }
     for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t b = s.i, t = s.j; t < s.end; t++) {
+        for (int b = s.i, t = s.j; t < s.end; t++) {
             float *dx = m->dx + (b * T + t) * C;
             for (int c = 0; c < C; c++) dx[c] = 0;
             for (int o = 0; o < H; o++) {
@@ -252,13 +252,13 @@ static dpar_status step_region(void *user, int thread, int nthreads)
         }
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share_2d(pool, T, C, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t t = s.i, c = s.j; c < s.end; c++) {
+        for (int t = s.i, c = s.j; c < s.end; c++) {
             float acc = 0;
             for (int b = 0; b < B; b++) acc += m->dx[(b * T + t) * C + c];
             g[WPE + t * C + c] = acc;
         }
     for (dpar_share s = dpar_pool_share(pool, V, DPAR_SCHEDULE_DYNAMIC, 1); dpar_share_next(&s);)
-        for (int64_t v = s.i; v < s.end; v++) {
+        for (int v = s.i; v < s.end; v++) {
             float *dw = g + WTE + v * C;
             for (int c = 0; c < C; c++) dw[c] = 0;
             for (int r = 0; r < BT; r++)
@@ -267,7 +267,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
         }
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share(pool, NPARAM, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
-        for (int64_t i = s.i; i < s.end; i++) p[i] -= LR * g[i];
+        for (int i = s.i; i < s.end; i++) p[i] -= LR * g[i];
     if (thread == 0) m->loss = loss / BT;
     return DPAR_OK;
 }
