@@ -11,9 +11,9 @@
    step_region() the dpar port of the same loops: each `#pragma omp for` became a share line, the loop header
    reads its start and end (same index type; the headers of a collapsed nest become one), and the implicit
    barrier became dpar_pool_barrier (none for nowait, nor before the end of the region). The bodies are identical,
-   so the results are bitwise identical. The loss is a reduction, which OpenMP adds in an unspecified order and dpar in thread
-   order; static shares give both the same per-thread partial sums, and at 2 threads (the default) the two orders
-   give the same bits (a + b = b + a); the other results do not depend on the thread count at all.
+   so the results are bitwise identical. The loss is a reduction, which OpenMP adds in an unspecified order and
+   dpar in thread order; static shares give both the same per-thread partial sums, and at 2 threads (the default)
+   the two orders give the same bits (a + b = b + a); the other results do not depend on the thread count at all.
    The lines each loop cost are counted in the note at the end; docs/openmp.md lists every construct. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
