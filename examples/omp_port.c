@@ -38,9 +38,11 @@
 enum { WTE = 0, WPE = WTE + V * C, W1 = WPE + T * C, B1 = W1 + H * C, W2 = B1 + H, B2 = W2 + V * H, NPARAM = B2 + V };
 
 typedef struct Model {
-    float param[NPARAM], grad[NPARAM];
-    int tok[BT], target[BT];
-    float x[BT * C], h[BT * H], a[BT * H], logits[BT * V], dlogits[BT * V], da[BT * H], dh[BT * H], dx[BT * C];
+    float *param, *grad;     /* (NPARAM) each */
+    int *tok, *target;       /* (B,T) */
+    float *x, *dx;           /* (B,T,C) */
+    float *h, *a, *da, *dh;  /* (B,T,H) */
+    float *logits, *dlogits; /* (B,T,V) */
     double loss;
     dpar_pool *pool;
     int threads;
@@ -282,13 +284,38 @@ static float rnd(void)
     return (float)(rng_state >> 8) / 16777216.0f - 0.5f;
 }
 
-static void init(Model *m)
+/* each array its own allocation, as in a real trainer (one struct of arrays lets the compiler address one array
+   relative to another, which changed the speed of two loops on this machine: docs/openmp.md, 'Speed') */
+static int init(Model *m)
 {
     int i;
+    m->param = (float *)calloc(NPARAM, sizeof(float));
+    m->grad = (float *)calloc(NPARAM, sizeof(float));
+    m->tok = (int *)calloc(BT, sizeof(int));
+    m->target = (int *)calloc(BT, sizeof(int));
+    m->x = (float *)calloc(BT * C, sizeof(float));
+    m->dx = (float *)calloc(BT * C, sizeof(float));
+    m->h = (float *)calloc(BT * H, sizeof(float));
+    m->a = (float *)calloc(BT * H, sizeof(float));
+    m->da = (float *)calloc(BT * H, sizeof(float));
+    m->dh = (float *)calloc(BT * H, sizeof(float));
+    m->logits = (float *)calloc(BT * V, sizeof(float));
+    m->dlogits = (float *)calloc(BT * V, sizeof(float));
+    if (!m->param || !m->grad || !m->tok || !m->target || !m->x || !m->dx || !m->h || !m->a || !m->da || !m->dh ||
+        !m->logits || !m->dlogits)
+        return 0;
     rng_state = 12345;
     for (i = 0; i < NPARAM; i++) m->param[i] = 0.2f * rnd();
     for (i = 0; i < BT; i++) m->tok[i] = (int)((rnd() + 0.5f) * V) % V;
     for (i = 0; i < BT; i++) m->target[i] = (m->tok[i] * 7 + i % T) % V; /* learnable from token and position */
+    return 1;
+}
+
+static void release(Model *m)
+{
+    free(m->param), free(m->grad), free(m->tok), free(m->target), free(m->x), free(m->dx);
+    free(m->h), free(m->a), free(m->da), free(m->dh), free(m->logits), free(m->dlogits);
+    free(m);
 }
 
 static double now_ms(void) { return (double)dpar_time_ns() * 1e-6; }
@@ -333,8 +360,10 @@ int main(int argc, char **argv)
         return 1;
     }
     mo->threads = md->threads = threads;
-    init(mo);
-    init(md);
+    if (!init(mo) || !init(md)) {
+        fprintf(stderr, "omp_port: out of memory\n");
+        return 1;
+    }
     for (k = 0; k < steps; k++) {
         step_omp(mo);
         step_dpar(md);
@@ -342,8 +371,9 @@ int main(int argc, char **argv)
         if (k % (steps > 5 ? steps / 5 : 1) == 0 || k == steps - 1)
             printf("step %2d  loss omp %.9f  dpar %.9f\n", k, mo->loss, md->loss);
     }
-    same &= !memcmp(mo->param, md->param, sizeof mo->param) && !memcmp(mo->grad, md->grad, sizeof mo->grad);
-    same &= !memcmp(mo->logits, md->logits, sizeof mo->logits) && !memcmp(mo->dx, md->dx, sizeof mo->dx);
+    same &=
+        !memcmp(mo->param, md->param, NPARAM * sizeof(float)) && !memcmp(mo->grad, md->grad, NPARAM * sizeof(float));
+    same &= !memcmp(mo->logits, md->logits, BT * V * sizeof(float)) && !memcmp(mo->dx, md->dx, BT * C * sizeof(float));
     printf("%s after %d steps on %d threads: losses, parameters, gradients, logits and dx\n",
            same ? "bitwise equal" : "DIFFERENT", steps, threads);
     if (bench) { /* medians of interleaved samples, each runtime idle before the other's sample */
@@ -366,8 +396,8 @@ int main(int argc, char **argv)
                to[SAMPLES / 2], td[SAMPLES / 2] / to[SAMPLES / 2]);
     }
     dpar_pool_destroy(md->pool);
-    free(mo);
-    free(md);
+    release(mo);
+    release(md);
     return same ? 0 : 1;
 #endif
 }
