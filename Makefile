@@ -89,6 +89,10 @@ $(BUILD)/fsdp: examples/fsdp.c dpar.h | $(BUILD)
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
+# the OpenMP port of examples/omp_port.c, timed beside its OpenMP original (needs -fopenmp)
+$(BUILD)/omp_port: examples/omp_port.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
+
 $(BUILD)/bench_cores: bench/bench_cores.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
 
@@ -125,11 +129,12 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/fsdp $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
+bench: $(BUILD)/bench_pool $(if $(OPENMP),$(BUILD)/omp_port) $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/fsdp $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
+	./$(BUILD)/omp_port --bench | grep '^bench='
 else
-	@echo "bench: $(CC) has no -fopenmp; the pool benchmark needs OpenMP as its reference"
+	@echo "bench: $(CC) has no -fopenmp; the pool benchmark and bench=omp_port need OpenMP as their reference"
 endif
 	./$(BUILD)/bench_comm
 	./$(BUILD)/bench_pipe

@@ -410,6 +410,89 @@ DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *u
    Thread safety: the threads of the current run. */
 DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool);
 
+/* The parallel-region form (OpenMP's `#pragma omp parallel` with `#pragma omp for` inside): one dpar_pool_run
+   runs a whole pass, and each loop inside it takes this thread's share of its range, then a barrier or none:
+
+       for (dpar_share s = dpar_pool_share(pool, n, DPAR_SCHEDULE_DYNAMIC, 0); dpar_share_next(&s);)
+           for (int64_t i = s.i; i < s.end; i++) y[i] = f(x[i]);
+       dpar_pool_barrier(pool);                       // leave it out for OpenMP's nowait
+
+   Collapsed ranges come back as start indices, one piece per run along the last dimension:
+
+       for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+           for (int64_t b = s.i, t = s.j; t < s.end; t++) out[b * T + t] = ...;
+
+   See:      docs/openmp.md. */
+
+/* dpar_schedule: how the iterations of a share are split among the threads of a run.
+   DPAR_SCHEDULE_STATIC   grain 0: thread t gets the t-th of T near-equal contiguous blocks, as dpar_pool_for does
+                          (and OpenMP's schedule(static)); grain g: chunks of g handed round-robin (static, g)
+   DPAR_SCHEDULE_DYNAMIC  chunks of grain iterations in order to whichever thread asks (grain 0: n / (16 T), at
+                          least 1), as dpar_pool_for_dynamic; one atomic compare-and-swap per chunk, no lock
+   DPAR_SCHEDULE_GUIDED   chunks of ceil(remaining / T) iterations, never below grain (0: 1), as OpenMP's guided */
+typedef enum dpar_schedule {
+    DPAR_SCHEDULE_STATIC = 0,
+    DPAR_SCHEDULE_DYNAMIC = 1,
+    DPAR_SCHEDULE_GUIDED = 2
+} dpar_schedule;
+
+/* dpar_share: this thread's share of a 1-, 2- or 3-dimensional range, read one piece at a time by dpar_share_next.
+   A piece runs along the last dimension: (i) .. (end - 1) for 1-D, (i, j) .. (i, end - 1) for 2-D, (i, j, k) ..
+   (i, j, end - 1) for 3-D. Only i, j, k and end are to be read; the rest belongs to dpar_share_next. */
+typedef struct dpar_share {
+    int64_t i, j, k; /* where the current piece starts */
+    int64_t end;     /* where it ends along the last dimension (exclusive) */
+    struct {
+        dpar_pool *pool;
+        int64_t n1, n2, total, unit, grain, pos, stop, next;
+        int dims, schedule, thread, nthreads;
+        uint32_t tag;
+    } dpar__state;
+} dpar_share;
+
+/* dpar_pool_share / _2d / _3d: begin this thread's share of the iterations [0, n) (of n0 x n1 or n0 x n1 x n2,
+   row-major, collapsed into one range as OpenMP's collapse(2) and collapse(3) do).
+   pool:     the pool whose dpar_pool_run is running on this thread; NULL, or a thread not inside a run of it, is a
+             team of one that gets the whole range (as OpenMP's orphaned `omp for`).
+   grain:    see dpar_schedule; it counts iterations of the collapsed range. Negative: 0.
+   Returns:  the share; a range with a dimension of 0 or less is empty. The collapsed size must fit in int64_t.
+   Remarks:  every thread of the run must take the same sequence of dynamic and guided shares (as every thread meets
+             every `omp for`); a thread may run ahead into later shares without a barrier (nowait): a dynamic share
+             is handed out from one shared word tagged with the share's number, so no share waits for another.
+             No allocation, no lock. Static shares give each thread the same iterations as dpar_pool_for does.
+   Thread safety: the threads of the current run, each with its own dpar_share.
+   See:      docs/openmp.md. */
+DPAR_API dpar_share dpar_pool_share(dpar_pool *pool, int64_t n, dpar_schedule schedule, int64_t grain);
+DPAR_API dpar_share dpar_pool_share_2d(dpar_pool *pool, int64_t n0, int64_t n1, dpar_schedule schedule, int64_t grain);
+DPAR_API dpar_share dpar_pool_share_3d(dpar_pool *pool, int64_t n0, int64_t n1, int64_t n2, dpar_schedule schedule,
+                                       int64_t grain);
+
+/* dpar_share_next: move to the next piece of the share.
+   Returns:  1 with share->i, j, k and end set to the piece; 0 when the share is done.
+   Thread safety: the thread that began the share. */
+DPAR_API int dpar_share_next(dpar_share *share);
+
+/* dpar_pool_op: the reductions of dpar_pool_reduce_*. */
+typedef enum dpar_pool_op { DPAR_POOL_SUM = 0, DPAR_POOL_MAX = 1, DPAR_POOL_MIN = 2 } dpar_pool_op;
+
+/* DPAR_POOL_REDUCE_MAX: the most elements one dpar_pool_reduce_* call combines. */
+#define DPAR_POOL_REDUCE_MAX 64
+
+/* dpar_pool_reduce_f32 / _f64 / _i64: combine inout[0..count) of every thread of the run, element by element, and
+   give every thread the result (OpenMP's reduction clause, as one call after the loop).
+   op:       DPAR_POOL_SUM, DPAR_POOL_MAX or DPAR_POOL_MIN.
+   Returns:  DPAR_OK; DPAR_EINVAL (count negative, NULL inout with count > 0, a bad op), DPAR_ERANGE (count above
+             DPAR_POOL_REDUCE_MAX). NULL pool or a thread outside a run: a team of one, inout unchanged.
+   Remarks:  the result is ((v0 op v1) op v2) ... in thread order, the same bits on every thread and in every run with
+             the same thread count. Every thread of the run must call it with the same count, type and op (it waits for
+             all of them, as a barrier does); a failed check fails on every thread alike. MAX and MIN compare with C's
+             `>` and `<` (a NaN is kept only if it comes first). No allocation: each thread has room for
+             DPAR_POOL_REDUCE_MAX elements of 8 bytes, twice, so one barrier per call suffices.
+   Thread safety: the threads of the current run. */
+DPAR_API dpar_status dpar_pool_reduce_f32(dpar_pool *pool, float *inout, int count, dpar_pool_op op);
+DPAR_API dpar_status dpar_pool_reduce_f64(dpar_pool *pool, double *inout, int count, dpar_pool_op op);
+DPAR_API dpar_status dpar_pool_reduce_i64(dpar_pool *pool, int64_t *inout, int count, dpar_pool_op op);
+
 /* dpar_task: a task's handle; never 0, valid until dpar_task_wait_all returns.
    dpar_task_fn: a task's body; returns DPAR_OK or an error, which cancels every task that depends on it.
    See:      docs/pool.md, 'Task graph'. */
@@ -460,6 +543,70 @@ DPAR_API dpar_task_state dpar_task_state_of(dpar_pool *pool, dpar_task task);
    Remarks:  ending the epoch makes every handle invalid and reuses the task records.
    Thread safety: any thread outside the pool; tasks submitted meanwhile by others are waited for too. */
 DPAR_API dpar_status dpar_task_wait_all(dpar_pool *pool);
+
+#ifdef __cplusplus
+} /* extern "C": the lambda overloads are C++ templates */
+
+/* C++ overloads that take a lambda (or any callable) instead of a function and its user pointer; header-only, the
+   callable is passed by address (no copy, no allocation), through a captureless trampoline.
+     dpar_pool_for(pool, n, f), dpar_pool_for_dynamic(pool, n, grain, f): f(int64_t begin, int64_t end, int thread)
+             or f(int64_t i), called for each index;
+     dpar_pool_run(pool, f): f(int thread, int num_threads), returning dpar_status or void (void: DPAR_OK).
+   Returns and thread safety: as the C calls. */
+template <class T> struct dpar__noref {
+    typedef T type;
+};
+template <class T> struct dpar__noref<T &> {
+    typedef T type;
+};
+template <class F>
+inline auto dpar__call_range(F &f, int64_t begin, int64_t end, int thread, int)
+    -> decltype(f(begin, end, thread), void())
+{
+    f(begin, end, thread);
+}
+template <class F> inline void dpar__call_range(F &f, int64_t begin, int64_t end, int, long)
+{
+    for (; begin < end; begin++) f(begin);
+}
+template <class F>
+inline auto dpar__call_run(F &f, int thread, int num_threads, int)
+    -> decltype(static_cast<dpar_status>(f(thread, num_threads)))
+{
+    return static_cast<dpar_status>(f(thread, num_threads));
+}
+template <class F> inline dpar_status dpar__call_run(F &f, int thread, int num_threads, long)
+{
+    f(thread, num_threads);
+    return DPAR_OK;
+}
+template <class F> inline void dpar__range_trampoline(void *user, int64_t begin, int64_t end, int thread)
+{
+    dpar__call_range(*static_cast<F *>(user), begin, end, thread, 0);
+}
+template <class F> inline dpar_status dpar__run_trampoline(void *user, int thread, int num_threads)
+{
+    return dpar__call_run(*static_cast<F *>(user), thread, num_threads, 0);
+}
+template <class F> inline dpar_status dpar_pool_for(dpar_pool *pool, int64_t n, F &&f)
+{
+    typedef typename dpar__noref<F>::type G;
+    return dpar_pool_for(pool, n, &dpar__range_trampoline<G>, const_cast<void *>(static_cast<const void *>(&f)));
+}
+template <class F> inline dpar_status dpar_pool_for_dynamic(dpar_pool *pool, int64_t n, int64_t grain, F &&f)
+{
+    typedef typename dpar__noref<F>::type G;
+    return dpar_pool_for_dynamic(pool, n, grain, &dpar__range_trampoline<G>,
+                                 const_cast<void *>(static_cast<const void *>(&f)));
+}
+template <class F> inline dpar_status dpar_pool_run(dpar_pool *pool, F &&f)
+{
+    typedef typename dpar__noref<F>::type G;
+    return dpar_pool_run(pool, &dpar__run_trampoline<G>, const_cast<void *>(static_cast<const void *>(&f)));
+}
+
+extern "C" {
+#endif
 
 /* ============================================================================================== */
 /* >>dtype: element types, ops, call kinds, block ranges, bf16/f16, the fixed tree               */
@@ -2161,8 +2308,11 @@ typedef struct dpar__thread {
     dpar_status run_status; /* dpar_pool_run result of this thread */
     char run_error[256];
     pthread_t handle;
-    int cpu;           /* the CPU it last ran on, or -1 (see dpar__unshare) */
-    uint64_t moved_ns; /* when it last moved */
+    int cpu;             /* the CPU it last ran on, or -1 (see dpar__unshare) */
+    uint64_t moved_ns;   /* when it last moved */
+    uint32_t share_seq;  /* dynamic and guided shares this thread began in the current run */
+    uint32_t reduce_seq; /* dpar_pool_reduce_* calls of this thread in the current run; its parity picks the buffer */
+    uint64_t reduce_buf[2][DPAR_POOL_REDUCE_MAX]; /* this thread's contribution, read by all after the barrier */
     char pad[DPAR__CACHE_LINE];
 } dpar__thread;
 
@@ -2193,6 +2343,8 @@ struct dpar_pool {
     char pad1[DPAR__CACHE_LINE];
     uint64_t next_chunk; /* dynamic schedule: next chunk to hand out */
     char pad2[DPAR__CACHE_LINE];
+    uint64_t share_word; /* dynamic and guided shares of a run: the share's tag (24 bits), its next unit (40 bits) */
+    char pad_share[DPAR__CACHE_LINE];
     uint32_t bar_count, bar_gen, bar_sleepers;
     char pad3[DPAR__CACHE_LINE];
 
@@ -2267,6 +2419,8 @@ static void dpar__fork_part(dpar_pool *p, int index)
     } else {
         dpar__thread *t = &p->threads[index];
         dpar_clear_error();
+        t->share_seq = 0;
+        t->reduce_seq = 0;
         t->run_status = p->job_run(p->job_user, index, p->nthreads);
         if (t->run_status != DPAR_OK) {
             size_t n = strlen(dpar__tls_error);
@@ -2436,6 +2590,7 @@ DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *u
     pool->job_kind = DPAR__JOB_RUN;
     pool->job_run = fn;
     pool->job_user = user;
+    DPAR__STORE(&pool->share_word, 0, DPAR__RELAXED); /* tag 0: older than the run's first share (tag 1) */
     DPAR__STORE(&pool->in_run, 1, DPAR__RELAXED);
     dpar__fork(pool);
     DPAR__STORE(&pool->in_run, 0, DPAR__RELAXED);
@@ -2451,16 +2606,11 @@ DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *u
     return st;
 }
 
-DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool)
+/* The barrier of a run, without the checks: every thread of the run calls it. */
+static void dpar__pool_barrier(dpar_pool *pool)
 {
-    dpar__thread *self;
-    uint32_t gen;
-    if (!pool) return dpar__err(DPAR_EINVAL, "dpar_pool_barrier: pool is NULL");
-    if (!dpar__in_pool(pool) || !DPAR__LOAD(&pool->in_run, DPAR__RELAXED))
-        return dpar__err(DPAR_ESTATE, "dpar_pool_barrier: the calling thread is not inside dpar_pool_run of this pool");
-    if (pool->nthreads == 1) return DPAR_OK;
-    self = &pool->threads[dpar__tls_index];
-    gen = DPAR__LOAD(&pool->bar_gen, DPAR__ACQUIRE);
+    dpar__thread *self = &pool->threads[dpar__tls_index];
+    uint32_t gen = DPAR__LOAD(&pool->bar_gen, DPAR__ACQUIRE);
     if (DPAR__ADD(&pool->bar_count, 1, DPAR__ACQ_REL) + 1 == (uint32_t)pool->nthreads) {
         DPAR__STORE(&pool->bar_count, 0, DPAR__RELAXED);
         dpar__bump(&pool->bar_gen, &pool->bar_sleepers, INT_MAX);
@@ -2469,7 +2619,241 @@ DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool)
     }
     if (self->index > 0) dpar__unshare(pool, self);
     else dpar__cpu_note(&self->cpu);
+}
+
+/* The calling thread takes part in a run of this pool with more than one thread. */
+static int dpar__in_run(const dpar_pool *pool)
+{
+    return dpar__in_pool(pool) && DPAR__LOAD(&pool->in_run, DPAR__RELAXED) && pool->nthreads > 1;
+}
+
+DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool)
+{
+    if (!pool) return dpar__err(DPAR_EINVAL, "dpar_pool_barrier: pool is NULL");
+    if (!dpar__in_pool(pool) || !DPAR__LOAD(&pool->in_run, DPAR__RELAXED))
+        return dpar__err(DPAR_ESTATE, "dpar_pool_barrier: the calling thread is not inside dpar_pool_run of this pool");
+    if (pool->nthreads == 1) return DPAR_OK;
+    dpar__pool_barrier(pool);
     return DPAR_OK;
+}
+
+/* ---- shares: the parallel-region form of parallel-for ---- */
+
+/* A dynamic or guided share takes its chunks from pool->share_word: the share's tag (the number of dynamic and
+   guided shares each thread has begun in this run, 24 bits) above the next unhanded unit (40 bits; a unit is one
+   iteration unless the range has 2^40 or more). A compare-and-swap takes a chunk only while the tag is the share's
+   own, so a thread that arrives late never takes from a later share. The first thread to reach share k finds an
+   older tag and swaps in (k, 0): it has left every earlier share because that share had nothing left, so nothing
+   is lost. A thread that finds a newer tag knows share k is spent. */
+#define DPAR__SHARE_BITS 40
+#define DPAR__SHARE_MASK ((UINT64_C(1) << DPAR__SHARE_BITS) - 1)
+#define DPAR__SHARE_TAGS 0xffffffu
+
+static dpar_share dpar__share_begin(dpar_pool *pool, int dims, int64_t n0, int64_t n1, int64_t n2,
+                                    dpar_schedule schedule, int64_t grain)
+{
+    dpar_share s;
+    memset(&s, 0, sizeof s);
+    s.dpar__state.pool = pool;
+    s.dpar__state.dims = dims;
+    s.dpar__state.schedule = (int)schedule;
+    s.dpar__state.n1 = n1;
+    s.dpar__state.n2 = n2;
+    if (n0 <= 0 || n1 <= 0 || n2 <= 0) return s; /* empty: pos = stop = total = 0 */
+    DPAR_ASSERT(n1 <= INT64_MAX / n2 && n0 <= INT64_MAX / (n1 * n2));
+    s.dpar__state.total = n0 * n1 * n2;
+    s.dpar__state.grain = grain < 0 ? 0 : grain;
+    if (dpar__in_run(pool)) {
+        s.dpar__state.thread = dpar__tls_index;
+        s.dpar__state.nthreads = pool->nthreads;
+    } else {
+        s.dpar__state.thread = 0;
+        s.dpar__state.nthreads = 1;
+    }
+    if (s.dpar__state.nthreads > 1 && schedule != DPAR_SCHEDULE_STATIC) {
+        dpar__thread *t = &pool->threads[s.dpar__state.thread];
+        int64_t total = s.dpar__state.total, unit = (total >> DPAR__SHARE_BITS) + 1, g = s.dpar__state.grain;
+        t->share_seq = (t->share_seq + 1) & DPAR__SHARE_TAGS;
+        s.dpar__state.tag = t->share_seq;
+        s.dpar__state.unit = unit;
+        if (schedule == DPAR_SCHEDULE_DYNAMIC && g == 0) g = total / ((int64_t)s.dpar__state.nthreads * 16);
+        g = g / unit + (g % unit != 0); /* in units */
+        s.dpar__state.grain = g < 1 ? 1 : g;
+    }
+    return s;
+}
+
+/* The next chunk of the share into [pos, stop), in iterations of the collapsed range. Returns 0 when none is left. */
+static int dpar__share_chunk(dpar_share *share)
+{
+    dpar_pool *pool = share->dpar__state.pool;
+    int64_t total = share->dpar__state.total, T = share->dpar__state.nthreads, t = share->dpar__state.thread;
+    int64_t g = share->dpar__state.grain, c;
+    if (total == 0) return 0;
+    if (T == 1) { /* a team of one: the whole range once */
+        if (share->dpar__state.next++ > 0) return 0;
+        share->dpar__state.pos = 0;
+        share->dpar__state.stop = total;
+        return 1;
+    }
+    if (share->dpar__state.schedule == DPAR_SCHEDULE_STATIC) {
+        if (g == 0) { /* block t of T, as dpar_pool_for: [t*q + min(t, r), ...) */
+            int64_t q = total / T, r = total % T;
+            if (share->dpar__state.next++ > 0) return 0;
+            share->dpar__state.pos = t * q + (t < r ? t : r);
+            share->dpar__state.stop = share->dpar__state.pos + q + (t < r ? 1 : 0);
+            return share->dpar__state.stop > share->dpar__state.pos;
+        }
+        /* chunk c = t + m T of ceil(total / g): round-robin */
+        c = t + share->dpar__state.next * T;
+        if (c > (total - 1) / g) return 0;
+        share->dpar__state.next++;
+        share->dpar__state.pos = c * g;
+        share->dpar__state.stop = total - c * g < g ? total : c * g + g;
+        return 1;
+    }
+    {
+        uint64_t units = (uint64_t)(total / share->dpar__state.unit + (total % share->dpar__state.unit != 0));
+        uint64_t tag = share->dpar__state.tag, v = DPAR__LOAD(&pool->share_word, DPAR__ACQUIRE);
+        for (;;) {
+            uint64_t have = v >> DPAR__SHARE_BITS, at = v & DPAR__SHARE_MASK, take, d;
+            d = (have - tag) & DPAR__SHARE_TAGS;
+            if (d != 0 && d < (DPAR__SHARE_TAGS + 1) / 2) return 0; /* a later share: this one is spent */
+            if (d != 0) {                                           /* an earlier share: begin this one */
+                if (!__atomic_compare_exchange_n(&pool->share_word, &v, tag << DPAR__SHARE_BITS, 0, DPAR__ACQ_REL,
+                                                 DPAR__ACQUIRE))
+                    continue;
+                v = tag << DPAR__SHARE_BITS;
+                continue;
+            }
+            if (at >= units) return 0;
+            take = (uint64_t)g;
+            if (share->dpar__state.schedule == DPAR_SCHEDULE_GUIDED) {
+                uint64_t q = (units - at + (uint64_t)T - 1) / (uint64_t)T;
+                if (q > take) take = q;
+            }
+            if (take > units - at) take = units - at;
+            if (__atomic_compare_exchange_n(&pool->share_word, &v, v + take, 0, DPAR__ACQ_REL, DPAR__ACQUIRE)) {
+                uint64_t unit = (uint64_t)share->dpar__state.unit, b = at * unit, e = (at + take) * unit;
+                share->dpar__state.pos = (int64_t)b;
+                share->dpar__state.stop = e > (uint64_t)total ? total : (int64_t)e;
+                return 1;
+            }
+        }
+    }
+}
+
+DPAR_API dpar_share dpar_pool_share(dpar_pool *pool, int64_t n, dpar_schedule schedule, int64_t grain)
+{
+    return dpar__share_begin(pool, 1, n, 1, 1, schedule, grain);
+}
+
+DPAR_API dpar_share dpar_pool_share_2d(dpar_pool *pool, int64_t n0, int64_t n1, dpar_schedule schedule, int64_t grain)
+{
+    return dpar__share_begin(pool, 2, n0, n1, 1, schedule, grain);
+}
+
+DPAR_API dpar_share dpar_pool_share_3d(dpar_pool *pool, int64_t n0, int64_t n1, int64_t n2, dpar_schedule schedule,
+                                       int64_t grain)
+{
+    return dpar__share_begin(pool, 3, n0, n1, n2, schedule, grain);
+}
+
+DPAR_API int dpar_share_next(dpar_share *share)
+{
+    int64_t pos, len, last;
+    if (share->dpar__state.pos >= share->dpar__state.stop && !dpar__share_chunk(share)) return 0;
+    pos = share->dpar__state.pos;
+    len = share->dpar__state.stop - pos;
+    if (share->dpar__state.dims == 1) {
+        share->i = pos;
+        share->end = pos + len;
+    } else if (share->dpar__state.dims == 2) {
+        int64_t n1 = share->dpar__state.n1;
+        share->i = pos / n1;
+        share->j = last = pos % n1;
+        if (len > n1 - last) len = n1 - last;
+        share->end = last + len;
+    } else {
+        int64_t n1 = share->dpar__state.n1, n2 = share->dpar__state.n2, r = pos % (n1 * n2);
+        share->i = pos / (n1 * n2);
+        share->j = r / n2;
+        share->k = last = r % n2;
+        if (len > n2 - last) len = n2 - last;
+        share->end = last + len;
+    }
+    share->dpar__state.pos = pos + len;
+    return 1;
+}
+
+/* ---- reductions across the threads of a run ---- */
+
+/* Combine element e of every thread's buffer `which` in thread order into inout[e] (memcpy: the buffers are bytes). */
+#define DPAR__POOL_REDUCE(T)                                                                                        \
+    do {                                                                                                            \
+        int e_, t_;                                                                                                 \
+        for (e_ = 0; e_ < count; e_++) {                                                                            \
+            T a_, b_;                                                                                               \
+            memcpy(&a_, (const char *)pool->threads[0].reduce_buf[which] + (size_t)e_ * sizeof(T), sizeof(T));      \
+            for (t_ = 1; t_ < pool->nthreads; t_++) {                                                               \
+                memcpy(&b_, (const char *)pool->threads[t_].reduce_buf[which] + (size_t)e_ * sizeof(T), sizeof(T)); \
+                if (op == DPAR_POOL_SUM) a_ = a_ + b_;                                                              \
+                else if (op == DPAR_POOL_MAX) a_ = b_ > a_ ? b_ : a_;                                               \
+                else a_ = b_ < a_ ? b_ : a_;                                                                        \
+            }                                                                                                       \
+            inout[e_] = a_;                                                                                         \
+        }                                                                                                           \
+    } while (0)
+
+/* Checks, then copies this thread's elements into its buffer and waits for all. Returns 1 when the caller is to
+   combine the buffers of parity *which, 0 with *st set when there is nothing to do (or an error). */
+static int dpar__reduce_enter(dpar_pool *pool, const void *inout, int count, size_t size, dpar_pool_op op,
+                              const char *api, dpar_status *st, uint32_t *which)
+{
+    dpar__thread *self;
+    *st = DPAR_OK;
+    if (count < 0) *st = dpar__err(DPAR_EINVAL, "%s: count = %d is negative", api, count);
+    else if (count > DPAR_POOL_REDUCE_MAX)
+        *st = dpar__err(DPAR_ERANGE,
+                        "%s: count = %d is above DPAR_POOL_REDUCE_MAX (%d); reduce a large array with "
+                        "a share of its elements per thread instead",
+                        api, count, DPAR_POOL_REDUCE_MAX);
+    else if (count > 0 && !inout) *st = dpar__err(DPAR_EINVAL, "%s: inout is NULL", api);
+    else if (op != DPAR_POOL_SUM && op != DPAR_POOL_MAX && op != DPAR_POOL_MIN)
+        *st = dpar__err(DPAR_EINVAL, "%s: op = %d is not DPAR_POOL_SUM, _MAX or _MIN", api, (int)op);
+    if (*st != DPAR_OK || !dpar__in_run(pool)) return 0;
+    self = &pool->threads[dpar__tls_index];
+    *which = self->reduce_seq++ & 1u;
+    if (count > 0) memcpy(self->reduce_buf[*which], inout, (size_t)count * size);
+    dpar__pool_barrier(pool); /* the other parity's buffers are free: everyone has left the previous call */
+    return 1;
+}
+
+DPAR_API dpar_status dpar_pool_reduce_f32(dpar_pool *pool, float *inout, int count, dpar_pool_op op)
+{
+    dpar_status st;
+    uint32_t which = 0;
+    if (dpar__reduce_enter(pool, inout, count, sizeof *inout, op, "dpar_pool_reduce_f32", &st, &which))
+        DPAR__POOL_REDUCE(float);
+    return st;
+}
+
+DPAR_API dpar_status dpar_pool_reduce_f64(dpar_pool *pool, double *inout, int count, dpar_pool_op op)
+{
+    dpar_status st;
+    uint32_t which = 0;
+    if (dpar__reduce_enter(pool, inout, count, sizeof *inout, op, "dpar_pool_reduce_f64", &st, &which))
+        DPAR__POOL_REDUCE(double);
+    return st;
+}
+
+DPAR_API dpar_status dpar_pool_reduce_i64(dpar_pool *pool, int64_t *inout, int count, dpar_pool_op op)
+{
+    dpar_status st;
+    uint32_t which = 0;
+    if (dpar__reduce_enter(pool, inout, count, sizeof *inout, op, "dpar_pool_reduce_i64", &st, &which))
+        DPAR__POOL_REDUCE(int64_t);
+    return st;
 }
 
 /* >>task: the task graph: submit, dependencies, failure propagation, waits ---------------------- */

@@ -60,6 +60,11 @@ matrix() {
     step "compile dpar.h: DPAR_STATIC in two units of one program" \
         sh -c "gcc -std=c99 $WARN -I. tests/compile_static_a.c tests/compile_static_b.c -o $M/static -pthread -lm && $M/static"
     step "dpar.h layout: the section table lists every tag; no transport's private names outside its section" tests/layout.sh
+    for cc in gcc clang; do # the implementation after system headers: -pthread makes glibc show POSIX (compile_late.c)
+        command -v $cc >/dev/null || continue
+        step "compile dpar.h: $cc -std=c99 -pthread, the implementation after system headers" \
+            sh -c "$cc -std=c99 $WARN -pthread -I. tests/compile_late.c -o $M/late_$cc -lm && $M/late_$cc"
+    done
     step "compile dpar.h: DPAR_NO_FUTEX" gcc -std=c99 $WARN -I. -c tests/compile_impl.c -DDPAR_NO_FUTEX -o $M/nofutex.o
     step "compile dpar.h: gcc -O3 (more warnings surface with more inlining)" gcc -std=c99 -O3 $WARN -I. -c tests/compile_impl.c -o $M/o3.o
     step "compile dpar.h: clang -O3" clang -std=c11 -O3 $WARN -I. -c tests/compile_impl.c -o $M/o3c.o
@@ -96,6 +101,10 @@ examples() {
         case "$build" in
             mpicc*) if [ -z "${MPICC:-}" ] || [ -z "${MPIRUN:-}" ]; then skip "example $name" "MPI not found"; continue; fi ;;
             nvcc*) if [ -z "${NVCC:-}" ]; then skip "example $name" "nvcc not found"; continue; fi ;;
+        esac
+        case "$build" in # an OpenMP comparison needs a compiler with -fopenmp
+            *-fopenmp*) if ! printf 'int main(void){return 0;}\n' | ${build%% *} -fopenmp -x c - -o "$tmp/omp" >/dev/null 2>&1; then
+                skip "example $name" "${build%% *} has no -fopenmp"; continue; fi ;;
         esac
         rm -rf "$tmp/ex" && mkdir -p "$tmp/ex"
         for p in dpar.h dpar_cuda.h examples data; do [ -e "$p" ] && ln -s "$ROOT/$p" "$tmp/ex/$p"; done
