@@ -6,8 +6,9 @@
      host application composes into a trainer of its own. C99 + pthreads, no other dependency.
 
    QUICK START
-     In exactly one C (or C++) file of your program, define DPAR_IMPLEMENTATION before the include,
-     and include dpar.h before any system header of that file:
+     In exactly one C (or C++) file of your program, define DPAR_IMPLEMENTATION before the include
+     (compile with -pthread; under a strict -std=c99 without it, include dpar.h before any system header
+     of that file, docs/openmp.md says why):
 
          #define DPAR_IMPLEMENTATION
          #include "dpar.h"
@@ -128,6 +129,9 @@
      (yielding now and then), then sleep on a futex: an idle pool costs no CPU, and 8 workers on 2
      cores still make progress. Workers that find themselves on the CPU of another thread of the
      pool move away (Linux tends to wake a thread onto its waker's CPU; see docs/pool.md).
+     - Inside one dpar_pool_run, dpar_pool_share (_2d, _3d) gives each thread its share of a loop (static,
+       dynamic or guided, as OpenMP's `for` in a parallel region) and dpar_pool_reduce_* combines a value
+       across the threads: docs/openmp.md.
      - Nested parallel-for (from inside a worker, a task or a parallel-for body of the same pool) runs
        inline on the calling thread: no deadlock, no oversubscription.
      - A second thread calling dpar_pool_for or dpar_pool_run while the pool is busy waits its turn.
