@@ -7765,13 +7765,19 @@ static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
     return DPAR_OK;
 }
 
+/* the unit is one, and the call's element type the fsdp's compute type (16: a _16 call) */
+static dpar_status dpar__fsdp_typed(const dpar_fsdp *f, int unit, const void *p, int is16, const char *fn)
+{
+    DPAR__TRY(dpar__fsdp_unit(f, unit, p, fn));
+    if ((f->ct != DPAR_F32) != is16)
+        return dpar__err(DPAR_EINVAL, "%s: the compute type is %s: use the %s call", fn, dpar_dtype_name(f->ct),
+                         is16 ? "f32" : "16-bit (..16)");
+    return DPAR_OK;
+}
 DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
 {
     void *p = NULL;
-    DPAR__TRY(dpar__fsdp_unit(f, unit, params, "dpar_fsdp_gather"));
-    if (f->ct != DPAR_F32)
-        return dpar__err(DPAR_EINVAL, "dpar_fsdp_gather: the compute type is %s: use dpar_fsdp_gather16",
-                         dpar_dtype_name(f->ct));
+    DPAR__TRY(dpar__fsdp_typed(f, unit, params, 0, "dpar_fsdp_gather"));
     DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
     *params = (float *)p;
     return DPAR_OK;
@@ -7779,9 +7785,7 @@ DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
 DPAR_API dpar_status dpar_fsdp_gather16(dpar_fsdp *f, int unit, uint16_t **params)
 {
     void *p = NULL;
-    DPAR__TRY(dpar__fsdp_unit(f, unit, params, "dpar_fsdp_gather16"));
-    if (f->ct == DPAR_F32)
-        return dpar__err(DPAR_EINVAL, "dpar_fsdp_gather16: the compute type is f32: use dpar_fsdp_gather");
+    DPAR__TRY(dpar__fsdp_typed(f, unit, params, 1, "dpar_fsdp_gather16"));
     DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
     *params = (uint16_t *)p;
     return DPAR_OK;
@@ -7811,10 +7815,7 @@ static dpar_status dpar__fsdp_grads(dpar_fsdp *f, int unit, void **grads)
 DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
 {
     void *g = NULL;
-    DPAR__TRY(dpar__fsdp_unit(f, unit, grads, "dpar_fsdp_grads"));
-    if (f->ct != DPAR_F32)
-        return dpar__err(DPAR_EINVAL, "dpar_fsdp_grads: the compute type is %s: use dpar_fsdp_grads16",
-                         dpar_dtype_name(f->ct));
+    DPAR__TRY(dpar__fsdp_typed(f, unit, grads, 0, "dpar_fsdp_grads"));
     DPAR__TRY(dpar__fsdp_grads(f, unit, &g));
     *grads = (float *)g;
     return DPAR_OK;
@@ -7822,9 +7823,7 @@ DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
 DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *f, int unit, uint16_t **grads)
 {
     void *g = NULL;
-    DPAR__TRY(dpar__fsdp_unit(f, unit, grads, "dpar_fsdp_grads16"));
-    if (f->ct == DPAR_F32)
-        return dpar__err(DPAR_EINVAL, "dpar_fsdp_grads16: the compute type is f32: use dpar_fsdp_grads");
+    DPAR__TRY(dpar__fsdp_typed(f, unit, grads, 1, "dpar_fsdp_grads16"));
     DPAR__TRY(dpar__fsdp_grads(f, unit, &g));
     *grads = (uint16_t *)g;
     return DPAR_OK;

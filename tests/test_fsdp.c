@@ -210,6 +210,7 @@ static void test_bad_use(void)
     dpar_group *g = NULL;
     dpar_comm *c = NULL;
     float *pp = NULL, *gg = NULL;
+    uint16_t *hh = NULL;
     size_t two[2] = {5, 9};
     memset(&d, 0, sizeof d);
     CHECK(dpar_fsdp_create(&d, &f) == DPAR_EINVAL && f == NULL);
@@ -221,8 +222,10 @@ static void test_bad_use(void)
     d.stage = 3;
     CHECK(dpar_fsdp_create(&d, &f) == DPAR_OK && f);
     CHECK(dpar_fsdp_gather(f, 2, &pp) == DPAR_EINVAL);
-    CHECK(dpar_fsdp_release(f, 0) == DPAR_EINVAL); /* not gathered */
-    CHECK(dpar_fsdp_reduce(f, 0) == DPAR_EINVAL);  /* no gradients taken */
+    CHECK(dpar_fsdp_gather16(f, 0, &hh) == DPAR_EINVAL && strstr(dpar_last_error(), "compute type is f32"));
+    CHECK(dpar_fsdp_grads16(f, 0, &hh) == DPAR_EINVAL); /* an f32 fsdp: the 16-bit calls refuse */
+    CHECK(dpar_fsdp_release(f, 0) == DPAR_EINVAL);      /* not gathered */
+    CHECK(dpar_fsdp_reduce(f, 0) == DPAR_EINVAL);       /* no gradients taken */
     CHECK(dpar_fsdp_grads(f, 0, &gg) == DPAR_OK && dpar_fsdp_grads(f, 1, &gg) == DPAR_EBUSY);
     CHECK(dpar_fsdp_step(f) == DPAR_EBUSY);
     CHECK(dpar_fsdp_reduce(f, 0) == DPAR_OK && dpar_fsdp_step(f) == DPAR_OK);
