@@ -1332,6 +1332,18 @@ static void test_memory_callbacks_split_and_refusals(void)
     d.memory.peer_access = fake_peer_access;
     CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
     CHECK(dpar_comm_fail(NULL, DPAR_ESYSTEM, "x") == DPAR_EINVAL);
+    { /* why = DPAR_OK is refused, and the comm stays usable */
+        dpar_comm_desc one;
+        dpar_group *g1 = NULL;
+        dpar_comm *c1 = NULL;
+        memset(&one, 0, sizeof one);
+        one.size = 1;
+        CHECK(dpar_group_create(&one, &g1) == DPAR_OK && dpar_group_join(g1, 0, &c1) == DPAR_OK);
+        CHECK(dpar_comm_fail(c1, DPAR_OK, "x") == DPAR_EINVAL && dpar_barrier(c1) == DPAR_OK);
+        CHECK(dpar_comm_fail(c1, DPAR_ESYSTEM, "lost") == DPAR_ESYSTEM && dpar_barrier(c1) == DPAR_ESYSTEM);
+        dpar_comm_destroy(c1);
+        dpar_group_destroy(g1);
+    }
 }
 
 /* ---- dpar_comm_from_ops: a comm whose collectives another library runs; the "library" here is an inner
