@@ -9921,8 +9921,10 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
    the user's communicator. post = MPI_Isend (at most DPAR__QDEPTH in flight per peer and lane);
    fetch = MPI_Irecv into a staging buffer of one segment; recv_into = MPI_Irecv straight into the
    destination; release = nothing; drain = wait for the oldest sends. The first message of a call
-   to each peer is preceded by its fingerprint on a header tag, so the contract checker works across
-   processes. Every wait is a loop of MPI_Test that also watches the comm's deadline, its abort
+   to each peer carries its fingerprint on a header tag, so the contract checker works across
+   processes: the fingerprint and the first DPAR__M_PACK bytes of the data travel as one message
+   (a small collective costs one message per peer, not two), the rest of the data follows on the
+   data tag. Every wait is a loop of MPI_Test that also watches the comm's deadline, its abort
    flag and poison messages from other ranks (tag 0), spinning for spin_us and then yielding and
    napping, so oversubscribed ranks leave the CPU to each other. With `native`, the collectives MPI
    has for the dtype run as MPI's non-blocking collectives (MPI_Iallreduce, ...) inside that loop. */
@@ -9933,11 +9935,14 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
 #define DPAR__TAG_ANSWER 2 /* "rank r is in call c #seq at file:line" */
 #define DPAR__TAG_DATA 3   /* the first tag of the data and header messages */
 
-typedef struct dpar__wire { /* a fingerprint on the wire */
+typedef struct dpar__wire { /* a fingerprint on the wire: only file's first flen bytes travel */
     uint64_t seq, count;
-    int32_t coll, dtype, op, root, tag, rank, line, pad;
+    int32_t coll, dtype, op, root, tag, rank, line, flen;
     char file[128];
 } dpar__wire;
+#define DPAR__M_WIRE_HEAD offsetof(dpar__wire, file)
+#define DPAR__M_PACK 2048 /* data bytes sent with the fingerprint (header + data stay below eager limits) */
+#define DPAR__M_PACK_BYTES (sizeof(dpar__wire) + DPAR__M_PACK)
 
 typedef struct dpar__mpi {
     MPI_Comm comm; /* ours: a duplicate (flat) or shared by a process's threads (hybrid) */
@@ -9946,6 +9951,7 @@ typedef struct dpar__mpi {
     int native, oversub;
     int T, t;                 /* hybrid: threads per process, and mine (flat: 1, 0) */
     char *staging, *staging2; /* the segment being reduced, and the next one arriving */
+    char *pack;               /* [DPAR__LANES][2][DPAR__M_PACK_BYTES]: fingerprint + first data, out and in */
     size_t staging_bytes;
     MPI_Request pf_req;            /* the receive of the next segment (collective lane), or none */
     int pf_peer;                   /* its peer, -1: none */
@@ -9960,6 +9966,7 @@ typedef struct dpar__mpi {
     dpar_comm *leaders;          /* hybrid, thread 0: the comm of the process leaders */
     struct dpar__hybrid *shared; /* hybrid: the process's MPI comm, shared by its threads */
     dpar__wire where;            /* the call this rank is in (under lock), for the answers to ASK */
+    const char *where_from;      /* the file name where.file was copied from */
 } dpar__mpi;
 
 typedef struct dpar__hybrid {
@@ -10117,7 +10124,7 @@ static dpar_status dpar__m_wait(dpar__ctx *x, MPI_Request *req, MPI_Status *stat
 {
     dpar_comm *c = x->c;
     dpar__mpi *m = DPAR__M(c);
-    uint64_t t0 = dpar_time_ns(), now;
+    uint64_t t0 = 0, now; /* the clock is read only once a wait takes a while: most end at once */
     unsigned i;
     for (i = 0;; i++) {
         int flag = 0, rc = MPI_Test(req, &flag, status);
@@ -10131,6 +10138,7 @@ static dpar_status dpar__m_wait(dpar__ctx *x, MPI_Request *req, MPI_Status *stat
         }
         if ((st = dpar__m_watch(c)) != DPAR_OK) return st;
         now = dpar_time_ns();
+        if (!t0) t0 = now;
         if (x->deadline && now >= x->deadline) {
             char me[200], msg[DPAR__ERROR_TEXT];
             int k;
@@ -10185,15 +10193,33 @@ static dpar_status dpar__m_isend(dpar__ctx *x, int peer, const void *buf, size_t
 }
 
 /* The fingerprint goes first: every message on the point-to-point lane, the first message of a
-   collective to each peer. The wire copy must outlive the Isend: it lives in the send ring's shadow. */
-static dpar_status dpar__m_header_out(dpar__ctx *x, int peer, dpar__wire *w)
+   collective to each peer. Is one due to (out) or from (in) this peer? */
+static int dpar__m_header_due(dpar__ctx *x, int peer, int out)
 {
     dpar__mpi *m = DPAR__M(x->c);
-    if (x->lane == DPAR__LANE_COLL) {
-        if (!x->c->check || m->hdr_sent[peer] == x->fp.seq) return DPAR_OK;
-        m->hdr_sent[peer] = x->fp.seq;
-    }
-    memset(w, 0, sizeof *w);
+    uint64_t *last = out ? m->hdr_sent : m->hdr_recv;
+    if (x->lane != DPAR__LANE_COLL) return 1;
+    if (!x->c->check || last[peer] == x->fp.seq) return 0;
+    last[peer] = x->fp.seq;
+    return 1;
+}
+
+static char *dpar__m_pack_buf(dpar__ctx *x, int in)
+{
+    return DPAR__M(x->c)->pack + ((size_t)x->lane * 2 + (size_t)in) * DPAR__M_PACK_BYTES;
+}
+
+/* a message of `bytes` to peer: [fingerprint | the first DPAR__M_PACK bytes] on the header tag when a
+   fingerprint is due (sent at once: it is small, MPI sends it eagerly), the rest on the data tag */
+static dpar_status dpar__m_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    dpar__wire *w;
+    size_t head, first, flen = 0;
+    MPI_Request r;
+    int rc;
+    if (!dpar__m_header_due(x, peer, 1)) return dpar__m_isend(x, peer, buf, bytes, 0);
+    w = (dpar__wire *)(void *)dpar__m_pack_buf(x, 0);
     w->seq = x->fp.seq;
     w->count = x->fp.count;
     w->coll = x->fp.coll;
@@ -10203,56 +10229,21 @@ static dpar_status dpar__m_header_out(dpar__ctx *x, int peer, dpar__wire *w)
     w->tag = x->fp.tag;
     w->rank = x->fp.rank;
     w->line = x->fp.line;
-    if (x->fp.file) snprintf(w->file, sizeof w->file, "%s", x->fp.file);
-    /* headers are small: a blocking send completes at once (eager), and keeps the wire copy simple */
-    {
-        MPI_Request r;
-        int rc = MPI_Isend(w, (int)sizeof *w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, 1, peer),
-                           m->comm, &r);
-        if (rc != MPI_SUCCESS)
-            return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
-        return dpar__m_wait(x, &r, MPI_STATUS_IGNORE, peer, "take a header");
+    if (x->fp.file) {
+        flen = strlen(x->fp.file);
+        if (flen > sizeof w->file - 1) flen = sizeof w->file - 1;
+        memcpy(w->file, x->fp.file, flen);
     }
-}
-
-static dpar_status dpar__m_header_in(dpar__ctx *x, int peer, size_t bytes)
-{
-    dpar__mpi *m = DPAR__M(x->c);
-    dpar__wire w;
-    dpar__fp theirs;
-    MPI_Request r;
-    char msg[DPAR__ERROR_TEXT];
-    int rc;
-    if (x->lane == DPAR__LANE_COLL) {
-        if (!x->c->check || m->hdr_recv[peer] == x->fp.seq) return DPAR_OK;
-        m->hdr_recv[peer] = x->fp.seq;
-    }
-    rc = MPI_Irecv(&w, (int)sizeof w, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 1, peer), m->comm,
+    w->file[flen++] = 0;
+    w->flen = (int32_t)flen;
+    head = DPAR__M_WIRE_HEAD + flen;
+    first = bytes < DPAR__M_PACK ? bytes : DPAR__M_PACK;
+    memcpy((char *)w + head, buf, first);
+    rc = MPI_Isend(w, (int)(head + first), MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, 1, peer), m->comm,
                    &r);
-    if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
-    DPAR__TRY(dpar__m_wait(x, &r, MPI_STATUS_IGNORE, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
-    w.file[sizeof w.file - 1] = 0;
-    memset(&theirs, 0, sizeof theirs);
-    theirs.seq = w.seq;
-    theirs.count = w.count;
-    theirs.coll = w.coll;
-    theirs.dtype = w.dtype;
-    theirs.op = w.op;
-    theirs.root = w.root;
-    theirs.tag = w.tag;
-    theirs.rank = w.rank;
-    theirs.line = w.line;
-    theirs.file = w.file;
-    /* the byte count of a data message is checked by MPI (truncation) and below */
-    if (!dpar__fp_agree(x, &theirs, bytes, bytes, msg, sizeof msg)) return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
-    return DPAR_OK;
-}
-
-static dpar_status dpar__m_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
-{
-    dpar__wire w;
-    DPAR__TRY(dpar__m_header_out(x, peer, &w));
-    return dpar__m_isend(x, peer, buf, bytes, 0);
+    if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
+    DPAR__TRY(dpar__m_wait(x, &r, MPI_STATUS_IGNORE, peer, "take a header"));
+    return bytes > first ? dpar__m_isend(x, peer, (const char *)buf + first, bytes - first, 0) : DPAR_OK;
 }
 
 /* a received message must be exactly as long as the receiver expects */
@@ -10266,13 +10257,66 @@ static dpar_status dpar__m_check_count(dpar__ctx *x, MPI_Status *s, int peer, si
     return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
 }
 
+/* the fingerprint and the first data of a message from peer (dpar__m_post's first message): checked
+   against my call, the data copied to dst; *first: how many bytes of the data it held */
+static dpar_status dpar__m_header_in(dpar__ctx *x, int peer, void *dst, size_t bytes, size_t *first)
+{
+    dpar__mpi *m = DPAR__M(x->c);
+    dpar__wire *w = (dpar__wire *)(void *)dpar__m_pack_buf(x, 1);
+    dpar__fp theirs;
+    MPI_Request r;
+    MPI_Status s;
+    char msg[DPAR__ERROR_TEXT];
+    int rc, got = 0;
+    size_t head;
+    rc = MPI_Irecv(w, (int)DPAR__M_PACK_BYTES, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 1, peer),
+                   m->comm, &r);
+    if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
+    DPAR__TRY(dpar__m_wait(x, &r, &s, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
+    MPI_Get_count(&s, MPI_BYTE, &got);
+    if (got < (int)DPAR__M_WIRE_HEAD + 1 || w->flen < 1 || w->flen > (int32_t)sizeof w->file ||
+        (size_t)got < DPAR__M_WIRE_HEAD + (size_t)w->flen) {
+        snprintf(msg, sizeof msg, "rank %d sent a malformed header of %d bytes to rank %d", peer, got, x->c->rank);
+        return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
+    }
+    head = DPAR__M_WIRE_HEAD + (size_t)w->flen;
+    w->file[w->flen - 1] = 0;
+    memset(&theirs, 0, sizeof theirs);
+    theirs.seq = w->seq;
+    theirs.count = w->count;
+    theirs.coll = w->coll;
+    theirs.dtype = w->dtype;
+    theirs.op = w->op;
+    theirs.root = w->root;
+    theirs.tag = w->tag;
+    theirs.rank = w->rank;
+    theirs.line = w->line;
+    theirs.file = w->file;
+    /* the byte count of the data is checked below and by MPI (truncation) for the rest */
+    if (!dpar__fp_agree(x, &theirs, bytes, bytes, msg, sizeof msg)) return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
+    *first = bytes < DPAR__M_PACK ? bytes : DPAR__M_PACK;
+    if ((size_t)got - head != *first) {
+        snprintf(msg, sizeof msg, "rank %d sent %zu%s bytes where rank %d expected %zu", peer, (size_t)got - head,
+                 (size_t)got - head == DPAR__M_PACK ? " or more" : "", x->c->rank, bytes);
+        return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
+    }
+    memcpy(dst, (char *)w + head, *first);
+    return DPAR_OK;
+}
+
 static dpar_status dpar__m_recv_into(dpar__ctx *x, int peer, void *dst, size_t bytes)
 {
     dpar__mpi *m = DPAR__M(x->c);
     MPI_Request r;
     MPI_Status s;
+    size_t first = 0;
     int rc;
-    DPAR__TRY(dpar__m_header_in(x, peer, bytes));
+    if (dpar__m_header_due(x, peer, 0)) {
+        DPAR__TRY(dpar__m_header_in(x, peer, dst, bytes, &first));
+        if (first == bytes) return DPAR_OK;
+        dst = (char *)dst + first;
+        bytes -= first;
+    }
     if (bytes > (size_t)INT_MAX)
         return dpar__err(DPAR_ERANGE, "%s: a message of %zu bytes is larger than MPI's int count", x->c->name, bytes);
     rc =
@@ -10357,7 +10401,10 @@ static void dpar__m_enter(dpar__ctx *x)
     m->where.coll = x->fp.coll;
     m->where.line = x->fp.line;
     m->where.rank = x->c->rank;
-    snprintf(m->where.file, sizeof m->where.file, "%s", x->fp.file ? x->fp.file : "?");
+    if (m->where_from != x->fp.file || !m->where.file[0]) { /* the text of __FILE__ only when it changes */
+        m->where_from = x->fp.file;
+        snprintf(m->where.file, sizeof m->where.file, "%s", x->fp.file ? x->fp.file : "?");
+    }
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -10478,6 +10525,7 @@ static void dpar__m_destroy(dpar_comm *c)
     }
     dpar__free(&c->allocator, m->staging);
     dpar__free(&c->allocator, m->staging2);
+    dpar__free(&c->allocator, m->pack);
     dpar__free(&c->allocator, m->sends);
     dpar__free(&c->allocator, m->send_first);
     dpar__free(&c->allocator, m->send_n);
@@ -10576,12 +10624,14 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     m->pf_peer = -1;
     m->staging = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
     m->staging2 = (char *)dpar__alloc(&c->allocator, m->staging_bytes);
+    m->pack = (char *)dpar__calloc(&c->allocator, (size_t)DPAR__LANES * 2, DPAR__M_PACK_BYTES);
     m->sends = (MPI_Request *)dpar__calloc(&c->allocator, n * DPAR__QDEPTH, sizeof(MPI_Request));
     m->send_first = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
     m->send_n = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
     m->hdr_sent = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
     m->hdr_recv = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
-    if (!m->staging || !m->staging2 || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent || !m->hdr_recv) {
+    if (!m->staging || !m->staging2 || !m->pack || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent ||
+        !m->hdr_recv) {
         m->own_comm = 0;
         dpar__m_destroy(c);
         dpar__comm_free(c);

@@ -6,7 +6,8 @@
 #   tests/mutate.sh              every mutation
 #   tests/mutate.sh WORD         those whose line contains WORD
 # Line format (fields separated by ' | '): file | pattern | replacement | program test-filter | why
-# \n in pattern and replacement stands for a newline. Environment: CC (default cc).
+# \n in pattern and replacement stands for a newline. Environment: CC (default cc). The program test_mpi is built
+# with mpicc and run under `mpirun -np 2` (skipped, and said so, without MPI).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 CC=${CC:-cc}
@@ -38,12 +39,21 @@ PY
     prog=$(echo "$line" | awk -F' [|] ' '{print $4}' | awk '{print $1}')
     name=$(echo "$line" | awk -F' [|] ' '{print $4}' | awk '{print $2}')
     why=$(echo "$line" | awk -F' [|] ' '{print $5}')
-    if ! (cd "$tmp/t" && $CC -std=c99 -O2 -I. -Itests "tests/$prog.c" -o "$tmp/prog" -pthread -lm) >"$tmp/build.txt" 2>&1; then
+    cc=$CC run=
+    if [ "$prog" = test_mpi ]; then # the MPI tests: built with mpicc, run on 2 processes
+        if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+            echo "skipped  $prog $name: mpicc or mpirun not found: $why"
+            continue
+        fi
+        cc=mpicc run="mpirun --oversubscribe -np 2"
+        [ "$(id -u)" = 0 ] && run="$run --allow-run-as-root"
+    fi
+    if ! (cd "$tmp/t" && $cc -std=c99 -O2 -I. -Itests "tests/$prog.c" -o "$tmp/prog" -pthread -lm) >"$tmp/build.txt" 2>&1; then
         killed=$((killed + 1))
         echo "killed   (does not build) $why"
         continue
     fi
-    if (cd "$tmp/t" && DPAR_TIMEOUT_MS=10000 timeout 300 "$tmp/prog" "$name") >"$tmp/out.txt" 2>&1; then
+    if (cd "$tmp/t" && DPAR_TIMEOUT_MS=10000 timeout 300 $run "$tmp/prog" "$name" </dev/null) >"$tmp/out.txt" 2>&1; then
         survived=$((survived + 1))
         echo "SURVIVED $prog $name: $why"
     else

@@ -29,6 +29,7 @@ static void test_step_hook(void)
 }
 
 static int me, nprocs, hybrid_threads;
+static const char *only; /* a word of the test names to run (tests/mutate.sh), or NULL: all */
 
 static dpar_comm *world_comm(const dpar_comm_desc *desc)
 {
@@ -241,9 +242,9 @@ static void test_mismatch_timeout_abort_over_mpi(void)
 {
     int kind;
     float x[2048], y[2048];
-    dpar_comm *keep[3] = {NULL, NULL, NULL};
+    dpar_comm *keep[5] = {NULL, NULL, NULL, NULL, NULL};
     memset(x, 0, sizeof x);
-    for (kind = 0; kind < 3; kind++) {
+    for (kind = 0; kind < 5; kind++) {
         dpar_comm_desc d;
         dpar_comm *c;
         dpar_status st = DPAR_OK;
@@ -264,6 +265,11 @@ static void test_mismatch_timeout_abort_over_mpi(void)
         } else if (kind == 1) { /* the last rank is busy elsewhere past the timeout */
             if (me != nprocs - 1) st = dpar_allreduce(c, x, y, 100, DPAR_F32, DPAR_SUM);
             else usleep(1000000);
+        } else if (kind == 3) { /* count, both small: the fingerprint travels with the data */
+            st = dpar_allreduce(c, x, y, me == nprocs - 1 ? 10 : 12, DPAR_F32, DPAR_SUM);
+        } else if (kind == 4) { /* a send of 10 received as 12 (ranks 0 and 1; the others look on) */
+            if (me == 0) st = dpar_send(c, x, 10, DPAR_F32, 1, 3);
+            else if (me == 1) st = dpar_recv(c, y, 12, DPAR_F32, 0, 3);
         } else { /* abort on rank 0 while the others wait for it */
             if (me == 0) {
                 usleep(100000);
@@ -290,6 +296,12 @@ static void test_mismatch_timeout_abort_over_mpi(void)
                 CHECK_MSG(strstr(msg, who) != NULL, "%s", msg);
             }
             if (me == 0) printf("    e.g. %s\n", msg);
+        } else if (kind == 3) {
+            CHECK_MSG(st == DPAR_EMISMATCH, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
+            CHECK_MSG(strstr(msg, "count=10") && strstr(msg, "count=12"), "%s", msg);
+        } else if (kind == 4 && me == 1) { /* the receiver sees it (the sender's message is eager: it is gone) */
+            CHECK_MSG(st == DPAR_EMISMATCH, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
+            CHECK_MSG(strstr(msg, "count=10") && strstr(msg, "count=12"), "%s", msg);
         } else if (kind == 2) {
             CHECK_MSG(st == DPAR_EABORTED, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
             CHECK_MSG(strstr(msg, "aborted by dpar_comm_abort (called on rank 0)"), "%s", msg);
@@ -302,7 +314,7 @@ static void test_mismatch_timeout_abort_over_mpi(void)
         keep[kind] = c;
         MPI_Barrier(MPI_COMM_WORLD);
     }
-    for (kind = 0; kind < 3; kind++) dpar_comm_destroy(keep[kind]);
+    for (kind = 0; kind < 5; kind++) dpar_comm_destroy(keep[kind]);
 }
 
 /* async requests, split and mesh */
@@ -654,6 +666,7 @@ static void mrun(const char *name, void (*fn)(void))
 {
     int local[2], total[2];
     double t0 = dt_now();
+    if (only && !strstr(name, only)) return;
     dt_test_failed = 0;
     dt_test_skipped = 0;
     fn();
@@ -680,7 +693,8 @@ int main(int argc, char **argv)
     int provided = 0, funneled = 0, i;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--hybrid") && i + 1 < argc) hybrid_threads = atoi(argv[++i]);
-        if (!strcmp(argv[i], "--funneled")) funneled = 1;
+        else if (!strcmp(argv[i], "--funneled")) funneled = 1;
+        else if (argv[i][0] != '-') only = argv[i];
     }
     MPI_Init_thread(&argc, &argv, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
