@@ -64,8 +64,8 @@
                            (default 2048: no size is left to the ring; raise it to give the ring a range)
      DPAR_RING_MIN_BYTES   thread ranks, 2 of them: the ring from this many bytes (default 2 MiB) until
                            streaming stores apply (then by slice again)
-     DPAR_MSG_ONESHOT_MAX_BYTES  transports without shared memory (MPI): allreduce one-shot over
-                           messages up to this many bytes (default 16384)
+     DPAR_MSG_ONESHOT_MAX_BYTES  MPI: allreduce one-shot up to this many bytes (default 16384), through
+                           a block the processes share when all are on one node, else over messages
      DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
      DPAR_NO_STREAM        no streaming (non-temporal) stores: ordinary stores everywhere
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
@@ -76,6 +76,7 @@
      DPAR_TRACE=file.json  write a Chrome trace-event file (open it in Perfetto or chrome://tracing)
      DPAR_TIMEOUT_MS=N     timeout of blocking comm calls whose description says 0 (-1: none)
      DPAR_ALGO=ring|oneshot|slice|auto  allreduce algorithm of comms whose description says 0 (dpar_algo)
+     DPAR_MPI_SHM=0        MPI comms made now: no block shared by the node's processes (one-shot over messages)
      DPAR_LOG=error|warn|info|debug|off   log level (default warn)
 
    SECTIONS (grep for the tag). Declarations come first, then under DPAR_IMPLEMENTATION the code in
@@ -1754,6 +1755,10 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
 #endif
 #ifdef DPAR_OPENBLAS
 #include <cblas.h>
+#endif
+#ifdef DPAR_MPI
+#include <sys/mman.h> /* the block the processes of a node share (>>mpi) */
+#include <sys/stat.h>
 #endif
 #if !defined(CLOCK_MONOTONIC)
 #error "dpar.h: CLOCK_MONOTONIC is missing: include dpar.h before system headers, or compile with -D_DEFAULT_SOURCE"
@@ -4646,10 +4651,16 @@ typedef struct dpar__sm_rank { /* one rank's record, on cache lines of its own *
     const char *file;
     const void *send; /* reduce-by-slice: this call's buffers */
     void *recv;
+    /* processes (a block the transport maps into each, dpar__sm_make_in): file means nothing in another
+       process, so the name is copied here when it changes, read only for the message of a mismatch */
+    const char *text_of; /* the file pointer text was copied from (the writer's own) */
+    char text[64];
 } dpar__sm_rank;
 
 typedef struct dpar__sm {
-    int refs; /* ranks still using it; the last one frees it with rank 0's allocator */
+    int refs;      /* ranks still using it; the last one frees it with rank 0's allocator */
+    int processes; /* 1: the ranks are processes; this header is each one's own, the records and stages are
+                      in a block the transport maps into all (one-shot only: nobody reads a send buffer) */
     int n;
     dpar_allocator allocator;
     size_t stride;     /* bytes per rank record */
@@ -4668,24 +4679,44 @@ static char *dpar__sm_stage(dpar__sm *sh, int q, uint32_t phase)
     return sh->stages + ((size_t)q * 2 + (phase & 1u)) * sh->stage;
 }
 
+/* the bytes of the records and staging buffers of n ranks (stages of `stage` bytes, rounded up to lines) */
+static size_t dpar__sm_bytes(size_t n, size_t stage)
+{
+    size_t line = DPAR__CACHE_LINE, stride = (sizeof(dpar__sm_rank) + line - 1) / line * line;
+    return n * stride + 2 * n * ((stage + line - 1) / line * line);
+}
+static void dpar__sm_layout(dpar__sm *sh, dpar_comm *c, char *block, size_t stage)
+{
+    size_t line = DPAR__CACHE_LINE, n = (size_t)c->size;
+    sh->n = c->size;
+    sh->allocator = c->allocator;
+    sh->stride = (sizeof(dpar__sm_rank) + line - 1) / line * line;
+    sh->stage = (stage + line - 1) / line * line;
+    sh->stream_min = DPAR_STREAM_MIN_BYTES ? (size_t)DPAR_STREAM_MIN_BYTES : dpar__llc_bytes();
+    sh->ranks = block;
+    sh->stages = block + n * sh->stride;
+}
+
+/* processes: the records and stages in `block` (zeroed, mapped by every rank's process), the header sh
+   this process's own (zeroed, from c's allocator: dpar__sm_release frees it) */
+static void dpar__sm_init_in(dpar__sm *sh, dpar_comm *c, char *block, size_t stage)
+{
+    sh->refs = 1;
+    sh->processes = 1;
+    dpar__sm_layout(sh, c, block, stage);
+    c->sm = sh;
+    c->sm_state = 1;
+}
+
 static dpar__sm *dpar__sm_make(dpar_comm *c)
 {
     size_t line = DPAR__CACHE_LINE, head = (sizeof(dpar__sm) + line - 1) / line * line;
-    size_t stride = (sizeof(dpar__sm_rank) + line - 1) / line * line;
     size_t stage = 2 * (size_t)DPAR_ONESHOT_MAX_BYTES > 4096 ? 2 * (size_t)DPAR_ONESHOT_MAX_BYTES : 4096;
-    size_t n = (size_t)c->size;
-    stage = (stage + line - 1) / line * line;
-    char *p = (char *)dpar__calloc(&c->allocator, 1, head + n * stride + 2 * n * stage);
+    char *p = (char *)dpar__calloc(&c->allocator, 1, head + dpar__sm_bytes((size_t)c->size, stage));
     dpar__sm *sh = (dpar__sm *)(void *)p;
     if (!p) return NULL;
     sh->refs = c->size;
-    sh->n = c->size;
-    sh->allocator = c->allocator;
-    sh->stride = stride;
-    sh->stage = stage;
-    sh->stream_min = DPAR_STREAM_MIN_BYTES ? (size_t)DPAR_STREAM_MIN_BYTES : dpar__llc_bytes();
-    sh->ranks = p + head;
-    sh->stages = p + head + n * stride;
+    dpar__sm_layout(sh, c, p + head, stage);
     return sh;
 }
 
@@ -4715,6 +4746,13 @@ static void dpar__sm_enter(const dpar__ctx *x)
     DPAR__STORE(&me->root, x->fp.root, DPAR__RELEASE);
     DPAR__STORE(&me->line, x->fp.line, DPAR__RELEASE);
     DPAR__STORE(&me->file, x->fp.file, DPAR__RELEASE);
+    if (x->c->sm->processes && me->text_of != x->fp.file) { /* byte by byte: a reader may be copying it */
+        const char *f = x->fp.file ? x->fp.file : "?";
+        size_t i;
+        for (i = 0; i + 1 < sizeof me->text && f[i]; i++) DPAR__STORE(&me->text[i], f[i], DPAR__RELAXED);
+        DPAR__STORE(&me->text[i], (char)0, DPAR__RELAXED);
+        me->text_of = x->fp.file;
+    }
     DPAR__STORE(&me->seq, x->fp.seq, DPAR__RELEASE);
 }
 
@@ -4742,9 +4780,19 @@ static dpar_status dpar__sm_agree(dpar__ctx *x, int q)
     /* (acquire loads: the second look at seq cannot move ahead of them; no fences, which TSan lacks) */
     if (DPAR__LOAD(&p->seq, DPAR__RELAXED) != seq) return DPAR_OK; /* it has moved on: it agreed */
     if ((unsigned)theirs.dtype >= DPAR_DTYPE_COUNT) theirs.dtype = x->fp.dtype;
+    if (x->c->sm->processes) theirs.file = ""; /* the name is fetched below, only for the message */
     if (dpar__fp_agree(x, &theirs, (size_t)theirs.count * dpar__dtype_sizes[theirs.dtype], (size_t)x->fp.count * es,
                        msg, sizeof msg))
         return DPAR_OK;
+    if (x->c->sm->processes) {
+        char text[sizeof p->text];
+        size_t i;
+        for (i = 0; i < sizeof text; i++) text[i] = DPAR__LOAD(&p->text[i], DPAR__RELAXED);
+        text[sizeof text - 1] = 0;
+        theirs.file = text;
+        (void)dpar__fp_agree(x, &theirs, (size_t)theirs.count * dpar__dtype_sizes[theirs.dtype],
+                             (size_t)x->fp.count * es, msg, sizeof msg);
+    }
     return dpar__tp_poison(x->c, DPAR_EMISMATCH, msg);
 }
 
@@ -5014,7 +5062,7 @@ static dpar_status dpar__allreduce_slice(dpar__ctx *x, const char *send, char *r
 static dpar_algo dpar__algo_choose(dpar_comm *c, size_t bytes)
 {
     int a = c->algo;
-    if (!dpar__tp_shares_memory(c)) /* one-shot over messages for small ones */
+    if (!dpar__tp_shares_memory(c)) /* one-shot (over a block processes share, else messages) for small ones */
         return a == DPAR_ALGO_ONESHOT || (a == DPAR_ALGO_AUTO && bytes <= (size_t)DPAR_MSG_ONESHOT_MAX_BYTES)
                    ? DPAR_ALGO_ONESHOT
                    : DPAR_ALGO_RING;
@@ -5038,6 +5086,7 @@ static dpar_status dpar__allreduce_auto(dpar__ctx *x, const char *send, char *re
     dpar_algo a = dpar__algo_choose(c, count * dpar__dtype_sizes[t]);
     if (a == DPAR_ALGO_ONESHOT && !dpar__tp_shares_memory(c)) {
         *used = a;
+        if (c->sm && c->sm->processes) return dpar__allreduce_oneshot(x, send, recv, count, t, op);
         return dpar__allreduce_oneshot_msg(x, send, recv, count, t, op);
     }
     if (a != DPAR_ALGO_RING && c->sm_state == 0) {
@@ -9952,6 +10001,10 @@ typedef struct dpar__mpi {
     int T, t;                 /* hybrid: threads per process, and mine (flat: 1, 0) */
     char *staging, *staging2; /* the segment being reduced, and the next one arriving */
     char *pack;               /* [DPAR__LANES][2][DPAR__M_PACK_BYTES]: fingerprint + first data, out and in */
+    void *shm;                /* the block the processes of the node share (one-shot allreduce), or NULL */
+    size_t shm_bytes;
+    uint64_t bell_since; /* waits on the shared block: when this call's first wait began (0: none yet) */
+    unsigned bell_calls;
     size_t staging_bytes;
     MPI_Request pf_req;            /* the receive of the next segment (collective lane), or none */
     int pf_peer;                   /* its peer, -1: none */
@@ -10120,6 +10173,24 @@ static void dpar__m_survey(dpar__ctx *x, char *msg, size_t n, int k)
 }
 
 /* The wait of every MPI operation: test, watch, time out, back off. */
+/* a wait for peer (-1: MPI's own collective) gave up at the deadline: the survey's story, on every rank */
+static dpar_status dpar__m_timeout(dpar__ctx *x, int peer, const char *what)
+{
+    dpar_comm *c = x->c;
+    char me[200], msg[DPAR__ERROR_TEXT];
+    int k;
+    dpar__fp_describe(&x->fp, me, sizeof me);
+    dpar__on_comm(c, me, sizeof me);
+    if (peer >= 0)
+        k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s, waiting for rank %d to %s", c->rank,
+                     (unsigned long long)(c->timeout_ns / 1000000u), me, peer, what);
+    else
+        k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s (MPI's own collective)", c->rank,
+                     (unsigned long long)(c->timeout_ns / 1000000u), me);
+    dpar__m_survey(x, msg, sizeof msg, k);
+    return dpar__m_poison(c, DPAR_ETIMEDOUT, msg);
+}
+
 static dpar_status dpar__m_wait(dpar__ctx *x, MPI_Request *req, MPI_Status *status, int peer, const char *what)
 {
     dpar_comm *c = x->c;
@@ -10139,20 +10210,7 @@ static dpar_status dpar__m_wait(dpar__ctx *x, MPI_Request *req, MPI_Status *stat
         if ((st = dpar__m_watch(c)) != DPAR_OK) return st;
         now = dpar_time_ns();
         if (!t0) t0 = now;
-        if (x->deadline && now >= x->deadline) {
-            char me[200], msg[DPAR__ERROR_TEXT];
-            int k;
-            dpar__fp_describe(&x->fp, me, sizeof me);
-            dpar__on_comm(c, me, sizeof me);
-            if (peer >= 0)
-                k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s, waiting for rank %d to %s",
-                             c->rank, (unsigned long long)(c->timeout_ns / 1000000u), me, peer, what);
-            else
-                k = snprintf(msg, sizeof msg, "rank %d timed out after %llu ms in %s (MPI's own collective)", c->rank,
-                             (unsigned long long)(c->timeout_ns / 1000000u), me);
-            dpar__m_survey(x, msg, sizeof msg, k);
-            return dpar__m_poison(c, DPAR_ETIMEDOUT, msg);
-        }
+        if (x->deadline && now >= x->deadline) return dpar__m_timeout(x, peer, what);
         if (now - t0 > c->spin.spin_ns) { /* past the spin: let others run, and nap when it takes long */
             if (now - t0 > 2000000u) {
                 struct timespec ts = {0, 50000};
@@ -10238,7 +10296,7 @@ static dpar_status dpar__m_post(dpar__ctx *x, int peer, const void *buf, size_t 
     w->flen = (int32_t)flen;
     head = DPAR__M_WIRE_HEAD + flen;
     first = bytes < DPAR__M_PACK ? bytes : DPAR__M_PACK;
-    memcpy((char *)w + head, buf, first);
+    if (first) memcpy((char *)w + head, buf, first); /* buf may be NULL for 0 bytes */
     rc = MPI_Isend(w, (int)(head + first), MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag(m, x->lane, 1, peer), m->comm,
                    &r);
     if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Isend", peer), dpar_last_error());
@@ -10300,7 +10358,7 @@ static dpar_status dpar__m_header_in(dpar__ctx *x, int peer, void *dst, size_t b
                  (size_t)got - head == DPAR__M_PACK ? " or more" : "", x->c->rank, bytes);
         return dpar__m_poison(x->c, DPAR_EMISMATCH, msg);
     }
-    memcpy(dst, (char *)w + head, *first);
+    if (*first) memcpy(dst, (char *)w + head, *first);
     return DPAR_OK;
 }
 
@@ -10396,6 +10454,7 @@ static void dpar__m_enter(dpar__ctx *x)
 {
     dpar__mpi *m = DPAR__M(x->c);
     if (x->lane != DPAR__LANE_COLL) return; /* the survey asks where a rank is in its collectives */
+    m->bell_since = 0;
     pthread_mutex_lock(&m->lock);
     m->where.seq = x->fp.seq;
     m->where.coll = x->fp.coll;
@@ -10526,6 +10585,7 @@ static void dpar__m_destroy(dpar_comm *c)
     dpar__free(&c->allocator, m->staging);
     dpar__free(&c->allocator, m->staging2);
     dpar__free(&c->allocator, m->pack);
+    if (m->shm) munmap(m->shm, m->shm_bytes);
     dpar__free(&c->allocator, m->sends);
     dpar__free(&c->allocator, m->send_first);
     dpar__free(&c->allocator, m->send_n);
@@ -10560,6 +10620,84 @@ static void dpar__m_quiesce(dpar_comm *c)
         }
 }
 
+/* ---- one-shot allreduce through memory the processes of a node share ---- */
+/* When every process of a flat comm runs on one node, rank 0 creates a POSIX shared-memory object
+   (shm_open) for >>algo's records and staging buffers, every process maps it, and rank 0 removes the
+   name once all have: the block lives exactly as long as the mappings, and a process that dies leaves
+   nothing behind. Allreduce up to DPAR_MSG_ONESHOT_MAX_BYTES is then >>algo's one-shot (copy in,
+   meet on phase words, reduce every rank's copy in the ring's order: the ring's bits) instead of
+   messages. Its waits have no doorbell to sleep on: they poll the phase, spin for spin_us, then yield,
+   then nap 50 us at a time, and every 16th look serves MPI (poison news, "where are you?" questions).
+   Collective, at the comm's creation; able = 0 (this rank could not make its comm) or a failure
+   anywhere leaves every rank without it. The answer is the same on every process: all on one node. */
+static void *dpar__m_shm_map(MPI_Comm mc, int T, int procs, int node_procs, int able, size_t bytes)
+{
+    char name[64];
+    void *p = MAP_FAILED;
+    int fd = -1, prank = 0, ok, all = 0;
+    if (T != 1 || procs < 2 || node_procs != procs) return NULL;
+    MPI_Comm_rank(mc, &prank);
+    memset(name, 0, sizeof name);
+    if (prank == 0 && able) {
+        snprintf(name, sizeof name, "/dpar.%ld.%llx", (long)getpid(), (unsigned long long)dpar_time_ns());
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd >= 0 && ftruncate(fd, (off_t)bytes) != 0) {
+            close(fd);
+            shm_unlink(name);
+            fd = -1;
+        }
+        if (fd < 0) name[0] = 0;
+    }
+    MPI_Bcast(name, (int)sizeof name, MPI_CHAR, 0, mc);
+    name[sizeof name - 1] = 0;
+    if (prank != 0 && able && name[0]) fd = shm_open(name, O_RDWR, 0600);
+    if (fd >= 0) {
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+    }
+    ok = p != MAP_FAILED;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, mc);
+    if (prank == 0 && name[0]) shm_unlink(name); /* everyone has it open or mapped by now */
+    if (!all) {
+        if (p != MAP_FAILED) munmap(p, bytes);
+        DPAR__LOG(DPAR_LOG_DEBUG, "MPI: no shared block for the node's processes (%s): small allreduce over messages",
+                  !name[0] ? "shm_open failed on rank 0" : "a process could not map it");
+        return NULL;
+    }
+    return p;
+}
+
+static uint32_t dpar__m_doorbell(dpar_comm *c)
+{
+    (void)c;
+    return 0;
+}
+static void dpar__m_wake(dpar_comm *c, int peer)
+{
+    (void)c;
+    (void)peer;
+}
+/* one look's pause in a wait on the block: spin, then yield, then nap; serve MPI every 16th */
+static dpar_status dpar__m_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
+{
+    dpar__mpi *m = DPAR__M(c);
+    uint64_t now = dpar_time_ns();
+    int i;
+    (void)seen;
+    (void)deadline;
+    if (!m->bell_since) m->bell_since = now;
+    if ((++m->bell_calls & 15u) == 0) (void)dpar__m_watch(c); /* its news comes back through poisoned() */
+    if (now - m->bell_since < c->spin.spin_ns && !m->oversub) {
+        for (i = 0; i < 32; i++) dpar__cpu_relax();
+    } else if (now - m->bell_since < 2000000u) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    return DPAR_OK;
+}
+
 /* clang-format off */
 static const dpar__transport dpar__mpi_transport = {
     "mpi",
@@ -10567,7 +10705,8 @@ static const dpar__transport dpar__mpi_transport = {
     NULL, NULL, NULL,                                            /* local arithmetic: the host loops */
     dpar__m_enter, dpar__m_poisoned, dpar__m_poison, dpar__m_quiesce, dpar__m_split, dpar__m_destroy,
     dpar__m_recv_into, dpar__m_native, dpar__m_prefetch,
-    0, NULL, NULL, NULL, NULL, NULL, /* no shared memory between processes */
+    0, NULL, /* not threads of one process: no expose, so no direct buckets and no stealing */
+    dpar__m_doorbell, dpar__m_wait_bell, dpar__m_wake, dpar__m_timeout, /* waits on the node's block (one-shot) */
     0,
 };
 /* clang-format on */
@@ -10594,13 +10733,18 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     dpar__mpi *m;
     int procs = 0, prank = 0;
     size_t n;
+    size_t shm_bytes;
+    dpar__sm *sh;
+    const char *shm_env;
     MPI_Comm_size(mc, &procs);
     MPI_Comm_rank(mc, &prank);
+    shm_bytes = dpar__sm_bytes((size_t)procs, DPAR_MSG_ONESHOT_MAX_BYTES);
     c = (dpar_comm *)dpar__calloc(&desc->allocator, 1, sizeof *c);
     m = (dpar__mpi *)dpar__calloc(&desc->allocator, 1, sizeof *m);
     if (!c || !m) {
         dpar__free(&desc->allocator, c);
         dpar__free(&desc->allocator, m);
+        (void)dpar__m_shm_map(mc, T, procs, node_procs, 0, shm_bytes); /* the others must not wait for me */
         return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
     }
     dpar__comm_init(c, desc, prank * T + t, procs * T);
@@ -10630,8 +10774,17 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     m->send_n = (uint32_t *)dpar__calloc(&c->allocator, n, sizeof(uint32_t));
     m->hdr_sent = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
     m->hdr_recv = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
-    if (!m->staging || !m->staging2 || !m->pack || !m->sends || !m->send_first || !m->send_n || !m->hdr_sent ||
-        !m->hdr_recv) {
+    sh = (dpar__sm *)dpar__calloc(&c->allocator, 1, sizeof *sh);
+    n = m->staging && m->staging2 && m->pack && m->sends && m->send_first && m->send_n && m->hdr_sent && m->hdr_recv &&
+        sh;
+    shm_env = getenv("DPAR_MPI_SHM"); /* 0: small allreduce over messages even on one node */
+    if ((m->shm = dpar__m_shm_map(mc, T, procs, node_procs, n && !(shm_env && !strcmp(shm_env, "0")), shm_bytes))) {
+        m->shm_bytes = shm_bytes;
+        dpar__sm_init_in(sh, c, (char *)m->shm, DPAR_MSG_ONESHOT_MAX_BYTES);
+    } else {
+        dpar__free(&c->allocator, sh);
+    }
+    if (!n) {
         m->own_comm = 0;
         dpar__m_destroy(c);
         dpar__comm_free(c);

@@ -91,12 +91,15 @@ static void test_collectives_matrix_over_mpi(void)
                     if (native && ci == 5 && t != DPAR_F32 && t != DPAR_I64) continue;
                     m.op = (dpar_op)op;
                     fails += run_proc(&d, matrix_rank, &m);
-                    if (!native) { /* allreduce forced to each algorithm MPI comms run */
+                    if (!native) { /* allreduce forced to each algorithm MPI comms run; one-shot twice:
+                                      through the node's shared block, and over messages (DPAR_MPI_SHM=0) */
                         dpar_comm_desc da = d;
-                        for (a = DPAR_ALGO_RING; a <= DPAR_ALGO_ONESHOT; a++) {
-                            da.algo = a;
-                            allreduce_want = (dpar_algo)a;
+                        for (a = DPAR_ALGO_RING; a <= DPAR_ALGO_ONESHOT + 1; a++) {
+                            da.algo = a > DPAR_ALGO_ONESHOT ? DPAR_ALGO_ONESHOT : a;
+                            allreduce_want = (dpar_algo)da.algo;
+                            if (a > DPAR_ALGO_ONESHOT) setenv("DPAR_MPI_SHM", "0", 1);
                             fails += run_proc(&da, allreduce_rank, &m);
+                            unsetenv("DPAR_MPI_SHM");
                         }
                     }
                 }
@@ -191,8 +194,11 @@ static void test_bitwise_reproducible_over_mpi(void)
     d.first = (float *)malloc(d.n * sizeof(float));
     __atomic_store_n(&hook_on, 1, __ATOMIC_RELAXED);
     for (d.rep = 0; d.rep < 30; d.rep++) CHECK(run_proc(&desc, det_proc, &d) == 0);
-    desc.algo = DPAR_ALGO_ONESHOT; /* one-shot over messages: the ring's bits */
+    desc.algo = DPAR_ALGO_ONESHOT; /* one-shot through the node's shared block, then over messages: the ring's bits */
     for (; d.rep < 40; d.rep++) CHECK(run_proc(&desc, det_proc, &d) == 0);
+    setenv("DPAR_MPI_SHM", "0", 1);
+    for (; d.rep < 50; d.rep++) CHECK(run_proc(&desc, det_proc, &d) == 0);
+    unsetenv("DPAR_MPI_SHM");
     __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
     /* every rank has the same bits */
     all = (float *)malloc(d.n * sizeof(float) * (size_t)nprocs);
@@ -285,6 +291,10 @@ static void test_mismatch_timeout_abort_over_mpi(void)
             CHECK_MSG(st == DPAR_EMISMATCH, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
             CHECK_MSG(strstr(msg, "count=1000") && strstr(msg, "count=1024") && strstr(msg, "tests/test_mpi.c"), "%s",
                       msg);
+            /* both calls' places: the peer's file name crossed (over a message, or the node's shared block) */
+            CHECK_MSG(strstr(msg, "tests/test_mpi.c:") &&
+                          strstr(strstr(msg, "tests/test_mpi.c:") + 1, "tests/test_mpi.c:"),
+                      "%s", msg);
             if (me == 0) printf("    e.g. %s\n", msg);
         } else if (kind == 1 && me != nprocs - 1) {
             CHECK_MSG(st == DPAR_ETIMEDOUT, "rank %d: %s (%s)", me, dpar_status_string(st), msg);
