@@ -102,6 +102,9 @@ $(BUILD)/bench_pipe: bench/bench_pipe.c dpar.h | $(BUILD)
 $(BUILD)/bench_gemm: bench/bench_gemm.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -DDPAR_OPENBLAS -I. $< -o $@ $(LDLIBS) -lopenblas
 
+$(BUILD)/mpi_data_parallel: examples/mpi_data_parallel.c dpar.h | $(BUILD)
+	$(MPICC) -std=c99 -O2 $(WARN) -I. $< -o $@ -lm
+
 $(BUILD)/bench_mpi: bench/bench_mpi.c dpar.h | $(BUILD)
 	$(MPICC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
 
@@ -129,7 +132,7 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(if $(OPENMP),$(BUILD)/omp_port) $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/fsdp $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
+bench: $(BUILD)/bench_pool $(if $(OPENMP),$(BUILD)/omp_port) $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/fsdp $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi $(BUILD)/mpi_data_parallel) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 	./$(BUILD)/omp_port --bench | grep '^bench='
@@ -148,6 +151,7 @@ else
 endif
 ifneq ($(MPITEST),)
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 $(MPIRUN) -np 2 ./$(BUILD)/bench_mpi
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 bench/bench_mpi_startup.sh ./$(BUILD)/mpi_data_parallel $(MPIRUN)
 else
 	@echo "bench: MPI not found: bench=allreduce transport=mpi skipped"
 endif

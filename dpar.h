@@ -4697,8 +4697,9 @@ static void dpar__sm_layout(dpar__sm *sh, dpar_comm *c, char *block, size_t stag
     sh->stages = block + n * sh->stride;
 }
 
-/* processes: the records and stages in `block` (zeroed, mapped by every rank's process), the header sh
-   this process's own (zeroed, from c's allocator: dpar__sm_release frees it) */
+#ifdef DPAR_MPI
+/* processes (the MPI transport): the records and stages in `block` (zeroed, mapped by every rank's
+   process), the header sh this process's own (zeroed, from c's allocator: dpar__sm_release frees it) */
 static void dpar__sm_init_in(dpar__sm *sh, dpar_comm *c, char *block, size_t stage)
 {
     sh->refs = 1;
@@ -4707,6 +4708,7 @@ static void dpar__sm_init_in(dpar__sm *sh, dpar_comm *c, char *block, size_t sta
     c->sm = sh;
     c->sm_state = 1;
 }
+#endif
 
 static dpar__sm *dpar__sm_make(dpar_comm *c)
 {
@@ -10677,18 +10679,20 @@ static void dpar__m_wake(dpar_comm *c, int peer)
     (void)c;
     (void)peer;
 }
-/* one look's pause in a wait on the block: spin, then yield, then nap; serve MPI every 16th */
+/* one look's pause in a wait on the block (the caller's loop looks at the phase between two): spin,
+   then yield, then nap; serve MPI every 64th look while spinning, every look after */
 static dpar_status dpar__m_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
 {
     dpar__mpi *m = DPAR__M(c);
     uint64_t now = dpar_time_ns();
-    int i;
+    int spinning;
     (void)seen;
     (void)deadline;
     if (!m->bell_since) m->bell_since = now;
-    if ((++m->bell_calls & 15u) == 0) (void)dpar__m_watch(c); /* its news comes back through poisoned() */
-    if (now - m->bell_since < c->spin.spin_ns && !m->oversub) {
-        for (i = 0; i < 32; i++) dpar__cpu_relax();
+    spinning = now - m->bell_since < c->spin.spin_ns && !m->oversub;
+    if (!spinning || (++m->bell_calls & 63u) == 0) (void)dpar__m_watch(c); /* news come back through poisoned() */
+    if (spinning) {
+        dpar__cpu_relax();
     } else if (now - m->bell_since < 2000000u) {
         sched_yield();
     } else {

@@ -4,10 +4,12 @@
    Run:   mpirun -np 2 ./bench_mpi [max_bytes]      (4 B to 64 MiB by default; rank 0 prints one line per size)
 
    For each size: f32 sum, both ranks, alternating samples of dpar_allreduce (the algorithm chosen by
-   size, printed as algo=: one-shot over messages for small ones, the ring over MPI point-to-point with
-   segments of 1 MiB above), dpar_allreduce forced to the ring (ring_us: the state before the choice
-   by size) and MPI_Allreduce; medians of 7. ratio = mpi_us / dpar_us, ring_ratio = mpi_us / ring_us:
-   above 1 means dpar is faster. */
+   size, printed as algo=: one-shot for small ones, through the block the processes of a node share,
+   the ring over MPI point-to-point with segments of 1 MiB above), the same on a comm made with
+   DPAR_MPI_SHM=0 (msg_us: one-shot over messages, as between nodes), dpar_allreduce forced to the
+   ring (ring_us: the state before the choice by size) and MPI_Allreduce; medians of 7.
+   ratio = mpi_us / dpar_us, msg_ratio = mpi_us / msg_us, ring_ratio = mpi_us / ring_us: above 1
+   means dpar is faster. */
 #define DPAR_MPI
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -28,7 +30,7 @@ int main(int argc, char **argv)
     size_t max_bytes, bytes, i;
     int me, n, provided, s, k;
     float *x, *y;
-    dpar_comm *c, *cr;
+    dpar_comm *c, *cr, *cm;
     dpar_comm_desc d;
     dpar_comm_stats st;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -41,6 +43,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_mpi: %s\n", dpar_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    setenv("DPAR_MPI_SHM", "0", 1); /* one-shot over messages */
+    if (dpar_comm_from_mpi(MPI_COMM_WORLD, &d, &cm) != DPAR_OK) {
+        fprintf(stderr, "bench_mpi: %s\n", dpar_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    unsetenv("DPAR_MPI_SHM");
     d.algo = DPAR_ALGO_RING;
     if (dpar_comm_from_mpi(MPI_COMM_WORLD, &d, &cr) != DPAR_OK) {
         fprintf(stderr, "bench_mpi: %s\n", dpar_last_error());
@@ -55,7 +63,7 @@ int main(int argc, char **argv)
     for (bytes = 4; bytes <= max_bytes; bytes *= 4) {
         size_t count = bytes / sizeof(float);
         int reps = bytes <= 65536 ? 500 : bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 5 : 2;
-        double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES];
+        double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES], t_msg[SAMPLES];
         for (s = -1; s < SAMPLES; s++) { /* sample -1 warms both up */
             double t0;
             MPI_Barrier(MPI_COMM_WORLD);
@@ -70,6 +78,11 @@ int main(int argc, char **argv)
             if (s >= 0) t_ring[s] = (MPI_Wtime() - t0) * 1e6 / reps;
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
+            for (k = 0; k < reps; k++) dpar_allreduce(cm, x, y, count, DPAR_F32, DPAR_SUM);
+            MPI_Barrier(MPI_COMM_WORLD);
+            if (s >= 0) t_msg[s] = (MPI_Wtime() - t0) * 1e6 / reps;
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
             for (k = 0; k < reps; k++) MPI_Allreduce(x, y, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             MPI_Barrier(MPI_COMM_WORLD);
             if (s >= 0) t_mpi[s] = (MPI_Wtime() - t0) * 1e6 / reps;
@@ -77,18 +90,21 @@ int main(int argc, char **argv)
         qsort(t_dpar, SAMPLES, sizeof(double), cmp_double);
         qsort(t_mpi, SAMPLES, sizeof(double), cmp_double);
         qsort(t_ring, SAMPLES, sizeof(double), cmp_double);
+        qsort(t_msg, SAMPLES, sizeof(double), cmp_double);
         dpar_comm_stats_get(c, &st);
         if (me == 0) {
             printf("bench=allreduce transport=mpi ranks=%d bytes=%zu algo=%s dpar_us=%.2f mpi_us=%.2f ratio=%.2f "
-                   "ring_us=%.2f ring_ratio=%.2f\n",
+                   "msg_us=%.2f msg_ratio=%.2f ring_us=%.2f ring_ratio=%.2f\n",
                    n, bytes, dpar_algo_name(st.last_algo), t_dpar[SAMPLES / 2], t_mpi[SAMPLES / 2],
-                   t_mpi[SAMPLES / 2] / t_dpar[SAMPLES / 2], t_ring[SAMPLES / 2],
+                   t_mpi[SAMPLES / 2] / t_dpar[SAMPLES / 2], t_msg[SAMPLES / 2],
+                   t_mpi[SAMPLES / 2] / t_msg[SAMPLES / 2], t_ring[SAMPLES / 2],
                    t_mpi[SAMPLES / 2] / t_ring[SAMPLES / 2]);
             fflush(stdout);
         }
     }
     dpar_comm_destroy(c);
     dpar_comm_destroy(cr);
+    dpar_comm_destroy(cm);
     free(x);
     free(y);
     MPI_Finalize();

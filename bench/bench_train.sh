@@ -4,7 +4,9 @@
 # see the same machine; the median of seven runs each. Prints
 #   bench=train layers=784,1024,1024,10 batch=256 threads=T samples_per_s=X gemm_frac=F
 # and the 2-rank speed-up over 1 rank (the goal: 1.8 or more, with gemm_frac 0.85 or more), and
-#   bench=startup threads=2 first_step_ms=X data_ms=D setup_and_step_ms=X-D step_ms=S
+#   bench=startup threads=2 first_step_ms=X data_ms=D setup_and_step_ms=X-D init_ms=I setup_ms=U step0_ms=Z step_ms=S
+# (of X: D making the data, I the weights, U dpar's objects: pool, group, comm, sampler, buckets, stealing,
+# Z the first step, its first allreduces included; S a later step, for scale)
 # the time from main() to the end of the first step on 2 ranks (median of the rounds).
 # The reference for that speed-up, measured in the same rounds: two independent 1-rank processes
 # at batch 128 each, run at once (bench=train_ceiling): the same work split in two with no
@@ -25,7 +27,7 @@ for round in 1 2 3 4 5 6 7; do
         sps=$(sed -n 's/^train samples_per_s=\([0-9.]*\) .*/\1/p' "$tmp/out")
         frac=$(sed -n 's/^time: .*gemm_frac=\([0-9.]*\).*/\1/p' "$tmp/out")
         echo "$sps $frac" >>"$tmp/t$t"
-        [ "$t" = 2 ] && sed -n 's/^startup: first_step_ms=\([0-9.]*\) data_ms=\([0-9.]*\).*/\1 \2/p' "$tmp/out" >>"$tmp/s"
+        [ "$t" = 2 ] && sed -n 's/^startup: first_step_ms=\([0-9.]*\) data_ms=\([0-9.]*\) init_ms=\([0-9.]*\) setup_ms=\([0-9.]*\) step0_ms=\([0-9.]*\).*/\1 \2 \3 \4 \5/p' "$tmp/out" >>"$tmp/s"
         [ "$t" = 2 ] && sed -n 's/^time: step_ms=\([0-9.]*\) .*/\1/p' "$tmp/out" >>"$tmp/st"
         [ "$t" = 1 ] && one=$sps
     done
@@ -45,9 +47,9 @@ read -r s2 f2 <"$tmp/m2"
 # time to the first step on 2 ranks (issue 17): main() to the end of step 1, of which the data, and a
 # later step's time for scale (the first step's own compute is part of the total)
 sort -n "$tmp/s" | sed -n 4p >"$tmp/sm"
-read -r fs ds <"$tmp/sm"
+read -r fs ds is us zs <"$tmp/sm"
 stm=$(sort -n "$tmp/st" | sed -n 4p)
-awk -v f="$fs" -v d="$ds" -v s="$stm" 'BEGIN { printf "bench=startup threads=2 first_step_ms=%.2f data_ms=%.2f setup_and_step_ms=%.2f step_ms=%.2f goal_ms=20\n", f, d, f - d, s }'
+awk -v f="$fs" -v d="$ds" -v i="$is" -v u="$us" -v z="$zs" -v s="$stm" 'BEGIN { printf "bench=startup threads=2 first_step_ms=%.2f data_ms=%.2f setup_and_step_ms=%.2f init_ms=%.2f setup_ms=%.2f step0_ms=%.2f step_ms=%.2f goal_ms=20\n", f, d, f - d, i, u, z, s }'
 
 c=$(sort -n "$tmp/c" | sed -n 4p)
 p=$(sort -n "$tmp/pair" | sed -n 4p)

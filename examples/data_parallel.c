@@ -39,8 +39,9 @@ typedef struct {
     int *y;                               /* labels */
     dpar_group *group;
     double seconds, first_loss, final_loss, gemm_ns, overlap_ns, wait_ns, task_ns[64]; /* task_ns: by the thread */
-    uint64_t given;                   /* rank 0's tasks that another rank ran */
-    uint64_t t_main, t_data, t_first; /* main() began, the data was ready, rank 0 finished step 1 */
+    uint64_t given;                                    /* rank 0's tasks that another rank ran */
+    uint64_t t_main, t_data, t_init, t_setup, t_first; /* main() began, the data, the weights, rank 0's dpar
+                                                          objects were ready, rank 0 finished step 1 */
 } job;
 
 static uint64_t rng_next(uint64_t *s)
@@ -170,6 +171,7 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         }
     sd.comm = comm, sd.max_tasks = wg.n;
     TRY(dpar_steal_create(&sd, &steal));
+    if (rank == 0) j->t_setup = dpar_time_ns();
     per = dpar_sampler_epoch(&sampler, 0, &mine), pos = 0;
     for (step = 0; step < j->steps; step++) {
         if (step == 1 && rank == 0) j->t_first = dpar_time_ns(); /* time to the first step (bench=startup) */
@@ -361,6 +363,7 @@ int main(int argc, char **argv)
     printf("data_parallel: layers %s (%zu parameters), %zu samples (%s), %d thread ranks x %d samples per step\n",
            layers, j.np, j.n, j.images ? j.images : "synthetic", j.threads, j.batch / j.threads);
     pd.num_threads = cd.size = j.threads;
+    j.t_init = dpar_time_ns();
     if (dpar_pool_create(&pd, &pool) != DPAR_OK || dpar_group_create(&cd, &j.group) != DPAR_OK ||
         dpar_pool_run(pool, rank_main, &j) != DPAR_OK)
         return fprintf(stderr, "data_parallel: %s\n", dpar_last_error()), 1;
@@ -379,9 +382,12 @@ int main(int argc, char **argv)
             "rank)\n",
             j.seconds * 1e3 / (j.steps - 1), j.gemm_ns * 1e-9 / j.seconds, j.overlap_ns * 1e-6 / (j.steps - 1),
             j.wait_ns * 1e-6 / (j.steps - 1), (double)j.given / j.steps);
-    if (j.t_first) /* main() to the end of the first step, of which making or loading the data */
-        printf("startup: first_step_ms=%.2f data_ms=%.2f\n", (double)(j.t_first - j.t_main) * 1e-6,
-               (double)(j.t_data - j.t_main) * 1e-6);
+    if (j.t_first) /* main() to the end of the first step: the data, the weights, dpar's objects (pool, group,
+                      comm, sampler, buckets, stealing), the step itself (its first allreduces included) */
+        printf("startup: first_step_ms=%.2f data_ms=%.2f init_ms=%.2f setup_ms=%.2f step0_ms=%.2f\n",
+               (double)(j.t_first - j.t_main) * 1e-6, (double)(j.t_data - j.t_main) * 1e-6,
+               (double)(j.t_init - j.t_data) * 1e-6, (double)(j.t_setup - j.t_init) * 1e-6,
+               (double)(j.t_first - j.t_setup) * 1e-6);
     printf("train samples_per_s=%.1f final_loss=%.4f\n",
            j.steps > 1 ? (double)j.batch * (j.steps - 1) / j.seconds : 0.0, j.final_loss);
     for (r = 0; r < 64; r++) free(j.params[r]);

@@ -64,11 +64,14 @@ int main(int argc, char **argv)
     float centers[K][D], loss = 0, first_loss = 0, wmin[K * (D + 1)], wmax[K * (D + 1)];
     int provided, rank, size, i, j, k, step, same = 1;
     dpar_comm *comm;
+    uint64_t t_main = dpar_time_ns(), t_init, t_comm, t_first = 0; /* time to the first step (bench=startup) */
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    t_init = dpar_time_ns();
     if (dpar_comm_from_mpi(MPI_COMM_WORLD, NULL, &comm) != DPAR_OK) {
         fprintf(stderr, "mpi_data_parallel: %s\n", dpar_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    t_comm = dpar_time_ns();
     rank = dpar_comm_rank(comm);
     size = dpar_comm_size(comm);
 
@@ -92,7 +95,7 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         for (i = 0; i < K * (D + 1); i++) w[i] -= LR * grad[i];
-        if (step == 0) first_loss = loss;
+        if (step == 0) first_loss = loss, t_first = dpar_time_ns();
         if (rank == 0 && (step % 40 == 0 || step == STEPS - 1)) printf("step %3d  loss %.4f\n", step, loss);
     }
 
@@ -103,6 +106,9 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("train ranks=%d samples=%d first_loss=%.4f final_loss=%.4f replicas_identical=%s\n", size, size * PER,
                first_loss, loss, same ? "yes" : "no");
+    if (rank == 0) /* main() to the end of the first step, of which MPI_Init and dpar_comm_from_mpi */
+        printf("startup: first_step_ms=%.2f mpi_init_ms=%.2f comm_ms=%.2f\n", (double)(t_first - t_main) * 1e-6,
+               (double)(t_init - t_main) * 1e-6, (double)(t_comm - t_init) * 1e-6);
     dpar_comm_destroy(comm);
     MPI_Finalize();
     return same && loss < 0.5f * first_loss ? 0 : 1;
