@@ -1219,15 +1219,21 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
    Stage 3:  only the shards are kept. dpar_fsdp_gather all-gathers a unit's parameters into one of two pooled
              buffers and starts gathering the next unit (in the direction of the calls: forward up, backward down)
              into the other, so the gather overlaps the unit's compute; dpar_fsdp_release gives the buffer back.
-   Per step: forward: for each unit gather, compute, release; backward, last unit first: gather, dpar_fsdp_grads (a
-             zeroed full-size gradient buffer), compute, dpar_fsdp_reduce, release; then dpar_fsdp_step. The pointers
-             your code gets are plain full-size arrays.
+   Per step: forward: for each unit gather, compute, release; backward, last unit first: gather, compute what reads the
+             parameters (the input's gradient), release, dpar_fsdp_grads (a zeroed full-size gradient buffer: at stage 3
+             the released unit's own), compute the parameters' gradients, dpar_fsdp_reduce; then dpar_fsdp_step. A
+             backward that reads the parameters and writes the gradients together takes the gradients before the
+             release (gather, grads, compute, reduce, release): it costs a third unit-sized buffer. The pointers your
+             code gets are plain full-size arrays.
    Results:  the reduce-scatter of a unit's gradients adds in the order of dpar_allreduce of the same count, so
              training ends bitwise identical to plain data parallelism that allreduces each unit's gradients (AVG) and
              applies the same optimizer (dpar_zero_step's math), for any number of ranks (tests/test_fsdp.c).
    Memory:   stage 3: (4 + 4 + 4 k) x params / N bytes (parameter, gradient and k optimizer words per parameter: SGD
-             k = 1, Adam k = 2) plus two pooled unit buffers and one gradient buffer of the largest unit; stage 2 keeps
-             4 x params of full parameters instead of the parameter shard. dpar_fsdp_memory reports what is held.
+             k = 1, Adam k = 2) plus two pooled buffers of the largest unit, which the gradients share when the unit
+             is released before they are taken (else a third, allocated at the first need and kept); stage 2 keeps 4 x
+             params of full parameters instead of the parameter shard, and one gradient buffer of the largest unit.
+             16-bit compute with an f32 reduction adds an f32 buffer of the largest unit. dpar_fsdp_memory reports
+             what is held.
    See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'. */
 typedef struct dpar_fsdp dpar_fsdp;
 
@@ -1281,12 +1287,15 @@ DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *fsdp, int unit, uint16_t **gra
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *fsdp, int unit);
 /* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit.
+   Remarks:  stage 3: a pooled buffer that no unit holds (after dpar_fsdp_release of this unit: its buffer), so the
+             gradients cost no memory of their own; when both are held (taken before the release, with the next unit
+             prefetched), a third buffer of the largest unit, allocated on that first need and kept until destroy.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL arguments, a unit out of range), DPAR_EBUSY (another unit's gradients are not
-             reduced yet).
+             reduced yet), DPAR_ENOMEM (the third buffer).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *fsdp, int unit, float **grads);
 /* dpar_fsdp_reduce: reduce-scatter the unit's gradients (the average over ranks) and add this rank's block to its
-   gradient shard; the gradient buffer goes back to the pool.
+   gradient shard; the gradient buffer goes back to the pool (a pooled one is free for the next gather).
    Returns:  DPAR_OK; DPAR_EINVAL (the unit's gradients were not taken with dpar_fsdp_grads); the comm's errors.
    Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *fsdp, int unit);
@@ -7526,7 +7535,9 @@ struct dpar_fsdp {
     int held[2], taken[2];                   /* the unit in buf[i] (-1: none); taken: gathered by the caller */
     dpar_request *req;                       /* the prefetch in flight, into buf[req_slot] */
     int req_slot, no_async, last;
-    void *gbuf;              /* the gradient buffer (compute type) of unit gunit (-1: free) */
+    void *gbuf;              /* the gradients of unit gunit (-1: none): buf[gslot] when that was free (stage 3), else
+                                the third buffer gbuf (stage 2: made at create; stage 3: at the first need, kept) */
+    int gslot;               /* 0 or 1: the gradients are in buf[gslot] (held[gslot] = -2); 2: in gbuf */
     float *gwide;            /* 16-bit compute reduced in f32: the gradients widened */
     int gunit, bad, dynamic; /* bad: an inf or NaN gradient on this rank this step */
     float scale;
@@ -7650,7 +7661,7 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
         f->g = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         f->m = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->d.kind == DPAR_OPTIM_ADAM) f->v = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
-        f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces);
+        if (f->stage == 2) f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces);
         if (half && f->rt == DPAR_F32) f->gwide = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
         if (f->stage == 3 || half) f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->stage == 2) {
@@ -7661,7 +7672,7 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
             if (half) f->send[0] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
             if (half) f->send[1] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
         }
-        ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && f->gbuf &&
+        ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && (f->stage == 3 || f->gbuf) &&
              (!half || f->rt != DPAR_F32 || f->gwide) && ((f->stage != 3 && !half) || f->p) &&
              (f->stage == 2 ? f->full != NULL : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
     }
@@ -7745,12 +7756,12 @@ static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
     if (s < 2 && f->req && f->req_slot == s) DPAR__TRY(dpar__fsdp_settle(f)); /* prefetched: wait for it */
     if (s < 2 && f->held[s] != unit) s = 2;                                   /* its gather failed */
     if (s == 2) { /* not prefetched: a free buffer, or the one a useless prefetch holds */
-        for (s = 0; s < 2 && f->held[s] >= 0; s++) continue;
+        for (s = 0; s < 2 && f->held[s] != -1; s++) continue;
         if (s == 2) {
-            for (s = 0; s < 2 && f->taken[s]; s++) continue;
+            for (s = 0; s < 2 && (f->held[s] < 0 || f->taken[s]); s++) continue; /* not lent to gradients */
             if (s == 2)
-                return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: units %d and %d are held (release one)", f->held[0],
-                                 f->held[1]);
+                return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: units %d and %d are held (release one; -2: gradients)",
+                                 f->held[0], f->held[1]);
         }
         DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in the same order on every rank */
         DPAR__TRY(dpar__fsdp_fetch(f, unit, s, 0));
@@ -7761,7 +7772,7 @@ static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
     dir = f->last < 0 || unit > f->last ? 1 : -1;
     f->last = unit;
     next = unit + dir;
-    if (next >= 0 && next < f->U && !f->req && f->held[1 - s] < 0) return dpar__fsdp_fetch(f, next, 1 - s, 1);
+    if (next >= 0 && next < f->U && !f->req && f->held[1 - s] == -1) return dpar__fsdp_fetch(f, next, 1 - s, 1);
     return DPAR_OK;
 }
 
@@ -7805,11 +7816,25 @@ DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *f, int unit)
 
 static dpar_status dpar__fsdp_grads(dpar_fsdp *f, int unit, void **grads)
 {
+    int s;
+    void *at;
     if (f->gunit >= 0)
         return dpar__err(DPAR_EBUSY, "dpar_fsdp_grads: unit %d's gradients are not reduced yet", f->gunit);
-    memset(f->gbuf, 0, f->count[unit] * f->ces);
+    /* stage 3: a free pooled buffer (the unit's own, released once backward no longer reads it), else the third */
+    for (s = 0; f->stage == 3 && s < 2 && f->held[s] != -1; s++) continue;
+    if (f->stage == 3 && s < 2) {
+        f->held[s] = -2;
+        at = f->buf[s];
+    } else {
+        if (!f->gbuf && !(f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces)))
+            return dpar__err(DPAR_ENOMEM, "dpar_fsdp_grads: out of memory (a third unit-sized buffer)");
+        s = 2;
+        at = f->gbuf;
+    }
+    memset(at, 0, f->count[unit] * f->ces);
     f->gunit = unit;
-    *grads = f->gbuf;
+    f->gslot = s;
+    *grads = at;
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
@@ -7832,20 +7857,22 @@ DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *f, int unit, uint16_t **grads)
 DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
 {
     float *mine, *g, x;
+    void *gb;
     size_t i;
     if (!f || unit < 0 || unit >= f->U || f->gunit != unit)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_reduce: unit %d's gradients were not taken with dpar_fsdp_grads",
                          unit);
+    gb = f->gslot == 2 ? f->gbuf : f->buf[f->gslot];
     if (f->ct == DPAR_F32) { /* this rank's block of the average, in place */
-        mine = (float *)f->gbuf + f->off[unit];
-        DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, mine, f->count[unit], DPAR_F32, DPAR_AVG));
+        mine = (float *)gb + f->off[unit];
+        DPAR__TRY(dpar_reduce_scatter(f->comm, gb, mine, f->count[unit], DPAR_F32, DPAR_AVG));
     } else if (f->rt == DPAR_F32) { /* widened first: the reduction in f32 */
-        dpar__fsdp_widen(f->gwide, f->gbuf, f->count[unit], f->ct);
+        dpar__fsdp_widen(f->gwide, gb, f->count[unit], f->ct);
         mine = f->gwide + f->off[unit];
         DPAR__TRY(dpar_reduce_scatter(f->comm, f->gwide, mine, f->count[unit], DPAR_F32, DPAR_AVG));
     } else { /* in the 16-bit type: half the bytes; then widened (into the front of gbuf's floats' room: f->g) */
-        char *block = (char *)f->gbuf + f->off[unit] * f->ces;
-        DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, block, f->count[unit], f->ct, DPAR_AVG));
+        char *block = (char *)gb + f->off[unit] * f->ces;
+        DPAR__TRY(dpar_reduce_scatter(f->comm, gb, block, f->count[unit], f->ct, DPAR_AVG));
         mine = NULL;
         g = f->g + f->soff[unit];
         for (i = 0; i < f->len[unit]; i++) {
@@ -7866,6 +7893,7 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
     }
     f->fresh[unit] = 0;
     f->gunit = -1;
+    if (f->gslot < 2) f->held[f->gslot] = -1; /* the pooled buffer is free again */
     return DPAR_OK;
 }
 

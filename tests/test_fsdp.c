@@ -15,15 +15,18 @@
 static void run_cases(int stage)
 {
     static const int ns[] = {1, 2, 3, 4};
-    int ni, kind;
-    for (kind = 0; kind < 2; kind++)
-        for (ni = 0; ni < 4; ni++) {
-            fsdp_case k;
-            memset(&k, 0, sizeof k);
-            k.stage = stage;
-            k.kind = (dpar_optim)kind;
-            CHECK_MSG(run_world(ns[ni], fsdp_rank, &k) == 0, "stage %d %s N=%d", stage, kind ? "adam" : "sgd", ns[ni]);
-        }
+    int ni, kind, early;
+    for (early = 0; early < 2; early++)
+        for (kind = 0; kind < 2; kind++)
+            for (ni = 0; ni < 4; ni++) {
+                fsdp_case k;
+                memset(&k, 0, sizeof k);
+                k.stage = stage;
+                k.kind = (dpar_optim)kind;
+                k.release_first = early;
+                CHECK_MSG(run_world(ns[ni], fsdp_rank, &k) == 0, "stage %d %s N=%d%s", stage, kind ? "adam" : "sgd",
+                          ns[ni], early ? ", parameters released before the gradients are taken" : "");
+            }
 }
 static void test_stage2_equals_plain_data_parallel(void) { run_cases(2); }
 static void test_stage3_equals_plain_data_parallel(void) { run_cases(3); }

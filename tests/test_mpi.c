@@ -418,6 +418,7 @@ static void test_fsdp_over_mpi(void)
             memset(&k, 0, sizeof k);
             k.stage = stage;
             k.kind = (dpar_optim)kind;
+            k.release_first = kind; /* both backward orders: SGD takes the gradients first, Adam releases first */
             CHECK_MSG(run_proc(NULL, fsdp_rank, &k) == 0, "stage %d %s over %d processes", stage, kind ? "adam" : "sgd",
                       nprocs);
         }
