@@ -1170,6 +1170,18 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
    See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'. */
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
+/* dpar_tensor: one array of a model where it lives (a weight matrix, a bias, their gradients), for the objects that
+   take a list of them instead of one flat array (dpar_zero_desc, dpar_buckets_desc), as PyTorch's DDP registers a
+   model's parameters. The list numbers the elements one after the other: tensor 0's, then tensor 1's...; that
+   numbering is the flat form's, so a list and a flat array of the same values train bitwise alike.
+   Rules:    data not NULL, count >= 1, dtype the one the object works in (DPAR_F32 = 0), no two tensors of a list
+             overlapping; the object keeps the pointers (not the data) until it is destroyed. */
+typedef struct dpar_tensor {
+    void *data;
+    size_t count;
+    dpar_dtype dtype; /* 0: DPAR_F32 */
+} dpar_tensor;
+
 /* dpar_zero_desc: how to make a ZeRO-1 optimizer; a zero field means its default. */
 typedef struct dpar_zero_desc {
     dpar_comm *comm;          /* required: the data-parallel ranks the state is cut over */
@@ -1181,19 +1193,27 @@ typedef struct dpar_zero_desc {
     float eps;                /* Adam; 0: 1e-8 */
     float weight_decay;       /* SGD: added to the gradient; Adam: decoupled (AdamW); 0: none */
     dpar_allocator allocator; /* the optimizer state's memory (zero: malloc/free) */
+    /* the tensor form (instead of flat arrays): the model's parameters and gradients where they live, f32, grads[i]
+       of params[i]'s count; count is then their total (or 0). dpar_zero_step(zero, NULL, NULL) steps on them */
+    const dpar_tensor *params, *grads;
+    int num_tensors;
 } dpar_zero_desc;
 
 typedef struct dpar_zero dpar_zero;
 
 /* dpar_zero_create: a ZeRO-1 optimizer for the desc's `count` parameters over the ranks of its comm.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, a bad kind, lr not positive, half an allocator),
-             DPAR_ENOMEM. On error *out is NULL.
+   Remarks:  the tensor form allocates one staging array of `count` floats at create (the collectives need the
+             gradients, then the parameters, contiguous): 4 bytes per parameter on top of the state.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, a bad kind, lr not positive, half an allocator; a bad
+             tensor list: NULL, a NULL data, a zero count, a dtype other than f32, two tensors overlapping, a gradient
+             whose count is not its parameter's, count not their total), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **out);
 /* dpar_zero_step: one optimizer step.
-   params:   count floats, the same on every rank; updated in place.
-   grads:    count floats, this rank's gradient; its own block is overwritten by the averaged gradient.
-   Returns:  DPAR_OK; DPAR_EINVAL (a NULL pointer); the comm's errors.
+   params:   count floats, the same on every rank; updated in place. NULL (with grads NULL): the desc's tensors.
+   grads:    count floats, this rank's gradient; its own block is overwritten by the averaged gradient (the tensor
+             form leaves the gradient tensors as they are: it reduces in its staging array).
+   Returns:  DPAR_OK; DPAR_EINVAL (a NULL pointer without tensors); the comm's errors.
    Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_zero_step(dpar_zero *zero, float *params, float *grads);
 /* dpar_zero_state_bytes / dpar_zero_shard: the bytes of optimizer state this rank holds / its block.
@@ -1500,13 +1520,20 @@ typedef struct dpar_buckets_desc {
     dpar_comm *comm; /* required: the data-parallel comm the buckets are reduced over */
     float *grads;    /* the flat gradients, count floats (required when count > 0) */
     size_t count;
+    /* or the tensor form: the gradients where they live (f32; grads NULL, count 0 or their total). A bucket that
+       lies inside one tensor is reduced there; one that spans tensors is copied into a staging array made at
+       create (at most the total), reduced, and copied back when it is waited for */
+    const dpar_tensor *tensors;
+    int num_tensors;
     size_t bucket_bytes;      /* the size of a bucket, about; 0: 4 MiB */
     dpar_op op;               /* default DPAR_SUM; usually DPAR_AVG */
     dpar_allocator allocator; /* the buckets' own memory (zero: malloc/free, not the comm's) */
 } dpar_buckets_desc;
-/* dpar_buckets_create: cut the desc's `count` gradients at `grads` into buckets reduced over its comm with `op`.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, NULL grads with count > 0, a bad op, half an allocator),
-             DPAR_ENOMEM. On error *out is NULL.
+/* dpar_buckets_create: cut the desc's `count` gradients at `grads` (or its tensors, numbered one after the other)
+   into buckets reduced over its comm with `op`.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, NULL grads with count > 0, a bad op, half an allocator; a
+             bad tensor list: a NULL data, a zero count, a dtype other than f32, two tensors overlapping, grads given
+             too, count not their total), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buckets **out);
 /* dpar_buckets_ready: grads[offset, offset + count) are final for this step; full buckets start at once.
@@ -1514,6 +1541,11 @@ DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buc
              comm's errors.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t count);
+/* dpar_buckets_ready_tensor: the tensor form's tensor `index` is final for this step (dpar_buckets_ready of its
+   elements in the numbering).
+   Returns:  as dpar_buckets_ready; DPAR_EINVAL (no tensor `index`).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_ready_tensor(dpar_buckets *b, int index);
 /* dpar_buckets_wait: wait for every bucket and end the step; the next dpar_buckets_ready starts the next one.
    Returns:  DPAR_OK; DPAR_EINVAL naming the range when some gradients were never marked (then nothing is
              reduced); the comm's errors.
@@ -1542,7 +1574,8 @@ typedef void (*dpar_buckets_update_fn)(void *user, size_t offset, size_t count);
    Marking:  a parameter may change as soon as its gradient is marked ready: mark a layer ready only once
              backward no longer reads its weights (compute its input gradient first).
    Returns:  DPAR_OK; DPAR_EBUSY (gradients of this step are marked: call it between steps; or direct buckets
-             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads).
+             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads),
+             DPAR_EUNSUPPORTED (the tensor form: not yet).
    Thread safety: the rank's thread.
    See:      docs/data_parallel.md, 'Buckets that update the parameters too'. */
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user);
@@ -1556,7 +1589,8 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpa
              rank's memory.
    Results:  as without it (the reduction order may differ); not counted in dpar_comm_stats, not seen by the
              contract checker.
-   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm); DPAR_EINVAL on every rank when their counts, bucket sizes,
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm, or the tensor form: not yet); DPAR_EINVAL on every rank when
+             their counts, bucket sizes,
              ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the comm is poisoned, the
              others do not wait); DPAR_ENOMEM.
    Thread safety: the rank's thread; collective: every rank calls it with the same `on`, between steps, after
@@ -7423,12 +7457,72 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *l)
 }
 
 /* >>zero: ZeRO-1: sharded optimizer state ------------------------------------------------------- */
+/* a list of tensors (dpar_tensor): checked, and numbered one after the other: tensor i is [start[i], start[i + 1]) */
+static dpar_status dpar__tensors_check(const char *fn, const char *what, const dpar_tensor *t, int n, dpar_dtype want,
+                                       size_t *total)
+{
+    int i, j;
+    size_t sz = dpar_dtype_size(want), sum = 0;
+    if (n < 0 || (n > 0 && !t)) return dpar__err(DPAR_EINVAL, "%s: %s: %d tensors at %p", fn, what, n, (const void *)t);
+    for (i = 0; i < n; i++) {
+        if (!t[i].data || !t[i].count)
+            return dpar__err(DPAR_EINVAL, "%s: %s tensor %d: %s", fn, what, i,
+                             !t[i].data ? "data is NULL" : "count is 0");
+        if (t[i].dtype != want)
+            return dpar__err(DPAR_EINVAL, "%s: %s tensor %d is %s; this object works in %s", fn, what, i,
+                             dpar_dtype_name(t[i].dtype), dpar_dtype_name(want));
+        if (t[i].count > ((size_t)-1 - sum) / sz)
+            return dpar__err(DPAR_EINVAL, "%s: %s: the tensors' sizes overflow", fn, what);
+        sum += t[i].count;
+        for (j = 0; j < i; j++) /* once, at create: n^2 / 2 comparisons */
+            if (dpar__overlap(t[i].data, t[i].count * sz, t[j].data, t[j].count * sz))
+                return dpar__err(DPAR_EINVAL, "%s: %s tensors %d and %d overlap", fn, what, j, i);
+    }
+    if (total) *total = sum;
+    return DPAR_OK;
+}
+/* the tensor holding element x of the numbering (start: n + 1 offsets) */
+static int dpar__tensor_at(const size_t *start, int n, size_t x)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+/* copy elements [lo, hi) of the numbering between the tensors and flat[0, hi - lo) (in: tensors to flat) */
+static void dpar__tensors_copy(const dpar_tensor *t, const size_t *start, int n, float *flat, size_t lo, size_t hi,
+                               int in)
+{
+    int i = lo < hi ? dpar__tensor_at(start, n, lo) : n;
+    for (; i < n && start[i] < hi; i++) {
+        size_t a = start[i] > lo ? start[i] : lo, e = start[i + 1] < hi ? start[i + 1] : hi;
+        float *at = (float *)t[i].data + (a - start[i]);
+        if (in) memcpy(flat + (a - lo), at, (e - a) * sizeof(float));
+        else memcpy(at, flat + (a - lo), (e - a) * sizeof(float));
+    }
+}
+/* the numbering's offsets of a checked list: n + 1 of them */
+static size_t *dpar__tensors_number(const dpar_allocator *a, const dpar_tensor *t, int n)
+{
+    size_t *start = (size_t *)dpar__calloc(a, (size_t)n + 1, sizeof(size_t));
+    int i;
+    for (i = 0; start && i < n; i++) start[i + 1] = start[i] + t[i].count;
+    return start;
+}
+
 struct dpar_zero {
     dpar_comm *comm;
     dpar_zero_desc d;
     size_t count, off, len;
     float *m, *v; /* SGD: m is the momentum; Adam: the two moments. len floats each */
     long step;
+    dpar_tensor *tp, *tg; /* the tensor form: the parameters and gradients (nt each), numbered by tstart */
+    size_t *tstart;
+    int nt;
+    float *stage; /* the tensor form: count floats, the gradients then the parameters, contiguous */
 };
 
 DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **out)
@@ -7451,6 +7545,47 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
     if (z->d.beta2 == 0) z->d.beta2 = 0.999f;
     if (z->d.eps == 0) z->d.eps = 1e-8f;
     z->count = desc->count;
+    z->d.params = z->d.grads = NULL;
+    if (desc->num_tensors || desc->params || desc->grads) { /* the tensor form */
+        size_t total = 0, gtotal = 0;
+        int i, n = desc->num_tensors;
+        dpar_status st = dpar__tensors_check("dpar_zero_create", "params", desc->params, n, DPAR_F32, &total);
+        if (st == DPAR_OK) st = dpar__tensors_check("dpar_zero_create", "grads", desc->grads, n, DPAR_F32, &gtotal);
+        for (i = 0; st == DPAR_OK && i < n; i++)
+            if (desc->grads[i].count != desc->params[i].count)
+                st = dpar__err(DPAR_EINVAL, "dpar_zero_create: grads tensor %d has %zu elements, its parameter %zu", i,
+                               desc->grads[i].count, desc->params[i].count);
+        if (st == DPAR_OK && n < 1) st = dpar__err(DPAR_EINVAL, "dpar_zero_create: num_tensors is %d", n);
+        if (st == DPAR_OK && desc->count && desc->count != total)
+            st = dpar__err(DPAR_EINVAL, "dpar_zero_create: count is %zu, the tensors hold %zu", desc->count, total);
+        if (st == DPAR_OK) /* one list of both: a gradient must not overlap any parameter either */
+            for (i = 0; st == DPAR_OK && i < n; i++) {
+                int j;
+                for (j = 0; j < n; j++)
+                    if (dpar__overlap(desc->grads[i].data, desc->grads[i].count * 4, desc->params[j].data,
+                                      desc->params[j].count * 4)) {
+                        st =
+                            dpar__err(DPAR_EINVAL, "dpar_zero_create: grads tensor %d overlaps params tensor %d", i, j);
+                        break;
+                    }
+            }
+        if (st != DPAR_OK) {
+            dpar__free(&desc->allocator, z);
+            return st;
+        }
+        z->count = total;
+        z->nt = n;
+        z->tp = (dpar_tensor *)dpar__calloc(&desc->allocator, (size_t)n, sizeof(dpar_tensor));
+        z->tg = (dpar_tensor *)dpar__calloc(&desc->allocator, (size_t)n, sizeof(dpar_tensor));
+        z->tstart = dpar__tensors_number(&desc->allocator, desc->params, n);
+        z->stage = (float *)dpar__calloc(&desc->allocator, total, sizeof(float));
+        if (!z->tp || !z->tg || !z->tstart || !z->stage) {
+            dpar_zero_destroy(z);
+            return dpar__err(DPAR_ENOMEM, "dpar_zero_create: out of memory");
+        }
+        memcpy(z->tp, desc->params, (size_t)n * sizeof(dpar_tensor));
+        memcpy(z->tg, desc->grads, (size_t)n * sizeof(dpar_tensor));
+    }
     dpar_block_range(z->count, dp->size, dp->rank, &z->off, &z->len);
     z->m = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
     if (desc->kind == DPAR_OPTIM_ADAM) z->v = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
@@ -7462,32 +7597,55 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
+/* the optimizer on n elements of this rank's block, from element `at` of it (m, v: the state there) */
+static void dpar__zero_update(const dpar_zero *z, float *p, const float *g, size_t at, size_t n)
 {
-    float *g, *p;
+    float *m = z->m + at, *v = z->v ? z->v + at : NULL;
     size_t i;
-    if (!z || (z->count && (!params || !grads))) return dpar__err(DPAR_EINVAL, "dpar_zero_step: a pointer is NULL");
-    /* my block of the averaged gradient, in place: grads + off */
-    DPAR__TRY(dpar_reduce_scatter(z->comm, grads, grads + z->off, z->count, DPAR_F32, DPAR_AVG));
-    g = grads + z->off;
-    p = params + z->off;
-    z->step++;
     if (z->d.kind == DPAR_OPTIM_SGD) {
         float lr = z->d.lr, mu = z->d.momentum, wd = z->d.weight_decay;
-        for (i = 0; i < z->len; i++) {
+        for (i = 0; i < n; i++) {
             float gi = g[i] + wd * p[i];
-            z->m[i] = mu * z->m[i] + gi;
-            p[i] -= lr * z->m[i];
+            m[i] = mu * m[i] + gi;
+            p[i] -= lr * m[i];
         }
     } else {
         float lr = z->d.lr, b1 = z->d.beta1, b2 = z->d.beta2, eps = z->d.eps, wd = z->d.weight_decay;
         float c1 = 1.0f - powf(b1, (float)z->step), c2 = 1.0f - powf(b2, (float)z->step);
-        for (i = 0; i < z->len; i++) {
-            z->m[i] = b1 * z->m[i] + (1.0f - b1) * g[i];
-            z->v[i] = b2 * z->v[i] + (1.0f - b2) * g[i] * g[i];
-            p[i] -= lr * ((z->m[i] / c1) / (sqrtf(z->v[i] / c2) + eps) + wd * p[i]);
+        for (i = 0; i < n; i++) {
+            m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+            p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
         }
     }
+}
+
+DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
+{
+    if (!z || (z->count && (!params || !grads) && !(z->tp && !params && !grads)))
+        return dpar__err(DPAR_EINVAL, "dpar_zero_step: a pointer is NULL%s",
+                         z && !z->tp ? " (only the tensor form steps on NULL, NULL)" : "");
+    if (z->tp && !params) { /* the tensor form: the same collectives on the staging array */
+        size_t lo = z->off, hi = z->off + z->len;
+        int i;
+        dpar__tensors_copy(z->tg, z->tstart, z->nt, z->stage, 0, z->count, 1);
+        DPAR__TRY(dpar_reduce_scatter(z->comm, z->stage, z->stage + z->off, z->count, DPAR_F32, DPAR_AVG));
+        z->step++;
+        for (i = lo < hi ? dpar__tensor_at(z->tstart, z->nt, lo) : z->nt; i < z->nt && z->tstart[i] < hi; i++) {
+            size_t a = z->tstart[i] > lo ? z->tstart[i] : lo, e = z->tstart[i + 1] < hi ? z->tstart[i + 1] : hi;
+            float *p = (float *)z->tp[i].data + (a - z->tstart[i]);
+            dpar__zero_update(z, p, z->stage + a, a - lo, e - a);
+            memcpy(z->stage + a, p, (e - a) * sizeof(float)); /* my block of the parameters, for the all-gather */
+        }
+        DPAR__TRY(dpar_allgather(z->comm, z->stage + z->off, z->stage, z->count, DPAR_F32));
+        dpar__tensors_copy(z->tp, z->tstart, z->nt, z->stage, 0, lo, 0); /* the others' blocks */
+        dpar__tensors_copy(z->tp, z->tstart, z->nt, z->stage + hi, hi, z->count, 0);
+        return DPAR_OK;
+    }
+    /* my block of the averaged gradient, in place: grads + off */
+    DPAR__TRY(dpar_reduce_scatter(z->comm, grads, grads + z->off, z->count, DPAR_F32, DPAR_AVG));
+    z->step++;
+    dpar__zero_update(z, params + z->off, grads + z->off, 0, z->len);
     /* everyone's blocks of the parameters, in place */
     return dpar_allgather(z->comm, params + z->off, params, z->count, DPAR_F32);
 }
@@ -7510,6 +7668,10 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
     a = z->d.allocator;
     dpar__free(&a, z->m);
     dpar__free(&a, z->v);
+    dpar__free(&a, z->tp);
+    dpar__free(&a, z->tg);
+    dpar__free(&a, z->tstart);
+    dpar__free(&a, z->stage);
     dpar__free(&a, z);
     return DPAR_OK;
 }
@@ -8749,6 +8911,14 @@ struct dpar_buckets {
     int dcopy;          /* blocks to copy from the other ranks: no update, or params not shared */
     dpar_status failed; /* this step: a bucket that could not start, or an error wait_range saw */
     uint32_t gen;       /* steps made since direct was set: this step's flags say gen + 1 */
+    /* the tensor form (grads NULL): the tensors, numbered by tstart; bucket k's elements lie contiguous at
+       base[k]: inside its one tensor, or (staged[k] != 0) in `stage`, copied in at launch and out once reduced
+       (staged 2: copied out this step) */
+    dpar_tensor *tens;
+    size_t *tstart;
+    int nt;
+    float **base, *stage;
+    unsigned char *staged;
 };
 
 /* Direct buckets (thread ranks): flag[phase][bucket][rank] = the step (gen + 1) in which that rank
@@ -8762,14 +8932,30 @@ typedef struct dpar__direct {
 } dpar__direct;
 enum { DPAR__D_MARKED, DPAR__D_REDUCED, DPAR__D_COPIED };
 
+static size_t dpar__bucket_end(const dpar_buckets *b, int k) /* bucket k is [k per, this) */
+{
+    size_t bs = (size_t)k * b->per;
+    return bs + b->per < b->count ? bs + b->per : b->count;
+}
+
 DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buckets **out)
 {
     dpar_buckets *b;
     dpar_status st;
+    size_t total = desc ? desc->count : 0;
+    int ok;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: out is NULL");
     *out = NULL;
     if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: desc or desc->comm is NULL");
-    if (desc->count && !desc->grads) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: grads is NULL");
+    if (desc->num_tensors || desc->tensors) { /* the tensor form */
+        DPAR__TRY(
+            dpar__tensors_check("dpar_buckets_create", "gradient", desc->tensors, desc->num_tensors, DPAR_F32, &total));
+        if (desc->num_tensors < 1 || desc->grads || (desc->count && desc->count != total))
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_buckets_create: %d tensors (at least 1) holding %zu gradients, with grads %p (must "
+                             "be NULL) and count %zu (0 or their total)",
+                             desc->num_tensors, total, (void *)desc->grads, desc->count);
+    } else if (desc->count && !desc->grads) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: grads is NULL");
     if ((unsigned)desc->op >= DPAR_OP_COUNT) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: op %d", (int)desc->op);
     if ((st = dpar__check_allocator("dpar_buckets_create", &desc->allocator)) != DPAR_OK) return st;
     b = (dpar_buckets *)dpar__calloc(&desc->allocator, 1, sizeof *b);
@@ -8777,7 +8963,7 @@ DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buc
     b->comm = desc->comm;
     b->allocator = desc->allocator;
     b->grads = desc->grads;
-    b->count = desc->count;
+    b->count = total;
     b->op = desc->op;
     b->per = (desc->bucket_bytes ? desc->bucket_bytes : (size_t)4 << 20) / sizeof(float);
     if (b->per < 1) b->per = 1;
@@ -8786,18 +8972,36 @@ DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buc
     b->req = (dpar_request **)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(dpar_request *));
     b->capmarks = 64;
     b->marks = (size_t *)dpar__alloc(&b->allocator, 2 * b->capmarks * sizeof(size_t));
-    if (!b->filled || !b->req || !b->marks) {
+    ok = b->filled && b->req && b->marks;
+    if (ok && desc->tensors) { /* where each bucket lies; the spanning ones' room */
+        size_t room = 0;
+        int k, n = desc->num_tensors;
+        b->nt = n;
+        b->tens = (dpar_tensor *)dpar__calloc(&b->allocator, (size_t)n, sizeof(dpar_tensor));
+        b->tstart = dpar__tensors_number(&b->allocator, desc->tensors, n);
+        b->base = (float **)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(float *));
+        b->staged = (unsigned char *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, 1);
+        if (b->tens && b->tstart && b->base && b->staged) {
+            memcpy(b->tens, desc->tensors, (size_t)n * sizeof(dpar_tensor));
+            for (k = 0; k < b->nb; k++) {
+                size_t bs = (size_t)k * b->per, be = dpar__bucket_end(b, k);
+                int t = dpar__tensor_at(b->tstart, n, bs);
+                b->staged[k] = be > b->tstart[t + 1];
+                if (!b->staged[k]) b->base[k] = (float *)b->tens[t].data + (bs - b->tstart[t]);
+                else room += be - bs;
+            }
+            if (room) b->stage = (float *)dpar__calloc(&b->allocator, room, sizeof(float));
+            for (k = 0, room = 0; b->stage && k < b->nb; k++)
+                if (b->staged[k]) b->base[k] = b->stage + room, room += dpar__bucket_end(b, k) - (size_t)k * b->per;
+        }
+        ok = b->tens && b->tstart && b->base && b->staged && (!room || b->stage);
+    }
+    if (!ok) {
         dpar_buckets_destroy(b);
         return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
     }
     *out = b;
     return DPAR_OK;
-}
-
-static size_t dpar__bucket_end(const dpar_buckets *b, int k) /* bucket k is [k per, this) */
-{
-    size_t bs = (size_t)k * b->per;
-    return bs + b->per < b->count ? bs + b->per : b->count;
 }
 
 static uint32_t *dpar__dflag(dpar_buckets *b, int phase, int k, int r)
@@ -8994,7 +9198,9 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
                 then.gather += bs;
                 st = dpar__icollective(b->comm, &call, &b->req[i], "dpar_buckets_ready", &then);
             } else {
-                st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
+                float *at = b->grads ? b->grads + bs : b->base[i];
+                if (!b->grads && b->staged[i]) dpar__tensors_copy(b->tens, b->tstart, b->nt, at, bs, be, 1);
+                st = dpar_iallreduce(b->comm, at, at, be - bs, DPAR_F32, b->op, &b->req[i]);
             }
             /* the bucket never starts: the others must not wait for it, nor this rank's wait pass */
             if (st != DPAR_OK) {
@@ -9006,6 +9212,23 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
     }
     if (b->direct && (st0 = dpar__dpoll(b)) != DPAR_OK) dpar__dquiesce(b); /* no peer reads my memory after this */
     return st0;
+}
+
+DPAR_API dpar_status dpar_buckets_ready_tensor(dpar_buckets *b, int index)
+{
+    if (!b || index < 0 || index >= b->nt)
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_ready_tensor: no tensor %d (the buckets have %d)", index,
+                         b ? b->nt : 0);
+    return dpar_buckets_ready(b, b->tstart[index], b->tens[index].count);
+}
+
+/* the tensor form: a spanning bucket, reduced, back into its tensors (once a step) */
+static void dpar__bucket_out(dpar_buckets *b, int k)
+{
+    size_t bs = (size_t)k * b->per;
+    if (b->grads || b->staged[k] != 1) return;
+    dpar__tensors_copy(b->tens, b->tstart, b->nt, b->base[k], bs, dpar__bucket_end(b, k), 0);
+    b->staged[k] = 2;
 }
 
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
@@ -9035,6 +9258,8 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     }
     for (i = 0; i < b->nb; i++) {
         if (b->req[i] && (w = dpar_request_wait(b->req[i])) != DPAR_OK && st == DPAR_OK) st = w;
+        if (st == DPAR_OK) dpar__bucket_out(b, i);
+        if (!b->grads && b->staged[i]) b->staged[i] = 1;
         b->req[i] = NULL;
         b->filled[i] = 0;
     }
@@ -9072,6 +9297,7 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
         dpar_status w = b->req[i] ? dpar_request_wait(b->req[i]) : DPAR_OK;
         b->req[i] = NULL;
         if (w != DPAR_OK && st == DPAR_OK) b->failed = st = w; /* dpar_buckets_wait says it again */
+        if (st == DPAR_OK) dpar__bucket_out(b, i);
     }
     return st;
 }
@@ -9079,6 +9305,8 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user)
 {
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: buckets is NULL");
+    if (b->tens)
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_update: buckets of tensors do not update (not yet)");
     if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: gradients of this step are marked ready");
     if (b->direct) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: direct buckets are on (turn them off first)");
     if (update && b->count && !params) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params is NULL");
@@ -9126,6 +9354,8 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     int N, r, q, ok, shared = 0;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
     c = b->comm;
+    if (on && b->tens) /* the same on every rank that uses the tensor form: nobody waits */
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: buckets of tensors are not direct (not yet)");
     /* one process: the last rank to leave frees the flags with rank 0's allocator; params are compared by address */
     if (on && !dpar__tp_shares_memory(c)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED,
@@ -9223,6 +9453,11 @@ DPAR_API dpar_status dpar_buckets_destroy(dpar_buckets *b)
     dpar__free(&b->allocator, b->filled);
     dpar__free(&b->allocator, b->req);
     dpar__free(&b->allocator, b->marks);
+    dpar__free(&b->allocator, b->tens);
+    dpar__free(&b->allocator, b->tstart);
+    dpar__free(&b->allocator, b->base);
+    dpar__free(&b->allocator, b->stage);
+    dpar__free(&b->allocator, b->staged);
     dpar__free(&b->allocator, b);
     return st;
 }
