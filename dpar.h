@@ -1254,6 +1254,8 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
              params of full parameters instead of the parameter shard, and one gradient buffer of the largest unit.
              16-bit compute with an f32 reduction adds an f32 buffer of the largest unit. dpar_fsdp_memory reports
              what is held.
+   Tensors:  a model of separate arrays lists them (desc.params, .grads, .unit_tensors; dpar_fsdp_gather_tensors):
+             no repacking, bitwise the flat form.
    See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'. */
 typedef struct dpar_fsdp dpar_fsdp;
 
@@ -1277,11 +1279,23 @@ typedef struct dpar_fsdp_desc {
                                 it); 0: 1, or 65536 with compute f16 */
     int static_loss_scale;   /* 1: never change it. Else, with compute f16, it is dynamic: halved when a step is
                                 skipped, doubled after 1000 steps without one */
+    /* the tensor form (f32 compute): the model's arrays, unit u being the next unit_tensors[u] of the lists (then
+       unit_counts may be NULL; given, it must agree). params: their values at create are the initial parameters
+       (dpar_fsdp_set_params not needed); stage 2 keeps the full parameters in them (all-gathered into after each
+       step: no copy of its own), stage 3 reads them at create only. grads (optional): where backward writes each
+       unit's gradients; dpar_fsdp_reduce reads them there (a unit of one tensor in place: this rank's block is
+       overwritten by the average; else through the unit buffer dpar_fsdp_grads would have given), and
+       dpar_fsdp_grads is refused. dpar_fsdp_gather_tensors gives the unit's parameters tensor by tensor */
+    const dpar_tensor *params, *grads;
+    const int *unit_tensors;
 } dpar_fsdp_desc;
 
-/* dpar_fsdp_create: make this rank's part of a sharded model; its parameters start at zero (dpar_fsdp_set_params).
+/* dpar_fsdp_create: make this rank's part of a sharded model; its parameters start at zero (dpar_fsdp_set_params), or
+   at the desc's params tensors.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm, unit_counts or out, num_units < 1, a stage other than 2 or 3, a bad
-             kind, lr not positive, half an allocator), DPAR_ENOMEM. On error *out is NULL.
+             kind, lr not positive, half an allocator; the tensor form: a bad list (a NULL data, a zero count, a dtype
+             other than f32, overlapping tensors, a gradient whose count is not its parameter's), a unit of no tensor,
+             unit_counts that disagree, 16-bit compute), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **out);
 /* dpar_fsdp_set_params / dpar_fsdp_get_params: copy a unit's full parameters in (every rank passes the same values:
@@ -1297,6 +1311,12 @@ DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *fsdp, int unit, float *full
              comm's errors.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *fsdp, int unit, float **params);
+/* dpar_fsdp_gather_tensors: dpar_fsdp_gather, the unit's parameters given tensor by tensor: views[i] is the unit's
+   tensor i (the desc's unit_tensors[unit] of them; without the tensor form, one: the whole unit). At stage 2 with the
+   tensor form they are the desc's own arrays; else they point into the gathered buffer. Release as after gather.
+   Returns:  as dpar_fsdp_gather.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_gather_tensors(dpar_fsdp *fsdp, int unit, float **views);
 /* dpar_fsdp_gather16 / dpar_fsdp_grads16: the same with 16-bit compute (desc->compute DPAR_BF16 or DPAR_F16: bf16 or
    IEEE half bits, as dpar_f32_to_bf16 / dpar_f32_to_f16 round). The f32 calls refuse a 16-bit fsdp and the reverse.
    Thread safety: the rank's thread. */
@@ -1306,7 +1326,8 @@ DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *fsdp, int unit, uint16_t **gra
    Returns:  DPAR_OK; DPAR_EINVAL (the unit is not held).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *fsdp, int unit);
-/* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit.
+/* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit (refused
+   with the tensor form's grads: backward writes those).
    Remarks:  stage 3: a pooled buffer that no unit holds (after dpar_fsdp_release of this unit: its buffer), so the
              gradients cost no memory of their own; when both are held (taken before the release, with the next unit
              prefetched), a third buffer of the largest unit, allocated on that first need and kept until destroy.
@@ -7706,6 +7727,11 @@ struct dpar_fsdp {
     long good, skipped;
     size_t bytes;
     long step;
+    /* the tensor form: the params and grads lists (tg NULL: none), numbered by tstart; unit u is tensors
+       ufirst[u] .. ufirst[u + 1] - 1. At stage 2 tp holds the full parameters (full is NULL) */
+    dpar_tensor *tp, *tg;
+    size_t *tstart;
+    int *ufirst, nt;
 };
 
 static void *dpar__fsdp_alloc(dpar_fsdp *f, size_t n, size_t size)
@@ -7760,7 +7786,8 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
     dpar__free(&a, f->foff), dpar__free(&a, f->fresh), dpar__free(&a, f->p), dpar__free(&a, f->g);
     dpar__free(&a, f->m), dpar__free(&a, f->v), dpar__free(&a, f->full), dpar__free(&a, f->buf[0]);
     dpar__free(&a, f->buf[1]), dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
-    dpar__free(&a, f->gwide), dpar__free(&a, f);
+    dpar__free(&a, f->gwide), dpar__free(&a, f->tp), dpar__free(&a, f->tg), dpar__free(&a, f->tstart);
+    dpar__free(&a, f->ufirst), dpar__free(&a, f);
     return st;
 }
 
@@ -7771,8 +7798,37 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     int u, ok, half;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: out is NULL");
     *out = NULL;
-    if (!desc || !desc->comm || !desc->unit_counts || desc->num_units < 1)
+    if (!desc || !desc->comm || (!desc->unit_counts && !desc->params) || desc->num_units < 1)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: desc, comm or unit_counts is NULL, or num_units < 1");
+    if (desc->params || desc->grads || desc->unit_tensors) { /* the tensor form */
+        int n = 0, i;
+        for (u = 0; desc->unit_tensors && u < desc->num_units; u++) {
+            if (desc->unit_tensors[u] < 1 || desc->unit_tensors[u] > INT_MAX - n)
+                return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: unit %d has %d tensors (at least 1)", u,
+                                 desc->unit_tensors[u]);
+            n += desc->unit_tensors[u];
+        }
+        if (!desc->params || !desc->unit_tensors || desc->compute != DPAR_F32)
+            return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: the tensor form needs params and unit_tensors%s",
+                             desc->compute != DPAR_F32 ? ", and f32 compute (16-bit: not yet)" : "");
+        DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "params", desc->params, n, DPAR_F32, NULL));
+        if (desc->grads) {
+            DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "grads", desc->grads, n, DPAR_F32, NULL));
+            for (i = 0; i < n; i++)
+                if (desc->grads[i].count != desc->params[i].count)
+                    return dpar__err(DPAR_EINVAL,
+                                     "dpar_fsdp_create: grads tensor %d has %zu elements, its parameter %zu", i,
+                                     desc->grads[i].count, desc->params[i].count);
+        }
+        for (u = 0, i = 0; u < desc->num_units; u++) { /* unit_counts, when given, must agree */
+            size_t sum = 0;
+            int e = i + desc->unit_tensors[u];
+            for (; i < e; i++) sum += desc->params[i].count;
+            if (desc->unit_counts && desc->unit_counts[u] != sum)
+                return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: unit %d: unit_counts says %zu, its tensors hold %zu",
+                                 u, desc->unit_counts[u], sum);
+        }
+    }
     if ((desc->stage != 0 && desc->stage != 2 && desc->stage != 3) || (unsigned)desc->kind > 1 || !(desc->lr > 0))
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: stage %d (2 or 3), kind %d, lr %g (positive)", desc->stage,
                          (int)desc->kind, (double)desc->lr);
@@ -7789,6 +7845,8 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     f->bytes = sizeof *f;
     f->d = *desc;
     f->d.unit_counts = NULL;
+    f->d.params = f->d.grads = NULL;
+    f->d.unit_tensors = NULL;
     if (f->d.beta1 == 0) f->d.beta1 = 0.9f;
     if (f->d.beta2 == 0) f->d.beta2 = 0.999f;
     if (f->d.eps == 0) f->d.eps = 1e-8f;
@@ -7808,8 +7866,24 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     f->foff = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
     f->fresh = (unsigned char *)dpar__fsdp_alloc(f, (size_t)f->U, 1);
     ok = f->count && f->off && f->len && f->soff && f->foff && f->fresh;
+    if (ok && desc->params) { /* the tensor form: the lists and their numbering, kept */
+        int n = 0;
+        for (u = 0; u < f->U; u++) n += desc->unit_tensors[u];
+        f->nt = n;
+        f->tp = (dpar_tensor *)dpar__fsdp_alloc(f, (size_t)n, sizeof(dpar_tensor));
+        if (desc->grads) f->tg = (dpar_tensor *)dpar__fsdp_alloc(f, (size_t)n, sizeof(dpar_tensor));
+        f->ufirst = (int *)dpar__fsdp_alloc(f, (size_t)f->U + 1, sizeof(int));
+        f->tstart = (size_t *)dpar__fsdp_alloc(f, (size_t)n + 1, sizeof(size_t));
+        ok = f->tp && (!desc->grads || f->tg) && f->ufirst && f->tstart;
+        if (ok) {
+            memcpy(f->tp, desc->params, (size_t)n * sizeof(dpar_tensor));
+            if (f->tg) memcpy(f->tg, desc->grads, (size_t)n * sizeof(dpar_tensor));
+            for (n = 0; n < f->nt; n++) f->tstart[n + 1] = f->tstart[n] + f->tp[n].count;
+            for (u = 0; u < f->U; u++) f->ufirst[u + 1] = f->ufirst[u] + desc->unit_tensors[u];
+        }
+    }
     for (u = 0; ok && u < f->U; u++) {
-        f->count[u] = desc->unit_counts[u];
+        f->count[u] = f->tp ? f->tstart[f->ufirst[u + 1]] - f->tstart[f->ufirst[u]] : desc->unit_counts[u];
         dpar_block_range(f->count[u], c->size, c->rank, &f->off[u], &f->len[u]);
         f->soff[u] = f->slen;
         f->foff[u] = f->total;
@@ -7825,9 +7899,9 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
         if (f->d.kind == DPAR_OPTIM_ADAM) f->v = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->stage == 2) f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces);
         if (half && f->rt == DPAR_F32) f->gwide = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
-        if (f->stage == 3 || half) f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
+        if (f->stage == 3 || half || f->tp) f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->stage == 2) {
-            f->full = dpar__fsdp_alloc(f, f->total, f->ces);
+            if (!f->tp) f->full = dpar__fsdp_alloc(f, f->total, f->ces);
         } else {
             f->buf[0] = dpar__fsdp_alloc(f, f->maxc, f->ces);
             f->buf[1] = dpar__fsdp_alloc(f, f->maxc, f->ces);
@@ -7835,8 +7909,15 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
             if (half) f->send[1] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
         }
         ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && (f->stage == 3 || f->gbuf) &&
-             (!half || f->rt != DPAR_F32 || f->gwide) && ((f->stage != 3 && !half) || f->p) &&
-             (f->stage == 2 ? f->full != NULL : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
+             (!half || f->rt != DPAR_F32 || f->gwide) && ((f->stage != 3 && !half && !f->tp) || f->p) &&
+             (f->stage == 2 ? f->full != NULL || f->tp
+                            : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
+    }
+    if (ok && f->tp) { /* the initial parameters: this rank's block of each unit */
+        for (u = 0; u < f->U; u++)
+            dpar__tensors_copy(f->tp, f->tstart, f->nt, f->p + f->soff[u], f->foff[u] + f->off[u],
+                               f->foff[u] + f->off[u] + f->len[u], 1);
+        /* stage 3 reads them here only; the list is kept for the tensors' counts (dpar_fsdp_gather_tensors) */
     }
     if (!ok) {
         dpar_fsdp_destroy(f);
@@ -7865,7 +7946,9 @@ DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *f
     if (f->held[0] >= 0 || f->held[1] >= 0)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_set_params: a unit is gathered or being gathered");
     if (f->p) memcpy(f->p + f->soff[unit], full + f->off[unit], f->len[unit] * sizeof(float));
-    if (f->stage == 2) dpar__fsdp_narrow((char *)f->full + f->foff[unit] * f->ces, full, f->count[unit], f->ct);
+    if (f->stage == 2 && f->tp) /* the tensors are the full copy (f32) */
+        dpar__tensors_copy(f->tp, f->tstart, f->nt, (float *)full, f->foff[unit], f->foff[unit] + f->count[unit], 0);
+    else if (f->stage == 2) dpar__fsdp_narrow((char *)f->full + f->foff[unit] * f->ces, full, f->count[unit], f->ct);
     return DPAR_OK;
 }
 
@@ -7910,6 +7993,15 @@ static dpar_status dpar__fsdp_fetch(dpar_fsdp *f, int unit, int slot, int async)
 static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
 {
     int s, next, dir;
+    if (f->stage == 2 && f->tp) { /* the unit's own array, when it is one */
+        if (f->ufirst[unit + 1] - f->ufirst[unit] != 1)
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_fsdp_gather: unit %d is %d tensors, not one array (at stage 2 they are "
+                             "yours: dpar_fsdp_gather_tensors names them)",
+                             unit, f->ufirst[unit + 1] - f->ufirst[unit]);
+        *params = f->tp[f->ufirst[unit]].data;
+        return DPAR_OK;
+    }
     if (f->stage == 2) {
         *params = (char *)f->full + f->foff[unit] * f->ces;
         return DPAR_OK;
@@ -7953,6 +8045,21 @@ DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
     DPAR__TRY(dpar__fsdp_typed(f, unit, params, 0, "dpar_fsdp_gather"));
     DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
     *params = (float *)p;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_fsdp_gather_tensors(dpar_fsdp *f, int unit, float **views)
+{
+    void *p = NULL;
+    int i;
+    DPAR__TRY(dpar__fsdp_typed(f, unit, views, 0, "dpar_fsdp_gather_tensors"));
+    if (!f->tp) return dpar_fsdp_gather(f, unit, views);
+    if (f->stage == 2) {
+        for (i = f->ufirst[unit]; i < f->ufirst[unit + 1]; i++) views[i - f->ufirst[unit]] = (float *)f->tp[i].data;
+        return DPAR_OK;
+    }
+    DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
+    for (i = f->ufirst[unit]; i < f->ufirst[unit + 1]; i++)
+        views[i - f->ufirst[unit]] = (float *)p + (f->tstart[i] - f->foff[unit]);
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_fsdp_gather16(dpar_fsdp *f, int unit, uint16_t **params)
@@ -8003,6 +8110,9 @@ DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
 {
     void *g = NULL;
     DPAR__TRY(dpar__fsdp_typed(f, unit, grads, 0, "dpar_fsdp_grads"));
+    if (f->tg)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_grads: the gradients are the desc's grads tensors (backward writes "
+                                      "them; dpar_fsdp_reduce reads them)");
     DPAR__TRY(dpar__fsdp_grads(f, unit, &g));
     *grads = (float *)g;
     return DPAR_OK;
@@ -8021,10 +8131,22 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
     float *mine, *g, x;
     void *gb;
     size_t i;
+    if (f && f->tg && unit >= 0 && unit < f->U) { /* the tensor form: the unit's gradient tensors */
+        int t = f->ufirst[unit];
+        if (f->ufirst[unit + 1] - t == 1) { /* one array: reduced where it is */
+            if (f->gunit >= 0)
+                return dpar__err(DPAR_EBUSY, "dpar_fsdp_reduce: unit %d's gradients are not reduced yet", f->gunit);
+            f->gunit = unit, f->gslot = 3;
+        } else { /* through a unit buffer */
+            void *at = NULL;
+            DPAR__TRY(dpar__fsdp_grads(f, unit, &at));
+            dpar__tensors_copy(f->tg, f->tstart, f->nt, (float *)at, f->foff[unit], f->foff[unit] + f->count[unit], 1);
+        }
+    }
     if (!f || unit < 0 || unit >= f->U || f->gunit != unit)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_reduce: unit %d's gradients were not taken with dpar_fsdp_grads",
                          unit);
-    gb = f->gslot == 2 ? f->gbuf : f->buf[f->gslot];
+    gb = f->gslot == 3 ? f->tg[f->ufirst[unit]].data : f->gslot == 2 ? f->gbuf : f->buf[f->gslot];
     if (f->ct == DPAR_F32) { /* this rank's block of the average, in place */
         mine = (float *)gb + f->off[unit];
         DPAR__TRY(dpar_reduce_scatter(f->comm, gb, mine, f->count[unit], DPAR_F32, DPAR_AVG));
@@ -8056,6 +8178,7 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
     f->fresh[unit] = 0;
     f->gunit = -1;
     if (f->gslot < 2) f->held[f->gslot] = -1; /* the pooled buffer is free again */
+    f->gslot = -1;
     return DPAR_OK;
 }
 
@@ -8105,9 +8228,14 @@ DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
     if (f->dynamic && ++f->good >= 1000) f->scale *= 2.0f, f->good = 0;
     if (f->stage == 2) /* everyone's blocks of the parameters, in place, in the compute type */
         for (u = 0; u < f->U; u++) {
-            char *unit = (char *)f->full + f->foff[u] * f->ces, *mine = unit + f->off[u] * f->ces;
+            int one = f->tp && f->ufirst[u + 1] - f->ufirst[u] == 1; /* the tensor form: a unit of one array */
+            char *unit = f->tp ? (one ? (char *)f->tp[f->ufirst[u]].data : (char *)f->gbuf)
+                               : (char *)f->full + f->foff[u] * f->ces,
+                 *mine = unit + f->off[u] * f->ces;
             if (f->p) dpar__fsdp_narrow(mine, f->p + f->soff[u], f->len[u], f->ct);
             DPAR__TRY(dpar_allgather(f->comm, mine, unit, f->count[u], f->ct));
+            if (f->tp && !one) /* through the gradient buffer (free between steps) into the arrays */
+                dpar__tensors_copy(f->tp, f->tstart, f->nt, (float *)unit, f->foff[u], f->foff[u] + f->count[u], 0);
         }
     return DPAR_OK;
 }

@@ -1,6 +1,7 @@
 /* test_tensors.c - the tensor form (dpar_tensor lists: a model's arrays where they live) against the flat form and a
-   serial reference: gradient buckets and ZeRO-1 over five separately allocated arrays must give bitwise what one flat
-   array gives, on 1 to 4 thread ranks; bad lists are refused with a message naming the tensor.
+   serial reference: gradient buckets and ZeRO-1 over five separately allocated arrays, and dpar_fsdp (stages 2 and 3)
+   over units of separate arrays, must give bitwise what the flat form gives (itself checked against a serial
+   reference here, or in test_fsdp.c), on 1 to 4 thread ranks; bad lists are refused with a message naming the tensor.
    Build and run: make build/test_tensors && build/test_tensors   (one test: build/test_tensors buckets) */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -235,6 +236,125 @@ static void test_zero1_tensors_equal_flat(void)
         }
 }
 
+/* ---- FSDP: units of several separately allocated arrays (one of a single array: reduced in place) ---- */
+#define FU 3
+#define FT 6
+static const int f_ut[FU] = {2, 1, 3};                     /* tensors per unit */
+static const size_t f_tn[FT] = {700, 13, 4099, 3, 1, 250}; /* the tensors' sizes */
+static const size_t f_uc[FU] = {713, 4099, 254};           /* the units' */
+static float fx(int r, int step, int u, size_t i) { return (float)((r * 31 + step * 7 + u * 3 + (int)i) % 13) / 13.0f; }
+/* element i of a unit given as views of its tensors t0.. */
+static float *fel(float **v, int t0, size_t i)
+{
+    int t = t0;
+    while (i >= f_tn[t]) i -= f_tn[t++];
+    return v[t - t0] + i;
+}
+
+typedef struct {
+    int stage;
+    dpar_optim kind;
+} fjob;
+
+static void fsdp_tensor_rank(world *w, dpar_comm *c, int r)
+{
+    fjob *j = (fjob *)w->user;
+    dpar_fsdp *ff = NULL, *ft = NULL;
+    dpar_fsdp_desc d;
+    dpar_tensor params[FT], grads[FT];
+    float *tp[FT], *tg[FT], *pp, *gg, *views[FT], *flatv[1], s[FU], *a = (float *)malloc(4099 * 4),
+                                                                    *b = (float *)malloc(4099 * 4);
+    size_t i;
+    int u, k, t0, step, form;
+    memset(params, 0, sizeof params), memset(grads, 0, sizeof grads);
+    for (k = 0; k < FT; k++) {
+        tp[k] = (float *)malloc(f_tn[k] * 4), tg[k] = (float *)malloc(f_tn[k] * 4);
+        params[k].data = tp[k], params[k].count = f_tn[k], grads[k].data = tg[k], grads[k].count = f_tn[k];
+    }
+    for (u = 0, t0 = 0; u < FU; t0 += f_ut[u], u++) /* the initial values: in the arrays, and flat for set_params */
+        for (i = 0; i < f_uc[u]; i++) *fel(tp + t0, t0, i) = (float)((int)((u * 17 + i * 5) % 23) - 11) / 11.0f;
+    memset(&d, 0, sizeof d);
+    d.comm = c, d.stage = j->stage, d.num_units = FU, d.unit_counts = f_uc, d.kind = j->kind, d.lr = 0.05f;
+    d.momentum = 0.9f, d.weight_decay = 0.01f;
+    expect_ok(w, dpar_fsdp_create(&d, &ff), "fsdp_create (flat)", r);
+    d.unit_counts = NULL, d.params = params, d.grads = grads, d.unit_tensors = f_ut;
+    expect_ok(w, dpar_fsdp_create(&d, &ft), "fsdp_create (tensors)", r);
+    if (!ff || !ft) return;
+    for (u = 0, t0 = 0; u < FU; t0 += f_ut[u], u++) {
+        for (i = 0; i < f_uc[u]; i++) a[i] = *fel(tp + t0, t0, i);
+        expect_ok(w, dpar_fsdp_set_params(ff, u, a), "set_params", r);
+    }
+    if (j->stage == 2 && r == 0 &&
+        (dpar_fsdp_gather(ft, 0, &pp) != DPAR_EINVAL || !strstr(dpar_last_error(), "2 tensors")))
+        note(w, "a flat gather of a unit of two arrays at stage 2 accepted");
+    if (r == 0 && (dpar_fsdp_grads(ft, 0, &gg) != DPAR_EINVAL || !strstr(dpar_last_error(), "grads tensors")))
+        note(w, "dpar_fsdp_grads accepted with grads tensors");
+    for (step = 0; step < 4; step++)
+        for (form = 0; form < 2; form++) { /* the same step, flat then with tensors */
+            dpar_fsdp *f = form ? ft : ff;
+            for (u = 0, t0 = 0; u < FU; t0 += f_ut[u], u++) { /* forward: s_u = mean of p x */
+                float acc = 0;
+                if (form) expect_ok(w, dpar_fsdp_gather_tensors(f, u, views), "gather_tensors", r);
+                else expect_ok(w, dpar_fsdp_gather(f, u, flatv), "gather", r);
+                for (i = 0; i < f_uc[u]; i++) acc += (form ? *fel(views, t0, i) : flatv[0][i]) * fx(r, step, u, i);
+                s[u] = acc / (float)f_uc[u];
+                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+            }
+            for (u = FU - 1, t0 = FT; u >= 0; u--) { /* backward */
+                size_t n = f_uc[u];
+                t0 -= f_ut[u];
+                if (form) expect_ok(w, dpar_fsdp_gather_tensors(f, u, views), "gather_tensors", r);
+                else expect_ok(w, dpar_fsdp_gather(f, u, flatv), "gather", r);
+                for (i = 0; i < n; i++) a[i] = form ? *fel(views, t0, i) : flatv[0][i];
+                for (i = 0; i < n; i++)
+                    b[i] = (a[i] - fx(r, step, u, i)) * 0.5f + 0.25f * a[(i * 7 + 3) % n] + s[u] * 0.1f;
+                if (form) {
+                    for (i = 0; i < n; i++) *fel(tg + t0, t0, i) = b[i]; /* backward writes the model's arrays */
+                    expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+                } else {
+                    expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
+                    memcpy(gg, b, n * 4);
+                }
+                expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+                if (!form) expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+            }
+            expect_ok(w, dpar_fsdp_step(f), "step", r);
+        }
+    for (u = 0, t0 = 0; u < FU; t0 += f_ut[u], u++) { /* bitwise the flat form's; stage 2: in the arrays too */
+        expect_ok(w, dpar_fsdp_get_params(ff, u, a), "get_params (flat)", r);
+        expect_ok(w, dpar_fsdp_get_params(ft, u, b), "get_params (tensors)", r);
+        if (memcmp(a, b, f_uc[u] * 4))
+            note(w, "stage %d N=%d rank %d unit %d: tensors differ from flat", j->stage, w->n, r, u);
+        for (i = 0; j->stage == 2 && i < f_uc[u]; i++)
+            if (memcmp(fel(tp + t0, t0, i), a + i, 4)) {
+                note(w, "stage 2 N=%d rank %d unit %d element %zu: the array is not the parameters", w->n, r, u, i);
+                break;
+            }
+    }
+    {
+        size_t bf = 0, bt = 0, total = f_uc[0] + f_uc[1] + f_uc[2];
+        dpar_fsdp_memory(ff, &bf, NULL), dpar_fsdp_memory(ft, &bt, NULL);
+        /* stage 2: no full copy of its own (4 total), a master shard instead (4 total / N), the lists */
+        if (j->stage == 2 && bt > bf - 4 * total + 4 * (total / (size_t)w->n + FU) + 512)
+            note(w, "stage 2 with tensors holds %zu bytes, flat %zu", bt, bf);
+    }
+    dpar_fsdp_destroy(ff), dpar_fsdp_destroy(ft);
+    for (k = 0; k < FT; k++) free(tp[k]), free(tg[k]);
+    free(a), free(b);
+}
+
+static void test_fsdp_tensors_equal_flat(void)
+{
+    int n, stage, kind;
+    for (stage = 2; stage <= 3; stage++)
+        for (kind = 0; kind < 2; kind++)
+            for (n = 1; n <= 4; n++) {
+                fjob j;
+                j.stage = stage, j.kind = (dpar_optim)kind;
+                CHECK_MSG(run_world(n, fsdp_tensor_rank, &j) == 0, "stage %d %s N=%d", stage, kind ? "adam" : "sgd", n);
+            }
+}
+
 /* ---- bad lists: refused at create, with the tensor named ---- */
 static void test_bad_lists(void)
 {
@@ -291,6 +411,29 @@ static void test_bad_lists(void)
     CHECK(dpar_zero_create(&zd, &z) == DPAR_EINVAL && strstr(dpar_last_error(), "the tensors hold 30"));
     zd.count = 0;
     CHECK(dpar_zero_create(&zd, &z) == DPAR_OK && z && dpar_zero_destroy(z) == DPAR_OK);
+    {
+        dpar_fsdp *f = (dpar_fsdp *)1;
+        dpar_fsdp_desc fd;
+        int ut[2] = {1, 1};
+        size_t uc[2] = {10, 21};
+        memset(&fd, 0, sizeof fd);
+        fd.comm = c, fd.lr = 0.1f, fd.num_units = 2, fd.params = t, fd.grads = u, fd.unit_tensors = ut;
+        u[1].count = 19;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && f == NULL &&
+              strstr(dpar_last_error(), "grads tensor 1 has 19"));
+        u[1].count = 20, t[0].data = NULL;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && strstr(dpar_last_error(), "params tensor 0: data is NULL"));
+        t[0].data = p, ut[1] = 0;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && strstr(dpar_last_error(), "unit 1 has 0 tensors"));
+        ut[1] = 1, fd.unit_counts = uc;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && strstr(dpar_last_error(), "unit_counts says 21"));
+        fd.unit_counts = NULL, fd.compute = DPAR_BF16;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && strstr(dpar_last_error(), "f32 compute"));
+        fd.compute = DPAR_F32, fd.unit_tensors = NULL;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL); /* params without unit_tensors */
+        fd.unit_tensors = ut;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_OK && f && dpar_fsdp_destroy(f) == DPAR_OK);
+    }
     dpar_comm_destroy(c);
     dpar_group_destroy(g);
 }
@@ -302,6 +445,7 @@ int main(int argc, char **argv)
     RUN(test_buckets_tensors_stage_only_spanning);
     RUN(test_buckets_tensors_equal_flat);
     RUN(test_zero1_tensors_equal_flat);
+    RUN(test_fsdp_tensors_equal_flat);
     pools_free();
     return dt_summary();
 }
