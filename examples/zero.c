@@ -15,9 +15,10 @@
    a 2-layer MLP, each on its own shard of the data, with dpar_zero_step on the layers' own arrays (W1,
    b1, W2, b2 and their gradients, listed as dpar_tensor: nothing repacked; dpar_zero copies through one
    staging array of its own), then train it again with plain data-parallel Adam (one flat array:
-   allreduce of the gradients, every rank updating everything), and check: the state is 1/N, the loss fell, the replicas are
-   identical, and both runs end with the same model (bitwise here: a ring allreduce is a
-   reduce-scatter plus an all-gather, so each rank's block of the average has the same bits). */
+   allreduce of the gradients, every rank updating everything), and check: the state is 1/N, the loss
+   fell, the replicas are identical, and both runs end with the same model (bitwise here: a ring
+   allreduce is a reduce-scatter plus an all-gather, so each rank's block of the average has the same
+   bits). */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
