@@ -1249,8 +1249,9 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
              training ends bitwise identical to plain data parallelism that allreduces each unit's gradients (AVG) and
              applies the same optimizer (dpar_zero_step's math), for any number of ranks (tests/test_fsdp.c).
    Memory:   stage 3: (4 + 4 + 4 k) x params / N bytes (parameter, gradient and k optimizer words per parameter: SGD
-             k = 1, Adam k = 2) plus two pooled buffers of the largest unit, which the gradients share when the unit
-             is released before they are taken (else a third, allocated at the first need and kept); stage 2 keeps 4 x
+             k = 1, Adam k = 2) plus one arena of the two largest units for the two pooled buffers (one at each end:
+             any two different units fit), which the gradients share when the unit is released before they are
+             taken (else a buffer of the largest unit, allocated at the first need and kept); stage 2 keeps 4 x
              params of full parameters instead of the parameter shard, and one gradient buffer of the largest unit.
              16-bit compute with an f32 reduction adds an f32 buffer of the largest unit. dpar_fsdp_memory reports
              what is held.
@@ -1328,9 +1329,9 @@ DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *fsdp, int unit, uint16_t **gra
 DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *fsdp, int unit);
 /* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit (refused
    with the tensor form's grads: backward writes those).
-   Remarks:  stage 3: a pooled buffer that no unit holds (after dpar_fsdp_release of this unit: its buffer), so the
-             gradients cost no memory of their own; when both are held (taken before the release, with the next unit
-             prefetched), a third buffer of the largest unit, allocated on that first need and kept until destroy.
+   Remarks:  stage 3: a pooled buffer that no unit holds and that fits beside the other (after dpar_fsdp_release of
+             this unit: its place), so the gradients cost no memory of their own; else (taken before the release) a
+             third buffer of the largest unit, allocated on that first need and kept until destroy.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL arguments, a unit out of range), DPAR_EBUSY (another unit's gradients are not
              reduced yet), DPAR_ENOMEM (the third buffer).
    Thread safety: the rank's thread. */
@@ -7713,10 +7714,13 @@ struct dpar_fsdp {
     size_t slen, maxc, maxlen, total;        /* the shards' length; the largest unit and block; all parameters */
     float *p, *g, *m, *v;                    /* shards: parameters (master), gradients, optimizer state */
     void *full;                              /* stage 2: every unit's full parameters, in the compute type */
-    void *buf[2];                            /* stage 3: the pooled unit buffers (compute type) */
-    void *send[2];                           /* stage 3, 16-bit: this rank's block converted, per buffer */
-    int held[2], taken[2];                   /* the unit in buf[i] (-1: none); taken: gathered by the caller */
-    dpar_request *req;                       /* the prefetch in flight, into buf[req_slot] */
+    void *buf[2];                            /* stage 3: the two pooled unit buffers (compute type), both in one
+                                                arena of the two largest units (cap elements): buf[0] at its start,
+                                                buf[1] flush with its end (it moves with what it holds) */
+    size_t cap;
+    void *send[2];         /* stage 3, 16-bit: this rank's block converted, per buffer */
+    int held[2], taken[2]; /* the unit in buf[i] (-1: none); taken: gathered by the caller */
+    dpar_request *req;     /* the prefetch in flight, into buf[req_slot] */
     int req_slot, no_async, last;
     void *gbuf;              /* the gradients of unit gunit (-1: none): buf[gslot] when that was free (stage 3), else
                                 the third buffer gbuf (stage 2: made at create; stage 3: at the first need, kept) */
@@ -7785,7 +7789,7 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
     dpar__free(&a, f->count), dpar__free(&a, f->off), dpar__free(&a, f->len), dpar__free(&a, f->soff);
     dpar__free(&a, f->foff), dpar__free(&a, f->fresh), dpar__free(&a, f->p), dpar__free(&a, f->g);
     dpar__free(&a, f->m), dpar__free(&a, f->v), dpar__free(&a, f->full), dpar__free(&a, f->buf[0]);
-    dpar__free(&a, f->buf[1]), dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
+    dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
     dpar__free(&a, f->gwide), dpar__free(&a, f->tp), dpar__free(&a, f->tg), dpar__free(&a, f->tstart);
     dpar__free(&a, f->ufirst), dpar__free(&a, f);
     return st;
@@ -7903,8 +7907,12 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
         if (f->stage == 2) {
             if (!f->tp) f->full = dpar__fsdp_alloc(f, f->total, f->ces);
         } else {
-            f->buf[0] = dpar__fsdp_alloc(f, f->maxc, f->ces);
-            f->buf[1] = dpar__fsdp_alloc(f, f->maxc, f->ces);
+            size_t second = 0; /* the second largest unit (the largest again when two tie) */
+            int big = 0;
+            for (u = 1; u < f->U; u++) big = f->count[u] > f->count[big] ? u : big;
+            for (u = 0; u < f->U; u++) second = u != big && f->count[u] > second ? f->count[u] : second;
+            f->cap = f->maxc + second;
+            f->buf[0] = f->buf[1] = dpar__fsdp_alloc(f, f->cap, f->ces);
             if (half) f->send[0] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
             if (half) f->send[1] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
         }
@@ -7963,6 +7971,17 @@ DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *f, int unit, float *full)
     return dpar_allgather(f->comm, f->p + f->soff[unit], full, f->count[unit], DPAR_F32);
 }
 
+/* stage 3: the elements held by the other slot than s (a unit, or gradients); whether n more fit beside them, and
+   if so, point buf[s] at their place (slot 1 flush with the arena's end) */
+static int dpar__fsdp_place(dpar_fsdp *f, int s, size_t n)
+{
+    int o = f->held[1 - s];
+    size_t m = o == -1 ? 0 : o == -2 ? f->count[f->gunit] : f->count[o];
+    if (n + m > f->cap) return 0;
+    if (s == 1) f->buf[1] = (char *)f->buf[0] + (f->cap - n) * f->ces;
+    return 1;
+}
+
 /* stage 3: start gathering `unit` into buf[slot] (async where the comm allows, else now) */
 static dpar_status dpar__fsdp_fetch(dpar_fsdp *f, int unit, int slot, int async)
 {
@@ -8018,6 +8037,10 @@ static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
                                  f->held[0], f->held[1]);
         }
         DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in the same order on every rank */
+        if (!dpar__fsdp_place(f, s, f->count[unit]))
+            return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: unit %d does not fit beside %s %d (release it)", unit,
+                             f->held[1 - s] == -2 ? "the gradients of unit" : "unit",
+                             f->held[1 - s] == -2 ? f->gunit : f->held[1 - s]);
         DPAR__TRY(dpar__fsdp_fetch(f, unit, s, 0));
     }
     f->taken[s] = 1;
@@ -8026,7 +8049,8 @@ static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
     dir = f->last < 0 || unit > f->last ? 1 : -1;
     f->last = unit;
     next = unit + dir;
-    if (next >= 0 && next < f->U && !f->req && f->held[1 - s] == -1) return dpar__fsdp_fetch(f, next, 1 - s, 1);
+    if (next >= 0 && next < f->U && !f->req && f->held[1 - s] == -1 && dpar__fsdp_place(f, 1 - s, f->count[next]))
+        return dpar__fsdp_fetch(f, next, 1 - s, 1); /* two different units always fit */
     return DPAR_OK;
 }
 
@@ -8090,7 +8114,7 @@ static dpar_status dpar__fsdp_grads(dpar_fsdp *f, int unit, void **grads)
     if (f->gunit >= 0)
         return dpar__err(DPAR_EBUSY, "dpar_fsdp_grads: unit %d's gradients are not reduced yet", f->gunit);
     /* stage 3: a free pooled buffer (the unit's own, released once backward no longer reads it), else the third */
-    for (s = 0; f->stage == 3 && s < 2 && f->held[s] != -1; s++) continue;
+    for (s = 0; f->stage == 3 && s < 2 && (f->held[s] != -1 || !dpar__fsdp_place(f, s, f->count[unit])); s++) continue;
     if (f->stage == 3 && s < 2) {
         f->held[s] = -2;
         at = f->buf[s];

@@ -122,10 +122,16 @@ static void fsdp_rank(world *w, dpar_comm *c, int r)
        released before the gradients are taken), plus stage 2's full parameters */
     expect_ok(w, dpar_fsdp_memory(f, &bytes, &peak), "memory", r);
     {
-        size_t total = 0, maxc = 0, words = k->kind == DPAR_OPTIM_ADAM ? 4 : 3, limit;
-        for (u = 0; u < FC_U; u++) total += fc_counts[u], maxc = fc_counts[u] > maxc ? fc_counts[u] : maxc;
-        limit = (words * 4 * total) / (size_t)w->n + (k->stage == 3 && k->release_first ? 2 : 3) * 4 * maxc +
-                (k->stage == 2 ? 4 * total : 0) + 4 * 4 * FC_U + 2048;
+        size_t total = 0, maxc = 0, second = 0, words = k->kind == DPAR_OPTIM_ADAM ? 4 : 3, limit;
+        for (u = 0; u < FC_U; u++) {
+            total += fc_counts[u];
+            if (fc_counts[u] > maxc) second = maxc, maxc = fc_counts[u];
+            else if (fc_counts[u] > second) second = fc_counts[u];
+        }
+        /* stage 3: one arena of the two largest units, and a third buffer when the gradients come before the
+           release; stage 2: the full parameters and one gradient buffer */
+        limit = (words * 4 * total) / (size_t)w->n + 4 * FC_U * 8 + 2048 +
+                (k->stage == 3 ? 4 * (maxc + second) + (k->release_first ? 0 : 4 * maxc) : 4 * total + 4 * maxc);
         if (bytes > limit || peak < bytes) note(w, "rank %d: %zu bytes held, limit %zu", r, bytes, limit);
     }
     expect_ok(w, dpar_fsdp_destroy(f), "destroy", r);
