@@ -104,7 +104,7 @@
      >>gemm       dpar_sgemm (OpenBLAS or built in), one GEMM over a pool          base, pool
      >>shard      shard plans: scatter, gather, all-gather of blocks               base, comm
      >>tp         tensor-parallel linear layers (Megatron)                         base, pool, gemm, shard
-     >>zero       ZeRO-1: sharded optimizer state                                  base, comm
+     >>zero       ZeRO-1: sharded optimizer state; dpar_tensor lists               base, comm
      >>fsdp       ZeRO-2 and ZeRO-3 (FSDP): sharded by unit, prefetched gathers     base, comm, zero
      >>pipe       pipeline schedules as checked data, the stage runner             base, comm
      >>dp         data-parallel helpers: sampler, gradient buckets                 base, transport, comm, async
