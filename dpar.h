@@ -7823,6 +7823,14 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
                     return dpar__err(DPAR_EINVAL,
                                      "dpar_fsdp_create: grads tensor %d has %zu elements, its parameter %zu", i,
                                      desc->grads[i].count, desc->params[i].count);
+            for (i = 0; i < n; i++) { /* a gradient over a parameter */
+                int k;
+                for (k = 0; k < n; k++)
+                    if (dpar__overlap(desc->grads[i].data, desc->grads[i].count * 4, desc->params[k].data,
+                                      desc->params[k].count * 4))
+                        return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: grads tensor %d overlaps params tensor %d", i,
+                                         k);
+            }
         }
         for (u = 0, i = 0; u < desc->num_units; u++) { /* unit_counts, when given, must agree */
             size_t sum = 0;

@@ -421,7 +421,10 @@ static void test_bad_lists(void)
         u[1].count = 19;
         CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && f == NULL &&
               strstr(dpar_last_error(), "grads tensor 1 has 19"));
-        u[1].count = 20, t[0].data = NULL;
+        u[1].count = 20, u[1].data = a + 10; /* a gradient over a parameter */
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL &&
+              strstr(dpar_last_error(), "grads tensor 1 overlaps params tensor 1"));
+        u[1].data = a + 20, t[0].data = NULL;
         CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && strstr(dpar_last_error(), "params tensor 0: data is NULL"));
         t[0].data = p, ut[1] = 0;
         CHECK(dpar_fsdp_create(&fd, &f) == DPAR_EINVAL && strstr(dpar_last_error(), "unit 1 has 0 tensors"));
