@@ -1171,11 +1171,13 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
 /* dpar_tensor: one array of a model where it lives (a weight matrix, a bias, their gradients), for the objects that
-   take a list of them instead of one flat array (dpar_zero_desc, dpar_buckets_desc), as PyTorch's DDP registers a
-   model's parameters. The list numbers the elements one after the other: tensor 0's, then tensor 1's...; that
-   numbering is the flat form's, so a list and a flat array of the same values train bitwise alike.
+   take a list of them instead of one flat array (dpar_zero_desc, dpar_fsdp_desc, dpar_buckets_desc), as PyTorch DDP
+   registers a model's parameters. The list numbers the elements one after the other: tensor 0's, then tensor 1's...;
+   that numbering is the flat form's, so a list and a flat array of the same values train bitwise alike.
    Rules:    data not NULL, count >= 1, dtype the one the object works in (DPAR_F32 = 0), no two tensors of a list
-             overlapping; the object keeps the pointers (not the data) until it is destroyed. */
+             overlapping; the object keeps the pointers (not the data) until it is destroyed (dpar_fsdp at stage 3
+             reads its params at create only).
+   See:      docs/data_parallel.md, 'Gradients where they live'; docs/model_parallel.md (ZeRO-1, FSDP). */
 typedef struct dpar_tensor {
     void *data;
     size_t count;
