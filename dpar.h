@@ -105,7 +105,7 @@
      >>gemm       dpar_sgemm (OpenBLAS or built in), one GEMM over a pool          base, pool
      >>shard      shard plans: scatter, gather, all-gather of blocks               base, comm
      >>tp         tensor-parallel linear layers (Megatron)                         base, pool, gemm, shard
-     >>zero       ZeRO-1: sharded optimizer state                                  base, comm
+     >>zero       ZeRO-1: sharded optimizer state; dpar_tensor lists               base, comm
      >>fsdp       ZeRO-2 and ZeRO-3 (FSDP): sharded by unit, prefetched gathers     base, comm, zero
      >>pipe       pipeline schedules as checked data, the stage runner             base, comm
      >>dp         data-parallel helpers: sampler, gradient buckets                 base, transport, comm, async
@@ -1171,6 +1171,20 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
    See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'. */
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
+/* dpar_tensor: one array of a model where it lives (a weight matrix, a bias, their gradients), for the objects that
+   take a list of them instead of one flat array (dpar_zero_desc, dpar_fsdp_desc, dpar_buckets_desc), as PyTorch DDP
+   registers a model's parameters. The list numbers the elements one after the other: tensor 0's, then tensor 1's...;
+   that numbering is the flat form's, so a list and a flat array of the same values train bitwise alike.
+   Rules:    data not NULL, count >= 1, dtype the one the object works in (DPAR_F32 = 0), no two tensors of a list
+             overlapping; the object keeps the pointers (not the data) until it is destroyed (dpar_fsdp at stage 3
+             reads its params at create only).
+   See:      docs/data_parallel.md, 'Gradients where they live'; docs/model_parallel.md (ZeRO-1, FSDP). */
+typedef struct dpar_tensor {
+    void *data;
+    size_t count;
+    dpar_dtype dtype; /* 0: DPAR_F32 */
+} dpar_tensor;
+
 /* dpar_zero_desc: how to make a ZeRO-1 optimizer; a zero field means its default. */
 typedef struct dpar_zero_desc {
     dpar_comm *comm;          /* required: the data-parallel ranks the state is cut over */
@@ -1182,19 +1196,27 @@ typedef struct dpar_zero_desc {
     float eps;                /* Adam; 0: 1e-8 */
     float weight_decay;       /* SGD: added to the gradient; Adam: decoupled (AdamW); 0: none */
     dpar_allocator allocator; /* the optimizer state's memory (zero: malloc/free) */
+    /* the tensor form (instead of flat arrays): the model's parameters and gradients where they live, f32, grads[i]
+       of params[i]'s count; count is then their total (or 0). dpar_zero_step(zero, NULL, NULL) steps on them */
+    const dpar_tensor *params, *grads;
+    int num_tensors;
 } dpar_zero_desc;
 
 typedef struct dpar_zero dpar_zero;
 
 /* dpar_zero_create: a ZeRO-1 optimizer for the desc's `count` parameters over the ranks of its comm.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, a bad kind, lr not positive, half an allocator),
-             DPAR_ENOMEM. On error *out is NULL.
+   Remarks:  the tensor form allocates one staging array of `count` floats at create (the collectives need the
+             gradients, then the parameters, contiguous): 4 bytes per parameter on top of the state.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, a bad kind, lr not positive, half an allocator; a bad
+             tensor list: NULL, a NULL data, a zero count, a dtype other than f32, two tensors overlapping, a gradient
+             whose count is not its parameter's, count not their total), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **out);
 /* dpar_zero_step: one optimizer step.
-   params:   count floats, the same on every rank; updated in place.
-   grads:    count floats, this rank's gradient; its own block is overwritten by the averaged gradient.
-   Returns:  DPAR_OK; DPAR_EINVAL (a NULL pointer); the comm's errors.
+   params:   count floats, the same on every rank; updated in place. NULL (with grads NULL): the desc's tensors.
+   grads:    count floats, this rank's gradient; its own block is overwritten by the averaged gradient (the tensor
+             form leaves the gradient tensors as they are: it reduces in its staging array).
+   Returns:  DPAR_OK; DPAR_EINVAL (a NULL pointer without tensors); the comm's errors.
    Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_zero_step(dpar_zero *zero, float *params, float *grads);
 /* dpar_zero_state_bytes / dpar_zero_shard: the bytes of optimizer state this rank holds / its block.
@@ -1220,15 +1242,24 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
    Stage 3:  only the shards are kept. dpar_fsdp_gather all-gathers a unit's parameters into one of two pooled
              buffers and starts gathering the next unit (in the direction of the calls: forward up, backward down)
              into the other, so the gather overlaps the unit's compute; dpar_fsdp_release gives the buffer back.
-   Per step: forward: for each unit gather, compute, release; backward, last unit first: gather, dpar_fsdp_grads (a
-             zeroed full-size gradient buffer), compute, dpar_fsdp_reduce, release; then dpar_fsdp_step. The pointers
-             your code gets are plain full-size arrays.
+   Per step: forward: for each unit gather, compute, release; backward, last unit first: gather, compute what reads the
+             parameters (the input's gradient), release, dpar_fsdp_grads (a zeroed full-size gradient buffer: at stage 3
+             the released unit's own), compute the parameters' gradients, dpar_fsdp_reduce; then dpar_fsdp_step. A
+             backward that reads the parameters and writes the gradients together takes the gradients before the
+             release (gather, grads, compute, reduce, release): it costs a third unit-sized buffer. The pointers your
+             code gets are plain full-size arrays.
    Results:  the reduce-scatter of a unit's gradients adds in the order of dpar_allreduce of the same count, so
              training ends bitwise identical to plain data parallelism that allreduces each unit's gradients (AVG) and
              applies the same optimizer (dpar_zero_step's math), for any number of ranks (tests/test_fsdp.c).
    Memory:   stage 3: (4 + 4 + 4 k) x params / N bytes (parameter, gradient and k optimizer words per parameter: SGD
-             k = 1, Adam k = 2) plus two pooled unit buffers and one gradient buffer of the largest unit; stage 2 keeps
-             4 x params of full parameters instead of the parameter shard. dpar_fsdp_memory reports what is held.
+             k = 1, Adam k = 2) plus one arena of the two largest units for the two pooled buffers (one at each end:
+             any two different units fit), which the gradients share when the unit is released before they are
+             taken (else a buffer of the largest unit, allocated at the first need and kept); stage 2 keeps 4 x
+             params of full parameters instead of the parameter shard, and one gradient buffer of the largest unit.
+             16-bit compute with an f32 reduction adds an f32 buffer of the largest unit. dpar_fsdp_memory reports
+             what is held.
+   Tensors:  a model of separate arrays lists them (desc.params, .grads, .unit_tensors; dpar_fsdp_gather_tensors):
+             no repacking, bitwise the flat form.
    See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'. */
 typedef struct dpar_fsdp dpar_fsdp;
 
@@ -1252,11 +1283,23 @@ typedef struct dpar_fsdp_desc {
                                 it); 0: 1, or 65536 with compute f16 */
     int static_loss_scale;   /* 1: never change it. Else, with compute f16, it is dynamic: halved when a step is
                                 skipped, doubled after 1000 steps without one */
+    /* the tensor form (f32 compute): the model's arrays, unit u being the next unit_tensors[u] of the lists (then
+       unit_counts may be NULL; given, it must agree). params: their values at create are the initial parameters
+       (dpar_fsdp_set_params not needed); stage 2 keeps the full parameters in them (all-gathered into after each
+       step: no copy of its own), stage 3 reads them at create only. grads (optional): where backward writes each
+       unit's gradients; dpar_fsdp_reduce reads them there (a unit of one tensor in place: this rank's block is
+       overwritten by the average; else through the unit buffer dpar_fsdp_grads would have given), and
+       dpar_fsdp_grads is refused. dpar_fsdp_gather_tensors gives the unit's parameters tensor by tensor */
+    const dpar_tensor *params, *grads;
+    const int *unit_tensors;
 } dpar_fsdp_desc;
 
-/* dpar_fsdp_create: make this rank's part of a sharded model; its parameters start at zero (dpar_fsdp_set_params).
+/* dpar_fsdp_create: make this rank's part of a sharded model; its parameters start at zero (dpar_fsdp_set_params), or
+   at the desc's params tensors.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm, unit_counts or out, num_units < 1, a stage other than 2 or 3, a bad
-             kind, lr not positive, half an allocator), DPAR_ENOMEM. On error *out is NULL.
+             kind, lr not positive, half an allocator; the tensor form: a bad list (a NULL data, a zero count, a dtype
+             other than f32, overlapping tensors, a gradient whose count is not its parameter's), a unit of no tensor,
+             unit_counts that disagree, 16-bit compute), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **out);
 /* dpar_fsdp_set_params / dpar_fsdp_get_params: copy a unit's full parameters in (every rank passes the same values:
@@ -1272,6 +1315,12 @@ DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *fsdp, int unit, float *full
              comm's errors.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *fsdp, int unit, float **params);
+/* dpar_fsdp_gather_tensors: dpar_fsdp_gather, the unit's parameters given tensor by tensor: views[i] is the unit's
+   tensor i (the desc's unit_tensors[unit] of them; without the tensor form, one: the whole unit). At stage 2 with the
+   tensor form they are the desc's own arrays; else they point into the gathered buffer. Release as after gather.
+   Returns:  as dpar_fsdp_gather.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_gather_tensors(dpar_fsdp *fsdp, int unit, float **views);
 /* dpar_fsdp_gather16 / dpar_fsdp_grads16: the same with 16-bit compute (desc->compute DPAR_BF16 or DPAR_F16: bf16 or
    IEEE half bits, as dpar_f32_to_bf16 / dpar_f32_to_f16 round). The f32 calls refuse a 16-bit fsdp and the reverse.
    Thread safety: the rank's thread. */
@@ -1281,13 +1330,17 @@ DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *fsdp, int unit, uint16_t **gra
    Returns:  DPAR_OK; DPAR_EINVAL (the unit is not held).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *fsdp, int unit);
-/* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit.
+/* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit (refused
+   with the tensor form's grads: backward writes those).
+   Remarks:  stage 3: a pooled buffer that no unit holds and that fits beside the other (after dpar_fsdp_release of
+             this unit: its place), so the gradients cost no memory of their own; else (taken before the release) a
+             third buffer of the largest unit, allocated on that first need and kept until destroy.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL arguments, a unit out of range), DPAR_EBUSY (another unit's gradients are not
-             reduced yet).
+             reduced yet), DPAR_ENOMEM (the third buffer).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *fsdp, int unit, float **grads);
 /* dpar_fsdp_reduce: reduce-scatter the unit's gradients (the average over ranks) and add this rank's block to its
-   gradient shard; the gradient buffer goes back to the pool.
+   gradient shard; the gradient buffer goes back to the pool (a pooled one is free for the next gather).
    Returns:  DPAR_OK; DPAR_EINVAL (the unit's gradients were not taken with dpar_fsdp_grads); the comm's errors.
    Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *fsdp, int unit);
@@ -1492,13 +1545,20 @@ typedef struct dpar_buckets_desc {
     dpar_comm *comm; /* required: the data-parallel comm the buckets are reduced over */
     float *grads;    /* the flat gradients, count floats (required when count > 0) */
     size_t count;
+    /* or the tensor form: the gradients where they live (f32; grads NULL, count 0 or their total). A bucket that
+       lies inside one tensor is reduced there; one that spans tensors is copied into a staging array made at
+       create (at most the total), reduced, and copied back when it is waited for */
+    const dpar_tensor *tensors;
+    int num_tensors;
     size_t bucket_bytes;      /* the size of a bucket, about; 0: 4 MiB */
     dpar_op op;               /* default DPAR_SUM; usually DPAR_AVG */
     dpar_allocator allocator; /* the buckets' own memory (zero: malloc/free, not the comm's) */
 } dpar_buckets_desc;
-/* dpar_buckets_create: cut the desc's `count` gradients at `grads` into buckets reduced over its comm with `op`.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, NULL grads with count > 0, a bad op, half an allocator),
-             DPAR_ENOMEM. On error *out is NULL.
+/* dpar_buckets_create: cut the desc's `count` gradients at `grads` (or its tensors, numbered one after the other)
+   into buckets reduced over its comm with `op`.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm or out, NULL grads with count > 0, a bad op, half an allocator; a
+             bad tensor list: a NULL data, a zero count, a dtype other than f32, two tensors overlapping, grads given
+             too, count not their total), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buckets **out);
 /* dpar_buckets_ready: grads[offset, offset + count) are final for this step; full buckets start at once.
@@ -1506,6 +1566,11 @@ DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buc
              comm's errors.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t count);
+/* dpar_buckets_ready_tensor: the tensor form's tensor `index` is final for this step (dpar_buckets_ready of its
+   elements in the numbering).
+   Returns:  as dpar_buckets_ready; DPAR_EINVAL (no tensor `index`).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_ready_tensor(dpar_buckets *b, int index);
 /* dpar_buckets_wait: wait for every bucket and end the step; the next dpar_buckets_ready starts the next one.
    Returns:  DPAR_OK; DPAR_EINVAL naming the range when some gradients were never marked (then nothing is
              reduced); the comm's errors.
@@ -1534,7 +1599,8 @@ typedef void (*dpar_buckets_update_fn)(void *user, size_t offset, size_t count);
    Marking:  a parameter may change as soon as its gradient is marked ready: mark a layer ready only once
              backward no longer reads its weights (compute its input gradient first).
    Returns:  DPAR_OK; DPAR_EBUSY (gradients of this step are marked: call it between steps; or direct buckets
-             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads).
+             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads),
+             DPAR_EUNSUPPORTED (the tensor form: not yet).
    Thread safety: the rank's thread.
    See:      docs/data_parallel.md, 'Buckets that update the parameters too'. */
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user);
@@ -1548,7 +1614,8 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpa
              rank's memory.
    Results:  as without it (the reduction order may differ); not counted in dpar_comm_stats, not seen by the
              contract checker.
-   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm); DPAR_EINVAL on every rank when their counts, bucket sizes,
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm, or the tensor form: not yet); DPAR_EINVAL on every rank when
+             their counts, bucket sizes,
              ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the comm is poisoned, the
              others do not wait); DPAR_ENOMEM.
    Thread safety: the rank's thread; collective: every rank calls it with the same `on`, between steps, after
@@ -7465,12 +7532,72 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *l)
 }
 
 /* >>zero: ZeRO-1: sharded optimizer state ------------------------------------------------------- */
+/* a list of tensors (dpar_tensor): checked, and numbered one after the other: tensor i is [start[i], start[i + 1]) */
+static dpar_status dpar__tensors_check(const char *fn, const char *what, const dpar_tensor *t, int n, dpar_dtype want,
+                                       size_t *total)
+{
+    int i, j;
+    size_t sz = dpar_dtype_size(want), sum = 0;
+    if (n < 0 || (n > 0 && !t)) return dpar__err(DPAR_EINVAL, "%s: %s: %d tensors at %p", fn, what, n, (const void *)t);
+    for (i = 0; i < n; i++) {
+        if (!t[i].data || !t[i].count)
+            return dpar__err(DPAR_EINVAL, "%s: %s tensor %d: %s", fn, what, i,
+                             !t[i].data ? "data is NULL" : "count is 0");
+        if (t[i].dtype != want)
+            return dpar__err(DPAR_EINVAL, "%s: %s tensor %d is %s; this object works in %s", fn, what, i,
+                             dpar_dtype_name(t[i].dtype), dpar_dtype_name(want));
+        if (t[i].count > ((size_t)-1 - sum) / sz)
+            return dpar__err(DPAR_EINVAL, "%s: %s: the tensors' sizes overflow", fn, what);
+        sum += t[i].count;
+        for (j = 0; j < i; j++) /* once, at create: n^2 / 2 comparisons */
+            if (dpar__overlap(t[i].data, t[i].count * sz, t[j].data, t[j].count * sz))
+                return dpar__err(DPAR_EINVAL, "%s: %s tensors %d and %d overlap", fn, what, j, i);
+    }
+    if (total) *total = sum;
+    return DPAR_OK;
+}
+/* the tensor holding element x of the numbering (start: n + 1 offsets) */
+static int dpar__tensor_at(const size_t *start, int n, size_t x)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+/* copy elements [lo, hi) of the numbering between the tensors and flat[0, hi - lo) (in: tensors to flat) */
+static void dpar__tensors_copy(const dpar_tensor *t, const size_t *start, int n, float *flat, size_t lo, size_t hi,
+                               int in)
+{
+    int i = lo < hi ? dpar__tensor_at(start, n, lo) : n;
+    for (; i < n && start[i] < hi; i++) {
+        size_t a = start[i] > lo ? start[i] : lo, e = start[i + 1] < hi ? start[i + 1] : hi;
+        float *at = (float *)t[i].data + (a - start[i]);
+        if (in) memcpy(flat + (a - lo), at, (e - a) * sizeof(float));
+        else memcpy(at, flat + (a - lo), (e - a) * sizeof(float));
+    }
+}
+/* the numbering's offsets of a checked list: n + 1 of them */
+static size_t *dpar__tensors_number(const dpar_allocator *a, const dpar_tensor *t, int n)
+{
+    size_t *start = (size_t *)dpar__calloc(a, (size_t)n + 1, sizeof(size_t));
+    int i;
+    for (i = 0; start && i < n; i++) start[i + 1] = start[i] + t[i].count;
+    return start;
+}
+
 struct dpar_zero {
     dpar_comm *comm;
     dpar_zero_desc d;
     size_t count, off, len;
     float *m, *v; /* SGD: m is the momentum; Adam: the two moments. len floats each */
     long step;
+    dpar_tensor *tp, *tg; /* the tensor form: the parameters and gradients (nt each), numbered by tstart */
+    size_t *tstart;
+    int nt;
+    float *stage; /* the tensor form: count floats, the gradients then the parameters, contiguous */
 };
 
 DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **out)
@@ -7493,6 +7620,47 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
     if (z->d.beta2 == 0) z->d.beta2 = 0.999f;
     if (z->d.eps == 0) z->d.eps = 1e-8f;
     z->count = desc->count;
+    z->d.params = z->d.grads = NULL;
+    if (desc->num_tensors || desc->params || desc->grads) { /* the tensor form */
+        size_t total = 0, gtotal = 0;
+        int i, n = desc->num_tensors;
+        dpar_status st = dpar__tensors_check("dpar_zero_create", "params", desc->params, n, DPAR_F32, &total);
+        if (st == DPAR_OK) st = dpar__tensors_check("dpar_zero_create", "grads", desc->grads, n, DPAR_F32, &gtotal);
+        for (i = 0; st == DPAR_OK && i < n; i++)
+            if (desc->grads[i].count != desc->params[i].count)
+                st = dpar__err(DPAR_EINVAL, "dpar_zero_create: grads tensor %d has %zu elements, its parameter %zu", i,
+                               desc->grads[i].count, desc->params[i].count);
+        if (st == DPAR_OK && n < 1) st = dpar__err(DPAR_EINVAL, "dpar_zero_create: num_tensors is %d", n);
+        if (st == DPAR_OK && desc->count && desc->count != total)
+            st = dpar__err(DPAR_EINVAL, "dpar_zero_create: count is %zu, the tensors hold %zu", desc->count, total);
+        if (st == DPAR_OK) /* one list of both: a gradient must not overlap any parameter either */
+            for (i = 0; st == DPAR_OK && i < n; i++) {
+                int j;
+                for (j = 0; j < n; j++)
+                    if (dpar__overlap(desc->grads[i].data, desc->grads[i].count * 4, desc->params[j].data,
+                                      desc->params[j].count * 4)) {
+                        st =
+                            dpar__err(DPAR_EINVAL, "dpar_zero_create: grads tensor %d overlaps params tensor %d", i, j);
+                        break;
+                    }
+            }
+        if (st != DPAR_OK) {
+            dpar__free(&desc->allocator, z);
+            return st;
+        }
+        z->count = total;
+        z->nt = n;
+        z->tp = (dpar_tensor *)dpar__calloc(&desc->allocator, (size_t)n, sizeof(dpar_tensor));
+        z->tg = (dpar_tensor *)dpar__calloc(&desc->allocator, (size_t)n, sizeof(dpar_tensor));
+        z->tstart = dpar__tensors_number(&desc->allocator, desc->params, n);
+        z->stage = (float *)dpar__calloc(&desc->allocator, total, sizeof(float));
+        if (!z->tp || !z->tg || !z->tstart || !z->stage) {
+            dpar_zero_destroy(z);
+            return dpar__err(DPAR_ENOMEM, "dpar_zero_create: out of memory");
+        }
+        memcpy(z->tp, desc->params, (size_t)n * sizeof(dpar_tensor));
+        memcpy(z->tg, desc->grads, (size_t)n * sizeof(dpar_tensor));
+    }
     dpar_block_range(z->count, dp->size, dp->rank, &z->off, &z->len);
     z->m = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
     if (desc->kind == DPAR_OPTIM_ADAM) z->v = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
@@ -7504,32 +7672,55 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
     return DPAR_OK;
 }
 
-DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
+/* the optimizer on n elements of this rank's block, from element `at` of it (m, v: the state there) */
+static void dpar__zero_update(const dpar_zero *z, float *p, const float *g, size_t at, size_t n)
 {
-    float *g, *p;
+    float *m = z->m + at, *v = z->v ? z->v + at : NULL;
     size_t i;
-    if (!z || (z->count && (!params || !grads))) return dpar__err(DPAR_EINVAL, "dpar_zero_step: a pointer is NULL");
-    /* my block of the averaged gradient, in place: grads + off */
-    DPAR__TRY(dpar_reduce_scatter(z->comm, grads, grads + z->off, z->count, DPAR_F32, DPAR_AVG));
-    g = grads + z->off;
-    p = params + z->off;
-    z->step++;
     if (z->d.kind == DPAR_OPTIM_SGD) {
         float lr = z->d.lr, mu = z->d.momentum, wd = z->d.weight_decay;
-        for (i = 0; i < z->len; i++) {
+        for (i = 0; i < n; i++) {
             float gi = g[i] + wd * p[i];
-            z->m[i] = mu * z->m[i] + gi;
-            p[i] -= lr * z->m[i];
+            m[i] = mu * m[i] + gi;
+            p[i] -= lr * m[i];
         }
     } else {
         float lr = z->d.lr, b1 = z->d.beta1, b2 = z->d.beta2, eps = z->d.eps, wd = z->d.weight_decay;
         float c1 = 1.0f - powf(b1, (float)z->step), c2 = 1.0f - powf(b2, (float)z->step);
-        for (i = 0; i < z->len; i++) {
-            z->m[i] = b1 * z->m[i] + (1.0f - b1) * g[i];
-            z->v[i] = b2 * z->v[i] + (1.0f - b2) * g[i] * g[i];
-            p[i] -= lr * ((z->m[i] / c1) / (sqrtf(z->v[i] / c2) + eps) + wd * p[i]);
+        for (i = 0; i < n; i++) {
+            m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+            p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
         }
     }
+}
+
+DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
+{
+    if (!z || (z->count && (!params || !grads) && !(z->tp && !params && !grads)))
+        return dpar__err(DPAR_EINVAL, "dpar_zero_step: a pointer is NULL%s",
+                         z && !z->tp ? " (only the tensor form steps on NULL, NULL)" : "");
+    if (z->tp && !params) { /* the tensor form: the same collectives on the staging array */
+        size_t lo = z->off, hi = z->off + z->len;
+        int i;
+        dpar__tensors_copy(z->tg, z->tstart, z->nt, z->stage, 0, z->count, 1);
+        DPAR__TRY(dpar_reduce_scatter(z->comm, z->stage, z->stage + z->off, z->count, DPAR_F32, DPAR_AVG));
+        z->step++;
+        for (i = lo < hi ? dpar__tensor_at(z->tstart, z->nt, lo) : z->nt; i < z->nt && z->tstart[i] < hi; i++) {
+            size_t a = z->tstart[i] > lo ? z->tstart[i] : lo, e = z->tstart[i + 1] < hi ? z->tstart[i + 1] : hi;
+            float *p = (float *)z->tp[i].data + (a - z->tstart[i]);
+            dpar__zero_update(z, p, z->stage + a, a - lo, e - a);
+            memcpy(z->stage + a, p, (e - a) * sizeof(float)); /* my block of the parameters, for the all-gather */
+        }
+        DPAR__TRY(dpar_allgather(z->comm, z->stage + z->off, z->stage, z->count, DPAR_F32));
+        dpar__tensors_copy(z->tp, z->tstart, z->nt, z->stage, 0, lo, 0); /* the others' blocks */
+        dpar__tensors_copy(z->tp, z->tstart, z->nt, z->stage + hi, hi, z->count, 0);
+        return DPAR_OK;
+    }
+    /* my block of the averaged gradient, in place: grads + off */
+    DPAR__TRY(dpar_reduce_scatter(z->comm, grads, grads + z->off, z->count, DPAR_F32, DPAR_AVG));
+    z->step++;
+    dpar__zero_update(z, params + z->off, grads + z->off, 0, z->len);
     /* everyone's blocks of the parameters, in place */
     return dpar_allgather(z->comm, params + z->off, params, z->count, DPAR_F32);
 }
@@ -7552,6 +7743,10 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
     a = z->d.allocator;
     dpar__free(&a, z->m);
     dpar__free(&a, z->v);
+    dpar__free(&a, z->tp);
+    dpar__free(&a, z->tg);
+    dpar__free(&a, z->tstart);
+    dpar__free(&a, z->stage);
     dpar__free(&a, z);
     return DPAR_OK;
 }
@@ -7572,18 +7767,28 @@ struct dpar_fsdp {
     size_t slen, maxc, maxlen, total;        /* the shards' length; the largest unit and block; all parameters */
     float *p, *g, *m, *v;                    /* shards: parameters (master), gradients, optimizer state */
     void *full;                              /* stage 2: every unit's full parameters, in the compute type */
-    void *buf[2];                            /* stage 3: the pooled unit buffers (compute type) */
-    void *send[2];                           /* stage 3, 16-bit: this rank's block converted, per buffer */
-    int held[2], taken[2];                   /* the unit in buf[i] (-1: none); taken: gathered by the caller */
-    dpar_request *req;                       /* the prefetch in flight, into buf[req_slot] */
+    void *buf[2];                            /* stage 3: the two pooled unit buffers (compute type), both in one
+                                                arena of the two largest units (cap elements): buf[0] at its start,
+                                                buf[1] flush with its end (it moves with what it holds) */
+    size_t cap;
+    void *send[2];         /* stage 3, 16-bit: this rank's block converted, per buffer */
+    int held[2], taken[2]; /* the unit in buf[i] (-1: none); taken: gathered by the caller */
+    dpar_request *req;     /* the prefetch in flight, into buf[req_slot] */
     int req_slot, no_async, last;
-    void *gbuf;              /* the gradient buffer (compute type) of unit gunit (-1: free) */
+    void *gbuf;              /* the gradients of unit gunit (-1: none): buf[gslot] when that was free (stage 3), else
+                                the third buffer gbuf (stage 2: made at create; stage 3: at the first need, kept) */
+    int gslot;               /* 0 or 1: the gradients are in buf[gslot] (held[gslot] = -2); 2: in gbuf */
     float *gwide;            /* 16-bit compute reduced in f32: the gradients widened */
     int gunit, bad, dynamic; /* bad: an inf or NaN gradient on this rank this step */
     float scale;
     long good, skipped;
     size_t bytes;
     long step;
+    /* the tensor form: the params and grads lists (tg NULL: none), numbered by tstart; unit u is tensors
+       ufirst[u] .. ufirst[u + 1] - 1. At stage 2 tp holds the full parameters (full is NULL) */
+    dpar_tensor *tp, *tg;
+    size_t *tstart;
+    int *ufirst, nt;
 };
 
 static void *dpar__fsdp_alloc(dpar_fsdp *f, size_t n, size_t size)
@@ -7637,8 +7842,9 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
     dpar__free(&a, f->count), dpar__free(&a, f->off), dpar__free(&a, f->len), dpar__free(&a, f->soff);
     dpar__free(&a, f->foff), dpar__free(&a, f->fresh), dpar__free(&a, f->p), dpar__free(&a, f->g);
     dpar__free(&a, f->m), dpar__free(&a, f->v), dpar__free(&a, f->full), dpar__free(&a, f->buf[0]);
-    dpar__free(&a, f->buf[1]), dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
-    dpar__free(&a, f->gwide), dpar__free(&a, f);
+    dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
+    dpar__free(&a, f->gwide), dpar__free(&a, f->tp), dpar__free(&a, f->tg), dpar__free(&a, f->tstart);
+    dpar__free(&a, f->ufirst), dpar__free(&a, f);
     return st;
 }
 
@@ -7649,8 +7855,45 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     int u, ok, half;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: out is NULL");
     *out = NULL;
-    if (!desc || !desc->comm || !desc->unit_counts || desc->num_units < 1)
+    if (!desc || !desc->comm || (!desc->unit_counts && !desc->params) || desc->num_units < 1)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: desc, comm or unit_counts is NULL, or num_units < 1");
+    if (desc->params || desc->grads || desc->unit_tensors) { /* the tensor form */
+        int n = 0, i;
+        for (u = 0; desc->unit_tensors && u < desc->num_units; u++) {
+            if (desc->unit_tensors[u] < 1 || desc->unit_tensors[u] > INT_MAX - n)
+                return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: unit %d has %d tensors (at least 1)", u,
+                                 desc->unit_tensors[u]);
+            n += desc->unit_tensors[u];
+        }
+        if (!desc->params || !desc->unit_tensors || desc->compute != DPAR_F32)
+            return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: the tensor form needs params and unit_tensors%s",
+                             desc->compute != DPAR_F32 ? ", and f32 compute (16-bit: not yet)" : "");
+        DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "params", desc->params, n, DPAR_F32, NULL));
+        if (desc->grads) {
+            DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "grads", desc->grads, n, DPAR_F32, NULL));
+            for (i = 0; i < n; i++)
+                if (desc->grads[i].count != desc->params[i].count)
+                    return dpar__err(DPAR_EINVAL,
+                                     "dpar_fsdp_create: grads tensor %d has %zu elements, its parameter %zu", i,
+                                     desc->grads[i].count, desc->params[i].count);
+            for (i = 0; i < n; i++) { /* a gradient over a parameter */
+                int k;
+                for (k = 0; k < n; k++)
+                    if (dpar__overlap(desc->grads[i].data, desc->grads[i].count * 4, desc->params[k].data,
+                                      desc->params[k].count * 4))
+                        return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: grads tensor %d overlaps params tensor %d", i,
+                                         k);
+            }
+        }
+        for (u = 0, i = 0; u < desc->num_units; u++) { /* unit_counts, when given, must agree */
+            size_t sum = 0;
+            int e = i + desc->unit_tensors[u];
+            for (; i < e; i++) sum += desc->params[i].count;
+            if (desc->unit_counts && desc->unit_counts[u] != sum)
+                return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: unit %d: unit_counts says %zu, its tensors hold %zu",
+                                 u, desc->unit_counts[u], sum);
+        }
+    }
     if ((desc->stage != 0 && desc->stage != 2 && desc->stage != 3) || (unsigned)desc->kind > 1 || !(desc->lr > 0))
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: stage %d (2 or 3), kind %d, lr %g (positive)", desc->stage,
                          (int)desc->kind, (double)desc->lr);
@@ -7667,6 +7910,8 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     f->bytes = sizeof *f;
     f->d = *desc;
     f->d.unit_counts = NULL;
+    f->d.params = f->d.grads = NULL;
+    f->d.unit_tensors = NULL;
     if (f->d.beta1 == 0) f->d.beta1 = 0.9f;
     if (f->d.beta2 == 0) f->d.beta2 = 0.999f;
     if (f->d.eps == 0) f->d.eps = 1e-8f;
@@ -7686,8 +7931,24 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     f->foff = (size_t *)dpar__fsdp_alloc(f, (size_t)f->U, sizeof(size_t));
     f->fresh = (unsigned char *)dpar__fsdp_alloc(f, (size_t)f->U, 1);
     ok = f->count && f->off && f->len && f->soff && f->foff && f->fresh;
+    if (ok && desc->params) { /* the tensor form: the lists and their numbering, kept */
+        int n = 0;
+        for (u = 0; u < f->U; u++) n += desc->unit_tensors[u];
+        f->nt = n;
+        f->tp = (dpar_tensor *)dpar__fsdp_alloc(f, (size_t)n, sizeof(dpar_tensor));
+        if (desc->grads) f->tg = (dpar_tensor *)dpar__fsdp_alloc(f, (size_t)n, sizeof(dpar_tensor));
+        f->ufirst = (int *)dpar__fsdp_alloc(f, (size_t)f->U + 1, sizeof(int));
+        f->tstart = (size_t *)dpar__fsdp_alloc(f, (size_t)n + 1, sizeof(size_t));
+        ok = f->tp && (!desc->grads || f->tg) && f->ufirst && f->tstart;
+        if (ok) {
+            memcpy(f->tp, desc->params, (size_t)n * sizeof(dpar_tensor));
+            if (f->tg) memcpy(f->tg, desc->grads, (size_t)n * sizeof(dpar_tensor));
+            for (n = 0; n < f->nt; n++) f->tstart[n + 1] = f->tstart[n] + f->tp[n].count;
+            for (u = 0; u < f->U; u++) f->ufirst[u + 1] = f->ufirst[u] + desc->unit_tensors[u];
+        }
+    }
     for (u = 0; ok && u < f->U; u++) {
-        f->count[u] = desc->unit_counts[u];
+        f->count[u] = f->tp ? f->tstart[f->ufirst[u + 1]] - f->tstart[f->ufirst[u]] : desc->unit_counts[u];
         dpar_block_range(f->count[u], c->size, c->rank, &f->off[u], &f->len[u]);
         f->soff[u] = f->slen;
         f->foff[u] = f->total;
@@ -7701,20 +7962,31 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
         f->g = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         f->m = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->d.kind == DPAR_OPTIM_ADAM) f->v = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
-        f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces);
+        if (f->stage == 2) f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces);
         if (half && f->rt == DPAR_F32) f->gwide = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
-        if (f->stage == 3 || half) f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
+        if (f->stage == 3 || half || f->tp) f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
         if (f->stage == 2) {
-            f->full = dpar__fsdp_alloc(f, f->total, f->ces);
+            if (!f->tp) f->full = dpar__fsdp_alloc(f, f->total, f->ces);
         } else {
-            f->buf[0] = dpar__fsdp_alloc(f, f->maxc, f->ces);
-            f->buf[1] = dpar__fsdp_alloc(f, f->maxc, f->ces);
+            size_t second = 0; /* the second largest unit (the largest again when two tie) */
+            int big = 0;
+            for (u = 1; u < f->U; u++) big = f->count[u] > f->count[big] ? u : big;
+            for (u = 0; u < f->U; u++) second = u != big && f->count[u] > second ? f->count[u] : second;
+            f->cap = f->maxc + second;
+            f->buf[0] = f->buf[1] = dpar__fsdp_alloc(f, f->cap, f->ces);
             if (half) f->send[0] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
             if (half) f->send[1] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
         }
-        ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && f->gbuf &&
-             (!half || f->rt != DPAR_F32 || f->gwide) && ((f->stage != 3 && !half) || f->p) &&
-             (f->stage == 2 ? f->full != NULL : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
+        ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && (f->stage == 3 || f->gbuf) &&
+             (!half || f->rt != DPAR_F32 || f->gwide) && ((f->stage != 3 && !half && !f->tp) || f->p) &&
+             (f->stage == 2 ? f->full != NULL || f->tp
+                            : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
+    }
+    if (ok && f->tp) { /* the initial parameters: this rank's block of each unit */
+        for (u = 0; u < f->U; u++)
+            dpar__tensors_copy(f->tp, f->tstart, f->nt, f->p + f->soff[u], f->foff[u] + f->off[u],
+                               f->foff[u] + f->off[u] + f->len[u], 1);
+        /* stage 3 reads them here only; the list is kept for the tensors' counts (dpar_fsdp_gather_tensors) */
     }
     if (!ok) {
         dpar_fsdp_destroy(f);
@@ -7743,7 +8015,9 @@ DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *f
     if (f->held[0] >= 0 || f->held[1] >= 0)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_set_params: a unit is gathered or being gathered");
     if (f->p) memcpy(f->p + f->soff[unit], full + f->off[unit], f->len[unit] * sizeof(float));
-    if (f->stage == 2) dpar__fsdp_narrow((char *)f->full + f->foff[unit] * f->ces, full, f->count[unit], f->ct);
+    if (f->stage == 2 && f->tp) /* the tensors are the full copy (f32) */
+        dpar__tensors_copy(f->tp, f->tstart, f->nt, (float *)full, f->foff[unit], f->foff[unit] + f->count[unit], 0);
+    else if (f->stage == 2) dpar__fsdp_narrow((char *)f->full + f->foff[unit] * f->ces, full, f->count[unit], f->ct);
     return DPAR_OK;
 }
 
@@ -7756,6 +8030,17 @@ DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *f, int unit, float *full)
     }
     DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in order on every rank */
     return dpar_allgather(f->comm, f->p + f->soff[unit], full, f->count[unit], DPAR_F32);
+}
+
+/* stage 3: the elements held by the other slot than s (a unit, or gradients); whether n more fit beside them, and
+   if so, point buf[s] at their place (slot 1 flush with the arena's end) */
+static int dpar__fsdp_place(dpar_fsdp *f, int s, size_t n)
+{
+    int o = f->held[1 - s];
+    size_t m = o == -1 ? 0 : o == -2 ? f->count[f->gunit] : f->count[o];
+    if (n + m > f->cap) return 0;
+    if (s == 1) f->buf[1] = (char *)f->buf[0] + (f->cap - n) * f->ces;
+    return 1;
 }
 
 /* stage 3: start gathering `unit` into buf[slot] (async where the comm allows, else now) */
@@ -7788,6 +8073,15 @@ static dpar_status dpar__fsdp_fetch(dpar_fsdp *f, int unit, int slot, int async)
 static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
 {
     int s, next, dir;
+    if (f->stage == 2 && f->tp) { /* the unit's own array, when it is one */
+        if (f->ufirst[unit + 1] - f->ufirst[unit] != 1)
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_fsdp_gather: unit %d is %d tensors, not one array (at stage 2 they are "
+                             "yours: dpar_fsdp_gather_tensors names them)",
+                             unit, f->ufirst[unit + 1] - f->ufirst[unit]);
+        *params = f->tp[f->ufirst[unit]].data;
+        return DPAR_OK;
+    }
     if (f->stage == 2) {
         *params = (char *)f->full + f->foff[unit] * f->ces;
         return DPAR_OK;
@@ -7796,14 +8090,18 @@ static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
     if (s < 2 && f->req && f->req_slot == s) DPAR__TRY(dpar__fsdp_settle(f)); /* prefetched: wait for it */
     if (s < 2 && f->held[s] != unit) s = 2;                                   /* its gather failed */
     if (s == 2) { /* not prefetched: a free buffer, or the one a useless prefetch holds */
-        for (s = 0; s < 2 && f->held[s] >= 0; s++) continue;
+        for (s = 0; s < 2 && f->held[s] != -1; s++) continue;
         if (s == 2) {
-            for (s = 0; s < 2 && f->taken[s]; s++) continue;
+            for (s = 0; s < 2 && (f->held[s] < 0 || f->taken[s]); s++) continue; /* not lent to gradients */
             if (s == 2)
-                return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: units %d and %d are held (release one)", f->held[0],
-                                 f->held[1]);
+                return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: units %d and %d are held (release one; -2: gradients)",
+                                 f->held[0], f->held[1]);
         }
         DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in the same order on every rank */
+        if (!dpar__fsdp_place(f, s, f->count[unit]))
+            return dpar__err(DPAR_EBUSY, "dpar_fsdp_gather: unit %d does not fit beside %s %d (release it)", unit,
+                             f->held[1 - s] == -2 ? "the gradients of unit" : "unit",
+                             f->held[1 - s] == -2 ? f->gunit : f->held[1 - s]);
         DPAR__TRY(dpar__fsdp_fetch(f, unit, s, 0));
     }
     f->taken[s] = 1;
@@ -7812,7 +8110,8 @@ static dpar_status dpar__fsdp_gather(dpar_fsdp *f, int unit, void **params)
     dir = f->last < 0 || unit > f->last ? 1 : -1;
     f->last = unit;
     next = unit + dir;
-    if (next >= 0 && next < f->U && !f->req && f->held[1 - s] < 0) return dpar__fsdp_fetch(f, next, 1 - s, 1);
+    if (next >= 0 && next < f->U && !f->req && f->held[1 - s] == -1 && dpar__fsdp_place(f, 1 - s, f->count[next]))
+        return dpar__fsdp_fetch(f, next, 1 - s, 1); /* two different units always fit */
     return DPAR_OK;
 }
 
@@ -7831,6 +8130,21 @@ DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
     DPAR__TRY(dpar__fsdp_typed(f, unit, params, 0, "dpar_fsdp_gather"));
     DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
     *params = (float *)p;
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_fsdp_gather_tensors(dpar_fsdp *f, int unit, float **views)
+{
+    void *p = NULL;
+    int i;
+    DPAR__TRY(dpar__fsdp_typed(f, unit, views, 0, "dpar_fsdp_gather_tensors"));
+    if (!f->tp) return dpar_fsdp_gather(f, unit, views);
+    if (f->stage == 2) {
+        for (i = f->ufirst[unit]; i < f->ufirst[unit + 1]; i++) views[i - f->ufirst[unit]] = (float *)f->tp[i].data;
+        return DPAR_OK;
+    }
+    DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
+    for (i = f->ufirst[unit]; i < f->ufirst[unit + 1]; i++)
+        views[i - f->ufirst[unit]] = (float *)p + (f->tstart[i] - f->foff[unit]);
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_fsdp_gather16(dpar_fsdp *f, int unit, uint16_t **params)
@@ -7856,17 +8170,34 @@ DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *f, int unit)
 
 static dpar_status dpar__fsdp_grads(dpar_fsdp *f, int unit, void **grads)
 {
+    int s;
+    void *at;
     if (f->gunit >= 0)
         return dpar__err(DPAR_EBUSY, "dpar_fsdp_grads: unit %d's gradients are not reduced yet", f->gunit);
-    memset(f->gbuf, 0, f->count[unit] * f->ces);
+    /* stage 3: a free pooled buffer (the unit's own, released once backward no longer reads it), else the third */
+    for (s = 0; f->stage == 3 && s < 2 && (f->held[s] != -1 || !dpar__fsdp_place(f, s, f->count[unit])); s++) continue;
+    if (f->stage == 3 && s < 2) {
+        f->held[s] = -2;
+        at = f->buf[s];
+    } else {
+        if (!f->gbuf && !(f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces)))
+            return dpar__err(DPAR_ENOMEM, "dpar_fsdp_grads: out of memory (a third unit-sized buffer)");
+        s = 2;
+        at = f->gbuf;
+    }
+    memset(at, 0, f->count[unit] * f->ces);
     f->gunit = unit;
-    *grads = f->gbuf;
+    f->gslot = s;
+    *grads = at;
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *f, int unit, float **grads)
 {
     void *g = NULL;
     DPAR__TRY(dpar__fsdp_typed(f, unit, grads, 0, "dpar_fsdp_grads"));
+    if (f->tg)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_grads: the gradients are the desc's grads tensors (backward writes "
+                                      "them; dpar_fsdp_reduce reads them)");
     DPAR__TRY(dpar__fsdp_grads(f, unit, &g));
     *grads = (float *)g;
     return DPAR_OK;
@@ -7883,20 +8214,34 @@ DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *f, int unit, uint16_t **grads)
 DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
 {
     float *mine, *g, x;
+    void *gb;
     size_t i;
+    if (f && f->tg && unit >= 0 && unit < f->U) { /* the tensor form: the unit's gradient tensors */
+        int t = f->ufirst[unit];
+        if (f->ufirst[unit + 1] - t == 1) { /* one array: reduced where it is */
+            if (f->gunit >= 0)
+                return dpar__err(DPAR_EBUSY, "dpar_fsdp_reduce: unit %d's gradients are not reduced yet", f->gunit);
+            f->gunit = unit, f->gslot = 3;
+        } else { /* through a unit buffer */
+            void *at = NULL;
+            DPAR__TRY(dpar__fsdp_grads(f, unit, &at));
+            dpar__tensors_copy(f->tg, f->tstart, f->nt, (float *)at, f->foff[unit], f->foff[unit] + f->count[unit], 1);
+        }
+    }
     if (!f || unit < 0 || unit >= f->U || f->gunit != unit)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_reduce: unit %d's gradients were not taken with dpar_fsdp_grads",
                          unit);
+    gb = f->gslot == 3 ? f->tg[f->ufirst[unit]].data : f->gslot == 2 ? f->gbuf : f->buf[f->gslot];
     if (f->ct == DPAR_F32) { /* this rank's block of the average, in place */
-        mine = (float *)f->gbuf + f->off[unit];
-        DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, mine, f->count[unit], DPAR_F32, DPAR_AVG));
+        mine = (float *)gb + f->off[unit];
+        DPAR__TRY(dpar_reduce_scatter(f->comm, gb, mine, f->count[unit], DPAR_F32, DPAR_AVG));
     } else if (f->rt == DPAR_F32) { /* widened first: the reduction in f32 */
-        dpar__fsdp_widen(f->gwide, f->gbuf, f->count[unit], f->ct);
+        dpar__fsdp_widen(f->gwide, gb, f->count[unit], f->ct);
         mine = f->gwide + f->off[unit];
         DPAR__TRY(dpar_reduce_scatter(f->comm, f->gwide, mine, f->count[unit], DPAR_F32, DPAR_AVG));
     } else { /* in the 16-bit type: half the bytes; then widened (into the front of gbuf's floats' room: f->g) */
-        char *block = (char *)f->gbuf + f->off[unit] * f->ces;
-        DPAR__TRY(dpar_reduce_scatter(f->comm, f->gbuf, block, f->count[unit], f->ct, DPAR_AVG));
+        char *block = (char *)gb + f->off[unit] * f->ces;
+        DPAR__TRY(dpar_reduce_scatter(f->comm, gb, block, f->count[unit], f->ct, DPAR_AVG));
         mine = NULL;
         g = f->g + f->soff[unit];
         for (i = 0; i < f->len[unit]; i++) {
@@ -7917,6 +8262,8 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
     }
     f->fresh[unit] = 0;
     f->gunit = -1;
+    if (f->gslot < 2) f->held[f->gslot] = -1; /* the pooled buffer is free again */
+    f->gslot = -1;
     return DPAR_OK;
 }
 
@@ -7966,9 +8313,14 @@ DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
     if (f->dynamic && ++f->good >= 1000) f->scale *= 2.0f, f->good = 0;
     if (f->stage == 2) /* everyone's blocks of the parameters, in place, in the compute type */
         for (u = 0; u < f->U; u++) {
-            char *unit = (char *)f->full + f->foff[u] * f->ces, *mine = unit + f->off[u] * f->ces;
+            int one = f->tp && f->ufirst[u + 1] - f->ufirst[u] == 1; /* the tensor form: a unit of one array */
+            char *unit = f->tp ? (one ? (char *)f->tp[f->ufirst[u]].data : (char *)f->gbuf)
+                               : (char *)f->full + f->foff[u] * f->ces,
+                 *mine = unit + f->off[u] * f->ces;
             if (f->p) dpar__fsdp_narrow(mine, f->p + f->soff[u], f->len[u], f->ct);
             DPAR__TRY(dpar_allgather(f->comm, mine, unit, f->count[u], f->ct));
+            if (f->tp && !one) /* through the gradient buffer (free between steps) into the arrays */
+                dpar__tensors_copy(f->tp, f->tstart, f->nt, (float *)unit, f->foff[u], f->foff[u] + f->count[u], 0);
         }
     return DPAR_OK;
 }
@@ -8772,6 +9124,14 @@ struct dpar_buckets {
     int dcopy;          /* blocks to copy from the other ranks: no update, or params not shared */
     dpar_status failed; /* this step: a bucket that could not start, or an error wait_range saw */
     uint32_t gen;       /* steps made since direct was set: this step's flags say gen + 1 */
+    /* the tensor form (grads NULL): the tensors, numbered by tstart; bucket k's elements lie contiguous at
+       base[k]: inside its one tensor, or (staged[k] != 0) in `stage`, copied in at launch and out once reduced
+       (staged 2: copied out this step) */
+    dpar_tensor *tens;
+    size_t *tstart;
+    int nt;
+    float **base, *stage;
+    unsigned char *staged;
 };
 
 /* Direct buckets (thread ranks): flag[phase][bucket][rank] = the step (gen + 1) in which that rank
@@ -8785,14 +9145,30 @@ typedef struct dpar__direct {
 } dpar__direct;
 enum { DPAR__D_MARKED, DPAR__D_REDUCED, DPAR__D_COPIED };
 
+static size_t dpar__bucket_end(const dpar_buckets *b, int k) /* bucket k is [k per, this) */
+{
+    size_t bs = (size_t)k * b->per;
+    return bs + b->per < b->count ? bs + b->per : b->count;
+}
+
 DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buckets **out)
 {
     dpar_buckets *b;
     dpar_status st;
+    size_t total = desc ? desc->count : 0;
+    int ok;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: out is NULL");
     *out = NULL;
     if (!desc || !desc->comm) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: desc or desc->comm is NULL");
-    if (desc->count && !desc->grads) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: grads is NULL");
+    if (desc->num_tensors || desc->tensors) { /* the tensor form */
+        DPAR__TRY(
+            dpar__tensors_check("dpar_buckets_create", "gradient", desc->tensors, desc->num_tensors, DPAR_F32, &total));
+        if (desc->num_tensors < 1 || desc->grads || (desc->count && desc->count != total))
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_buckets_create: %d tensors (at least 1) holding %zu gradients, with grads %p (must "
+                             "be NULL) and count %zu (0 or their total)",
+                             desc->num_tensors, total, (void *)desc->grads, desc->count);
+    } else if (desc->count && !desc->grads) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: grads is NULL");
     if ((unsigned)desc->op >= DPAR_OP_COUNT) return dpar__err(DPAR_EINVAL, "dpar_buckets_create: op %d", (int)desc->op);
     if ((st = dpar__check_allocator("dpar_buckets_create", &desc->allocator)) != DPAR_OK) return st;
     b = (dpar_buckets *)dpar__calloc(&desc->allocator, 1, sizeof *b);
@@ -8800,7 +9176,7 @@ DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buc
     b->comm = desc->comm;
     b->allocator = desc->allocator;
     b->grads = desc->grads;
-    b->count = desc->count;
+    b->count = total;
     b->op = desc->op;
     b->per = (desc->bucket_bytes ? desc->bucket_bytes : (size_t)4 << 20) / sizeof(float);
     if (b->per < 1) b->per = 1;
@@ -8809,18 +9185,36 @@ DPAR_API dpar_status dpar_buckets_create(const dpar_buckets_desc *desc, dpar_buc
     b->req = (dpar_request **)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(dpar_request *));
     b->capmarks = 64;
     b->marks = (size_t *)dpar__alloc(&b->allocator, 2 * b->capmarks * sizeof(size_t));
-    if (!b->filled || !b->req || !b->marks) {
+    ok = b->filled && b->req && b->marks;
+    if (ok && desc->tensors) { /* where each bucket lies; the spanning ones' room */
+        size_t room = 0;
+        int k, n = desc->num_tensors;
+        b->nt = n;
+        b->tens = (dpar_tensor *)dpar__calloc(&b->allocator, (size_t)n, sizeof(dpar_tensor));
+        b->tstart = dpar__tensors_number(&b->allocator, desc->tensors, n);
+        b->base = (float **)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(float *));
+        b->staged = (unsigned char *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, 1);
+        if (b->tens && b->tstart && b->base && b->staged) {
+            memcpy(b->tens, desc->tensors, (size_t)n * sizeof(dpar_tensor));
+            for (k = 0; k < b->nb; k++) {
+                size_t bs = (size_t)k * b->per, be = dpar__bucket_end(b, k);
+                int t = dpar__tensor_at(b->tstart, n, bs);
+                b->staged[k] = be > b->tstart[t + 1];
+                if (!b->staged[k]) b->base[k] = (float *)b->tens[t].data + (bs - b->tstart[t]);
+                else room += be - bs;
+            }
+            if (room) b->stage = (float *)dpar__calloc(&b->allocator, room, sizeof(float));
+            for (k = 0, room = 0; b->stage && k < b->nb; k++)
+                if (b->staged[k]) b->base[k] = b->stage + room, room += dpar__bucket_end(b, k) - (size_t)k * b->per;
+        }
+        ok = b->tens && b->tstart && b->base && b->staged && (!room || b->stage);
+    }
+    if (!ok) {
         dpar_buckets_destroy(b);
         return dpar__err(DPAR_ENOMEM, "dpar_buckets_create: out of memory");
     }
     *out = b;
     return DPAR_OK;
-}
-
-static size_t dpar__bucket_end(const dpar_buckets *b, int k) /* bucket k is [k per, this) */
-{
-    size_t bs = (size_t)k * b->per;
-    return bs + b->per < b->count ? bs + b->per : b->count;
 }
 
 static uint32_t *dpar__dflag(dpar_buckets *b, int phase, int k, int r)
@@ -9017,7 +9411,9 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
                 then.gather += bs;
                 st = dpar__icollective(b->comm, &call, &b->req[i], "dpar_buckets_ready", &then);
             } else {
-                st = dpar_iallreduce(b->comm, b->grads + bs, b->grads + bs, be - bs, DPAR_F32, b->op, &b->req[i]);
+                float *at = b->grads ? b->grads + bs : b->base[i];
+                if (!b->grads && b->staged[i]) dpar__tensors_copy(b->tens, b->tstart, b->nt, at, bs, be, 1);
+                st = dpar_iallreduce(b->comm, at, at, be - bs, DPAR_F32, b->op, &b->req[i]);
             }
             /* the bucket never starts: the others must not wait for it, nor this rank's wait pass */
             if (st != DPAR_OK) {
@@ -9029,6 +9425,23 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
     }
     if (b->direct && (st0 = dpar__dpoll(b)) != DPAR_OK) dpar__dquiesce(b); /* no peer reads my memory after this */
     return st0;
+}
+
+DPAR_API dpar_status dpar_buckets_ready_tensor(dpar_buckets *b, int index)
+{
+    if (!b || index < 0 || index >= b->nt)
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_ready_tensor: no tensor %d (the buckets have %d)", index,
+                         b ? b->nt : 0);
+    return dpar_buckets_ready(b, b->tstart[index], b->tens[index].count);
+}
+
+/* the tensor form: a spanning bucket, reduced, back into its tensors (once a step) */
+static void dpar__bucket_out(dpar_buckets *b, int k)
+{
+    size_t bs = (size_t)k * b->per;
+    if (b->grads || b->staged[k] != 1) return;
+    dpar__tensors_copy(b->tens, b->tstart, b->nt, b->base[k], bs, dpar__bucket_end(b, k), 0);
+    b->staged[k] = 2;
 }
 
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
@@ -9058,6 +9471,8 @@ DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
     }
     for (i = 0; i < b->nb; i++) {
         if (b->req[i] && (w = dpar_request_wait(b->req[i])) != DPAR_OK && st == DPAR_OK) st = w;
+        if (st == DPAR_OK) dpar__bucket_out(b, i);
+        if (!b->grads && b->staged[i]) b->staged[i] = 1;
         b->req[i] = NULL;
         b->filled[i] = 0;
     }
@@ -9095,6 +9510,7 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
         dpar_status w = b->req[i] ? dpar_request_wait(b->req[i]) : DPAR_OK;
         b->req[i] = NULL;
         if (w != DPAR_OK && st == DPAR_OK) b->failed = st = w; /* dpar_buckets_wait says it again */
+        if (st == DPAR_OK) dpar__bucket_out(b, i);
     }
     return st;
 }
@@ -9102,6 +9518,8 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user)
 {
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: buckets is NULL");
+    if (b->tens)
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_update: buckets of tensors do not update (not yet)");
     if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: gradients of this step are marked ready");
     if (b->direct) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: direct buckets are on (turn them off first)");
     if (update && b->count && !params) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params is NULL");
@@ -9149,6 +9567,8 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     int N, r, q, ok, shared = 0;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
     c = b->comm;
+    if (on && b->tens) /* the same on every rank that uses the tensor form: nobody waits */
+        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: buckets of tensors are not direct (not yet)");
     /* one process: the last rank to leave frees the flags with rank 0's allocator; params are compared by address */
     if (on && !dpar__tp_shares_memory(c)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED,
@@ -9246,6 +9666,11 @@ DPAR_API dpar_status dpar_buckets_destroy(dpar_buckets *b)
     dpar__free(&b->allocator, b->filled);
     dpar__free(&b->allocator, b->req);
     dpar__free(&b->allocator, b->marks);
+    dpar__free(&b->allocator, b->tens);
+    dpar__free(&b->allocator, b->tstart);
+    dpar__free(&b->allocator, b->base);
+    dpar__free(&b->allocator, b->stage);
+    dpar__free(&b->allocator, b->staged);
     dpar__free(&b->allocator, b);
     return st;
 }

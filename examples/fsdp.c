@@ -6,12 +6,15 @@
    Run:   ./fsdp                    (--stage 2|3 --threads 2 --steps 10 --layers 784,1024,1024,10 --batch 256 --bench)
    Check: ^fsdp: parameters bitwise equal to plain data parallelism after [0-9]+ steps$
    Check: ^memory per rank: fsdp [0-9.]+ MiB, plain [0-9.]+ MiB$
+   Check: ^memory bound: fsdp / \(16 P / N \+ the two largest units: [0-9.]+ MiB\) = [0-9.]+ \(within 1.10\)$
 
    Both runs use AdamW (lr 1e-3) on the same synthetic data (inputs in [0, 1), labels from a random linear teacher);
    rank r trains on samples r b .. r b + b - 1 of each global batch. Memory is what each holds for the model:
-   plain data parallelism 16 bytes per parameter (weights, gradients, two Adam moments), dpar_fsdp what
-   dpar_fsdp_memory reports. Bytes are those each rank sent and received in the step's collectives
-   (dpar_comm_stats). --bench prints the bench=fsdp line of make bench. */
+   plain data parallelism 16 bytes per parameter (weights, gradients, two Adam moments), dpar_fsdp the peak
+   dpar_fsdp_memory reports after a step; at stage 3 it must stay within 10% of 16 P / N plus the two largest units
+   (the example fails otherwise). Backward computes each layer's input gradient first and releases the layer
+   before it takes the gradient buffer, which then reuses the layer's gathered buffer. Bytes are those each rank
+   sent and received in the step's collectives (dpar_comm_stats). --bench prints the bench=fsdp line of make bench. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -87,7 +90,6 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         fd.kind = DPAR_OPTIM_ADAM, fd.lr = 1e-3f;
         TRY(dpar_fsdp_create(&fd, &f));
         for (l = 0; l < L; l++) TRY(dpar_fsdp_set_params(f, l, j->init[l]));
-        TRY(dpar_fsdp_memory(f, &j->mem[1], NULL));
     }
     for (step = 0; step < j->steps; step++) {
         if (step == 1) { /* step 0 warms up */
@@ -120,28 +122,30 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         }
         for (l = L - 1; l >= 0; l--) { /* backward, last layer first; each layer's gradients leave at once */
             int in = j->width[l], out = j->width[l + 1];
-            if (mode) {
-                TRY(dpar_fsdp_gather(f, l, &w));
+            if (mode) TRY(dpar_fsdp_gather(f, l, &w));
+            else w = p[l];
+            if (l > 0) { /* the input's gradient first: the only part that reads the weights */
+                dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, in, out, 1.0f, delta[l + 1], out, w, out, 0.0f, delta[l], in);
+                for (k = 0; k < b * in; k++)
+                    if (!(act[l][k] > 0)) delta[l][k] = 0;
+            }
+            if (mode) { /* released before the gradients are taken: they reuse its buffer (two unit buffers, not 3) */
+                TRY(dpar_fsdp_release(f, l));
                 TRY(dpar_fsdp_grads(f, l, &gw));
             } else {
-                w = p[l], gw = g[l];
+                gw = g[l];
             }
             dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, in, out, b, 1.0f, act[l], in, delta[l + 1], out, 0.0f, gw, out);
             for (k = 0; k < out; k++) gw[(size_t)in * out + k] = 0;
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) gw[(size_t)in * out + k] += delta[l + 1][(size_t)i * out + k];
-            if (l > 0) {
-                dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, in, out, 1.0f, delta[l + 1], out, w, out, 0.0f, delta[l], in);
-                for (k = 0; k < b * in; k++)
-                    if (!(act[l][k] > 0)) delta[l][k] = 0;
-            }
             if (mode) {
                 TRY(dpar_fsdp_reduce(f, l));
-                TRY(dpar_fsdp_release(f, l));
             } else {
                 TRY(dpar_allreduce(c, g[l], g[l], j->units[l], DPAR_F32, DPAR_AVG));
             }
         }
+        if (mode && step == 0) TRY(dpar_fsdp_memory(f, NULL, &j->mem[1])); /* the peak, after a whole step */
         if (mode) TRY(dpar_fsdp_step(f));
         else
             for (l = 0; l < L; l++) adamw(p[l], g[l], m[l], v[l], j->units[l], step + 1);
@@ -252,6 +256,18 @@ int main(int argc, char **argv)
     if (same) printf("fsdp: parameters bitwise equal to plain data parallelism after %d steps\n", j.steps);
     else printf("fsdp: parameters DIFFER from plain data parallelism\n");
     printf("memory per rank: fsdp %.2f MiB, plain %.2f MiB\n", j.mem[1] / 1048576.0, j.mem[0] / 1048576.0);
+    if (j.stage == 3) { /* the goal: within 10% of 16 bytes x P / N plus the two largest units, gathered */
+        size_t big[2] = {0, 0};
+        double goal, ratio;
+        for (l = 0; l < j.nl; l++)
+            if (j.units[l] > big[0]) big[1] = big[0], big[0] = j.units[l];
+            else if (j.units[l] > big[1]) big[1] = j.units[l];
+        goal = 16.0 * (double)j.np / j.threads + 4.0 * (double)(big[0] + big[1]);
+        ratio = (double)j.mem[1] / goal;
+        printf("memory bound: fsdp / (16 P / N + the two largest units: %.2f MiB) = %.3f (%s 1.10)\n", goal / 1048576.0,
+               ratio, ratio <= 1.10 ? "within" : "ABOVE");
+        same &= ratio <= 1.10;
+    }
     if (j.steps > 1) {
         printf("per step: fsdp %.2f ms, %.2f MiB moved per rank; plain %.2f ms, %.2f MiB\n", j.ms[1],
                j.bytes[1] / 1048576.0, j.ms[0], j.bytes[0] / 1048576.0);

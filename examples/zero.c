@@ -12,11 +12,13 @@
    (rank r receives the average of block r only), updates block r of the parameters with block r of
    the state, and all-gathers the parameters. The traffic is that of one allreduce (which is a
    reduce-scatter followed by an all-gather) and the state per rank is 1/N. Here N thread ranks train
-   a 2-layer MLP, each on its own shard of the data, with dpar_zero_step (the parameters flattened
-   into one array), then train it again with plain data-parallel Adam (allreduce of the gradients,
-   every rank updating everything), and check: the state is 1/N, the loss fell, the replicas are
-   identical, and both runs end with the same model (bitwise here: a ring allreduce is a
-   reduce-scatter plus an all-gather, so each rank's block of the average has the same bits). */
+   a 2-layer MLP, each on its own shard of the data, with dpar_zero_step on the layers' own arrays (W1,
+   b1, W2, b2 and their gradients, listed as dpar_tensor: nothing repacked; dpar_zero copies through one
+   staging array of its own), then train it again with plain data-parallel Adam (one flat array:
+   allreduce of the gradients, every rank updating everything), and check: the state is 1/N, the loss
+   fell, the replicas are identical, and both runs end with the same model (bitwise here: a ring
+   allreduce is a reduce-scatter plus an all-gather, so each rank's block of the average has the same
+   bits). */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -45,7 +47,7 @@ typedef struct job {
     dpar_group *group;
 } job;
 
-/* the flat vector is [W1 | b1 | W2 | b2]; copy the layers' parameters (or gradients) in or out */
+/* the flat vector is [W1 | b1 | W2 | b2]; copy the layers' parameters (or gradients) in or out (plain Adam's) */
 static void flat_copy(dpar_linear *L, float *flat, int grads, int to_flat)
 {
     float *part[4];
@@ -99,6 +101,7 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
     float x[PER * IN], t[PER * OUT], h[PER * HID], a[PER * HID], y[PER * OUT], dy[PER * OUT], da[PER * HID];
     float params[NPARAMS], grads[NPARAMS], lo[NPARAMS], hi[NPARAMS], *m = NULL, *v = NULL;
     dpar_linear L[2];
+    dpar_tensor pt[4], gt[4]; /* ZeRO-1's view of the model: the layers' arrays where they are */
     dpar_zero *z = NULL;
     dpar_zero_desc zd;
     dpar_linear_desc ld = {0}; /* FULL layers with a bias */
@@ -116,8 +119,16 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
     zd.kind = DPAR_OPTIM_ADAM;
     zd.lr = LR;
     zd.weight_decay = WD;
-    zd.comm = c, zd.count = NPARAMS;
+    zd.comm = c;
+    flat_copy(L, params, 0, 0); /* the starting model into the layers */
     if (sharded) {
+        float *arr[4] = {L[0].w, L[0].b, L[1].w, L[1].b}, *grr[4] = {L[0].dw, L[0].db, L[1].dw, L[1].db};
+        size_t size[4] = {IN * HID, HID, HID * OUT, OUT};
+        for (i = 0; i < 4; i++) {
+            pt[i].data = arr[i], pt[i].count = size[i], pt[i].dtype = DPAR_F32;
+            gt[i].data = grr[i], gt[i].count = size[i], gt[i].dtype = DPAR_F32;
+        }
+        zd.params = pt, zd.grads = gt, zd.num_tensors = 4; /* count 0: their total */
         TRY(dpar_zero_create(&zd, &z));
         dpar_zero_shard(z, &j->off[r], &j->len[r]);
         j->state[r] = dpar_zero_state_bytes(z);
@@ -126,7 +137,7 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
         goto done;
     } else v = m + NPARAMS;
     for (step = 0; step < j->steps; step++) {
-        flat_copy(L, params, 0, 0); /* the current model into the layers */
+        if (!sharded) flat_copy(L, params, 0, 0); /* plain Adam's model into the layers (ZeRO-1 updates them) */
         TRY(dpar_linear_forward(&L[0], x, h, PER));
         for (i = 0; i < PER * HID; i++) a[i] = h[i] > 0 ? h[i] : 0;
         TRY(dpar_linear_forward(&L[1], a, y, PER));
@@ -140,15 +151,16 @@ static dpar_status train(job *j, dpar_comm *c, int r, int sharded)
         TRY(dpar_linear_backward(&L[1], a, dy, da, PER));
         for (i = 0; i < PER * HID; i++) da[i] = h[i] > 0 ? da[i] : 0;
         TRY(dpar_linear_backward(&L[0], x, da, NULL, PER));
-        flat_copy(L, grads, 1, 1);                          /* this rank's gradient, flattened */
-        if (sharded) TRY(dpar_zero_step(z, params, grads)); /* reduce-scatter, my block of Adam, all-gather */
+        if (sharded) TRY(dpar_zero_step(z, NULL, NULL)); /* the layers' arrays: reduce-scatter, Adam, all-gather */
         else {
+            flat_copy(L, grads, 1, 1); /* this rank's gradient, flattened */
             TRY(dpar_allreduce(c, grads, grads, NPARAMS, DPAR_F32, DPAR_AVG));
             adam(params, grads, m, v, NPARAMS, step + 1); /* every rank updates everything */
         }
         TRY(dpar_allreduce(c, &loss, &loss, 1, DPAR_F64, DPAR_AVG)); /* the loss over all the data */
         if (r == 0) j->loss[!sharded][step] = (float)loss;
     }
+    if (sharded) flat_copy(L, params, 0, 1); /* the layers' model, flattened to compare */
     /* the replicas must be identical: the MIN and the MAX over the ranks are the same bits */
     TRY(dpar_allreduce(c, params, lo, NPARAMS, DPAR_F32, DPAR_MIN));
     TRY(dpar_allreduce(c, params, hi, NPARAMS, DPAR_F32, DPAR_MAX));

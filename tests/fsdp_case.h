@@ -32,6 +32,7 @@ static float fc_init(int u, size_t i) { return (float)((int)((u * 17 + i * 5) % 
 typedef struct {
     int stage;
     dpar_optim kind;
+    int release_first;    /* backward: release the unit's parameters before taking its gradients (two buffers) */
     float *mine[8][FC_U]; /* each rank's final parameters from fsdp */
 } fsdp_case;
 
@@ -60,7 +61,7 @@ static void fsdp_rank(world *w, dpar_comm *c, int r)
     fsdp_case *k = (fsdp_case *)w->user;
     dpar_fsdp *f = NULL;
     dpar_fsdp_desc d;
-    float *p[FC_U], *g[FC_U], *m[FC_U], *v[FC_U], s[FC_U], *pp, *gg;
+    float *p[FC_U], *g[FC_U], *m[FC_U], *v[FC_U], s[FC_U], *pp, *gg, *early = (float *)malloc(4099 * 4);
     size_t i, bytes = 0, peak = 0;
     int u, step;
     memset(&d, 0, sizeof d);
@@ -90,10 +91,18 @@ static void fsdp_rank(world *w, dpar_comm *c, int r)
         }
         for (u = FC_U - 1; u >= 0; u--) {
             expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather (backward)", r);
-            expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
-            fc_backward(gg, pp, s[u], r, step, u);
-            expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
-            expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+            if (k->release_first) { /* what reads the parameters first (here: all of it), then the gradients */
+                fc_backward(early, pp, s[u], r, step, u);
+                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+                expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
+                memcpy(gg, early, fc_counts[u] * 4);
+                expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+            } else {
+                expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
+                fc_backward(gg, pp, s[u], r, step, u);
+                expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+            }
         }
         expect_ok(w, dpar_fsdp_step(f), "step", r);
         for (u = 0; u < FC_U; u++) { /* bitwise the reference's, on every rank */
@@ -109,17 +118,25 @@ static void fsdp_rank(world *w, dpar_comm *c, int r)
             free(got);
         }
     }
-    /* memory: the shards (4 + 4 + 4 words) / N, plus the unit buffers, plus stage 2's full parameters */
+    /* memory: the shards (4 + 4 + 4 words) / N, plus the unit buffers (three; two at stage 3 when the parameters are
+       released before the gradients are taken), plus stage 2's full parameters */
     expect_ok(w, dpar_fsdp_memory(f, &bytes, &peak), "memory", r);
     {
-        size_t total = 0, maxc = 0, words = k->kind == DPAR_OPTIM_ADAM ? 4 : 3, limit;
-        for (u = 0; u < FC_U; u++) total += fc_counts[u], maxc = fc_counts[u] > maxc ? fc_counts[u] : maxc;
-        limit =
-            (words * 4 * total) / (size_t)w->n + 3 * 4 * maxc + (k->stage == 2 ? 4 * total : 0) + 4 * 4 * FC_U + 2048;
+        size_t total = 0, maxc = 0, second = 0, words = k->kind == DPAR_OPTIM_ADAM ? 4 : 3, limit;
+        for (u = 0; u < FC_U; u++) {
+            total += fc_counts[u];
+            if (fc_counts[u] > maxc) second = maxc, maxc = fc_counts[u];
+            else if (fc_counts[u] > second) second = fc_counts[u];
+        }
+        /* stage 3: one arena of the two largest units, and a third buffer when the gradients come before the
+           release; stage 2: the full parameters and one gradient buffer */
+        limit = (words * 4 * total) / (size_t)w->n + 4 * FC_U * 8 + 2048 +
+                (k->stage == 3 ? 4 * (maxc + second) + (k->release_first ? 0 : 4 * maxc) : 4 * total + 4 * maxc);
         if (bytes > limit || peak < bytes) note(w, "rank %d: %zu bytes held, limit %zu", r, bytes, limit);
     }
     expect_ok(w, dpar_fsdp_destroy(f), "destroy", r);
     for (u = 0; u < FC_U; u++) free(p[u]), free(g[u]), free(m[u]), free(v[u]);
+    free(early);
 }
 
 #endif

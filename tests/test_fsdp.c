@@ -15,15 +15,18 @@
 static void run_cases(int stage)
 {
     static const int ns[] = {1, 2, 3, 4};
-    int ni, kind;
-    for (kind = 0; kind < 2; kind++)
-        for (ni = 0; ni < 4; ni++) {
-            fsdp_case k;
-            memset(&k, 0, sizeof k);
-            k.stage = stage;
-            k.kind = (dpar_optim)kind;
-            CHECK_MSG(run_world(ns[ni], fsdp_rank, &k) == 0, "stage %d %s N=%d", stage, kind ? "adam" : "sgd", ns[ni]);
-        }
+    int ni, kind, early;
+    for (early = 0; early < 2; early++)
+        for (kind = 0; kind < 2; kind++)
+            for (ni = 0; ni < 4; ni++) {
+                fsdp_case k;
+                memset(&k, 0, sizeof k);
+                k.stage = stage;
+                k.kind = (dpar_optim)kind;
+                k.release_first = early;
+                CHECK_MSG(run_world(ns[ni], fsdp_rank, &k) == 0, "stage %d %s N=%d%s", stage, kind ? "adam" : "sgd",
+                          ns[ni], early ? ", parameters released before the gradients are taken" : "");
+            }
 }
 static void test_stage2_equals_plain_data_parallel(void) { run_cases(2); }
 static void test_stage3_equals_plain_data_parallel(void) { run_cases(3); }
@@ -202,6 +205,49 @@ static void test_step_without_gradients(void)
     dpar_group_destroy(g);
 }
 
+/* stage 3, one unit of 9: the arena holds 9 + 0 elements, so gradients taken while the unit is gathered (the old
+   order) must get the third buffer, not a place over the parameters; released first, they take its place */
+static void test_arena_never_overlaps(void)
+{
+    dpar_fsdp *f = NULL;
+    dpar_fsdp_desc d;
+    dpar_comm_desc cd;
+    dpar_group *g = NULL;
+    dpar_comm *c = NULL;
+    float *pp = NULL, *gg = NULL, init[9], got[9];
+    size_t one = 9, bytes0 = 0, bytes1 = 0;
+    int i, order;
+    for (i = 0; i < 9; i++) init[i] = (float)(i + 1);
+    memset(&cd, 0, sizeof cd);
+    cd.size = 1;
+    CHECK(dpar_group_create(&cd, &g) == DPAR_OK && dpar_group_join(g, 0, &c) == DPAR_OK);
+    for (order = 0; order < 2; order++) {
+        memset(&d, 0, sizeof d);
+        d.comm = c, d.stage = 3, d.num_units = 1, d.unit_counts = &one, d.lr = 0.5f;
+        CHECK(dpar_fsdp_create(&d, &f) == DPAR_OK && f);
+        CHECK(dpar_fsdp_set_params(f, 0, init) == DPAR_OK && dpar_fsdp_memory(f, &bytes0, NULL) == DPAR_OK);
+        CHECK(dpar_fsdp_gather(f, 0, &pp) == DPAR_OK);
+        if (order == 1) { /* released first: the gradients take the unit's place, no memory of their own */
+            memcpy(got, pp, sizeof got);
+            CHECK(dpar_fsdp_release(f, 0) == DPAR_OK);
+            pp = got;
+        }
+        CHECK(dpar_fsdp_grads(f, 0, &gg) == DPAR_OK);
+        for (i = 0; i < 9; i++)
+            CHECK_MSG(pp[i] == init[i], "order %d: parameter %d is %g after grads", order, i, pp[i]);
+        for (i = 0; i < 9; i++) gg[i] = pp[i];
+        CHECK(dpar_fsdp_reduce(f, 0) == DPAR_OK && (order == 1 || dpar_fsdp_release(f, 0) == DPAR_OK));
+        CHECK(dpar_fsdp_step(f) == DPAR_OK && dpar_fsdp_get_params(f, 0, got) == DPAR_OK);
+        for (i = 0; i < 9; i++) CHECK(got[i] == init[i] - 0.5f * init[i]);
+        CHECK(dpar_fsdp_memory(f, &bytes1, NULL) == DPAR_OK);
+        CHECK_MSG(bytes1 == bytes0 + (order == 0 ? 9 * 4 : 0), "order %d: %zu bytes, %zu before", order, bytes1,
+                  bytes0);
+        dpar_fsdp_destroy(f);
+    }
+    dpar_comm_destroy(c);
+    dpar_group_destroy(g);
+}
+
 static void test_bad_use(void)
 {
     dpar_fsdp *f = (dpar_fsdp *)1;
@@ -239,6 +285,7 @@ int main(int argc, char **argv)
     DT_MAIN_BEGIN(argc, argv);
     RUN(test_bad_use);
     RUN(test_step_without_gradients);
+    RUN(test_arena_never_overlaps);
     RUN(test_stage2_equals_plain_data_parallel);
     RUN(test_stage3_equals_plain_data_parallel);
     RUN(test_mixed_precision_within_tolerance);

@@ -18,6 +18,7 @@ static void test_step_hook(void);
 #include "coll_matrix.h"
 #include "pipe_mlp.h"
 #include "fsdp_case.h"
+#include "tensors_case.h"
 
 static int hook_on;
 static DPAR__TLS unsigned long long hook_rng = 1;
@@ -440,9 +441,31 @@ static void test_fsdp_over_mpi(void)
             memset(&k, 0, sizeof k);
             k.stage = stage;
             k.kind = (dpar_optim)kind;
+            k.release_first = kind; /* both backward orders: SGD takes the gradients first, Adam releases first */
             CHECK_MSG(run_proc(NULL, fsdp_rank, &k) == 0, "stage %d %s over %d processes", stage, kind ? "adam" : "sgd",
                       nprocs);
         }
+}
+
+/* the tensor form across processes: buckets, ZeRO-1 and FSDP over separate arrays, bitwise the flat form
+   (tests/tensors_case.h) */
+static void test_tensors_over_mpi(void)
+{
+    int stage, kind;
+    tjob j;
+    fjob f;
+    memset(&j, 0, sizeof j);
+    j.steps = 2;
+    CHECK_MSG(run_proc(NULL, buckets_rank, &j) == 0, "buckets over %d processes", nprocs);
+    for (kind = 0; kind < 2; kind++) {
+        j.kind = (dpar_optim)kind;
+        CHECK_MSG(run_proc(NULL, zero_rank, &j) == 0, "ZeRO-1 %s over %d processes", kind ? "adam" : "sgd", nprocs);
+        for (stage = 2; stage <= 3; stage++) {
+            f.stage = stage, f.kind = (dpar_optim)kind;
+            CHECK_MSG(run_proc(NULL, fsdp_tensor_rank, &f) == 0, "fsdp stage %d %s over %d processes", stage,
+                      kind ? "adam" : "sgd", nprocs);
+        }
+    }
 }
 
 static void test_async_split_mesh_over_mpi(void)
@@ -726,6 +749,7 @@ int main(int argc, char **argv)
         MRUN(test_bitwise_reproducible_over_mpi);
         MRUN(test_deterministic_mode_over_mpi);
         MRUN(test_fsdp_over_mpi);
+        MRUN(test_tensors_over_mpi);
         MRUN(test_async_split_mesh_over_mpi);
         MRUN(test_pipeline_over_mpi);
         /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
