@@ -3,9 +3,20 @@
    parallelism (one allreduce per layer's gradients): memory, bytes moved and time per step of both, and the check
    that both end with bitwise the same parameters.
    Build: cc -std=c99 -O2 -I. examples/fsdp.c -o fsdp -pthread -lm
-   Run:   ./fsdp                    (--stage 2|3 --threads 2 --steps 10 --layers 784,1024,1024,10 --batch 256 --bench)
+   Run:   ./fsdp --elastic 2        (--stage 2|3 --threads 2 --steps 10 --layers 784,1024,1024,10 --batch 256 --bench)
    Check: ^fsdp: parameters bitwise equal to plain data parallelism after [0-9]+ steps$
    Check: ^memory per rank: fsdp [0-9.]+ MiB, plain [0-9.]+ MiB$
+   Check: ^elastic: 4 -> 4 thread ranks at step [0-9]+: bitwise equal to the uninterrupted run$
+   Check: ^elastic: 4 -> 2 thread ranks at step [0-9]+: max difference [-0-9.e+]+ from the uninterrupted run \(within
+   Check: ^elastic: 4 -> 3 thread ranks at step [0-9]+: max difference [-0-9.e+]+ from the uninterrupted run \(within
+
+   Elastic restarts: --elastic K also trains with dpar_fsdp on 4 thread ranks without stopping, then again stopping
+   after K steps with a checkpoint (dpar_ckpt_save_fsdp: each rank's shards with their plans, and the step), and
+   resumes it on 4, 2 and 3 ranks (dpar_ckpt_load_fsdp) to the end: bitwise the uninterrupted run on 4, within a
+   stated tolerance on 2 and 3 (each rank's gradient sums its share of the batch, so the float sums group differently
+   with another rank count). The same by hand, in two processes:
+          ./fsdp --threads 4 --batch 240 --stop-at 5 --save run.ckpt
+          ./fsdp --threads 3 --batch 240 --resume run.ckpt        (prints the parameters' CRC-32 to compare)
 
    Both runs use AdamW (lr 1e-3) on the same synthetic data (inputs in [0, 1), labels from a random linear teacher);
    rank r trains on samples r b .. r b + b - 1 of each global batch. Memory is what each holds for the model:
@@ -32,6 +43,9 @@ typedef struct {
     double bytes[2];           /* per step and rank: plain, fsdp */
     size_t mem[2];             /* per rank */
     float *final[2][64][MAXL]; /* each rank's final parameters, per mode */
+    int only_fsdp, stop;       /* the checkpointed runs: dpar_fsdp only; stop after this step (0: --steps) */
+    const char *save, *load;   /* checkpoint paths (NULL: none) */
+    int resumed_at;            /* the step the checkpoint held */
 } job;
 
 static uint64_t rng_next(uint64_t *s)
@@ -62,7 +76,7 @@ static void adamw(float *p, const float *g, float *m, float *v, size_t n, long t
 /* one rank, one mode (0: plain data parallelism, 1: dpar_fsdp) */
 static dpar_status train(job *j, dpar_comm *c, int r, int mode)
 {
-    int L = j->nl, b = j->batch / j->threads, l, i, k, step;
+    int L = j->nl, b = j->batch / j->threads, l, i, k, step, first = 0, last = j->steps;
     float *act[MAXL + 1], *delta[MAXL + 1], *p[MAXL], *g[MAXL], *m[MAXL], *v[MAXL], *w, *gw;
     dpar_fsdp *f = NULL;
     dpar_fsdp_desc fd;
@@ -88,9 +102,17 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         TRY(dpar_fsdp_create(&fd, &f));
         for (l = 0; l < L; l++) TRY(dpar_fsdp_set_params(f, l, j->init[l]));
         TRY(dpar_fsdp_memory(f, &j->mem[1], NULL));
+        if (j->load) { /* the shards of a run on any number of ranks, and its step (the data's position) */
+            int64_t at = 0;
+            dpar_ckpt_item it = dpar_ckpt_replica("step", &at, sizeof at);
+            TRY(dpar_ckpt_load_fsdp(f, j->load, NULL, &it, 1));
+            first = (int)at;
+            j->resumed_at = first;
+        }
+        if (j->stop) last = j->stop;
     }
-    for (step = 0; step < j->steps; step++) {
-        if (step == 1) { /* step 0 warms up */
+    for (step = first; step < last; step++) {
+        if (step == first + 1) { /* the first step warms up */
             TRY(dpar_barrier(c));
             dpar_comm_stats_get(c, &s0);
             t0 = dpar_time_ns();
@@ -146,22 +168,29 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         else
             for (l = 0; l < L; l++) adamw(p[l], g[l], m[l], v[l], j->units[l], step + 1);
     }
+    if (mode && j->save) { /* this rank's shards with their plans, and the step: loadable on any number of ranks */
+        int64_t at = last;
+        dpar_ckpt_item it = dpar_ckpt_replica("step", &at, sizeof at);
+        TRY(dpar_ckpt_save_fsdp(f, j->save, NULL, &it, 1));
+    }
     TRY(dpar_barrier(c));
-    if (j->steps > 1 && r == 0) {
+    if (last - first > 1 && r == 0) {
         dpar_comm_stats_get(c, &s1);
-        j->ms[mode] = (double)(dpar_time_ns() - t0) * 1e-6 / (j->steps - 1);
+        j->ms[mode] = (double)(dpar_time_ns() - t0) * 1e-6 / (last - first - 1);
         j->bytes[mode] = 0;
         for (k = 0; k < DPAR_COLL_COUNT; k++)
             j->bytes[mode] += (double)(s1.by_coll[k].bytes_sent - s0.by_coll[k].bytes_sent +
                                        s1.by_coll[k].bytes_received - s0.by_coll[k].bytes_received);
-        j->bytes[mode] /= (j->steps - 1);
+        j->bytes[mode] /= (last - first - 1);
     }
     for (l = 0; l < L; l++) { /* the final parameters, to compare */
+        free(j->final[mode][r][l]);
         j->final[mode][r][l] = (float *)malloc(j->units[l] * 4);
         if (mode) TRY(dpar_fsdp_get_params(f, l, j->final[mode][r][l]));
         else memcpy(j->final[mode][r][l], p[l], j->units[l] * 4);
     }
 out:
+    if (st != DPAR_OK && r == 0) fprintf(stderr, "fsdp: %s\n", dpar_last_error());
     if (st != DPAR_OK) dpar_comm_abort(c);
     dpar_fsdp_destroy(f);
     for (l = 0; l <= L; l++) free(act[l]), free(delta[l]);
@@ -176,20 +205,90 @@ static dpar_status rank_main(void *user, int rank, int nranks)
     dpar_status st;
     (void)nranks;
     if ((st = dpar_group_join(j->group, rank, &c)) != DPAR_OK) return st;
-    if ((st = train(j, c, rank, 0)) == DPAR_OK) st = train(j, c, rank, 1);
+    if (j->only_fsdp || (st = train(j, c, rank, 0)) == DPAR_OK) st = train(j, c, rank, 1);
     dpar_comm_destroy(c);
     return st;
+}
+
+/* one run on `threads` thread ranks */
+static int run(job *j, int threads)
+{
+    dpar_pool *pool;
+    dpar_pool_desc pd = {0};
+    dpar_comm_desc cd = {0};
+    dpar_status st;
+    j->threads = pd.num_threads = cd.size = threads;
+    if (dpar_pool_create(&pd, &pool) != DPAR_OK) return fprintf(stderr, "fsdp: %s\n", dpar_last_error()), 1;
+    if ((st = dpar_group_create(&cd, &j->group)) == DPAR_OK) {
+        st = dpar_pool_run(pool, rank_main, j);
+        dpar_group_destroy(j->group);
+    }
+    dpar_pool_destroy(pool);
+    if (st != DPAR_OK) return fprintf(stderr, "fsdp: %s\n", dpar_last_error()), 1;
+    return 0;
+}
+
+/* rank 0's final parameters from dpar_fsdp: the largest difference to ref (NULL: their CRC-32) */
+static double compare(const job *j, float *const *ref, uint32_t *crc)
+{
+    double most = 0;
+    int l;
+    size_t q;
+    *crc = 0;
+    for (l = 0; l < j->nl; l++) {
+        *crc = dpar_crc32(*crc, j->final[1][0][l], j->units[l] * 4);
+        for (q = 0; ref && q < j->units[l]; q++) {
+            double d = fabs((double)j->final[1][0][l][q] - (double)ref[l][q]);
+            if (d > most || d != d) most = d;
+        }
+    }
+    return most;
+}
+
+/* --elastic K: uninterrupted on 4 ranks; stopped at K with a checkpoint; resumed on 4, 2 and 3 */
+static int elastic(job *j, int K)
+{
+    static const int resume_on[3] = {4, 2, 3};
+    char dir[] = "/tmp/fsdp_elastic_XXXXXX", path[128];
+    float *ref[MAXL];
+    double tol = 2e-6 * (j->steps - K), d; /* measured: about 4e-8 a step on 2, 3 ranks */
+    uint32_t crc;
+    int l, i, bad = 0;
+    if (!mkdtemp(dir)) return fprintf(stderr, "fsdp: mkdtemp: cannot make a directory in /tmp\n"), 1;
+    snprintf(path, sizeof path, "%s/run.ckpt", dir);
+    j->only_fsdp = 1;
+    if (run(j, 4)) return 1;
+    for (l = 0; l < j->nl; l++) ref[l] = j->final[1][0][l], j->final[1][0][l] = NULL;
+    j->stop = K, j->save = path;
+    if (run(j, 4)) return 1;
+    j->stop = 0, j->save = NULL, j->load = path;
+    for (i = 0; i < 3; i++) {
+        if (run(j, resume_on[i])) return 1;
+        d = compare(j, ref, &crc);
+        if (resume_on[i] == 4 && d == 0)
+            printf("elastic: 4 -> 4 thread ranks at step %d: bitwise equal to the uninterrupted run\n", j->resumed_at);
+        else if (resume_on[i] != 4 && d <= tol)
+            printf("elastic: 4 -> %d thread ranks at step %d: max difference %.3g from the uninterrupted run (within "
+                   "%.0e: float sums grouped by rank)\n",
+                   resume_on[i], j->resumed_at, d, tol);
+        else
+            printf("elastic: 4 -> %d thread ranks at step %d: max difference %.3g from the uninterrupted run: TOO "
+                   "LARGE\n",
+                   resume_on[i], j->resumed_at, d),
+                bad = 1;
+    }
+    for (l = 0; l < j->nl; l++) free(ref[l]);
+    snprintf(path, sizeof path, "rm -rf '%s'", dir);
+    if (system(path) != 0) fprintf(stderr, "fsdp: cannot remove %s\n", dir);
+    return bad;
 }
 
 int main(int argc, char **argv)
 {
     static job j;
     const char *layers = "784,1024,1024,10";
-    dpar_pool *pool;
-    dpar_pool_desc pd = {0};
-    dpar_comm_desc cd = {0};
     uint64_t s = 99, t = 12345;
-    int a, l, k, c, r, same = 1;
+    int a, l, k, c, r, same = 1, K = 0, batch = 0;
     float *teacher;
     j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 4 : 10, j.threads = 2, j.stage = 3;
     for (a = 1; a < argc; a++) {
@@ -201,7 +300,11 @@ int main(int argc, char **argv)
         if (!v) return fprintf(stderr, "fsdp: %s needs a value\n", o), 2;
         a++;
         if (!strcmp(o, "--layers")) layers = v;
-        else if (!strcmp(o, "--batch")) j.batch = atoi(v);
+        else if (!strcmp(o, "--batch")) batch = atoi(v);
+        else if (!strcmp(o, "--elastic")) K = atoi(v);
+        else if (!strcmp(o, "--stop-at")) j.stop = atoi(v);
+        else if (!strcmp(o, "--save")) j.save = v;
+        else if (!strcmp(o, "--resume")) j.load = v;
         else if (!strcmp(o, "--steps")) j.steps = atoi(v);
         else if (!strcmp(o, "--threads")) j.threads = atoi(v);
         else if (!strcmp(o, "--stage")) j.stage = atoi(v);
@@ -212,6 +315,13 @@ int main(int argc, char **argv)
         if (!(q = strchr(q, ','))) break;
         q++;
     }
+    j.batch = batch ? batch : K ? 240 : 256; /* --elastic: a batch that 4, 2 and 3 ranks divide */
+    if (K && (K < 1 || K >= j.steps || j.batch % 12 || j.save || j.load || j.stop))
+        return fprintf(stderr,
+                       "fsdp: --elastic K wants 0 < K < --steps, a --batch that 12 divides, no --save/--resume\n"),
+               2;
+    if (j.stop && (j.stop < 1 || j.stop > j.steps || !j.save))
+        return fprintf(stderr, "fsdp: --stop-at K wants 0 < K <= --steps and --save PATH\n"), 2;
     if (j.nl < 1 || j.nl > MAXL || j.threads < 1 || j.threads > 64 || j.batch % j.threads || j.steps < 1 ||
         (j.stage != 2 && j.stage != 3))
         return fprintf(stderr, "fsdp: 2 to 9 --layers, --threads 1..64 dividing --batch, --steps >= 1, --stage 2|3\n"),
@@ -239,12 +349,18 @@ int main(int argc, char **argv)
         for (size_t q = 0; q < (size_t)j.width[l] * j.width[l + 1]; q++)
             j.init[l][q] = (2 * uniform(&s) - 1) * sqrtf(6.0f / (float)j.width[l]);
     }
-    pd.num_threads = cd.size = j.threads;
-    if (dpar_pool_create(&pd, &pool) != DPAR_OK || dpar_group_create(&cd, &j.group) != DPAR_OK ||
-        dpar_pool_run(pool, rank_main, &j) != DPAR_OK)
-        return fprintf(stderr, "fsdp: %s\n", dpar_last_error()), 1;
-    dpar_group_destroy(j.group);
-    dpar_pool_destroy(pool);
+    if (j.save || j.load) { /* one checkpointed run of dpar_fsdp alone */
+        uint32_t crc;
+        j.only_fsdp = 1;
+        if (run(&j, j.threads)) return 1;
+        compare(&j, NULL, &crc);
+        if (j.load) printf("fsdp: resumed from %s at step %d on %d thread ranks\n", j.load, j.resumed_at, j.threads);
+        if (j.save)
+            printf("fsdp: saved step %d to %s from %d thread ranks\n", j.stop ? j.stop : j.steps, j.save, j.threads);
+        printf("fsdp: parameters after step %d: crc32 %08x\n", j.stop ? j.stop : j.steps, (unsigned)crc);
+        return 0;
+    }
+    if (run(&j, j.threads)) return 1;
     for (r = 0; r < j.threads; r++)
         for (l = 0; l < j.nl; l++) same &= !memcmp(j.final[0][r][l], j.final[1][r][l], j.units[l] * 4);
     printf("fsdp: layers %s (%zu parameters), ZeRO-%d over %d thread ranks, %d steps of %d samples\n", layers, j.np,
@@ -260,6 +376,7 @@ int main(int argc, char **argv)
                    "dp_bytes_per_rank=%zu\n",
                    j.stage, j.threads, j.np, j.ms[1], j.ms[0], j.ms[0] / j.ms[1], j.mem[1], j.mem[0]);
     }
+    if (K && same) same = !elastic(&j, K);
     for (r = 0; r < 64; r++)
         for (l = 0; l < MAXL; l++) free(j.final[0][r][l]), free(j.final[1][r][l]);
     for (l = 0; l < j.nl; l++) free(j.init[l]);

@@ -12,10 +12,10 @@ typedef struct {
     int how;                 /* 0: columns over tp, 1: rows over tp, 2: a replica, 3: flat over every rank (ZeRO) */
 } cc_tensor;
 #define CC_T 10
-static const cc_tensor cc_tensors[CC_T] = {
-    {"w0", 0, 4, 8, 12, 0}, {"w0.m", 0, 4, 8, 12, 0}, {"b0", 0, 4, 1, 12, 0}, {"e", 0, 8, 10, 3, 1},
-    {"w1", 1, 4, 12, 6, 1}, {"w1.m", 1, 4, 12, 6, 1}, {"b1", 1, 4, 1, 6, 2},  {"u", 1, 4, 5, 7, 0},
-    {"z", -1, 4, 1, 101, 3}, {"step", -1, 8, 1, 1, 2}};
+static const cc_tensor cc_tensors[CC_T] = {{"w0", 0, 4, 8, 12, 0},  {"w0.m", 0, 4, 8, 12, 0}, {"b0", 0, 4, 1, 12, 0},
+                                           {"e", 0, 8, 10, 3, 1},   {"w1", 1, 4, 12, 6, 1},   {"w1.m", 1, 4, 12, 6, 1},
+                                           {"b1", 1, 4, 1, 6, 2},   {"u", 1, 4, 5, 7, 0},     {"z", -1, 4, 1, 101, 3},
+                                           {"step", -1, 8, 1, 1, 2}};
 
 /* element (i, j) of tensor t: exact in a float */
 static void cc_value(int t, size_t i, size_t j, unsigned char *out)

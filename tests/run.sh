@@ -238,6 +238,26 @@ mpi_tests() {
     for np in 2 3 4; do program "mpirun -np $np $MPITEST" "$MPIRUN" $flags -np $np "$MPITEST"; done
     program "mpirun -np 2 $MPITEST --hybrid 2" "$MPIRUN" $flags -np 2 "$MPITEST" --hybrid 2
     program "mpirun -np 2 $MPITEST --funneled" "$MPIRUN" $flags -np 2 "$MPITEST" --funneled
+    mpi_elastic "$flags"
+}
+
+# an elastic restart across processes (examples/mpi_data_parallel.c): saved by 3, resumed by 2, it must end as the
+# run of 3 that never stopped, within float rounding (each rank's gradient sums its share of the batch)
+mpi_elastic() {
+    local flags=$1 d
+    if [ -z "${MPICC:-}" ]; then skip "elastic restart over MPI" "mpicc not found"; return; fi
+    d=$(mktemp -d)
+    step "elastic restart over MPI: mpi_data_parallel saved with -np 3 at step 25, resumed with -np 2, ends as the run that never stopped" sh -c "
+        $MPICC -std=c99 -O2 -I. examples/mpi_data_parallel.c -o $d/mdp -lm &&
+        $MPIRUN $flags -np 3 $d/mdp --steps 60 > $d/a.txt &&
+        $MPIRUN $flags -np 3 $d/mdp --steps 60 --stop-at 25 --save $d/r.ckpt > $d/b.txt &&
+        $MPIRUN $flags -np 2 $d/mdp --steps 60 --resume $d/r.ckpt > $d/c.txt && cat $d/a.txt $d/b.txt $d/c.txt &&
+        grep -q 'resumed from .* at step 25 on 2 processes (epoch 0, 6000 of its samples consumed)' $d/c.txt &&
+        a=\$(sed -n 's/.*final_loss=\\([0-9.]*\\).*weights_sum=\\([-0-9.]*\\).*/\\1 \\2/p' $d/a.txt) &&
+        c=\$(sed -n 's/.*final_loss=\\([0-9.]*\\).*weights_sum=\\([-0-9.]*\\).*/\\1 \\2/p' $d/c.txt) &&
+        echo \"uninterrupted \$a, resumed \$c\" && [ -n \"\$a\" ] && [ -n \"\$c\" ] &&
+        echo \"\$a \$c\" | awk '{ d = \$1 - \$3; e = \$2 - \$4; exit !(d * d < 1e-10 && e * e < 1e-8) }'"
+    rm -rf "$d"
 }
 
 mpi_compile() {

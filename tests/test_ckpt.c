@@ -116,12 +116,14 @@ static void bad_plan_rank(world *w, dpar_comm *c, int r)
     dpar_ckpt_item it;
     dpar_status st;
     memset(buf, 0, sizeof buf);
-    if (j->kind == 0) it = dpar_ckpt_block("w", buf, 4, 8, 4, r == 0 ? 0 : 3, 5, 0, 4); /* rows 0..4 and 3..7 */
+    if (j->kind == 0) it = dpar_ckpt_block("w", buf, 4, 8, 4, r == 0 ? 0 : 3, 5, 0, 4);      /* rows 0..4 and 3..7 */
     else if (j->kind == 1) it = dpar_ckpt_block("w", buf, 4, 8, 4, r == 0 ? 0 : 5, 3, 0, 4); /* rows 3, 4 */
     else it = dpar_ckpt_block("w", buf, 4, 8, 4 + r, 4 * r, 4, 0, 4);
     st = dpar_ckpt_save(c, j->path, &it, 1);
     if (st != DPAR_EINVAL || !strstr(dpar_last_error(), "tensor 'w'") ||
-        !strstr(dpar_last_error(), j->kind == 0 ? "overlap" : j->kind == 1 ? "a hole" : "shape mismatch"))
+        !strstr(dpar_last_error(), j->kind == 0   ? "overlap"
+                                   : j->kind == 1 ? "a hole"
+                                                  : "shape mismatch"))
         note(w, "rank %d, kind %d: %s: %s", r, j->kind, dpar_status_string(st), dpar_last_error());
 }
 
@@ -234,8 +236,8 @@ typedef struct {
     char path[256];
     size_t n, batch, steps;
     int drop;
-    size_t *seen;          /* [n]: how often each sample was taken */
-    size_t *taken[4];      /* per rank, in order */
+    size_t *seen;     /* [n]: how often each sample was taken */
+    size_t *taken[4]; /* per rank, in order */
     size_t ntaken[4];
     uint64_t epoch;
 } samp_job;
@@ -376,7 +378,8 @@ static void fsdp_ckpt_rank(world *w, dpar_comm *c, int r)
         for (u = 0; u < FC_U; u++) { /* the parameters: bitwise those saved */
             float *got = (float *)malloc(fc_counts[u] * 4);
             expect_ok(w, dpar_fsdp_get_params(f, u, got), "get_params", r);
-            if (memcmp(got, j->p[u], fc_counts[u] * 4)) note(w, "N=%d rank %d: unit %d's parameters differ", w->n, r, u);
+            if (memcmp(got, j->p[u], fc_counts[u] * 4))
+                note(w, "N=%d rank %d: unit %d's parameters differ", w->n, r, u);
             free(got);
         }
         /* one more step here, against the reference: plain data parallelism from the saved state */

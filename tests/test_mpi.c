@@ -18,6 +18,7 @@ static void test_step_hook(void);
 #include "coll_matrix.h"
 #include "pipe_mlp.h"
 #include "fsdp_case.h"
+#include "ckpt_case.h"
 
 static int hook_on;
 static DPAR__TLS unsigned long long hook_rng = 1;
@@ -423,6 +424,52 @@ static void test_fsdp_over_mpi(void)
         }
 }
 
+/* checkpoints that reshard across processes (tests/ckpt_case.h): saved by every process as a tp x dp mesh, loaded by
+   a split comm of another size (the first N - 1 processes with tp = N - 1, the last alone) and by the whole world
+   with another tp; every element bitwise its formula. The processes share the directory, as a cluster's file system. */
+static void ckpt_proc(world *w, dpar_comm *c, int r)
+{
+    char path[256];
+    dpar_ckpt_item items[CC_T];
+    void *bufs[CC_T];
+    dpar_comm *part = NULL;
+    int k, n = w->n, tp = n % 2 == 0 ? 2 : 1, mine, size;
+    size_t bad;
+    memset(path, 0, sizeof path);
+    if (r == 0) {
+        char dir[] = "/tmp/dpar_mpi_ckpt_XXXXXX";
+        if (!mkdtemp(dir)) note(w, "mkdtemp failed");
+        snprintf(path, sizeof path, "%s/mesh", dir);
+    }
+    expect_ok(w, dpar_broadcast(c, path, path, sizeof path, DPAR_U8, 0), "broadcast path", r);
+    k = cc_items(tp, 1, n, r, 1, items, bufs);
+    expect_ok(w, dpar_ckpt_save(c, path, items, k), "save", r);
+    cc_free(bufs, k);
+    /* the whole world, tp 1 (or n when it was 1) */
+    k = cc_items(tp == 1 ? n : 1, 1, n, r, 0, items, bufs);
+    expect_ok(w, dpar_ckpt_load(c, path, items, k), "load (world)", r);
+    if ((bad = cc_wrong(items, k)) != 0) note(w, "rank %d, world load: %zu elements differ", r, bad);
+    cc_free(bufs, k);
+    /* a split comm of n - 1 processes (tp n - 1) and one of 1 */
+    expect_ok(w, dpar_comm_split(c, r == n - 1, r, &part), "split", r);
+    if (part) {
+        mine = dpar_comm_rank(part), size = dpar_comm_size(part);
+        k = cc_items(size, 1, size, mine, 0, items, bufs);
+        expect_ok(w, dpar_ckpt_load(part, path, items, k), "load (split)", r);
+        if ((bad = cc_wrong(items, k)) != 0) note(w, "rank %d of %d, split load: %zu elements differ", mine, size, bad);
+        cc_free(bufs, k);
+        dpar_comm_destroy(part);
+    }
+    dpar_barrier(c);
+    if (r == 0) {
+        char cmd[400];
+        *strrchr(path, '/') = 0;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+        if (system(cmd) != 0) note(w, "cannot remove %s", path);
+    }
+}
+static void test_ckpt_reshard_over_mpi(void) { CHECK(run_proc(NULL, ckpt_proc, NULL) == 0); }
+
 static void test_async_split_mesh_over_mpi(void)
 {
     CHECK(run_proc(NULL, async_proc, NULL) == 0);
@@ -702,6 +749,7 @@ int main(int argc, char **argv)
         MRUN(test_bitwise_reproducible_over_mpi);
         MRUN(test_deterministic_mode_over_mpi);
         MRUN(test_fsdp_over_mpi);
+        MRUN(test_ckpt_reshard_over_mpi);
         MRUN(test_async_split_mesh_over_mpi);
         MRUN(test_pipeline_over_mpi);
         /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
