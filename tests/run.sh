@@ -154,6 +154,17 @@ demo() {
     else
         bad "demo: stop and resume must equal the uninterrupted run ($crc1 vs $crc2)"
     fi
+    # an elastic restart: stopped on 2 thread ranks, resumed on 3; the same samples, float sums grouped otherwise
+    (cd "$d" && ./char_lm --steps 40 --batch 48 --sample 0 --ckpt e1.ckpt && ./char_lm --steps 40 --batch 48 --sample 0 \
+        --ckpt e2.ckpt --stop-at 17 && ./char_lm --steps 40 --batch 48 --sample 0 --ckpt e2.ckpt --resume --threads 3) >"$tmp/out" 2>&1
+    first=$(sed -nE 's/^eval loss ([0-9.]+) .*/\1/p' "$tmp/out" | sed -n 1p)
+    last=$(sed -nE 's/^eval loss ([0-9.]+) .*/\1/p' "$tmp/out" | sed -n 3p)
+    if [ -n "$last" ] && grep -q 'trained steps 18..40' "$tmp/out" && grep -q 'the 3 replicas are identical' "$tmp/out" &&
+        awk -v a="$first" -v b="$last" 'BEGIN { d = a - b; exit !(d * d < 1e-6) }'; then
+        ok "demo: stopped at 17 on 2 threads, resumed on 3 to 40: eval loss $last, straight $first"
+    else
+        bad "demo: --resume with another --threads must end as the uninterrupted run (eval loss $first vs $last)"
+    fi
     (cd "$d" && exec ./char_lm --steps 100000000 --batch 32 --sample 0 --ckpt int.ckpt) >"$tmp/out" 2>&1 &
     pid=$!
     sleep 2
