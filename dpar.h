@@ -1684,8 +1684,9 @@ DPAR_API dpar_status dpar_idx_destroy(dpar_idx *idx);
              the same rank of the same world size (checkpoints written before plans existed load this way).
    Zero it:  fields added later are zero in an item made by the constructors below or zeroed first
              (dpar_ckpt_item it = {0}); a plan that does not add up to `bytes` is refused (DPAR_EINVAL).
-   Disk:     loading into another layout reads other ranks' shards: every rank must see the checkpoint's directory
-             (a shared file system); the same layout reads only its own shard.
+   Disk:     a planned item may be read out of other ranks' shards (another layout; a replica, written once by its
+             first holder): every rank must then see the checkpoint's directory (a shared file system). Items
+             without a plan are read from the rank's own shard only.
    Crashes:  every file is written to a temporary name, fsynced and renamed, so a crash at any moment leaves
              the previous checkpoint whole.
    Loading:  checks the manifest, the shards, every item's name, size and CRC: a damaged or mismatched file is
