@@ -328,8 +328,9 @@ int main(int argc, char **argv)
     j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 4 : 10, j.threads = 2, j.stage = 3;
     for (a = 1; a < argc; a++) {
         const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
-        if (!strcmp(o, "--bench") || !strcmp(o, "--bf16")) {
-            *(o[2] == 'b' && o[3] == 'e' ? &j.bench : &j.bf16) = 1;
+        if (!strcmp(o, "--bench") || !strcmp(o, "--bf16")) { /* the flags without a value */
+            if (!strcmp(o, "--bench")) j.bench = 1;
+            else j.bf16 = 1;
             continue;
         }
         if (!v) return fprintf(stderr, "fsdp: %s needs a value\n", o), 2;
