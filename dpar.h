@@ -1736,9 +1736,10 @@ DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpa
 DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
 /* dpar_ckpt_save_zero / _load_zero, dpar_ckpt_save_fsdp / _load_fsdp: a ZeRO-1 optimizer or an FSDP model, with the
    caller's extra items (the sampler's position, the step...), in one call, over the object's comm. Each planned
-   item is named `prefix` + what it is (prefix NULL: "zero." or "fsdp."): zero: the parameters (a replica), the
-   optimizer state (flat shards) and the step; fsdp: per unit u "u<u>.param" (the fp32 master weights) and
-   "u<u>.m", "u<u>.v" (the optimizer's), flat shards of the unit, and the step and loss scale. They load into a
+   item is named `prefix` + what it is (prefix NULL: "zero." or "fsdp."): zero: "params" (each rank writes its block;
+   a load fills them all), "m" and "v" (the optimizer state's flat shards) and "step"; fsdp: per unit u "u<u>.param"
+   (the fp32 master weights) and "u<u>.m", "u<u>.v" (the optimizer's), flat shards of the unit, and "state" (the
+   step and the loss scale). They load into a
    zero / fsdp of another rank count (the same units, kind and element counts): bitwise the same parameters and
    state, as if trained there. Load needs no unit held (dpar_fsdp_release every gathered one first).
    params:   zero: the `count` parameters of dpar_zero_step, the same on every rank.
