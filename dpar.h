@@ -111,7 +111,7 @@
      >>dp         data-parallel helpers: sampler, gradient buckets                 base, transport, comm, async
      >>steal      work stealing between thread ranks                               base, transport, comm
      >>idx        IDX data files                                                   base
-     >>ckpt       checkpoints: sharded, CRC-checked, written atomically            base, comm
+     >>ckpt       checkpoints: shard plans that reshard, CRC-checked, atomic       base, comm, shard, zero, fsdp
      >>mpi        the MPI transport (DPAR_MPI)                                     base, transport, ring, comm
      >>hybrid     MPI's own collectives, the processes x threads comm              mpi, comm, threads' API
      >>impl       where the implementation starts
@@ -1504,6 +1504,7 @@ typedef struct dpar_sampler {
     size_t *perm; /* n, the current epoch's permutation */
     size_t *mine; /* per_rank, this rank's indices */
     dpar_allocator allocator;
+    size_t start; /* the epoch's samples consumed (by all ranks) before the current list: dpar_sampler_resume */
 } dpar_sampler;
 
 /* dpar_sampler_desc: how to set up a sampler; a zero field means its default. */
@@ -1525,6 +1526,19 @@ DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, const dpar_sampler_desc 
    Returns:  how many (s->per_rank).
    Thread safety: the owner's thread. */
 DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t **indices);
+/* dpar_sampler_resume / dpar_sampler_consumed: the position in an epoch, for checkpoints and elastic restarts.
+   Position: the number of the epoch's samples all ranks together have consumed, `consumed`: positions 0..consumed-1
+             of the epoch's permutation. It does not depend on the rank count, so a run saved on 4 ranks resumes on 3
+             neither repeating nor skipping a sample: save dpar_sampler_consumed (a dpar_ckpt_replica item beside the
+             epoch), and on resume call dpar_sampler_resume with it.
+   resume:   this rank's share of the rest of the epoch: positions consumed + rank, consumed + rank + ranks, ...; as
+             many on every rank (ceil((n - consumed) / ranks) wrapping around to the permutation's start, or floor
+             with drop_last); 0 when consumed >= n. dpar_sampler_epoch(s, e, ix) is dpar_sampler_resume(s, e, 0, ix).
+   consumed: the position after every rank has taken `taken` samples of its current list: min(n, start + taken x
+             ranks).
+   Thread safety: the owner's thread. */
+DPAR_API size_t dpar_sampler_resume(dpar_sampler *s, uint64_t epoch, size_t consumed, const size_t **indices);
+DPAR_API size_t dpar_sampler_consumed(const dpar_sampler *s, size_t taken);
 /* dpar_sampler_destroy: free the sampler's arrays and zero *s.
    Returns:  DPAR_OK (also for NULL or a zeroed sampler).
    Thread safety: the owner's thread. */
@@ -1725,30 +1739,89 @@ DPAR_API dpar_status dpar_idx_destroy(dpar_idx *idx);
 /* >>ckpt: checkpoints                                                                            */
 /* ============================================================================================== */
 /* dpar_ckpt_item: one named item of a checkpoint (parameters, optimizer state, the step counter...).
-   Files:    each rank writes its own items to `path.g<generation>.r<rank>`; then rank 0 writes the manifest
-             `path`, which names the generation and every shard's size and CRC-32: the manifest is the commit
-             point. Old generations are removed once the new manifest is in place.
+   Files:    each rank writes its items to `path.g<generation>.r<rank>`; then rank 0 writes the manifest `path`, which
+             names the generation, every shard's size and CRC-32 and every planned tensor's blocks: the manifest is
+             the commit point. Old generations are removed once the new manifest is in place.
+   Plans:    an item with a shard plan (elem > 0) is this rank's block of a global rows x cols tensor (row-major; a
+             vector is 1 x n): rows [row0, row0 + nrows) x columns [col0, col0 + ncols), held row-major in data, bytes =
+             nrows x ncols x elem. A block held by several ranks (a replica: dp copies, or the whole tensor on every
+             rank) is written once. Such an item loads into ANY layout and world size: the loader reads what it asks
+             for out of whichever shards hold it, bitwise. The blocks of all ranks must tile the tensor (no overlap, no
+             hole). Fill a plan with dpar_ckpt_replica / _flat / _block / _shard below.
+   Without:  an item without a plan (elem 0: a zeroed item, or dpar_ckpt_own) is this rank's own; it loads only into
+             the same rank of the same world size (checkpoints written before plans existed load this way).
+   Zero it:  fields added later are zero in an item made by the constructors below or zeroed first
+             (dpar_ckpt_item it = {0}); a plan that does not add up to `bytes` is refused (DPAR_EINVAL).
+   Disk:     a planned item may be read out of other ranks' shards (another layout; a replica, written once by its
+             first holder): every rank must then see the checkpoint's directory (a shared file system). Items
+             without a plan are read from the rank's own shard only.
    Crashes:  every file is written to a temporary name, fsynced and renamed, so a crash at any moment leaves
              the previous checkpoint whole.
-   Loading:  checks the manifest, the shard, every item's name, size and CRC: a damaged or mismatched file is
+   Loading:  checks the manifest, the shards, every item's name, size and CRC: a damaged or mismatched file is
              DPAR_ECORRUPT naming what is wrong, never a silent wrong load.
    See:      docs/data_parallel.md, 'Checkpoints'. */
 typedef struct dpar_ckpt_item {
     const char *name; /* at most 63 characters */
     void *data;
     size_t bytes;
+    size_t elem;        /* the shard plan: bytes of an element (0: no plan, this rank's own item) */
+    size_t rows, cols;  /* the global tensor: rows x cols elements */
+    size_t row0, nrows; /* this rank's block: rows [row0, row0 + nrows) */
+    size_t col0, ncols; /* and columns [col0, col0 + ncols) */
 } dpar_ckpt_item;
+
+/* dpar_ckpt_own / _replica / _flat / _block / _shard: an item, its plan filled in.
+   own:      this rank's own bytes, no plan (a random generator's state...).
+   replica:  the same bytes on every rank (the step, the sampler's position, unsharded weights): stored once, loads
+             into any layout.
+   flat:     elements [offset, offset + count) of a vector of `total` (a ZeRO shard: dpar_block_range's block).
+   block:    rows [row0, row0 + nrows) x columns [col0, col0 + ncols) of a rows x cols tensor.
+   shard:    rank `rank`'s block of a dpar_shard_plan (tensor parallelism: dpar_shard_slice's rows or columns).
+   Thread safety: any thread. */
+DPAR_API dpar_ckpt_item dpar_ckpt_own(const char *name, void *data, size_t bytes);
+DPAR_API dpar_ckpt_item dpar_ckpt_replica(const char *name, void *data, size_t bytes);
+DPAR_API dpar_ckpt_item dpar_ckpt_flat(const char *name, void *data, size_t elem, size_t total, size_t offset,
+                                       size_t count);
+DPAR_API dpar_ckpt_item dpar_ckpt_block(const char *name, void *data, size_t elem, size_t rows, size_t cols,
+                                        size_t row0, size_t nrows, size_t col0, size_t ncols);
+DPAR_API dpar_ckpt_item dpar_ckpt_shard(const char *name, void *data, size_t elem, const dpar_shard_plan *plan,
+                                        int rank);
 
 /* dpar_ckpt_save / dpar_ckpt_load: write this rank's items as a checkpoint / fill them back from one.
    comm:     NULL: one process, one rank.
-   items:    this rank's own items, the same names on save and load.
-   Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty; bad items: names of 1..63 characters, unique, data for
-             every byte count); load: DPAR_EIO (no checkpoint at path; the message says so), DPAR_ECORRUPT (see
-             dpar_ckpt_item); DPAR_ENOMEM; the comm's errors. When one rank fails to write or read, every rank
-             returns an error (the others' message says another rank failed).
+   items:    this rank's own items (ranks may hold different tensors: pipeline stages). Load asks for any of the saved
+             items by name (a subset is fine), in any layout for planned ones.
+   Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty; bad items: names of 1..63 characters, unique, data for every
+             byte count, a plan outside its tensor or not of `bytes`; save: ranks whose blocks of a tensor disagree
+             on its shape, overlap or leave a hole); load: DPAR_EIO (no checkpoint at path; the message says so),
+             DPAR_ECORRUPT (see dpar_ckpt_item; a layout the checkpoint cannot fill: the message names the tensor and
+             the reason: not in the checkpoint, another shape or element size, an item without a plan asked in another
+             world size); DPAR_ENOMEM; the comm's errors. When one rank fails to write or read, every rank returns an
+             error (the others' message says another rank failed). A load that fails on a damaged shard may have
+             filled some items already.
    Thread safety: the rank's thread; collective over comm. */
 DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
 DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count);
+/* dpar_ckpt_save_zero / _load_zero, dpar_ckpt_save_fsdp / _load_fsdp: a ZeRO-1 optimizer or an FSDP model, with the
+   caller's extra items (the sampler's position, the step...), in one call, over the object's comm. Each planned
+   item is named `prefix` + what it is (prefix NULL: "zero." or "fsdp."): zero: "params" (each rank writes its block;
+   a load fills them all), "m" and "v" (the optimizer state's flat shards) and "step"; fsdp: per unit u "u<u>.param"
+   (the fp32 master weights) and "u<u>.m", "u<u>.v" (the optimizer's), flat shards of the unit, and "state" (the
+   step and the loss scale). They load into a
+   zero / fsdp of another rank count (the same units, kind and element counts): bitwise the same parameters and
+   state, as if trained there. Load needs no unit held (dpar_fsdp_release every gathered one first).
+   params:   zero: the `count` parameters of dpar_zero_step, the same on every rank.
+   Returns:  as dpar_ckpt_save / _load; DPAR_EINVAL (NULL object or params, a prefix too long, a unit gathered or
+             its gradients not reduced).
+   Thread safety: the rank's thread; collective over the object's comm. */
+DPAR_API dpar_status dpar_ckpt_save_zero(dpar_zero *zero, float *params, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count);
+DPAR_API dpar_status dpar_ckpt_load_zero(dpar_zero *zero, float *params, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count);
+DPAR_API dpar_status dpar_ckpt_save_fsdp(dpar_fsdp *fsdp, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count);
+DPAR_API dpar_status dpar_ckpt_load_fsdp(dpar_fsdp *fsdp, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count);
 /* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320).
    crc:      the CRC so far, to continue from (start with 0).
    Thread safety: any thread. */
@@ -9074,8 +9147,13 @@ DPAR_API dpar_status dpar_sampler_init(dpar_sampler *s, const dpar_sampler_desc 
 
 DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t **indices)
 {
+    return dpar_sampler_resume(s, epoch, 0, indices);
+}
+
+DPAR_API size_t dpar_sampler_resume(dpar_sampler *s, uint64_t epoch, size_t consumed, const size_t **indices)
+{
     uint64_t state;
-    size_t i, k;
+    size_t i, k, count, left;
     if (!s || !s->perm) {
         if (indices) *indices = NULL;
         return 0;
@@ -9087,9 +9165,21 @@ DPAR_API size_t dpar_sampler_epoch(dpar_sampler *s, uint64_t epoch, const size_t
         s->perm[i] = s->perm[j];
         s->perm[j] = t;
     }
-    for (k = 0; k < s->per_rank; k++) s->mine[k] = s->perm[((size_t)s->rank + k * (size_t)s->ranks) % s->n];
+    left = consumed < s->n ? s->n - consumed : 0;
+    count = s->drop_last ? left / (size_t)s->ranks : (left + (size_t)s->ranks - 1) / (size_t)s->ranks;
+    if (count > s->per_rank) count = s->per_rank; /* cannot be more: left <= n */
+    s->start = consumed < s->n ? consumed : s->n;
+    for (k = 0; k < count; k++) s->mine[k] = s->perm[(s->start + (size_t)s->rank + k * (size_t)s->ranks) % s->n];
     if (indices) *indices = s->mine;
-    return s->per_rank;
+    return count;
+}
+
+DPAR_API size_t dpar_sampler_consumed(const dpar_sampler *s, size_t taken)
+{
+    size_t pos;
+    if (!s || !s->perm) return 0;
+    pos = s->start + taken * (size_t)s->ranks;
+    return pos < s->n && pos >= s->start ? pos : s->n;
 }
 
 DPAR_API dpar_status dpar_sampler_destroy(dpar_sampler *s)
@@ -10046,7 +10136,7 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes)
 }
 
 #define DPAR__CKPT_MAGIC "DPARCKP1"
-#define DPAR__MAN_MAGIC "DPARMAN1"
+#define DPAR__MAN_MAGIC "DPARMAN2" /* version 2: with the planned tensors; "DPARMAN1" still loads */
 
 static void dpar__put32(unsigned char *p, uint32_t v)
 {
@@ -10124,39 +10214,22 @@ static dpar_status dpar__read_file(const char *path, unsigned char **out, size_t
     return DPAR_OK;
 }
 
-/* the manifest: magic, nranks, generation, per rank (size, crc), crc of all before it */
-static dpar_status dpar__manifest_read(const char *path, uint64_t *gen, uint32_t *nranks, uint64_t **shards,
-                                       const dpar_allocator *a)
+struct dpar__ckpt_ten;
+/* the manifest's generation and rank count (save: the next generation, and the old shards to remove) */
+static dpar_status dpar__ckpt_parse(const char *path, const unsigned char *m, size_t n, uint32_t *nsaved, uint64_t *gen,
+                                    struct dpar__ckpt_ten **tens, uint32_t *ntens, const dpar_allocator *a);
+static dpar_status dpar__manifest_read(const char *path, uint64_t *gen, uint32_t *nranks, const dpar_allocator *a)
 {
     unsigned char *m;
-    size_t n, need;
-    uint32_t i;
+    size_t n;
+    uint32_t nt;
+    struct dpar__ckpt_ten *t = NULL;
     dpar_status st = dpar__read_file(path, &m, &n, a);
-    *shards = NULL;
-    if (st != DPAR_OK) return dpar__err(DPAR_EIO, "no checkpoint at '%s': %s", path, dpar_last_error());
-    if (n < 24 || memcmp(m, DPAR__MAN_MAGIC, 8)) {
-        dpar__free(a, m);
-        return dpar__err(DPAR_ECORRUPT, "'%s' is not a dpar checkpoint manifest", path);
-    }
-    *nranks = dpar__get32(m + 8);
-    *gen = dpar__get64(m + 12);
-    need = 20 + 12 * (size_t)*nranks + 4;
-    if (*nranks < 1 || *nranks > 1u << 20 || n != need || dpar_crc32(0, m, n - 4) != dpar__get32(m + n - 4)) {
-        dpar__free(a, m);
-        return dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged (%zu bytes, CRC mismatch or bad size)",
-                         path, n);
-    }
-    *shards = (uint64_t *)dpar__alloc(a, 2 * (size_t)*nranks * sizeof(uint64_t));
-    if (!*shards) {
-        dpar__free(a, m);
-        return dpar__err(DPAR_ENOMEM, "out of memory");
-    }
-    for (i = 0; i < *nranks; i++) {
-        (*shards)[2 * i] = dpar__get64(m + 20 + 12 * i);
-        (*shards)[2 * i + 1] = dpar__get32(m + 28 + 12 * i);
-    }
+    if (st != DPAR_OK) return st;
+    st = dpar__ckpt_parse(path, m, n, nranks, gen, &t, &nt, a);
+    dpar__free(a, t);
     dpar__free(a, m);
-    return DPAR_OK;
+    return st;
 }
 
 /* everyone's status: the worst (most negative) wins, with the failing rank's own story */
@@ -10175,29 +10248,212 @@ static dpar_status dpar__ckpt_agree(dpar_comm *c, dpar_status mine, const char *
     return DPAR_OK;
 }
 
+/* the constructors: an item with its plan */
+DPAR_API dpar_ckpt_item dpar_ckpt_own(const char *name, void *data, size_t bytes)
+{
+    dpar_ckpt_item it;
+    memset(&it, 0, sizeof it);
+    it.name = name;
+    it.data = data;
+    it.bytes = bytes;
+    return it;
+}
+DPAR_API dpar_ckpt_item dpar_ckpt_block(const char *name, void *data, size_t elem, size_t rows, size_t cols,
+                                        size_t row0, size_t nrows, size_t col0, size_t ncols)
+{
+    dpar_ckpt_item it = dpar_ckpt_own(name, data, nrows * ncols * elem);
+    it.elem = elem;
+    it.rows = rows, it.cols = cols;
+    it.row0 = row0, it.nrows = nrows;
+    it.col0 = col0, it.ncols = ncols;
+    return it;
+}
+DPAR_API dpar_ckpt_item dpar_ckpt_replica(const char *name, void *data, size_t bytes)
+{
+    return dpar_ckpt_block(name, data, 1, 1, bytes, 0, 1, 0, bytes);
+}
+DPAR_API dpar_ckpt_item dpar_ckpt_flat(const char *name, void *data, size_t elem, size_t total, size_t offset,
+                                       size_t count)
+{
+    return dpar_ckpt_block(name, data, elem, 1, total, 0, 1, offset, count);
+}
+DPAR_API dpar_ckpt_item dpar_ckpt_shard(const char *name, void *data, size_t elem, const dpar_shard_plan *plan,
+                                        int rank)
+{
+    size_t r0 = 0, nr = 0, c0 = 0, nc = 0;
+    DPAR_ASSERT(plan != NULL);
+    dpar_shard_slice(plan, rank, &r0, &nr, &c0, &nc);
+    return dpar_ckpt_block(name, data, elem, plan->rows, plan->cols, r0, nr, c0, nc);
+}
+
 static dpar_status dpar__ckpt_check_items(const dpar_ckpt_item *items, int count, const char *api)
 {
     int i, j;
     if (count < 0 || (count && !items)) return dpar__err(DPAR_EINVAL, "%s: %d items", api, count);
     for (i = 0; i < count; i++) {
-        if (!items[i].name || !*items[i].name || strlen(items[i].name) > 63)
+        const dpar_ckpt_item *t = &items[i];
+        if (!t->name || !*t->name || strlen(t->name) > 63)
             return dpar__err(DPAR_EINVAL, "%s: item %d needs a name of 1..63 characters", api, i);
-        if (items[i].bytes && !items[i].data)
-            return dpar__err(DPAR_EINVAL, "%s: item '%s' has no data", api, items[i].name);
+        if (t->bytes && !t->data) return dpar__err(DPAR_EINVAL, "%s: item '%s' has no data", api, t->name);
+        if (t->elem) { /* the block lies in the tensor and is the item's bytes, without overflow */
+            size_t big = (size_t)-1;
+            int ok = t->row0 <= t->rows && t->nrows <= t->rows - t->row0 && t->col0 <= t->cols &&
+                     t->ncols <= t->cols - t->col0 && (!t->rows || t->cols <= big / t->rows) &&
+                     (!t->rows || !t->cols || t->elem <= big / (t->rows * t->cols)) &&
+                     t->nrows * t->ncols * t->elem == t->bytes;
+            if (!ok)
+                return dpar__err(DPAR_EINVAL,
+                                 "%s: item '%s': its plan (rows %zu+%zu, columns %zu+%zu of %zu x %zu elements of %zu "
+                                 "bytes) lies outside the tensor or is not its %zu bytes (zero an item before filling "
+                                 "it: dpar_ckpt_item it = {0}, or the dpar_ckpt_* constructors)",
+                                 api, t->name, t->row0, t->nrows, t->col0, t->ncols, t->rows, t->cols, t->elem,
+                                 t->bytes);
+        }
         for (j = 0; j < i; j++)
-            if (!strcmp(items[i].name, items[j].name))
-                return dpar__err(DPAR_EINVAL, "%s: two items are called '%s'", api, items[i].name);
+            if (!strcmp(t->name, items[j].name))
+                return dpar__err(DPAR_EINVAL, "%s: two items are called '%s'", api, t->name);
     }
     return DPAR_OK;
+}
+
+/* a planned block as the ranks exchange it on save: name, elem, rows, cols, row0, nrows, col0, ncols */
+typedef struct dpar__ckpt_rec {
+    const unsigned char *name;
+    uint32_t nlen;
+    int rank, idx, dup; /* dup: a rank before holds the same block, or it is empty: not written */
+    uint64_t v[7];      /* elem, rows, cols, row0, nrows, col0, ncols */
+} dpar__ckpt_rec;
+
+static int dpar__ckpt_rec_cmp(const void *pa, const void *pb)
+{
+    const dpar__ckpt_rec *a = (const dpar__ckpt_rec *)pa, *b = (const dpar__ckpt_rec *)pb;
+    uint32_t n = a->nlen < b->nlen ? a->nlen : b->nlen;
+    int c = memcmp(a->name, b->name, n);
+    if (c) return c;
+    if (a->nlen != b->nlen) return a->nlen < b->nlen ? -1 : 1;
+    return a->rank < b->rank ? -1 : a->rank > b->rank;
+}
+
+/* the blocks [a0, a0 + an) and [b0, b0 + bn) overlap */
+static int dpar__ckpt_meet(uint64_t a0, uint64_t an, uint64_t b0, uint64_t bn)
+{
+    return an && bn && a0 < b0 + bn && b0 < a0 + an;
+}
+
+/* check the gathered plans of one tensor (recs[lo..hi), sorted by rank): one shape, blocks that tile it; mark
+   duplicates. Every rank runs it on the same data, so every rank reaches the same verdict. */
+static dpar_status dpar__ckpt_tile(dpar__ckpt_rec *r, int lo, int hi)
+{
+    int i, j;
+    uint64_t area = 0;
+    for (i = lo; i < hi; i++) {
+        if (memcmp(r[i].v, r[lo].v, 3 * sizeof(uint64_t)))
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_ckpt_save: tensor '%.*s': rank %d holds a block of %llu x %llu elements of %llu "
+                             "bytes, rank %d of %llu x %llu of %llu (shape mismatch)",
+                             (int)r[i].nlen, (const char *)r[i].name, r[lo].rank, (unsigned long long)r[lo].v[1],
+                             (unsigned long long)r[lo].v[2], (unsigned long long)r[lo].v[0], r[i].rank,
+                             (unsigned long long)r[i].v[1], (unsigned long long)r[i].v[2],
+                             (unsigned long long)r[i].v[0]);
+        r[i].dup = r[i].v[4] * r[i].v[6] == 0;
+        for (j = lo; j < i && !r[i].dup; j++) {
+            if (r[j].dup) continue;
+            if (!memcmp(r[i].v + 3, r[j].v + 3, 4 * sizeof(uint64_t))) r[i].dup = 1; /* a replica: stored once */
+            else if (dpar__ckpt_meet(r[i].v[3], r[i].v[4], r[j].v[3], r[j].v[4]) &&
+                     dpar__ckpt_meet(r[i].v[5], r[i].v[6], r[j].v[5], r[j].v[6]))
+                return dpar__err(DPAR_EINVAL, "dpar_ckpt_save: tensor '%.*s': the blocks of ranks %d and %d overlap",
+                                 (int)r[i].nlen, (const char *)r[i].name, r[j].rank, r[i].rank);
+        }
+        if (!r[i].dup) area += r[i].v[4] * r[i].v[6];
+    }
+    if (area != r[lo].v[1] * r[lo].v[2])
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_ckpt_save: tensor '%.*s': the ranks' blocks cover %llu of its %llu x %llu elements "
+                         "(a hole: a rank is missing or its block is wrong)",
+                         (int)r[lo].nlen, (const char *)r[lo].name, (unsigned long long)area,
+                         (unsigned long long)r[lo].v[1], (unsigned long long)r[lo].v[2]);
+    return DPAR_OK;
+}
+
+/* save, step 1: every rank learns every rank's plans; the tensors are checked, and each planned item learns whether
+   this rank writes it (*mine[i], per planned item in order). On success *recs (sorted by name, then rank) and
+   *table (the bytes they point into) are the caller's to free. */
+static dpar_status dpar__ckpt_plans(dpar_comm *comm, const dpar_ckpt_item *items, int count, const dpar_allocator *a,
+                                    unsigned char **table, dpar__ckpt_rec **recs, int *nrecs, unsigned char *mine)
+{
+    int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i, r, n = 0, k = 0;
+    int64_t len = 8, most;
+    size_t slot;
+    unsigned char *p;
+    dpar__ckpt_rec *rec;
+    dpar_status st = DPAR_OK;
+    *table = NULL, *recs = NULL, *nrecs = 0;
+    for (i = 0; i < count; i++)
+        if (items[i].elem) len += 4 + (int64_t)strlen(items[i].name) + 56;
+    most = len;
+    if (comm) DPAR__TRY(dpar_allreduce(comm, &len, &most, 1, DPAR_I64, DPAR_MAX));
+    slot = (size_t)most;
+    *table = (unsigned char *)dpar__calloc(a, (size_t)nranks, slot);
+    if (!*table) st = dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory");
+    if (comm) DPAR__TRY(dpar__ckpt_agree(comm, st, "checkpoint"));
+    else if (st != DPAR_OK) return st;
+    p = *table + (size_t)rank * slot;
+    dpar__put64(p, (uint64_t)len);
+    p += 8;
+    for (i = 0; i < count; i++) {
+        const dpar_ckpt_item *t = &items[i];
+        uint64_t v[7];
+        int q;
+        if (!t->elem) continue;
+        v[0] = t->elem, v[1] = t->rows, v[2] = t->cols, v[3] = t->row0, v[4] = t->nrows, v[5] = t->col0;
+        v[6] = t->ncols;
+        dpar__put32(p, (uint32_t)strlen(t->name));
+        memcpy(p + 4, t->name, strlen(t->name));
+        p += 4 + strlen(t->name);
+        for (q = 0; q < 7; q++) dpar__put64(p + 8 * q, v[q]);
+        p += 56;
+        n++;
+    }
+    if (comm) DPAR__TRY(dpar_allgather(comm, *table + (size_t)rank * slot, *table, slot * (size_t)nranks, DPAR_U8));
+    /* count and parse every rank's records */
+    for (r = 0, n = 0; r < nranks; r++) {
+        unsigned char *s = *table + (size_t)r * slot, *end = s + dpar__get64(s);
+        for (p = s + 8; p < end; p += 60 + dpar__get32(p)) n++;
+    }
+    rec = (dpar__ckpt_rec *)dpar__calloc(a, (size_t)n + 1, sizeof *rec);
+    if (!rec) return dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory");
+    for (r = 0; r < nranks; r++) {
+        unsigned char *s = *table + (size_t)r * slot, *end = s + dpar__get64(s);
+        int idx = 0;
+        for (p = s + 8; p < end; p += 60 + rec[k].nlen, idx++, k++) {
+            int q;
+            rec[k].nlen = dpar__get32(p);
+            rec[k].name = p + 4;
+            rec[k].rank = r;
+            rec[k].idx = idx;
+            for (q = 0; q < 7; q++) rec[k].v[q] = dpar__get64(p + 4 + rec[k].nlen + 8 * q);
+        }
+    }
+    qsort(rec, (size_t)n, sizeof *rec, dpar__ckpt_rec_cmp);
+    for (i = 0; i < n && st == DPAR_OK; i = k) {
+        for (k = i + 1; k < n && rec[k].nlen == rec[i].nlen && !memcmp(rec[k].name, rec[i].name, rec[i].nlen); k++)
+            continue;
+        st = dpar__ckpt_tile(rec, i, k);
+    }
+    for (i = 0; i < n; i++)
+        if (rec[i].rank == rank) mine[rec[i].idx] = (unsigned char)!rec[i].dup;
+    *recs = rec, *nrecs = n;
+    return st;
 }
 
 DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
 {
     dpar_allocator a;
-    int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i;
-    uint64_t gen = 1, old = 0, *sizes = NULL, *old_shards = NULL;
+    int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i, k, nrecs = 0, nwrite = 0, planned = 0;
+    uint64_t gen = 1, old = 0, *sizes = NULL;
     uint32_t old_n = 0;
-    unsigned char *head = NULL;
+    unsigned char *head = NULL, *table = NULL, *mine = NULL;
+    dpar__ckpt_rec *recs = NULL;
     size_t hn, total = 0;
     char shard[4096];
     dpar_status st;
@@ -10208,32 +10464,47 @@ DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpa
     st = dpar__ckpt_check_items(items, count, "dpar_ckpt_save");
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     /* the generation: one after the current manifest's (rank 0 decides, everyone hears) */
-    if (rank == 0 && dpar__manifest_read(path, &old, &old_n, &old_shards, &a) == DPAR_OK) gen = old + 1;
-    dpar__free(&a, old_shards);
+    if (rank == 0 && dpar__manifest_read(path, &old, &old_n, &a) == DPAR_OK) gen = old + 1;
     dpar_clear_error();
     if (comm) {
-        int64_t g[2];
+        int64_t g[3];
         g[0] = (int64_t)gen;
         g[1] = (int64_t)old;
-        DPAR__TRY(dpar_broadcast(comm, g, g, 2, DPAR_I64, 0));
+        g[2] = (int64_t)old_n;
+        DPAR__TRY(dpar_broadcast(comm, g, g, 3, DPAR_I64, 0));
         gen = (uint64_t)g[0];
         old = (uint64_t)g[1];
+        old_n = (uint32_t)g[2];
     }
+    /* the plans: every rank's, checked; which planned items this rank writes (a replica: only its first holder) */
+    for (i = 0; i < count; i++) planned += items[i].elem != 0;
+    mine = (unsigned char *)dpar__calloc(&a, (size_t)planned + 1, 1);
+    st = dpar__ckpt_agree(comm, mine ? DPAR_OK : dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
+    if (st != DPAR_OK) goto done;
+    st = dpar__ckpt_plans(comm, items, count, &a, &table, &recs, &nrecs, mine);
+    if (st != DPAR_OK) goto done; /* the same verdict on every rank, or a comm error */
     /* this rank's shard: a header with every item's name, size and CRC, then the data */
     hn = 32;
-    for (i = 0; i < count; i++) hn += 4 + strlen(items[i].name) + 8 + 4;
+    for (i = 0, k = 0; i < count; i++) {
+        int w = items[i].elem ? mine[k++] : 1;
+        if (w) hn += 4 + strlen(items[i].name) + 8 + 4, nwrite++;
+    }
     head = (unsigned char *)dpar__alloc(&a, hn);
-    if (!head) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
+    if (!head) {
+        st = dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
+        goto done;
+    }
     memcpy(head, DPAR__CKPT_MAGIC, 8);
     dpar__put32(head + 8, 1);
     dpar__put32(head + 12, (uint32_t)rank);
     dpar__put32(head + 16, (uint32_t)nranks);
-    dpar__put32(head + 20, (uint32_t)count);
+    dpar__put32(head + 20, (uint32_t)nwrite);
     dpar__put64(head + 24, gen);
     {
         unsigned char *p = head + 32;
-        for (i = 0; i < count; i++) {
+        for (i = 0, k = 0; i < count; i++) {
             size_t ln = strlen(items[i].name);
+            if (items[i].elem && !mine[k++]) continue;
             dpar__put32(p, (uint32_t)ln);
             memcpy(p + 4, items[i].name, ln);
             dpar__put64(p + 4 + ln, items[i].bytes);
@@ -10248,12 +10519,13 @@ DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpa
         unsigned char *all = (unsigned char *)dpar__alloc(&a, hn + total + 1), *p;
         uint32_t crc;
         if (!all) {
-            dpar__free(&a, head);
-            return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
+            st = dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
+            goto done;
         }
         memcpy(all, head, hn);
         p = all + hn;
-        for (i = 0; i < count; i++) {
+        for (i = 0, k = 0; i < count; i++) {
+            if (items[i].elem && !mine[k++]) continue;
             if (items[i].bytes) memcpy(p, items[i].data, items[i].bytes);
             p += items[i].bytes;
         }
@@ -10263,20 +10535,34 @@ DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpa
         sh[1] = (int64_t)crc;
         dpar__free(&a, all);
     }
-    dpar__free(&a, head);
-    DPAR__TRY(dpar__ckpt_agree(comm, st, "checkpoint"));
+    st = dpar__ckpt_agree(comm, st, "checkpoint");
+    if (st != DPAR_OK) goto done;
     /* rank 0 learns every shard's size and CRC and commits the manifest */
     sizes = (uint64_t *)dpar__alloc(&a, 2 * (size_t)nranks * sizeof(uint64_t));
-    if (!sizes) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
+    if (!sizes) {
+        st = dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory"), "checkpoint");
+        goto done;
+    }
     sizes[2 * rank] = (uint64_t)sh[0];
     sizes[2 * rank + 1] = (uint64_t)sh[1];
     if (comm) st = dpar_allgather(comm, sizes + 2 * rank, sizes, 2 * (size_t)nranks, DPAR_I64);
     if (st == DPAR_OK && rank == 0) {
-        size_t mn = 20 + 12 * (size_t)nranks + 4;
-        unsigned char *man = (unsigned char *)dpar__alloc(&a, mn);
+        /* magic, nranks, generation, per rank (size, crc), the tensors, crc of all before it. A tensor: name
+           length, name, elem, rows, cols, its stored blocks: count, then per block (rank, row0, nrows, col0, ncols) */
+        size_t mn = 20 + 12 * (size_t)nranks + 4 + 4;
+        unsigned char *man, *p;
+        uint32_t ntens = 0;
+        for (i = 0; i < nrecs; i++) {
+            int first =
+                i == 0 || recs[i].nlen != recs[i - 1].nlen || memcmp(recs[i].name, recs[i - 1].name, recs[i].nlen);
+            if (first) mn += 4 + recs[i].nlen + 24 + 4, ntens++;
+            if (!recs[i].dup) mn += 36;
+        }
+        man = (unsigned char *)dpar__alloc(&a, mn);
         if (!man) {
             st = dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory");
         } else {
+            unsigned char *nb = NULL;
             memcpy(man, DPAR__MAN_MAGIC, 8);
             dpar__put32(man + 8, (uint32_t)nranks);
             dpar__put64(man + 12, gen);
@@ -10284,29 +10570,162 @@ DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpa
                 dpar__put64(man + 20 + 12 * i, sizes[2 * i]);
                 dpar__put32(man + 28 + 12 * i, (uint32_t)sizes[2 * i + 1]);
             }
+            p = man + 20 + 12 * (size_t)nranks;
+            dpar__put32(p, ntens);
+            p += 4;
+            for (i = 0; i < nrecs; i++) {
+                int first =
+                    i == 0 || recs[i].nlen != recs[i - 1].nlen || memcmp(recs[i].name, recs[i - 1].name, recs[i].nlen);
+                if (first) {
+                    dpar__put32(p, recs[i].nlen);
+                    memcpy(p + 4, recs[i].name, recs[i].nlen);
+                    p += 4 + recs[i].nlen;
+                    for (k = 0; k < 3; k++) dpar__put64(p + 8 * k, recs[i].v[k]);
+                    nb = p + 24;
+                    dpar__put32(nb, 0);
+                    p += 28;
+                }
+                if (recs[i].dup) continue;
+                dpar__put32(nb, dpar__get32(nb) + 1);
+                dpar__put32(p, (uint32_t)recs[i].rank);
+                for (k = 0; k < 4; k++) dpar__put64(p + 4 + 8 * k, recs[i].v[3 + k]);
+                p += 36;
+            }
             dpar__put32(man + mn - 4, dpar_crc32(0, man, mn - 4));
             st = dpar__write_atomic(path, man, mn, NULL, 0);
             dpar__free(&a, man);
         }
     }
-    dpar__free(&a, sizes);
     st = dpar__ckpt_agree(comm, st, "checkpoint");
     if (st == DPAR_OK && old) { /* the new manifest is in place: the old generation may go */
         snprintf(shard, sizeof shard, "%s.g%llu.r%d", path, (unsigned long long)old, rank);
         remove(shard);
+        if (rank == 0) /* ranks the old checkpoint had beyond this job's */
+            for (i = nranks; i < (int)old_n; i++) {
+                snprintf(shard, sizeof shard, "%s.g%llu.r%d", path, (unsigned long long)old, i);
+                remove(shard);
+            }
     }
+done:
+    dpar__free(&a, sizes);
+    dpar__free(&a, head);
+    dpar__free(&a, table);
+    dpar__free(&a, recs);
+    dpar__free(&a, mine);
     return st;
+}
+
+/* a manifest parsed: the shards' sizes and CRCs, the planned tensors (version 1 has none) */
+typedef struct dpar__ckpt_ten {
+    const unsigned char *name, *blocks; /* blocks: nb x (rank u32, row0, nrows, col0, ncols u64) */
+    uint32_t nlen, nb;
+    uint64_t elem, rows, cols;
+} dpar__ckpt_ten;
+
+static dpar_status dpar__ckpt_parse(const char *path, const unsigned char *m, size_t n, uint32_t *nsaved, uint64_t *gen,
+                                    dpar__ckpt_ten **tens, uint32_t *ntens, const dpar_allocator *a)
+{
+    size_t at;
+    uint32_t i, v2;
+    *tens = NULL, *ntens = 0;
+    if (n < 24 || (memcmp(m, DPAR__MAN_MAGIC, 8) && memcmp(m, "DPARMAN1", 8)))
+        return dpar__err(DPAR_ECORRUPT, "'%s' is not a dpar checkpoint manifest", path);
+    v2 = !memcmp(m, DPAR__MAN_MAGIC, 8);
+    *nsaved = dpar__get32(m + 8);
+    *gen = dpar__get64(m + 12);
+    at = 20 + 12 * (size_t)*nsaved;
+    if (*nsaved < 1 || *nsaved > 1u << 20 || n < at + 4 + 4 * v2 || dpar_crc32(0, m, n - 4) != dpar__get32(m + n - 4))
+        return dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged (%zu bytes, CRC mismatch or bad size)",
+                         path, n);
+    if (!v2) return n == at + 4 ? DPAR_OK : dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged", path);
+    *ntens = dpar__get32(m + at);
+    at += 4;
+    if (*ntens > n / 32) return dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged", path);
+    *tens = (dpar__ckpt_ten *)dpar__calloc(a, (size_t)*ntens + 1, sizeof **tens);
+    if (!*tens) return dpar__err(DPAR_ENOMEM, "out of memory");
+    for (i = 0; i < *ntens; i++) {
+        dpar__ckpt_ten *t = *tens + i;
+        uint32_t b;
+        if (at + 4 > n - 4 || (t->nlen = dpar__get32(m + at)) > 63 || at + 4 + t->nlen + 28 > n - 4) break;
+        t->name = m + at + 4;
+        at += 4 + t->nlen;
+        t->elem = dpar__get64(m + at), t->rows = dpar__get64(m + at + 8), t->cols = dpar__get64(m + at + 16);
+        t->nb = dpar__get32(m + at + 24);
+        at += 28;
+        t->blocks = m + at;
+        if (t->nb > (n - 4 - at) / 36) break;
+        for (b = 0; b < t->nb && dpar__get32(t->blocks + 36 * b) < *nsaved; b++) continue;
+        if (b < t->nb) break;
+        at += 36 * (size_t)t->nb;
+    }
+    if (i < *ntens || at != n - 4) {
+        dpar__free(a, *tens);
+        *tens = NULL;
+        return dpar__err(DPAR_ECORRUPT, "the checkpoint manifest '%s' is damaged (its tensor table)", path);
+    }
+    return DPAR_OK;
+}
+
+/* find `name` among a shard's items: its data and size (the header was checked against the file's size) */
+static const unsigned char *dpar__ckpt_find(const unsigned char *file, size_t size, const char *name, uint64_t *bytes,
+                                            uint32_t *crc)
+{
+    uint32_t count = dpar__get32(file + 20), i;
+    const unsigned char *p = file + 32, *data;
+    size_t ln = strlen(name);
+    for (i = 0, data = p; i < count; i++) { /* the data starts after the header */
+        if (p + 16 > file + size || dpar__get32(p) > 63) return NULL;
+        data += 16 + dpar__get32(p);
+        p += 16 + dpar__get32(p);
+    }
+    for (i = 0, p = file + 32; i < count; i++) {
+        uint32_t l = dpar__get32(p);
+        uint64_t b = dpar__get64(p + 4 + l);
+        if (b > (uint64_t)(file + size - data)) return NULL;
+        if (l == ln && !memcmp(p + 4, name, ln)) {
+            *bytes = b;
+            *crc = dpar__get32(p + 12 + l);
+            return data;
+        }
+        data += b;
+        p += 16 + l;
+    }
+    return NULL;
+}
+
+/* the rows and columns a saved block shares with an asked one, copied */
+static uint64_t dpar__ckpt_copy(const dpar_ckpt_item *t, const unsigned char *blk, const unsigned char *src)
+{
+    uint64_t r0 = dpar__get64(blk + 4), nr = dpar__get64(blk + 12), c0 = dpar__get64(blk + 20),
+             nc = dpar__get64(blk + 28), lo, hi, clo, chi, r;
+    lo = r0 > t->row0 ? r0 : t->row0;
+    hi = r0 + nr < t->row0 + t->nrows ? r0 + nr : t->row0 + t->nrows;
+    clo = c0 > t->col0 ? c0 : t->col0;
+    chi = c0 + nc < t->col0 + t->ncols ? c0 + nc : t->col0 + t->ncols;
+    if (lo >= hi || clo >= chi) return 0;
+    for (r = lo; r < hi; r++)
+        memcpy((unsigned char *)t->data + ((r - t->row0) * t->ncols + (clo - t->col0)) * t->elem,
+               src + ((r - r0) * nc + (clo - c0)) * t->elem, (size_t)((chi - clo) * t->elem));
+    return (hi - lo) * (chi - clo);
+}
+
+static int dpar__ckpt_meets(const dpar_ckpt_item *t, const unsigned char *blk)
+{
+    return dpar__ckpt_meet(dpar__get64(blk + 4), dpar__get64(blk + 12), t->row0, t->nrows) &&
+           dpar__ckpt_meet(dpar__get64(blk + 20), dpar__get64(blk + 28), t->col0, t->ncols);
 }
 
 DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpar_ckpt_item *items, int count)
 {
     dpar_allocator a;
-    int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i;
-    uint64_t gen = 0, *shards = NULL;
-    uint32_t n = 0;
-    int64_t info[4];
-    unsigned char *file = NULL, *p;
-    size_t size = 0;
+    int rank = comm ? comm->rank : 0, nranks = comm ? comm->size : 1, i, pass;
+    uint64_t gen = 0, *done = NULL;
+    uint32_t nsaved = 0, ntens = 0, s, b;
+    int64_t info[2];
+    unsigned char *man = NULL, *file = NULL;
+    size_t mn = 0, size = 0;
+    dpar__ckpt_ten *tens = NULL;
+    int *which = NULL; /* per item: its tensor, or -1: read by name from this rank's own shard */
     char shard[4096];
     dpar_status st;
     memset(&a, 0, sizeof a);
@@ -10314,82 +10733,283 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
     if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_ckpt_load: path is NULL or empty");
     st = dpar__ckpt_check_items(items, count, "dpar_ckpt_load");
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
-    /* rank 0 reads the manifest (on machines without a shared disk only it has one) and tells all */
-    memset(info, 0, sizeof info);
+    /* rank 0 reads the manifest (on machines without a shared disk only it has one) and sends it to all */
+    info[0] = DPAR_OK, info[1] = 0;
     if (rank == 0) {
-        st = dpar__manifest_read(path, &gen, &n, &shards, &a);
-        if (st == DPAR_OK && n != (uint32_t)nranks)
-            st = dpar__err(DPAR_ECORRUPT, "the checkpoint '%s' has %u shards, this job %d ranks", path, n, nranks);
+        st = dpar__read_file(path, &man, &mn, &a);
+        if (st != DPAR_OK) st = dpar__err(DPAR_EIO, "no checkpoint at '%s': %s", path, dpar_last_error());
+        else st = dpar__ckpt_parse(path, man, mn, &nsaved, &gen, &tens, &ntens, &a);
         info[0] = st;
-        info[1] = (int64_t)gen;
+        info[1] = (int64_t)mn;
     }
-    if (comm) DPAR__TRY(dpar_broadcast(comm, info, info, 4, DPAR_I64, 0));
+    if (comm) DPAR__TRY(dpar_broadcast(comm, info, info, 2, DPAR_I64, 0));
     if (info[0] != DPAR_OK) {
-        dpar__free(&a, shards);
+        dpar__free(&a, man);
+        dpar__free(&a, tens);
         if (rank == 0) return dpar__ckpt_agree(comm, (dpar_status)info[0], "checkpoint");
         return dpar__ckpt_agree(
             comm, dpar__err((dpar_status)info[0], "rank 0 cannot read the checkpoint manifest '%s'", path),
             "checkpoint");
     }
-    gen = (uint64_t)info[1];
-    if (!shards) shards = (uint64_t *)dpar__alloc(&a, 2 * (size_t)nranks * sizeof(uint64_t));
-    if (!shards) return dpar__ckpt_agree(comm, dpar__err(DPAR_ENOMEM, "out of memory"), "checkpoint");
-    if (comm) DPAR__TRY(dpar_broadcast(comm, shards, shards, 2 * (size_t)nranks, DPAR_I64, 0));
-    snprintf(shard, sizeof shard, "%s.g%llu.r%d", path, (unsigned long long)gen, rank);
-    st = dpar__read_file(shard, &file, &size, &a);
-    if (st != DPAR_OK) {
-        st = dpar__err(DPAR_ECORRUPT, "the checkpoint's shard is missing: %s", dpar_last_error());
-    } else if (size != shards[2 * rank] || dpar_crc32(0, file, size) != (uint32_t)shards[2 * rank + 1]) {
-        st = dpar__err(DPAR_ECORRUPT,
-                       "'%s' is damaged: %zu bytes with CRC 0x%08x, the manifest says %llu bytes with CRC "
-                       "0x%08x",
-                       shard, size, dpar_crc32(0, file, size), (unsigned long long)shards[2 * rank],
-                       (unsigned)shards[2 * rank + 1]);
-    } else if (size < 32 || memcmp(file, DPAR__CKPT_MAGIC, 8) || dpar__get32(file + 12) != (uint32_t)rank ||
-               dpar__get32(file + 16) != (uint32_t)nranks || dpar__get64(file + 24) != gen) {
-        st = dpar__err(DPAR_ECORRUPT, "'%s' is not rank %d's shard of generation %llu", shard, rank,
-                       (unsigned long long)gen);
-    } else if (dpar__get32(file + 20) != (uint32_t)count) {
-        st = dpar__err(DPAR_ECORRUPT, "'%s' has %u items, the program asks for %d", shard, dpar__get32(file + 20),
-                       count);
+    mn = (size_t)info[1];
+    if (rank != 0) man = (unsigned char *)dpar__alloc(&a, mn + 1);
+    st = man ? DPAR_OK : dpar__err(DPAR_ENOMEM, "out of memory");
+    DPAR__TRY(dpar__ckpt_agree(comm, st, "checkpoint"));
+    if (comm) st = dpar_broadcast(comm, man, man, mn, DPAR_U8, 0);
+    if (st == DPAR_OK && rank != 0) st = dpar__ckpt_parse(path, man, mn, &nsaved, &gen, &tens, &ntens, &a);
+    which = (int *)dpar__calloc(&a, (size_t)count + 1, sizeof(int));
+    done = (uint64_t *)dpar__calloc(&a, (size_t)count + 1, sizeof(uint64_t));
+    if (st == DPAR_OK && (!which || !done)) st = dpar__err(DPAR_ENOMEM, "out of memory");
+    /* every item resolved before a file is read: a layout the checkpoint cannot fill says why */
+    for (i = 0; i < count && st == DPAR_OK; i++) {
+        const dpar_ckpt_item *t = &items[i];
+        size_t ln = strlen(t->name);
+        uint32_t k;
+        which[i] = -1;
+        for (k = 0; k < ntens && !(tens[k].nlen == ln && !memcmp(tens[k].name, t->name, ln)); k++) continue;
+        if (k < ntens && t->elem) {
+            which[i] = (int)k;
+            if (tens[k].elem != t->elem || tens[k].rows != t->rows || tens[k].cols != t->cols)
+                st = dpar__err(DPAR_ECORRUPT,
+                               "checkpoint '%s': tensor '%s' is %llu x %llu elements of %llu bytes there, the "
+                               "program asks for %zu x %zu of %zu (shape mismatch)",
+                               path, t->name, (unsigned long long)tens[k].rows, (unsigned long long)tens[k].cols,
+                               (unsigned long long)tens[k].elem, t->rows, t->cols, t->elem);
+        } else if (k < ntens && t->bytes != tens[k].rows * tens[k].cols * tens[k].elem) {
+            st = dpar__err(DPAR_ECORRUPT,
+                           "checkpoint '%s': tensor '%s' has %llu bytes, the program asks for %zu without a plan", path,
+                           t->name, (unsigned long long)(tens[k].rows * tens[k].cols * tens[k].elem), t->bytes);
+        } else if (k < ntens) { /* asked without a plan: the whole tensor */
+            which[i] = (int)k;
+        } else if (nsaved != (uint32_t)nranks) {
+            st = dpar__err(DPAR_ECORRUPT,
+                           "checkpoint '%s' has %u shards, this job %d ranks: item '%s' %s, so it loads only into "
+                           "the world size it was saved from",
+                           path, nsaved, nranks, t->name,
+                           t->elem ? "is not a planned tensor there (missing tensor, or saved without a plan)"
+                                   : "has no shard plan");
+        }
     }
-    if (st == DPAR_OK) { /* the items: names and sizes in order, then each one's CRC */
-        size_t data_at = 32, at;
-        p = file + 32;
-        for (i = 0; i < count && st == DPAR_OK; i++) {
-            uint32_t ln = (uint32_t)(p + 4 <= file + size ? dpar__get32(p) : 0xffffffffu);
-            if (ln > 63 || p + 16 + ln > file + size) {
-                st = dpar__err(DPAR_ECORRUPT, "'%s': item %d's header is damaged", shard, i);
-                break;
+    /* the shards, one at a time: this rank's own, and those holding blocks that meet the asked ones */
+    for (s = 0; s < nsaved && st == DPAR_OK; s++) {
+        int need = 0;
+        for (i = 0; i < count && !need; i++) {
+            if (which[i] < 0) {
+                need = s == (uint32_t)rank;
+                continue;
             }
-            if (strlen(items[i].name) != ln || memcmp(p + 4, items[i].name, ln))
-                st = dpar__err(DPAR_ECORRUPT, "'%s': item %d is '%.*s', the program asks for '%s'", shard, i, (int)ln,
-                               (const char *)p + 4, items[i].name);
-            else if (dpar__get64(p + 4 + ln) != items[i].bytes)
-                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' has %llu bytes, the program asks for %zu", shard,
-                               items[i].name, (unsigned long long)dpar__get64(p + 4 + ln), items[i].bytes);
-            p += 16 + ln;
+            for (b = 0; b < tens[which[i]].nb && !need; b++) {
+                const unsigned char *blk = tens[which[i]].blocks + 36 * b;
+                dpar_ckpt_item whole = items[i];
+                if (!items[i].elem) /* asked whole */
+                    whole = dpar_ckpt_block(items[i].name, items[i].data, tens[which[i]].elem, tens[which[i]].rows,
+                                            tens[which[i]].cols, 0, tens[which[i]].rows, 0, tens[which[i]].cols);
+                need = dpar__get32(blk) == s && dpar__ckpt_meets(&whole, blk);
+            }
         }
-        data_at = (size_t)(p - file);
-        at = data_at;
-        p = file + 32;
-        for (i = 0; i < count && st == DPAR_OK; i++) { /* every item checks out before any is copied */
-            uint32_t ln = dpar__get32(p), crc = dpar__get32(p + 12 + ln);
-            if (at + items[i].bytes > size)
-                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' runs past the end of the file", shard, items[i].name);
-            else if (dpar_crc32(0, file + at, items[i].bytes) != crc)
-                st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' is damaged (CRC mismatch)", shard, items[i].name);
-            at += items[i].bytes;
-            p += 16 + ln;
+        if (!need) continue;
+        snprintf(shard, sizeof shard, "%s.g%llu.r%u", path, (unsigned long long)gen, s);
+        st = dpar__read_file(shard, &file, &size, &a);
+        if (st != DPAR_OK) {
+            st = dpar__err(DPAR_ECORRUPT, "the checkpoint's shard is missing: %s", dpar_last_error());
+            break;
         }
-        for (i = 0, at = data_at; i < count && st == DPAR_OK; i++) {
-            if (items[i].bytes) memcpy(items[i].data, file + at, items[i].bytes);
-            at += items[i].bytes;
+        if (size != dpar__get64(man + 20 + 12 * s) || dpar_crc32(0, file, size) != dpar__get32(man + 28 + 12 * s)) {
+            st = dpar__err(DPAR_ECORRUPT,
+                           "'%s' is damaged: %zu bytes with CRC 0x%08x, the manifest says %llu bytes with CRC 0x%08x",
+                           shard, size, dpar_crc32(0, file, size), (unsigned long long)dpar__get64(man + 20 + 12 * s),
+                           (unsigned)dpar__get32(man + 28 + 12 * s));
+        } else if (size < 32 || memcmp(file, DPAR__CKPT_MAGIC, 8) || dpar__get32(file + 12) != s ||
+                   dpar__get32(file + 16) != nsaved || dpar__get64(file + 24) != gen) {
+            st = dpar__err(DPAR_ECORRUPT, "'%s' is not rank %u's shard of generation %llu", shard, s,
+                           (unsigned long long)gen);
         }
+        /* pass 0 checks every needed item of the shard (present, its size, its CRC); pass 1 copies */
+        for (pass = 0; pass < 2 && st == DPAR_OK; pass++)
+            for (i = 0; i < count && st == DPAR_OK; i++) {
+                const dpar_ckpt_item *t = &items[i];
+                const unsigned char *data, *blk = NULL;
+                uint64_t bytes = 0, want = t->bytes;
+                uint32_t crc = 0;
+                dpar_ckpt_item whole = *t;
+                if (which[i] >= 0) { /* the block this shard holds, if it meets the asked one */
+                    const dpar__ckpt_ten *x = &tens[which[i]];
+                    if (!t->elem)
+                        whole = dpar_ckpt_block(t->name, t->data, x->elem, x->rows, x->cols, 0, x->rows, 0, x->cols);
+                    for (b = 0; b < x->nb && !blk; b++)
+                        if (dpar__get32(x->blocks + 36 * b) == s && dpar__ckpt_meets(&whole, x->blocks + 36 * b))
+                            blk = x->blocks + 36 * b;
+                    if (!blk) continue;
+                    want = dpar__get64(blk + 12) * dpar__get64(blk + 28) * x->elem;
+                } else if (s != (uint32_t)rank) {
+                    continue;
+                }
+                data = dpar__ckpt_find(file, size, t->name, &bytes, &crc);
+                if (!data)
+                    st = dpar__err(DPAR_ECORRUPT, "'%s' has no item '%s' (the program asks for '%s'; missing tensor)",
+                                   shard, t->name, t->name);
+                else if (bytes != want)
+                    st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' has %llu bytes, the program asks for %llu", shard,
+                                   t->name, (unsigned long long)bytes, (unsigned long long)want);
+                else if (pass == 0 && dpar_crc32(0, data, (size_t)bytes) != crc)
+                    st = dpar__err(DPAR_ECORRUPT, "'%s': item '%s' is damaged (CRC mismatch)", shard, t->name);
+                else if (pass == 1 && blk) done[i] += dpar__ckpt_copy(&whole, blk, data);
+                else if (pass == 1) {
+                    if (bytes) memcpy(t->data, data, (size_t)bytes);
+                    done[i] = 1;
+                }
+            }
+        dpar__free(&a, file);
+        file = NULL;
     }
-    dpar__free(&a, file);
-    dpar__free(&a, shards);
+    for (i = 0; i < count && st == DPAR_OK; i++) { /* everything asked was found */
+        uint64_t want = which[i] < 0    ? 1
+                        : items[i].elem ? (uint64_t)items[i].nrows * items[i].ncols
+                                        : tens[which[i]].rows * tens[which[i]].cols;
+        if (done[i] != want)
+            st = dpar__err(DPAR_ECORRUPT, "checkpoint '%s': %s '%s' %s", path, which[i] < 0 ? "item" : "tensor",
+                           items[i].name,
+                           which[i] < 0 ? "is not in this rank's shard (missing tensor)"
+                                        : "is not wholly in it (its blocks miss some of the elements asked)");
+    }
+    dpar__free(&a, man);
+    dpar__free(&a, tens);
+    dpar__free(&a, which);
+    dpar__free(&a, done);
     return dpar__ckpt_agree(comm, st, "checkpoint");
+}
+
+/* ZeRO-1 and FSDP in one call: their planned items, then the caller's */
+static dpar_status dpar__ckpt_obj(dpar_comm *comm, int save, const char *path, dpar_ckpt_item *own, int n,
+                                  const dpar_ckpt_item *extra, int count, const char *api)
+{
+    dpar_status st;
+    if (count < 0 || (count && !extra)) {
+        st = dpar__err(DPAR_EINVAL, "%s: %d extra items", api, count);
+        return dpar__bad_call(comm, st);
+    }
+    if (count) memcpy(own + n, extra, (size_t)count * sizeof *extra);
+    return save ? dpar_ckpt_save(comm, path, own, n + count) : dpar_ckpt_load(comm, path, own, n + count);
+}
+
+static dpar_status dpar__ckpt_zero(dpar_zero *z, float *params, const char *path, const char *prefix,
+                                   const dpar_ckpt_item *extra, int count, int save)
+{
+    const char *api = save ? "dpar_ckpt_save_zero" : "dpar_ckpt_load_zero";
+    char names[4][64];
+    dpar_ckpt_item *items;
+    int64_t step;
+    dpar_allocator a;
+    dpar_status st;
+    if (!z) return dpar__err(DPAR_EINVAL, "%s: zero is NULL", api);
+    if (!prefix) prefix = "zero.";
+    if ((z->count && !params) || strlen(prefix) > 56) {
+        st = dpar__err(DPAR_EINVAL, "%s: params is NULL, or the prefix is longer than 56 characters", api);
+        return dpar__bad_call(z->comm, st);
+    }
+    a = z->d.allocator;
+    items = (dpar_ckpt_item *)dpar__calloc(&a, (size_t)(count > 0 ? count : 0) + 4, sizeof *items);
+    if (!items) return dpar__bad_call(z->comm, dpar__err(DPAR_ENOMEM, "%s: out of memory", api));
+    snprintf(names[0], 64, "%sparams", prefix);
+    snprintf(names[1], 64, "%sm", prefix);
+    snprintf(names[2], 64, "%sv", prefix);
+    snprintf(names[3], 64, "%sstep", prefix);
+    step = (int64_t)z->step;
+    /* save: each rank writes its block of the parameters (they are the same everywhere); load: the whole vector */
+    items[0] = save ? dpar_ckpt_flat(names[0], params + z->off, sizeof(float), z->count, z->off, z->len)
+                    : dpar_ckpt_flat(names[0], params, sizeof(float), z->count, 0, z->count);
+    items[1] = dpar_ckpt_flat(names[1], z->m, sizeof(float), z->count, z->off, z->len);
+    items[2] = dpar_ckpt_replica(names[3], &step, sizeof step);
+    if (z->v) items[3] = dpar_ckpt_flat(names[2], z->v, sizeof(float), z->count, z->off, z->len);
+    st = dpar__ckpt_obj(z->comm, save, path, items, z->v ? 4 : 3, extra, count, api);
+    if (st == DPAR_OK && !save) z->step = (long)step;
+    dpar__free(&a, items);
+    return st;
+}
+DPAR_API dpar_status dpar_ckpt_save_zero(dpar_zero *zero, float *params, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count)
+{
+    return dpar__ckpt_zero(zero, params, path, prefix, extra, count, 1);
+}
+DPAR_API dpar_status dpar_ckpt_load_zero(dpar_zero *zero, float *params, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count)
+{
+    return dpar__ckpt_zero(zero, params, path, prefix, extra, count, 0);
+}
+
+static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *prefix, const dpar_ckpt_item *extra,
+                                   int count, int save)
+{
+    const char *api = save ? "dpar_ckpt_save_fsdp" : "dpar_ckpt_load_fsdp";
+    dpar_ckpt_item *items;
+    char *names;
+    int64_t state[4]; /* step, steps since the scale last changed, steps skipped, the loss scale's bits */
+    uint32_t bits;
+    int u, n = 0;
+    dpar_allocator a;
+    dpar_status st;
+    if (!f) return dpar__err(DPAR_EINVAL, "%s: fsdp is NULL", api);
+    if (!prefix) prefix = "fsdp.";
+    if (strlen(prefix) > 40 || f->gunit >= 0 || (f->held[0] >= 0 && f->taken[0]) || (f->held[1] >= 0 && f->taken[1])) {
+        st = dpar__err(DPAR_EINVAL,
+                       "%s: the prefix is longer than 40 characters, or a unit is still gathered or its gradients "
+                       "not reduced",
+                       api);
+        return dpar__bad_call(f->comm, st);
+    }
+    DPAR__TRY(dpar__fsdp_settle(f)); /* a prefetch of the parameters about to change */
+    if (!save) f->held[0] = f->held[1] = f->last = -1;
+    a = f->d.allocator;
+    items = (dpar_ckpt_item *)dpar__calloc(&a, 3 * (size_t)f->U + 1 + (size_t)(count > 0 ? count : 0), sizeof *items);
+    names = (char *)dpar__calloc(&a, 3 * (size_t)f->U + 1, 64);
+    if (!items || !names) {
+        dpar__free(&a, items);
+        dpar__free(&a, names);
+        return dpar__bad_call(f->comm, dpar__err(DPAR_ENOMEM, "%s: out of memory", api));
+    }
+    memcpy(&bits, &f->scale, sizeof bits);
+    state[0] = (int64_t)f->step, state[1] = (int64_t)f->good, state[2] = (int64_t)f->skipped, state[3] = bits;
+    snprintf(names, 64, "%sstate", prefix);
+    items[n++] = dpar_ckpt_replica(names, state, sizeof state);
+    for (u = 0; u < f->U; u++) {
+        char *nm = names + 64 * (size_t)n;
+        snprintf(nm, 64, "%su%d.param", prefix, u);
+        items[n++] = dpar_ckpt_flat(nm, dpar__fsdp_master(f, u), sizeof(float), f->count[u], f->off[u], f->len[u]);
+        nm += 64;
+        snprintf(nm, 64, "%su%d.m", prefix, u);
+        items[n++] = dpar_ckpt_flat(nm, f->m + f->soff[u], sizeof(float), f->count[u], f->off[u], f->len[u]);
+        if (!f->v) continue;
+        nm += 64;
+        snprintf(nm, 64, "%su%d.v", prefix, u);
+        items[n++] = dpar_ckpt_flat(nm, f->v + f->soff[u], sizeof(float), f->count[u], f->off[u], f->len[u]);
+    }
+    st = dpar__ckpt_obj(f->comm, save, path, items, n, extra, count, api);
+    if (st == DPAR_OK && !save) {
+        f->step = (long)state[0], f->good = (long)state[1], f->skipped = (long)state[2];
+        bits = (uint32_t)state[3];
+        memcpy(&f->scale, &bits, sizeof bits);
+        f->bad = 0;
+        for (u = 0; u < f->U; u++) f->fresh[u] = 1;
+        if (f->stage == 2) /* every rank's full copy from the blocks, as dpar_fsdp_step ends */
+            for (u = 0; u < f->U && st == DPAR_OK; u++) {
+                char *unit = (char *)f->full + f->foff[u] * f->ces, *mine = unit + f->off[u] * f->ces;
+                if (f->p) dpar__fsdp_narrow(mine, f->p + f->soff[u], f->len[u], f->ct);
+                st = dpar_allgather(f->comm, mine, unit, f->count[u], f->ct);
+            }
+    }
+    dpar__free(&a, items);
+    dpar__free(&a, names);
+    return st;
+}
+DPAR_API dpar_status dpar_ckpt_save_fsdp(dpar_fsdp *fsdp, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count)
+{
+    return dpar__ckpt_fsdp(fsdp, path, prefix, extra, count, 1);
+}
+DPAR_API dpar_status dpar_ckpt_load_fsdp(dpar_fsdp *fsdp, const char *path, const char *prefix,
+                                         const dpar_ckpt_item *extra, int count)
+{
+    return dpar__ckpt_fsdp(fsdp, path, prefix, extra, count, 0);
 }
 
 /* >>mpi: the MPI transport (DPAR_MPI) ----------------------------------------------------------- */

@@ -7,8 +7,9 @@
    alphabet predicts the next character. Training is data-parallel: every rank (a thread) holds a
    replica of the parameters, takes its own share of each batch, and the ranks average their
    gradients with dpar's ring allreduce before each Adam step, so the replicas stay identical.
-   Each step's batch is drawn from (seed, step, rank) alone: a run resumed from a checkpoint makes
-   the same steps as one that never stopped. */
+   Each step's batch is drawn from (seed, step) alone, sample by sample, whatever the rank count: a run resumed
+   from a checkpoint makes the same steps as one that never stopped (bit for bit with the same --threads; with
+   another --threads, within float rounding: each rank's gradient sums its share of the batch). */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -139,11 +140,14 @@ static dpar_status rank_main(void *user, int rank, int nranks)
         (st = dpar_broadcast(comm, w.v, w.v, np, DPAR_F32, 0)))
         goto out;
     for (step = t->step0; step < o->steps; step++) {
-        uint64_t rng = ((uint64_t)o->seed << 32) ^ ((uint64_t)step * 1000003u) ^ (uint64_t)rank * 0x5851F42D4C957F2Dull,
-                 t0 = dpar_time_ns(), t1, t2, t3;
+        uint64_t t0 = dpar_time_ns(), t1, t2, t3;
         float loss, lr, *g = w.g, *p = w.p;
         double c1, c2;
-        for (i = 0; i < b; i++) w.pos[i] = (size_t)(splitmix(&rng) % (t->n - CTX));
+        for (i = 0; i < b; i++) { /* sample rank b + i of the step's batch: the same whatever the rank count */
+            uint64_t rng = ((uint64_t)o->seed << 32) ^ ((uint64_t)step * 1000003u) ^
+                           (uint64_t)(rank * b + i + 1) * 0x5851F42D4C957F2Dull;
+            w.pos[i] = (size_t)(splitmix(&rng) % (t->n - CTX));
+        }
         forward(t, p, w.pos, b, w.X, w.H, w.Z);
         loss = softmax_loss(t, w.pos, b, w.Z);
         t1 = dpar_time_ns();
@@ -229,12 +233,12 @@ out:
 static dpar_status checkpoint(trainer *t, int save)
 {
     int64_t shape[4] = {t->V, CTX, EMB, HID};
-    dpar_ckpt_item items[5];
-    items[0].name = "shape", items[0].data = shape, items[0].bytes = sizeof shape;
-    items[1].name = "alphabet", items[1].data = t->alphabet, items[1].bytes = sizeof t->alphabet;
-    items[2].name = "params", items[2].data = t->params[0], items[2].bytes = t->np * sizeof(float);
-    items[3].name = "adam", items[3].data = t->adam_m, items[3].bytes = 2 * t->np * sizeof(float);
-    items[4].name = "step", items[4].data = &t->step, items[4].bytes = sizeof t->step;
+    dpar_ckpt_item items[5]; /* replicas: the same on every rank, so they load whatever --threads says */
+    items[0] = dpar_ckpt_replica("shape", shape, sizeof shape);
+    items[1] = dpar_ckpt_replica("alphabet", t->alphabet, sizeof t->alphabet);
+    items[2] = dpar_ckpt_replica("params", t->params[0], t->np * sizeof(float));
+    items[3] = dpar_ckpt_replica("adam", t->adam_m, 2 * t->np * sizeof(float));
+    items[4] = dpar_ckpt_replica("step", &t->step, sizeof t->step);
     if (save) return dpar_ckpt_save(NULL, t->o.ckpt, items, 5);
     {
         unsigned char alphabet[256];
@@ -246,6 +250,27 @@ static dpar_status checkpoint(trainer *t, int save)
                                   t->o.ckpt);
         return DPAR_OK;
     }
+}
+
+/* the mean loss of rank 0's parameters on 256 fixed contexts of the text: runs that train on the same data end
+   with the same figure, whatever their rank count */
+static float eval_loss(const trainer *t)
+{
+    enum { B = 64, ROUNDS = 4 };
+    size_t pos[B];
+    float *X = (float *)malloc(sizeof(float) * B * CTX * EMB), *H = (float *)malloc(sizeof(float) * B * HID),
+          *Z = (float *)malloc(sizeof(float) * B * t->V);
+    uint64_t rng = 12345;
+    double sum = 0;
+    int r, i;
+    if (!X || !H || !Z) return free(X), free(H), free(Z), -1.0f;
+    for (r = 0; r < ROUNDS; r++) {
+        for (i = 0; i < B; i++) pos[i] = (size_t)(splitmix(&rng) % (t->n - CTX));
+        forward(t, t->params[0], pos, B, X, H, Z);
+        sum += softmax_loss(t, pos, B, Z);
+    }
+    free(X), free(H), free(Z);
+    return (float)(sum / ROUNDS);
 }
 
 static void sample(const trainer *t, int count, float temperature)
@@ -284,7 +309,7 @@ static const char *usage =
     "  --lr X          Adam learning rate, decayed linearly to 10% (default 0.004)\n"
     "  --seed N        initial weights, batches and sampling (default 1)\n"
     "  --ckpt PATH     checkpoint written at the end and on Ctrl-C (default char_lm.ckpt)\n"
-    "  --resume        continue from the checkpoint at --ckpt, up to --steps\n"
+    "  --resume        continue from the checkpoint at --ckpt, up to --steps (with any --threads)\n"
     "  --stop-at N     stop at step N as Ctrl-C would (save the checkpoint; --resume continues)\n"
     "  --sample N      characters to generate at the end (default 400; 0: none)\n"
     "  --trace FILE    write a Chrome trace (open in chrome://tracing or ui.perfetto.dev)\n"
@@ -447,6 +472,7 @@ int main(int argc, char **argv)
                t.first_loss, t.last_loss, o->ckpt);
         printf("the %d replicas are identical: parameters crc32 %08x\n", o->threads,
                dpar_crc32(0, t.params[0], t.np * sizeof(float)));
+        printf("eval loss %.5f on 256 fixed contexts after step %lld\n", eval_loss(&t), (long long)t.step);
     }
     if (interrupted) return printf("interrupted at step %lld: continue with --resume\n", (long long)t.step), 130;
     if (t.step < o->steps && t.step == o->stop_at)

@@ -56,7 +56,7 @@ static void fc_ref_step(float *p, float *g, float *m, float *v, size_t n, const 
     }
 }
 
-static void fsdp_rank(world *w, dpar_comm *c, int r)
+DT_UNUSED static void fsdp_rank(world *w, dpar_comm *c, int r)
 {
     fsdp_case *k = (fsdp_case *)w->user;
     dpar_fsdp *f = NULL;

@@ -154,6 +154,17 @@ demo() {
     else
         bad "demo: stop and resume must equal the uninterrupted run ($crc1 vs $crc2)"
     fi
+    # an elastic restart: stopped on 2 thread ranks, resumed on 3; the same samples, float sums grouped otherwise
+    (cd "$d" && ./char_lm --steps 40 --batch 48 --sample 0 --ckpt e1.ckpt && ./char_lm --steps 40 --batch 48 --sample 0 \
+        --ckpt e2.ckpt --stop-at 17 && ./char_lm --steps 40 --batch 48 --sample 0 --ckpt e2.ckpt --resume --threads 3) >"$tmp/out" 2>&1
+    first=$(sed -nE 's/^eval loss ([0-9.]+) .*/\1/p' "$tmp/out" | sed -n 1p)
+    last=$(sed -nE 's/^eval loss ([0-9.]+) .*/\1/p' "$tmp/out" | sed -n 3p)
+    if [ -n "$last" ] && grep -q 'trained steps 18..40' "$tmp/out" && grep -q 'the 3 replicas are identical' "$tmp/out" &&
+        awk -v a="$first" -v b="$last" 'BEGIN { d = a - b; exit !(d * d < 1e-6) }'; then
+        ok "demo: stopped at 17 on 2 threads, resumed on 3 to 40: eval loss $last, straight $first"
+    else
+        bad "demo: --resume with another --threads must end as the uninterrupted run (eval loss $first vs $last)"
+    fi
     (cd "$d" && exec ./char_lm --steps 100000000 --batch 32 --sample 0 --ckpt int.ckpt) >"$tmp/out" 2>&1 &
     pid=$!
     sleep 2
@@ -238,6 +249,26 @@ mpi_tests() {
     for np in 2 3 4; do program "mpirun -np $np $MPITEST" "$MPIRUN" $flags -np $np "$MPITEST"; done
     program "mpirun -np 2 $MPITEST --hybrid 2" "$MPIRUN" $flags -np 2 "$MPITEST" --hybrid 2
     program "mpirun -np 2 $MPITEST --funneled" "$MPIRUN" $flags -np 2 "$MPITEST" --funneled
+    mpi_elastic "$flags"
+}
+
+# an elastic restart across processes (examples/mpi_data_parallel.c): saved by 3, resumed by 2, it must end as the
+# run of 3 that never stopped, within float rounding (each rank's gradient sums its share of the batch)
+mpi_elastic() {
+    local flags=$1 d
+    if [ -z "${MPICC:-}" ]; then skip "elastic restart over MPI" "mpicc not found"; return; fi
+    d=$(mktemp -d)
+    step "elastic restart over MPI: mpi_data_parallel saved with -np 3 at step 25, resumed with -np 2, ends as the run that never stopped" sh -c "
+        $MPICC -std=c99 -O2 -I. examples/mpi_data_parallel.c -o $d/mdp -lm &&
+        $MPIRUN $flags -np 3 $d/mdp --steps 60 > $d/a.txt &&
+        $MPIRUN $flags -np 3 $d/mdp --steps 60 --stop-at 25 --save $d/r.ckpt > $d/b.txt &&
+        $MPIRUN $flags -np 2 $d/mdp --steps 60 --resume $d/r.ckpt > $d/c.txt && cat $d/a.txt $d/b.txt $d/c.txt &&
+        grep -q 'resumed from .* at step 25 on 2 processes (epoch 0, 6000 of its samples consumed)' $d/c.txt &&
+        a=\$(sed -n 's/.*final_loss=\\([0-9.]*\\).*weights_sum=\\([-0-9.]*\\).*/\\1 \\2/p' $d/a.txt) &&
+        c=\$(sed -n 's/.*final_loss=\\([0-9.]*\\).*weights_sum=\\([-0-9.]*\\).*/\\1 \\2/p' $d/c.txt) &&
+        echo \"uninterrupted \$a, resumed \$c\" && [ -n \"\$a\" ] && [ -n \"\$c\" ] &&
+        echo \"\$a \$c\" | awk '{ d = \$1 - \$3; e = \$2 - \$4; exit !(d * d < 1e-10 && e * e < 1e-8) }'"
+    rm -rf "$d"
 }
 
 mpi_compile() {

@@ -19,6 +19,7 @@ static void test_step_hook(void);
 #include "pipe_mlp.h"
 #include "fsdp_case.h"
 #include "tensors_case.h"
+#include "ckpt_case.h"
 
 static int hook_on;
 static DPAR__TLS unsigned long long hook_rng = 1;
@@ -467,6 +468,122 @@ static void test_tensors_over_mpi(void)
         }
     }
 }
+/* checkpoints that reshard across processes (tests/ckpt_case.h): saved by every process as a tp x dp mesh, loaded by
+   a split comm of another size (the first N - 1 processes with tp = N - 1, the last alone) and by the whole world
+   with another tp; every element bitwise its formula. The processes share the directory, as a cluster's file system. */
+static void ckpt_proc(world *w, dpar_comm *c, int r)
+{
+    char path[256];
+    dpar_ckpt_item items[CC_T];
+    void *bufs[CC_T];
+    dpar_comm *part = NULL;
+    int k, n = w->n, tp = n % 2 == 0 ? 2 : 1, mine, size;
+    size_t bad;
+    memset(path, 0, sizeof path);
+    if (r == 0) {
+        char dir[] = "/tmp/dpar_mpi_ckpt_XXXXXX";
+        if (!mkdtemp(dir)) note(w, "mkdtemp failed");
+        snprintf(path, sizeof path, "%s/mesh", dir);
+    }
+    expect_ok(w, dpar_broadcast(c, path, path, sizeof path, DPAR_U8, 0), "broadcast path", r);
+    k = cc_items(tp, 1, n, r, 1, items, bufs);
+    expect_ok(w, dpar_ckpt_save(c, path, items, k), "save", r);
+    cc_free(bufs, k);
+    /* the whole world, tp 1 (or n when it was 1) */
+    k = cc_items(tp == 1 ? n : 1, 1, n, r, 0, items, bufs);
+    expect_ok(w, dpar_ckpt_load(c, path, items, k), "load (world)", r);
+    if ((bad = cc_wrong(items, k)) != 0) note(w, "rank %d, world load: %zu elements differ", r, bad);
+    cc_free(bufs, k);
+    /* a split comm of n - 1 processes (tp n - 1) and one of 1 */
+    expect_ok(w, dpar_comm_split(c, r == n - 1, r, &part), "split", r);
+    if (part) {
+        mine = dpar_comm_rank(part), size = dpar_comm_size(part);
+        k = cc_items(size, 1, size, mine, 0, items, bufs);
+        expect_ok(w, dpar_ckpt_load(part, path, items, k), "load (split)", r);
+        if ((bad = cc_wrong(items, k)) != 0) note(w, "rank %d of %d, split load: %zu elements differ", mine, size, bad);
+        cc_free(bufs, k);
+        dpar_comm_destroy(part);
+    }
+    dpar_barrier(c);
+    if (r == 0) {
+        char cmd[400];
+        *strrchr(path, '/') = 0;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+        if (system(cmd) != 0) note(w, "cannot remove %s", path);
+    }
+}
+static void test_ckpt_reshard_over_mpi(void) { CHECK(run_proc(NULL, ckpt_proc, NULL) == 0); }
+
+/* dpar_fsdp (stage 3, Adam) trained 2 steps by every process and saved; loaded by a split comm of the first N - 1
+   processes and by the last alone: the parameters bitwise those saved */
+static void fsdp_ckpt_proc(world *w, dpar_comm *c, int r)
+{
+    char path[256];
+    dpar_fsdp *f = NULL, *g = NULL;
+    dpar_fsdp_desc d;
+    dpar_comm *part = NULL;
+    float *pp, *gg, s[FC_U], *want[FC_U];
+    int u, step;
+    size_t i;
+    memset(path, 0, sizeof path);
+    if (r == 0) {
+        char dir[] = "/tmp/dpar_mpi_fsdp_XXXXXX";
+        if (!mkdtemp(dir)) note(w, "mkdtemp failed");
+        snprintf(path, sizeof path, "%s/fsdp", dir);
+    }
+    expect_ok(w, dpar_broadcast(c, path, path, sizeof path, DPAR_U8, 0), "broadcast path", r);
+    memset(&d, 0, sizeof d);
+    d.comm = c, d.stage = 3, d.num_units = FC_U, d.unit_counts = fc_counts, d.kind = DPAR_OPTIM_ADAM, d.lr = 0.05f;
+    expect_ok(w, dpar_fsdp_create(&d, &f), "fsdp_create", r);
+    if (!f) return;
+    for (u = 0; u < FC_U; u++) {
+        want[u] = (float *)malloc(fc_counts[u] * 4);
+        for (i = 0; i < fc_counts[u]; i++) want[u][i] = fc_init(u, i);
+        expect_ok(w, dpar_fsdp_set_params(f, u, want[u]), "set_params", r);
+    }
+    for (step = 0; step < 2; step++) {
+        for (u = 0; u < FC_U; u++) {
+            expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+            s[u] = fc_forward(pp, r, step, u);
+            expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+        }
+        for (u = FC_U - 1; u >= 0; u--) {
+            expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+            expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
+            fc_backward(gg, pp, s[u], r, step, u);
+            expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+            expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+        }
+        expect_ok(w, dpar_fsdp_step(f), "step", r);
+    }
+    expect_ok(w, dpar_ckpt_save_fsdp(f, path, NULL, NULL, 0), "save_fsdp", r);
+    for (u = 0; u < FC_U; u++) expect_ok(w, dpar_fsdp_get_params(f, u, want[u]), "get_params", r);
+    expect_ok(w, dpar_comm_split(c, r == w->n - 1, r, &part), "split", r);
+    if (part) {
+        d.comm = part;
+        expect_ok(w, dpar_fsdp_create(&d, &g), "fsdp_create (split)", r);
+        expect_ok(w, dpar_ckpt_load_fsdp(g, path, NULL, NULL, 0), "load_fsdp (split)", r);
+        for (u = 0; g && u < FC_U; u++) {
+            float *got = (float *)malloc(fc_counts[u] * 4);
+            expect_ok(w, dpar_fsdp_get_params(g, u, got), "get_params (split)", r);
+            if (memcmp(got, want[u], fc_counts[u] * 4))
+                note(w, "rank %d of %d: unit %d differs after the load", dpar_comm_rank(part), dpar_comm_size(part), u);
+            free(got);
+        }
+        dpar_fsdp_destroy(g);
+        dpar_comm_destroy(part);
+    }
+    dpar_fsdp_destroy(f);
+    for (u = 0; u < FC_U; u++) free(want[u]);
+    dpar_barrier(c);
+    if (r == 0) {
+        char cmd[400];
+        *strrchr(path, '/') = 0;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+        if (system(cmd) != 0) note(w, "cannot remove %s", path);
+    }
+}
+static void test_fsdp_ckpt_reshard_over_mpi(void) { CHECK(run_proc(NULL, fsdp_ckpt_proc, NULL) == 0); }
 
 static void test_async_split_mesh_over_mpi(void)
 {
@@ -750,6 +867,8 @@ int main(int argc, char **argv)
         MRUN(test_deterministic_mode_over_mpi);
         MRUN(test_fsdp_over_mpi);
         MRUN(test_tensors_over_mpi);
+        MRUN(test_ckpt_reshard_over_mpi);
+        MRUN(test_fsdp_ckpt_reshard_over_mpi);
         MRUN(test_async_split_mesh_over_mpi);
         MRUN(test_pipeline_over_mpi);
         /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
