@@ -9160,10 +9160,12 @@ static void dpar__dquiesce(dpar_buckets *b)
 {
     uint64_t give_up = dpar_time_ns() + 5000000000u;
     int q;
+    char msg[DPAR__ERROR_TEXT];
     if (!b->direct) return;
-    /* the first poison wins: a no-op after an error */
-    dpar__tp_poison_quietly(b->comm, DPAR_EINVAL,
-                            "dpar_buckets: a rank left its direct buckets in the middle of a step");
+    /* the first poison wins: a no-op after an error; the message names this rank and why it left */
+    snprintf(msg, sizeof msg, "dpar_buckets: rank %d of %s left its direct buckets in the middle of a step: %.400s",
+             b->comm->rank, b->comm->name, dpar__tls_error[0] ? dpar__tls_error : "(no error text)");
+    dpar__tp_poison_quietly(b->comm, DPAR_EINVAL, msg);
     for (q = 0; q < b->comm->size; q++)
         while (q != b->comm->rank && DPAR__LOAD(dpar__dreading(b, q), DPAR__SEQ_CST) && dpar_time_ns() < give_up)
             sched_yield();

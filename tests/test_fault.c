@@ -77,7 +77,7 @@ static const char *const k_name[] = {"none", "delay", "vanish", "fail"};
 #define AT 3 /* the faulty rank's operation number (on its comm) */
 
 typedef struct fcase {
-    int sc, kind, N, F, timeout_ms, delay_ms;
+    int sc, kind, N, F, timeout_ms, delay_ms, direct;
     char name[96];
     dpar_group *g;
     dpar_pool *pool;
@@ -260,7 +260,8 @@ static dpar_status case_rank(void *user, int r, int num_threads)
         bd.op = DPAR_AVG;
         for (i = 0; i < BCOUNT; i++) brs[r].params[i] = (float)(i % 5);
         if (dpar_buckets_create(&bd, &b) != DPAR_OK ||
-            dpar_buckets_set_update(b, brs[r].params, bucket_update, &brs[r]) != DPAR_OK)
+            dpar_buckets_set_update(b, brs[r].params, bucket_update, &brs[r]) != DPAR_OK ||
+            (fc->direct && dpar_buckets_set_direct(b, 1) != DPAR_OK))
             st = DPAR_EINVAL;
     } else if (fc->sc == SC_STAGE) {
         dpar_pipe_schedule_desc sd;
@@ -337,6 +338,7 @@ static int scenario_ranks(int sc) { return sc == SC_SEND || sc == SC_RECV || sc 
 
 /* the string a survivor's message must hold: the faulty rank named as the one that failed, or as the one
    the survivor (or the first survivor to time out) waits for */
+static int direct_buckets; /* 1: the buckets reduce on the ranks' own threads */
 static void run_case(int sc, int kind)
 {
     static fcase fc;
@@ -349,10 +351,11 @@ static void run_case(int sc, int kind)
     fc.sc = sc;
     fc.kind = kind;
     fc.N = scenario_ranks(sc);
+    fc.direct = direct_buckets;
     fc.F = 1;
     fc.delay_ms = 60;
     fc.timeout_ms = kind == K_DELAY ? 5000 : 300;
-    snprintf(fc.name, sizeof fc.name, "%s at %s", k_name[kind], sc_op[sc]);
+    snprintf(fc.name, sizeof fc.name, "%s at %s%s", k_name[kind], sc_op[sc], fc.direct ? " (direct)" : "");
     if (kind == K_DELAY) snprintf(spec, sizeof spec, "rank=1,op=%s,at=%d,kind=delay:%d", sc_op[sc], AT, fc.delay_ms);
     else snprintf(spec, sizeof spec, "op=%s,kind=%s,at=%d,rank=1", sc_op[sc], k_name[kind], AT);
     CHECK(dpar_fault_set(spec) == DPAR_OK);
@@ -394,6 +397,10 @@ static void run_case(int sc, int kind)
         if (kind == K_FAIL) { /* the poison names the rank and its operation */
             snprintf(want, sizeof want, "fault rank 1: injected fault (DPAR_FAULT \"%s\"): its %s #%d failed", spec,
                      sc_op[sc], AT);
+        } else if (fc.direct) { /* a rank that leaves direct buckets poisons (its memory is read): it says so */
+            snprintf(want, sizeof want,
+                     "rank 1 of fault left its direct buckets in the middle of a step: fault rank 1 "
+                     "has vanished");
         } else if (sc <= SC_ALLTOALL || sc == SC_BUCKET) { /* a collective's timeout: who never came */
             snprintf(want, sizeof want, "rank 1 never arrived");
         } else if (sc == SC_STEAL) {
@@ -402,7 +409,7 @@ static void run_case(int sc, int kind)
             snprintf(want, sizeof want, "waiting for rank 1 to");
         }
         CHECK_MSG(strstr(fc.msg[r], want) != NULL, "%s: rank %d: \"%s\" lacks \"%s\"", fc.name, r, fc.msg[r], want);
-        if (kind == K_VANISH) {
+        if (kind == K_VANISH && !fc.direct) {
             CHECK_MSG(fc.st[r] == DPAR_ETIMEDOUT, "%s: rank %d: %s", fc.name, r, fc.msg[r]);
             if (sc <= SC_ALLTOALL) CHECK_MSG(strstr(fc.msg[r], sc_op[sc]) != NULL, "%s: %s", fc.name, fc.msg[r]);
         }
@@ -434,6 +441,12 @@ static void test_fault_alltoall(void) { run_kind(SC_ALLTOALL); }
 static void test_fault_send(void) { run_kind(SC_SEND); }
 static void test_fault_recv(void) { run_kind(SC_RECV); }
 static void test_fault_bucket(void) { run_kind(SC_BUCKET); }
+static void test_fault_bucket_direct(void)
+{
+    direct_buckets = 1;
+    run_kind(SC_BUCKET);
+    direct_buckets = 0;
+}
 static void test_fault_stage(void) { run_kind(SC_STAGE); }
 static void test_fault_steal(void) { run_kind(SC_STEAL); }
 
@@ -608,6 +621,7 @@ int main(int argc, char **argv)
     RUN(test_fault_send);
     RUN(test_fault_recv);
     RUN(test_fault_bucket);
+    RUN(test_fault_bucket_direct);
     RUN(test_fault_stage);
     RUN(test_fault_steal);
     RUN(test_fault_task);
