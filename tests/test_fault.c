@@ -414,6 +414,8 @@ static void run_case(int sc, int kind)
             if (sc <= SC_ALLTOALL) CHECK_MSG(strstr(fc.msg[r], sc_op[sc]) != NULL, "%s: %s", fc.name, fc.msg[r]);
         }
     }
+    if (getenv("DPAR_TEST_VERBOSE") && kind != K_DELAY) /* what the users see, for docs/reliability.md */
+        printf("    %s: rank 1: %s\n    %s: rank 0: %s\n", fc.name, fc.msg[1], fc.name, fc.msg[0]);
     if (kind == K_DELAY) { /* the delay happened, at the faulty rank's step AT (the collectives: the others wait) */
         /* operations of that kind per step: 1; rank 1 of the star: 2 sends and 2 receives; buckets: 4 updates;
            the pipeline: 2 x MICRO callbacks */
