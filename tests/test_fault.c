@@ -188,13 +188,16 @@ static void bucket_update(void *user, size_t offset, size_t count)
 #define MICRO 4
 typedef struct stage_rank {
     int stage, p;
+    int nf, nb; /* callbacks called */
     double got;
 } stage_rank;
+static stage_rank srs[MAXN];
 static dpar_status stage_fwd(void *user, int micro, int chunk, const void *in, void *out)
 {
     stage_rank *s = (stage_rank *)user;
     float v = in ? *(const float *)in : (float)micro;
     (void)chunk;
+    s->nf++;
     if (out) *(float *)out = v + 1.0f;
     else s->got += v;
     return DPAR_OK;
@@ -204,6 +207,7 @@ static dpar_status stage_bwd(void *user, int micro, int chunk, const void *in, c
     stage_rank *s = (stage_rank *)user;
     float g = grad_out ? *(const float *)grad_out : 1.0f;
     (void)micro, (void)chunk, (void)in;
+    s->nb++;
     if (grad_in) *(float *)grad_in = 2.0f * g;
     else s->got += g;
     return DPAR_OK;
@@ -240,7 +244,6 @@ static dpar_status case_rank(void *user, int r, int num_threads)
     dpar_status st = DPAR_OK;
     static float xs[MAXN][CNT * MAXN], ys[MAXN][CNT * MAXN];
     static bucket_rank brs[MAXN];
-    static stage_rank srs[MAXN];
     static steal_rank strs[MAXN];
     dpar_buckets *b = NULL;
     dpar_pipe_schedule *S = NULL;
@@ -273,6 +276,7 @@ static dpar_status case_rank(void *user, int r, int num_threads)
         srs[r].stage = r;
         srs[r].p = fc->N;
         srs[r].got = 0;
+        srs[r].nf = srs[r].nb = 0;
         if (dpar_pipe_schedule_create(&sd, &S) != DPAR_OK) st = DPAR_EINVAL;
         pd.schedule = S;
         pd.comm = c;
@@ -384,6 +388,9 @@ static void run_case(int sc, int kind)
             CHECK_MSG(fc.err_step[r] == AT || (kind == K_FAIL && r != fc.F && fc.err_step[r] == AT - 1),
                       "%s: rank %d failed at step %d", fc.name, r, fc.err_step[r]);
         if (r == fc.F) {
+            if (sc == SC_STAGE) /* GPipe: forwards first; the 3rd callback is the 3rd forward, and is not called */
+                CHECK_MSG(srs[r].nf == AT - 1 && srs[r].nb == 0, "%s: %d forwards, %d backwards", fc.name, srs[r].nf,
+                          srs[r].nb);
             if (kind == K_VANISH) {
                 CHECK_MSG(fc.st[r] == DPAR_ECANCELED && strstr(fc.msg[r], "fault rank 1 has vanished"), "%s: %s",
                           fc.name, fc.msg[r]);
