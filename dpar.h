@@ -5402,10 +5402,10 @@ static dpar_status dpar__comm_fault(dpar_comm *c, int op)
         return dpar__err(DPAR_ECANCELED,
                          "%s rank %d has vanished (injected fault, DPAR_FAULT \"%s\", at its %s #%llu): it takes no "
                          "part in its %s",
-                         c->name, c->rank, f->text, dpar__fop_names[f->op], (unsigned long long)nth,
-                         dpar__fop_names[op]);
-    snprintf(msg, sizeof msg, "%s rank %d: injected fault (DPAR_FAULT \"%s\"): its %s #%llu failed", c->name, c->rank,
-             f->text, dpar__fop_names[op], (unsigned long long)nth);
+                         c->name, c->rank, f->text, f->op == DPAR__FOP_ANY ? "operation" : dpar__fop_names[f->op],
+                         (unsigned long long)nth, dpar__fop_names[op]);
+    snprintf(msg, sizeof msg, "%s rank %d: injected fault (DPAR_FAULT \"%s\"): its %s%s #%llu failed", c->name, c->rank,
+             f->text, dpar__fop_names[op], f->op == DPAR__FOP_ANY ? ", operation" : "", (unsigned long long)nth);
     return dpar__tp_fail(c, op == DPAR__FOP_BUCKET || op == DPAR__FOP_STAGE ? DPAR_EUSER : DPAR_EIO, msg);
 }
 /* DPAR__FAULT(c, op): DPAR_OK, or the status of the fault injected here; one branch when none is scheduled */

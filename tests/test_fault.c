@@ -565,9 +565,9 @@ static void test_fault_filters(void)
     if (!a || !b) return;
     CHECK(dpar_barrier(a) == DPAR_OK && dpar_barrier(a) == DPAR_OK);    /* rank=1: not this rank */
     CHECK(dpar_allreduce(b, &x, &x, 1, DPAR_I32, DPAR_SUM) == DPAR_OK); /* op=any: #1 */
-    CHECK(dpar_barrier(b) == DPAR_EIO);                                 /* #2 */
+    CHECK(dpar_barrier(b) == DPAR_EIO);                                 /* #2 of any kind */
     CHECK_MSG(strstr(dpar_last_error(), "b rank 0: injected fault (DPAR_FAULT \"comm=b,rank=0,at=2,kind=fail\"): "
-                                        "its barrier #2 failed"),
+                                        "its barrier, operation #2 failed"),
               "%s", dpar_last_error());
     CHECK(dpar_barrier(b) == DPAR_EIO); /* poisoned */
     dpar_comm_destroy(a);
