@@ -553,7 +553,8 @@ static void test_fault_filters(void)
     dpar_group *ga = NULL, *gb = NULL;
     dpar_comm *a = NULL, *b = NULL;
     int x = 1;
-    CHECK(dpar_fault_set("comm=b,rank=0,at=2,kind=fail;comm=a,rank=1,kind=fail") == DPAR_OK);
+    CHECK(dpar_fault_set("comm=b,rank=0,at=2,kind=fail;comm=a,rank=1,kind=fail;comm=a,op=allreduce,at=2,kind=fail") ==
+          DPAR_OK);
     CHECK(dpar_fault_set("comm=b,kind=oops") == DPAR_EINVAL);
     memset(&d, 0, sizeof d);
     d.size = 1;
@@ -563,7 +564,15 @@ static void test_fault_filters(void)
     CHECK(dpar_group_create(&d, &gb) == DPAR_OK && dpar_group_join(gb, 0, &b) == DPAR_OK);
     CHECK(dpar_fault_set(NULL) == DPAR_OK);
     if (!a || !b) return;
-    CHECK(dpar_barrier(a) == DPAR_OK && dpar_barrier(a) == DPAR_OK);    /* rank=1: not this rank */
+    CHECK(dpar_barrier(a) == DPAR_OK && dpar_barrier(a) == DPAR_OK); /* rank=1: not this rank */
+    { /* an asynchronous allreduce counts as one: its 2nd fails on the progress thread, and the request says so */
+        dpar_request *q = NULL;
+        CHECK(dpar_iallreduce(a, &x, &x, 1, DPAR_I32, DPAR_SUM, &q) == DPAR_OK && dpar_request_wait(q) == DPAR_OK);
+        CHECK(dpar_iallreduce(a, &x, &x, 1, DPAR_I32, DPAR_SUM, &q) == DPAR_OK && dpar_request_wait(q) == DPAR_EIO);
+        CHECK_MSG(strstr(dpar_last_error(), "a rank 0: injected fault") &&
+                      strstr(dpar_last_error(), "its allreduce #2"),
+                  "%s", dpar_last_error());
+    }
     CHECK(dpar_allreduce(b, &x, &x, 1, DPAR_I32, DPAR_SUM) == DPAR_OK); /* op=any: #1 */
     CHECK(dpar_barrier(b) == DPAR_EIO);                                 /* #2 of any kind */
     CHECK_MSG(strstr(dpar_last_error(), "b rank 0: injected fault (DPAR_FAULT \"comm=b,rank=0,at=2,kind=fail\"): "
