@@ -78,10 +78,13 @@
      DPAR_ALGO=ring|oneshot|slice|auto  allreduce algorithm of comms whose description says 0 (dpar_algo)
      DPAR_MPI_SHM=0        MPI comms made now: no block shared by the node's processes (one-shot over messages)
      DPAR_LOG=error|warn|info|debug|off   log level (default warn)
+     DPAR_FAULT=spec       inject faults, for tests: "rank=1,op=allreduce,at=5,kind=delay:200;..." delays, fails or
+                           silences a rank at its N-th operation of a kind (dpar_fault_set; docs/reliability.md);
+                           malformed: pool and group creation (and a comm's calls) fail with DPAR_EINVAL
 
    SECTIONS (grep for the tag). Declarations come first, then under DPAR_IMPLEMENTATION the code in
    the same order; (impl) marks a section that has no declarations. "base" is config, status, log,
-   alloc, time and trace, which every later section may use; a section uses only those above it
+   alloc, time, trace and fault, which every later section may use; a section uses only those above it
    (>>comm waits for >>async's requests and the MPI transport's table names >>hybrid's native
    collectives, both through a declaration ahead).
      tag          holds                                                            uses
@@ -91,6 +94,7 @@
      >>alloc      the allocator hook                                               config
      >>time       (impl) the clock, waits that spin then sleep, CPU placement      config
      >>trace      the Chrome trace-event sink                                      status, log, time
+     >>fault      fault injection (DPAR_FAULT): the parser, each comm's schedule   status, log, alloc, time
      >>pool       the pool: parallel-for, SPMD run, barrier; task declarations     base
      >>task       (impl) the task graph                                            base, pool
      >>workers    (impl) worker threads, pool create and destroy                   base, pool, task
@@ -340,6 +344,44 @@ DPAR_API void dpar_trace_event(const char *name, const char *cat, uint64_t begin
 /* dpar_trace_set_thread_name: name the calling thread's track ("rank 3").
    Thread safety: any thread, for itself. */
 DPAR_API void dpar_trace_set_thread_name(const char *name);
+
+/* ============================================================================================== */
+/* >>fault: fault injection (DPAR_FAULT)                                                          */
+/* ============================================================================================== */
+/* dpar_fault_set: schedule faults for the comms (dpar_group_join, a split, ...) and pools made after this call (a
+   test's tool: a slow, dead or failing rank, on purpose). Wins over the DPAR_FAULT environment variable, which
+   gives the same text.
+   spec:     NULL or "": no fault. Else faults separated by ';', each fields separated by ',':
+               kind=delay:MS | vanish | fail    (required) what happens
+               rank=R                           the comm rank it happens on (default: every rank)
+               op=KIND                          which operations count (default any): barrier, broadcast, reduce,
+                                                reduce_scatter, allgather, allreduce, alltoall, send, recv (of
+                                                dpar_send/recv/sendrecv and the pipeline's messages), bucket (a
+                                                dpar_buckets update callback), stage (a pipeline forward or
+                                                backward callback), steal (a dpar_steal_run round), task (a pool
+                                                task; no rank= then: a pool has none)
+               at=N                             the N-th such operation of that rank on each comm (of the pool,
+                                                for tasks), counted from 1 (default 1)
+               comm=NAME                        only comms of that name (dpar_comm_desc.name; a split's "name.suffix")
+             e.g. "rank=1,op=allreduce,at=5,kind=delay:200;rank=2,op=send,at=3,kind=fail".
+             delay:MS  the operation waits MS milliseconds (0..3600000) first, then runs as usual.
+             fail      the operation fails with DPAR_EIO and poisons the comm with `<comm> rank R: injected fault
+                       (DPAR_FAULT "<fault>"): its <op> #N failed`, so every rank returns an error naming rank R and
+                       the op. A callback (bucket, stage, task) is not called, and the call fails with DPAR_EUSER
+                       (a task: `pool <name>: injected fault (...): task T (<name>) (the pool's task #N to run)
+                       failed`, which cancels the tasks that depend on it).
+             vanish    the rank stops taking part: the operation and every later one of that rank on that comm
+                       return DPAR_ECANCELED at once ("<comm> rank R has vanished ...") without touching the comm,
+                       as a dead rank would: the others time out (the comm's timeout), and their error names rank
+                       R and the call they wait in. Keep the rank's buffers and comm until the others have
+                       returned (a peer may still read what it posted before). With no timeout they wait for ever.
+   Returns:  DPAR_OK; DPAR_EINVAL (a malformed spec: the text quotes the bad part; the schedule is left as it
+             was). A malformed DPAR_FAULT makes every dpar_pool_create and dpar_group_create, and every
+             operation of a comm made otherwise (MPI, ops), fail with DPAR_EINVAL quoting it.
+   Remarks:  costs one predictable branch per operation when no fault is scheduled. Up to 16 faults.
+   Thread safety: any thread; comms and pools made before it keep the schedule they were made with.
+   See:      docs/runtime.md, 'Fault injection'; docs/reliability.md. */
+DPAR_API dpar_status dpar_fault_set(const char *spec);
 
 /* ============================================================================================== */
 /* >>pool: worker pool, parallel-for, SPMD run, barrier, task graph                               */
@@ -2417,6 +2459,256 @@ DPAR_API void dpar_trace_event(const char *name, const char *cat, uint64_t begin
     pthread_mutex_unlock(&dpar__trace_mutex);
 }
 
+/* >>fault: DPAR_FAULT and dpar_fault_set: the parser, the schedule, the counting of operations ---- */
+/* Operation kinds: 0..DPAR_COLL_ALLTOALL are dpar_coll's values (the comm's calls), then the callbacks. */
+enum {
+    DPAR__FOP_BUCKET = DPAR_COLL_ALLTOALL + 1,
+    DPAR__FOP_STAGE,
+    DPAR__FOP_STEAL,
+    DPAR__FOP_TASK,
+    DPAR__FOP_ANY,
+    DPAR__FOP_COUNT
+};
+static const char *const dpar__fop_names[DPAR__FOP_COUNT] = {
+    "send",      "recv",     "barrier", "broadcast", "reduce", "reduce_scatter", "allgather",
+    "allreduce", "alltoall", "bucket",  "stage",     "steal",  "task",           "any"};
+enum { DPAR__FAULT_DELAY = 1, DPAR__FAULT_VANISH = 2, DPAR__FAULT_FAIL = 3 };
+#define DPAR__FAULT_MAX 16
+
+typedef struct dpar__fault {
+    int kind, rank, op, ms; /* rank -1: every rank */
+    uint64_t at;
+    char comm[32]; /* "": every comm */
+    char text[96]; /* the fault as written, for the messages */
+} dpar__fault;
+
+/* a schedule; the copy a comm or pool makes of it also counts its operations */
+typedef struct dpar__faults {
+    int n;
+    dpar__fault f[DPAR__FAULT_MAX];
+    char bad[DPAR__ERROR_TEXT];      /* not empty: DPAR_FAULT is malformed, and this says how */
+    uint64_t count[DPAR__FOP_COUNT]; /* operations seen, by kind (atomics: a comm's progress thread counts too) */
+    int vanished;                    /* 1 + the fault that made this rank vanish; 0: none */
+    dpar_allocator allocator;
+} dpar__faults;
+
+static pthread_mutex_t dpar__fault_mutex = PTHREAD_MUTEX_INITIALIZER;
+static dpar__faults dpar__fault_sched; /* the schedule new comms and pools copy */
+static int dpar__fault_read;           /* 1: DPAR_FAULT read, or dpar_fault_set called */
+static dpar__faults dpar__fault_nomem; /* what a comm or pool keeps when its copy could not be allocated */
+
+static int dpar__fault_number(const char *s, size_t n, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t i;
+    if (!n) return 0;
+    for (i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10u + (uint64_t)(s[i] - '0');
+        if (v > max) return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* parse `spec` into `out` (zeroed first); on an error the message names `who` and quotes the bad part */
+static dpar_status dpar__fault_parse(const char *spec, dpar__faults *out, const char *who)
+{
+    const char *p = spec;
+    int index = 0;
+    memset(out, 0, sizeof *out);
+    while (p && *p) {
+        const char *end = strchr(p, ';'), *q;
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        dpar__fault *f;
+        int has_rank = 0;
+        index++;
+        while (len && *p == ' ') p++, len--;
+        while (len && p[len - 1] == ' ') len--;
+        if (!len) { /* an empty fault (";;" or a trailing ';') */
+            p = end ? end + 1 : p + len;
+            continue;
+        }
+        if (len >= sizeof out->f[0].text)
+            return dpar__err(DPAR_EINVAL, "%s: fault %d (\"%.40s...\") is longer than %d characters", who, index, p,
+                             (int)sizeof out->f[0].text - 1);
+        if (out->n == DPAR__FAULT_MAX)
+            return dpar__err(DPAR_EINVAL, "%s: more than %d faults (at \"%.*s\")", who, DPAR__FAULT_MAX, (int)len, p);
+        f = &out->f[out->n];
+        memcpy(f->text, p, len);
+        f->text[len] = 0;
+        f->rank = -1;
+        f->op = DPAR__FOP_ANY;
+        f->at = 1;
+        for (q = p; q < p + len;) {
+            const char *fe = (const char *)memchr(q, ',', (size_t)(p + len - q)), *eq;
+            size_t flen = fe ? (size_t)(fe - q) : (size_t)(p + len - q), klen, vlen;
+            const char *v;
+            uint64_t num = 0;
+            int k, ok = 1;
+            eq = (const char *)memchr(q, '=', flen);
+            if (!eq)
+                return dpar__err(DPAR_EINVAL, "%s: \"%.*s\" in fault %d (\"%s\") is not key=value", who, (int)flen, q,
+                                 index, f->text);
+            klen = (size_t)(eq - q);
+            v = eq + 1;
+            vlen = flen - klen - 1;
+#define DPAR__KEY(name) (klen == sizeof name - 1 && !memcmp(q, name, klen))
+            if (DPAR__KEY("rank")) {
+                ok = dpar__fault_number(v, vlen, INT32_MAX, &num);
+                f->rank = (int)num;
+                has_rank = 1;
+            } else if (DPAR__KEY("at")) {
+                ok = dpar__fault_number(v, vlen, UINT64_MAX / 10u, &num) && num >= 1;
+                f->at = num;
+            } else if (DPAR__KEY("op")) {
+                for (k = 0; k < DPAR__FOP_COUNT; k++)
+                    if (strlen(dpar__fop_names[k]) == vlen && !memcmp(v, dpar__fop_names[k], vlen)) break;
+                ok = k < DPAR__FOP_COUNT;
+                f->op = k;
+            } else if (DPAR__KEY("comm")) {
+                ok = vlen >= 1 && vlen < sizeof f->comm;
+                if (ok) memcpy(f->comm, v, vlen);
+            } else if (DPAR__KEY("kind")) {
+                if (vlen == 4 && !memcmp(v, "fail", 4)) f->kind = DPAR__FAULT_FAIL;
+                else if (vlen == 6 && !memcmp(v, "vanish", 6)) f->kind = DPAR__FAULT_VANISH;
+                else if (vlen > 6 && !memcmp(v, "delay:", 6) && dpar__fault_number(v + 6, vlen - 6, 3600000u, &num))
+                    f->kind = DPAR__FAULT_DELAY, f->ms = (int)num;
+                else ok = 0;
+            } else {
+                return dpar__err(DPAR_EINVAL,
+                                 "%s: \"%.*s\" in fault %d (\"%s\"): unknown key (rank, op, at, kind or comm)", who,
+                                 (int)flen, q, index, f->text);
+            }
+#undef DPAR__KEY
+            if (!ok)
+                return dpar__err(
+                    DPAR_EINVAL,
+                    "%s: \"%.*s\" in fault %d (\"%s\"): bad value (rank: a number >= 0; at: a number >= 1; "
+                    "op: any, barrier, broadcast, reduce, reduce_scatter, allgather, allreduce, alltoall, "
+                    "send, recv, bucket, stage, steal, task; kind: fail, vanish, delay:MS with MS <= "
+                    "3600000; comm: 1..31 characters)",
+                    who, (int)flen, q, index, f->text);
+            q += flen + (fe ? 1 : 0);
+            if (fe && q == p + len)
+                return dpar__err(DPAR_EINVAL, "%s: fault %d (\"%s\") ends with a ','", who, index, f->text);
+        }
+        if (!f->kind)
+            return dpar__err(DPAR_EINVAL, "%s: fault %d (\"%s\") has no kind= (fail, vanish or delay:MS)", who, index,
+                             f->text);
+        if (f->op == DPAR__FOP_TASK && (has_rank || f->kind == DPAR__FAULT_VANISH))
+            return dpar__err(DPAR_EINVAL,
+                             "%s: fault %d (\"%s\"): a task belongs to a pool, which has no rank and cannot vanish "
+                             "(use fail or delay, without rank=)",
+                             who, index, f->text);
+        out->n++;
+        p = end ? end + 1 : p + len;
+    }
+    return DPAR_OK;
+}
+
+/* read DPAR_FAULT once, unless dpar_fault_set came first (fault mutex held) */
+static void dpar__fault_env_locked(void)
+{
+    const char *env;
+    if (dpar__fault_read) return;
+    dpar__fault_read = 1;
+    env = getenv("DPAR_FAULT");
+    if (env && dpar__fault_parse(env, &dpar__fault_sched, "DPAR_FAULT") != DPAR_OK) {
+        snprintf(dpar__fault_sched.bad, sizeof dpar__fault_sched.bad, "%s", dpar__tls_error);
+        dpar__fault_sched.n = 0;
+    }
+}
+
+DPAR_API dpar_status dpar_fault_set(const char *spec)
+{
+    dpar__faults *parsed = (dpar__faults *)malloc(sizeof *parsed);
+    dpar_status st;
+    if (!parsed) return dpar__err(DPAR_ENOMEM, "dpar_fault_set: out of memory");
+    st = dpar__fault_parse(spec, parsed, "dpar_fault_set");
+    if (st == DPAR_OK) {
+        pthread_mutex_lock(&dpar__fault_mutex);
+        dpar__fault_read = 1;
+        dpar__fault_sched = *parsed;
+        pthread_mutex_unlock(&dpar__fault_mutex);
+    }
+    free(parsed);
+    return st;
+}
+
+/* where a pool or comm is made: DPAR_EINVAL when DPAR_FAULT is malformed */
+static dpar_status dpar__fault_check(const char *who)
+{
+    char bad[DPAR__ERROR_TEXT];
+    pthread_mutex_lock(&dpar__fault_mutex);
+    dpar__fault_env_locked();
+    memcpy(bad, dpar__fault_sched.bad, sizeof bad);
+    pthread_mutex_unlock(&dpar__fault_mutex);
+    return bad[0] ? dpar__err(DPAR_EINVAL, "%s: %s", who, bad) : DPAR_OK;
+}
+
+/* the copy of the schedule a new comm or pool keeps: NULL when nothing is scheduled (the hooks' one branch) */
+static dpar__faults *dpar__fault_attach(const dpar_allocator *a)
+{
+    dpar__faults *fs = NULL;
+    pthread_mutex_lock(&dpar__fault_mutex);
+    dpar__fault_env_locked();
+    if (dpar__fault_sched.n || dpar__fault_sched.bad[0]) {
+        fs = (dpar__faults *)dpar__alloc(a, sizeof *fs);
+        if (fs) {
+            *fs = dpar__fault_sched;
+            fs->allocator = *a;
+        } else {
+            snprintf(dpar__fault_nomem.bad, sizeof dpar__fault_nomem.bad, "out of memory for the fault schedule");
+            fs = &dpar__fault_nomem;
+        }
+    }
+    pthread_mutex_unlock(&dpar__fault_mutex);
+    return fs;
+}
+static void dpar__fault_detach(dpar__faults *fs)
+{
+    if (fs && fs != &dpar__fault_nomem) {
+        dpar_allocator a = fs->allocator;
+        dpar__free(&a, fs);
+    }
+}
+
+/* Count one operation `op` of `rank` on the comm (or pool) `name`. Delays due here are slept here. Returns the
+   kind of the fault due (fail or vanish; *f and *nth say which and at what count), 0 for none, -1 when the
+   schedule is unusable (fs->bad says why). A rank that vanished stays vanished on this comm. */
+static int dpar__fault_due(dpar__faults *fs, int rank, int op, const char *name, const dpar__fault **f, uint64_t *nth)
+{
+    uint64_t n_op, n_any;
+    int i, v;
+    if (fs->bad[0]) return -1;
+    if ((v = DPAR__LOAD(&fs->vanished, DPAR__ACQUIRE)) != 0) {
+        *f = &fs->f[v - 1];
+        *nth = fs->f[v - 1].at;
+        return DPAR__FAULT_VANISH;
+    }
+    n_op = DPAR__ADD(&fs->count[op], 1, DPAR__RELAXED) + 1;
+    n_any = DPAR__ADD(&fs->count[DPAR__FOP_ANY], 1, DPAR__RELAXED) + 1;
+    for (i = 0; i < fs->n; i++) {
+        const dpar__fault *g = &fs->f[i];
+        if ((g->rank >= 0 && g->rank != rank) || (g->comm[0] && strcmp(g->comm, name))) continue;
+        if ((op == DPAR__FOP_TASK) != (g->op == DPAR__FOP_TASK)) continue; /* a pool's faults and a comm's apart */
+        if (g->op == DPAR__FOP_ANY ? n_any != g->at : (g->op != op || n_op != g->at)) continue;
+        if (g->kind == DPAR__FAULT_DELAY) {
+            struct timespec ts;
+            ts.tv_sec = g->ms / 1000;
+            ts.tv_nsec = (long)(g->ms % 1000) * 1000000L;
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+            continue;
+        }
+        if (g->kind == DPAR__FAULT_VANISH) DPAR__STORE(&fs->vanished, i + 1, DPAR__RELEASE);
+        *f = g;
+        *nth = g->op == DPAR__FOP_ANY ? n_any : n_op;
+        return g->kind;
+    }
+    return 0;
+}
+
 /* >>pool: the pool object, parallel-for, SPMD run, barrier -------------------------------------- */
 enum { DPAR__JOB_FOR_STATIC, DPAR__JOB_FOR_DYNAMIC, DPAR__JOB_RUN };
 enum {
@@ -2472,6 +2764,7 @@ struct dpar_pool {
     dpar__spin spin;
     char name[32];
     dpar__thread *threads;     /* [nthreads]; [0] stands for the caller of fork-join calls */
+    dpar__faults *fault;       /* >>fault: the pool's copy of the schedule (op=task); NULL: none */
     pthread_mutex_t fork_lock; /* outside callers of fork-join calls take turns */
 
     /* fork-join: written by the caller before fork_gen is bumped, read by workers after */
@@ -3092,6 +3385,19 @@ static void dpar__task_notify(dpar_pool *p, int woke)
     if (woke) dpar__bump(&p->wake_seq, &p->wake_sleepers, woke);
 }
 
+/* >>fault's hook: a task due to fail (op=task) fails with DPAR_EUSER before it runs */
+static dpar_status dpar__task_fault(dpar_pool *p, uint32_t i, const char *name)
+{
+    const dpar__fault *f = NULL;
+    uint64_t nth = 0;
+    int kind = dpar__fault_due(p->fault, -1, DPAR__FOP_TASK, p->name, &f, &nth);
+    if (kind < 0) return dpar__err(DPAR_EINVAL, "pool %s: %s", p->name, p->fault->bad);
+    if (kind == 0) return DPAR_OK;
+    return dpar__err(
+        DPAR_EUSER, "pool %s: injected fault (DPAR_FAULT \"%s\"): task %u%s%s%s (the pool's task #%llu to run) failed",
+        p->name, f->text, i + 1, name ? " (" : "", name ? name : "", name ? ")" : "", (unsigned long long)nth);
+}
+
 /* Run task i, which the caller has just taken from the ready queue (task_lock held; released here). */
 static void dpar__task_execute(dpar_pool *p, uint32_t i)
 {
@@ -3111,7 +3417,8 @@ static void dpar__task_execute(dpar_pool *p, uint32_t i)
     frame.up = dpar__tls_frame;
     dpar__tls_frame = &frame;
     dpar_clear_error();
-    st = fn(user);
+    st = p->fault ? dpar__task_fault(p, i, name) : DPAR_OK;
+    if (st == DPAR_OK) st = fn(user);
     dpar__tls_frame = frame.up;
     if (t0) dpar__trace_span(name ? name : "task", "task", t0, "\"task\":%u,\"status\":%d", i + 1, (int)st);
 
@@ -3483,6 +3790,7 @@ static void dpar__pool_free(dpar_pool *p)
     dpar__free(&a, p->edge_chunks);
     dpar__free(&a, p->search_stack);
     dpar__free(&a, p->threads);
+    dpar__fault_detach(p->fault);
     pthread_mutex_destroy(&p->fork_lock);
     pthread_mutex_destroy(&p->task_lock);
     dpar__free(&a, p);
@@ -3525,6 +3833,7 @@ DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **ou
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if ((st = dpar__check_allocator("dpar_pool_create", &d.allocator)) != DPAR_OK) return st;
+    if ((st = dpar__fault_check("dpar_pool_create")) != DPAR_OK) return st;
     if (d.num_threads < 0)
         return dpar__err(DPAR_EINVAL, "dpar_pool_create: num_threads = %d is negative (0 means the default)",
                          d.num_threads);
@@ -3562,6 +3871,7 @@ DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **ou
     p->epoch = 1;
     pthread_mutex_init(&p->fork_lock, NULL);
     pthread_mutex_init(&p->task_lock, NULL);
+    p->fault = dpar__fault_attach(&p->allocator);
     p->threads = (dpar__thread *)dpar__calloc(&p->allocator, (size_t)n, sizeof(dpar__thread));
     if (!p->threads) {
         dpar__pool_free(p);
@@ -4117,10 +4427,11 @@ struct dpar_comm {
     pthread_t thread;
     const char *no_async; /* why async requests cannot run here (NULL: they can) */
     /* >>algo: the allreduce algorithm asked for, the memory the ranks share for it */
-    int algo;            /* dpar_algo: the desc's, else DPAR_ALGO's, else AUTO */
-    struct dpar__sm *sm; /* NULL until the first allreduce that may use it */
-    int sm_state;        /* 0: not set up yet, 1: sm ready, -1: unavailable (the ring instead) */
-    uint32_t sm_phase;   /* meetings passed (the same count on every rank) */
+    int algo;                   /* dpar_algo: the desc's, else DPAR_ALGO's, else AUTO */
+    struct dpar__sm *sm;        /* NULL until the first allreduce that may use it */
+    int sm_state;               /* 0: not set up yet, 1: sm ready, -1: unavailable (the ring instead) */
+    uint32_t sm_phase;          /* meetings passed (the same count on every rank) */
+    struct dpar__faults *fault; /* >>fault: this rank's copy of the schedule; NULL: none (the hooks' one branch) */
 };
 
 /* memory where the comm's ranks keep their buffers: host memory, or dpar_comm_memory's */
@@ -5269,6 +5580,28 @@ typedef struct dpar__call { /* one collective call, as made */
     const size_t *offs, *lens; /* allgather: rank r's block, when not dpar_block_range's */
 } dpar__call;
 
+/* >>fault's hook, where a comm operation starts (only when c->fault is set): the fault due here, if any */
+static dpar_status dpar__comm_fault(dpar_comm *c, int op)
+{
+    const dpar__fault *f = NULL;
+    uint64_t nth = 0;
+    char msg[DPAR__ERROR_TEXT];
+    int kind = dpar__fault_due(c->fault, c->rank, op, c->name, &f, &nth);
+    if (kind == 0) return DPAR_OK;
+    if (kind < 0) return dpar__err(DPAR_EINVAL, "%s rank %d: %s", c->name, c->rank, c->fault->bad);
+    if (kind == DPAR__FAULT_VANISH) /* nothing reaches the others: they time out, naming this rank */
+        return dpar__err(DPAR_ECANCELED,
+                         "%s rank %d has vanished (injected fault, DPAR_FAULT \"%s\", at its %s #%llu): it takes no "
+                         "part in its %s",
+                         c->name, c->rank, f->text, f->op == DPAR__FOP_ANY ? "operation" : dpar__fop_names[f->op],
+                         (unsigned long long)nth, dpar__fop_names[op]);
+    snprintf(msg, sizeof msg, "%s rank %d: injected fault (DPAR_FAULT \"%s\"): its %s%s #%llu failed", c->name, c->rank,
+             f->text, dpar__fop_names[op], f->op == DPAR__FOP_ANY ? ", operation" : "", (unsigned long long)nth);
+    return dpar__tp_fail(c, op == DPAR__FOP_BUCKET || op == DPAR__FOP_STAGE ? DPAR_EUSER : DPAR_EIO, msg);
+}
+/* DPAR__FAULT(c, op): DPAR_OK, or the status of the fault injected here; one branch when none is scheduled */
+#define DPAR__FAULT(c, op) ((c)->fault ? dpar__comm_fault((c), (op)) : DPAR_OK)
+
 static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
 {
     dpar__ctx x;
@@ -5293,6 +5626,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     x.fp.file = call->file;
     x.fp.line = call->line;
     x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
+    if ((st = DPAR__FAULT(c, call->coll)) != DPAR_OK) return st;
     if ((st = dpar__tp_poisoned(c)) != DPAR_OK) return st;
     dpar__tp_enter(&x);
     dpar__sm_enter(&x);
@@ -5623,6 +5957,7 @@ DPAR_API dpar_status dpar_send_at(dpar_comm *comm, const void *buf, size_t count
                          "completes (use dpar_sendrecv)",
                          file, line, peer);
     DPAR__TRY(dpar__tp_poisoned(comm));
+    DPAR__TRY(DPAR__FAULT(comm, DPAR_COLL_SEND));
     dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, count, dtype, tag, file, line);
     dpar__tp_enter(&x);
     st = dpar__post(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
@@ -5639,6 +5974,7 @@ DPAR_API dpar_status dpar_recv_at(dpar_comm *comm, void *buf, size_t count, dpar
     dpar_status st = dpar__p2p_check(comm, buf, count, dtype, peer, "dpar_recv", file, line);
     if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
     DPAR__TRY(dpar__tp_poisoned(comm));
+    DPAR__TRY(DPAR__FAULT(comm, DPAR_COLL_RECV));
     dpar__p2p_ctx(&x, comm, DPAR_COLL_RECV, count, dtype, tag, file, line);
     dpar__tp_enter(&x);
     st = dpar__recv_into(&x, peer, buf, count * dpar__dtype_sizes[dtype]);
@@ -5660,6 +5996,7 @@ DPAR_API dpar_status dpar_sendrecv_at(dpar_comm *comm, const void *sendbuf, size
         return dpar__bad_call(
             comm, dpar__err(DPAR_EINVAL, "dpar_sendrecv at %s:%d: send and recv buffers overlap", file, line));
     DPAR__TRY(dpar__tp_poisoned(comm));
+    DPAR__TRY(DPAR__FAULT(comm, DPAR_COLL_SEND));
     es = dpar__dtype_sizes[dtype];
     dpar__p2p_ctx(&x, comm, DPAR_COLL_SEND, sendcount, dtype, tag, file, line);
     dpar__tp_enter(&x);
@@ -5690,6 +6027,7 @@ static dpar_status dpar__send_posted(dpar_comm *c, int peer, const void *buf, si
     dpar__ctx x;
     uint64_t t0 = dpar_time_ns();
     dpar_status st;
+    DPAR__TRY(DPAR__FAULT(c, DPAR_COLL_SEND));
     dpar__p2p_begin(&x, c, DPAR_COLL_SEND, bytes, tag, who);
     st = dpar__post(&x, peer, buf, bytes);
     if (st == DPAR_OK) dpar__p2p_count(c, DPAR_COLL_SEND, bytes, 0, t0);
@@ -5700,6 +6038,7 @@ static dpar_status dpar__recv_tagged(dpar_comm *c, int peer, void *buf, size_t b
     dpar__ctx x;
     uint64_t t0 = dpar_time_ns();
     dpar_status st;
+    DPAR__TRY(DPAR__FAULT(c, DPAR_COLL_RECV));
     dpar__p2p_begin(&x, c, DPAR_COLL_RECV, bytes, tag, who);
     st = dpar__recv_into(&x, peer, buf, bytes);
     if (st == DPAR_OK) dpar__p2p_count(c, DPAR_COLL_RECV, 0, bytes, t0);
@@ -5745,6 +6084,7 @@ static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int ra
     c->desc = *d;
     c->desc.name = c->name;
     pthread_mutex_init(&c->qlock, NULL);
+    c->fault = dpar__fault_attach(&c->allocator);
     return DPAR_OK;
 }
 
@@ -5757,6 +6097,7 @@ static void dpar__comm_free(dpar_comm *c)
         dpar__free(&a, q);
     }
     dpar__data_free(c, c->scratch);
+    dpar__fault_detach(c->fault);
     pthread_mutex_destroy(&c->qlock);
     dpar__free(&a, c);
 }
@@ -5963,6 +6304,7 @@ static dpar_status dpar__request_run(dpar_comm *c, dpar_request *q)
     if (st == DPAR_OK && q->then.fn) { /* update my block, then gather everyone's */
         size_t off, len;
         dpar_block_range(q->count, c->size, c->rank, &off, &len);
+        if ((st = DPAR__FAULT(c, DPAR__FOP_BUCKET)) != DPAR_OK) return st; /* >>fault */
         q->then.fn(q->then.user, q->then.base + off, len);
         call = dpar__call_make(DPAR_COLL_ALLGATHER, q->then.gather + off, q->then.gather, q->count, DPAR_F32, DPAR_SUM,
                                0, q->file, q->line);
@@ -6599,6 +6941,7 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
     *out = NULL;
     if (!desc) return dpar__err(DPAR_EINVAL, "dpar_group_create: desc is NULL (size is required)");
     if ((st = dpar__check_allocator("dpar_group_create", &desc->allocator)) != DPAR_OK) return st;
+    if ((st = dpar__fault_check("dpar_group_create")) != DPAR_OK) return st;
     if (desc->size < 1)
         return dpar__err(DPAR_EINVAL, "dpar_group_create: size = %d (needs at least 1 rank)", desc->size);
     if (desc->size > DPAR_MAX_THREADS)
@@ -9023,6 +9366,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             buf = last ? NULL : dpar__pipe_take(pp);
             if (!last && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
             dpar_clear_error();
+            if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
             st = pp->d.forward(pp->d.user, op->micro, op->chunk, pp->stash[u], buf);
             t1 = dpar_time_ns();
             busy += t1 - t0;
@@ -9035,6 +9379,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             buf = first ? NULL : dpar__pipe_take(pp);
             if (!first && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
             dpar_clear_error();
+            if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
             st = pp->d.backward(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
             t1 = dpar_time_ns();
             busy += t1 - t0;
@@ -9350,10 +9695,12 @@ static void dpar__dquiesce(dpar_buckets *b)
 {
     uint64_t give_up = dpar_time_ns() + 5000000000u;
     int q;
+    char msg[DPAR__ERROR_TEXT];
     if (!b->direct) return;
-    /* the first poison wins: a no-op after an error */
-    dpar__tp_poison_quietly(b->comm, DPAR_EINVAL,
-                            "dpar_buckets: a rank left its direct buckets in the middle of a step");
+    /* the first poison wins: a no-op after an error; the message names this rank and why it left */
+    snprintf(msg, sizeof msg, "dpar_buckets: rank %d of %s left its direct buckets in the middle of a step: %.400s",
+             b->comm->rank, b->comm->name, dpar__tls_error[0] ? dpar__tls_error : "(no error text)");
+    dpar__tp_poison_quietly(b->comm, DPAR_EINVAL, msg);
     for (q = 0; q < b->comm->size; q++)
         while (q != b->comm->rank && DPAR__LOAD(dpar__dreading(b, q), DPAR__SEQ_CST) && dpar_time_ns() < give_up)
             sched_yield();
@@ -9388,6 +9735,7 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
                                      b->op, q == N - 1 && b->op == DPAR_AVG ? N : 0);
             dpar__dread_end(b);
             if (st != DPAR_OK) return st;
+            if (b->update.fn && (st = DPAR__FAULT(c, DPAR__FOP_BUCKET)) != DPAR_OK) return st; /* >>fault */
             if (b->update.fn) b->update.fn(b->update.user, lo, len);
             dpar__dset(b, DPAR__D_REDUCED, k);
             b->dstate[k] = b->dcopy ? 2 : 3;
@@ -9927,6 +10275,7 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn tas
         return dpar__bad_call(c, dpar__err(DPAR_EINVAL, "dpar_steal_run: %s (n = %d, max_tasks = %d)",
                                            n < 0 || n > s->max ? "n is outside 0 to max_tasks" : "task is NULL", n,
                                            s->max));
+    DPAR__TRY(DPAR__FAULT(c, DPAR__FOP_STEAL)); /* >>fault */
     me = &s->sh->lists[c->rank];
     /* post this round's list (nobody takes from it before the word says so) and wake the ranks
        waiting for it */

@@ -3,7 +3,8 @@
    Run:   mpirun -np 4 --oversubscribe ./build/test_mpi            (flat: MPI processes)
           mpirun -np 2 ./build/test_mpi --hybrid 2                 (2 processes x 2 threads)
           mpirun -np 2 ./build/test_mpi --funneled                 (what needs MPI_THREAD_MULTIPLE says so)
-   Every process runs every test; the failures of all are added up and rank 0 prints the results.
+   Every process runs every test (DPAR_TEST_ONLY=word: those whose name holds it); the failures of all are added up
+   and rank 0 prints the results.
    DPAR_TEST_BIG sets the large count of the matrix (default 1000003). */
 static void test_step_hook(void);
 #define DPAR_TEST_STEP_HOOK() test_step_hook()
@@ -327,6 +328,115 @@ static void test_mismatch_timeout_abort_over_mpi(void)
         MPI_Barrier(MPI_COMM_WORLD);
     }
     for (kind = 0; kind < 5; kind++) dpar_comm_destroy(keep[kind]);
+}
+
+/* fault injection over MPI (DPAR_FAULT's grammar through dpar_fault_set): a delay changes nothing but the time;
+   a failed allreduce or receive, and a vanished rank, end in an error on every other process naming rank 1 and the
+   operation, within the timeout; a watchdog thread fails the program if a case runs past twice its timeout. */
+static double fault_deadline;
+static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *fault_watchdog(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        double d;
+        usleep(20000);
+        pthread_mutex_lock(&fault_lock);
+        d = fault_deadline;
+        pthread_mutex_unlock(&fault_lock);
+        if (d < 0) return NULL;
+        if (d > 0 && dt_now() > d) {
+            printf("FAIL test_faults_over_mpi: rank %d still running 2 x the timeout after the case began\n", me);
+            fflush(stdout);
+            _exit(1);
+        }
+    }
+}
+static void test_faults_over_mpi(void)
+{
+    static const char *const specs[4] = {"rank=1,op=allreduce,at=2,kind=delay:150",
+                                         "rank=1,op=allreduce,at=2,kind=fail", "rank=1,op=allreduce,at=2,kind=vanish",
+                                         "rank=1,op=recv,kind=fail"};
+    /* the vanish case: a timeout waits up to 300 ms more for the processes' answers (dpar__m_survey); the
+       vanished one never answers, so its story comes at 1.3 s */
+    static const int timeouts[4] = {5000, 2000, 1000, 2000};
+    dpar_comm *keep[4] = {NULL, NULL, NULL, NULL};
+    pthread_t wd;
+    int kind, i;
+    pthread_create(&wd, NULL, fault_watchdog, NULL);
+    for (kind = 0; kind < 4; kind++) {
+        dpar_comm_desc d;
+        dpar_comm *c;
+        dpar_status st = DPAR_OK;
+        float x[64], y[64];
+        int step, err_step = 0;
+        double t0, secs = 0, slow = 0;
+        char msg[DPAR__ERROR_TEXT] = "";
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = timeouts[kind];
+        CHECK(dpar_fault_set(specs[kind]) == DPAR_OK);
+        c = world_comm(&d);
+        CHECK(dpar_fault_set(NULL) == DPAR_OK);
+        if (!c) {
+            CHECK(0);
+            continue;
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        pthread_mutex_lock(&fault_lock);
+        fault_deadline = dt_now() + 2e-3 * timeouts[kind];
+        pthread_mutex_unlock(&fault_lock);
+        t0 = dt_now();
+        for (step = 1; step <= 3 && st == DPAR_OK; step++) {
+            double ts = dt_now();
+            if (kind < 3) {
+                for (i = 0; i < 64; i++) x[i] = (float)(me + i + step);
+                st = dpar_allreduce(c, x, y, 64, DPAR_F32, DPAR_SUM);
+                for (i = 0; st == DPAR_OK && i < 64; i++) /* sum over q of q + i + step */
+                    CHECK(y[i] == (float)(nprocs * (nprocs - 1) / 2 + nprocs * (i + step)));
+            } else if (step == 1) { /* rank 0 sends to rank 1, whose receive fails; then everyone meets */
+                for (i = 0; i < 64; i++) x[i] = (float)i;
+                if (me == 0) st = dpar_send(c, x, 64, DPAR_F32, 1, 7);
+                else if (me == 1) st = dpar_recv(c, y, 64, DPAR_F32, 0, 7);
+            } else {
+                st = dpar_barrier(c);
+            }
+            if (me == 1 && step == 2) slow = dt_now() - ts;
+            if (st != DPAR_OK) {
+                err_step = step;
+                secs = dt_now() - t0;
+                snprintf(msg, sizeof msg, "%s", dpar_last_error());
+            }
+        }
+        if (kind == 0) {
+            CHECK_MSG(st == DPAR_OK, "rank %d: %s", me, msg);
+            if (me == 1) CHECK_MSG(slow >= 0.14, "the delayed allreduce took %.0f ms", 1e3 * slow);
+        } else if (me == 1) {
+            CHECK_MSG(st == (kind == 2 ? DPAR_ECANCELED : DPAR_EIO), "rank 1: %s", msg);
+            if (kind == 2) CHECK(dpar_barrier(c) == DPAR_ECANCELED); /* still away */
+        } else {
+            const char *want = kind == 1
+                                   ? "rank 1: injected fault (DPAR_FAULT \"rank=1,op=allreduce,at=2,kind=fail\"): "
+                                     "its allreduce #2 failed"
+                               : kind == 2 ? "rank 1 never arrived"
+                                           : "rank 1: injected fault (DPAR_FAULT \"rank=1,op=recv,kind=fail\"): its "
+                                             "recv #1 failed";
+            CHECK_MSG(st != DPAR_OK && strstr(msg, want), "rank %d: %s (%s)", me, dpar_status_string(st), msg);
+            if (kind == 2) CHECK_MSG(st == DPAR_ETIMEDOUT && strstr(msg, "allreduce"), "rank %d: %s", me, msg);
+            if (kind < 3) CHECK_MSG(err_step == 2, "rank %d: failed at call %d", me, err_step);
+            CHECK_MSG(secs < 2e-3 * timeouts[kind], "rank %d took %.2f s", me, secs);
+            if (me == 0 && kind == 2) printf("    e.g. %s\n", msg);
+        }
+        keep[kind] = c; /* as in test_mismatch_timeout_abort_over_mpi: messages of a poisoned comm may linger */
+        MPI_Barrier(MPI_COMM_WORLD);
+        pthread_mutex_lock(&fault_lock);
+        fault_deadline = 0;
+        pthread_mutex_unlock(&fault_lock);
+    }
+    pthread_mutex_lock(&fault_lock);
+    fault_deadline = -1; /* the watchdog ends */
+    pthread_mutex_unlock(&fault_lock);
+    pthread_join(wd, NULL);
+    for (kind = 0; kind < 4; kind++) dpar_comm_destroy(keep[kind]);
 }
 
 /* async requests, split and mesh */
@@ -816,7 +926,9 @@ static void mrun(const char *name, void (*fn)(void))
 {
     int local[2], total[2];
     double t0 = dt_now();
+    const char *env = getenv("DPAR_TEST_ONLY"); /* e.g. mpirun -x DPAR_TEST_ONLY=faults: the tests named so */
     if (only && !strstr(name, only)) return;
+    if (env && *env && !strstr(name, env)) return;
     dt_test_failed = 0;
     dt_test_skipped = 0;
     fn();
@@ -874,6 +986,7 @@ int main(int argc, char **argv)
         /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
            MPI_Comm_split_type (mca_pml_ob1_add_comm) in some runs (docs/mpi.md) */
         MRUN(test_mismatch_timeout_abort_over_mpi);
+        MRUN(test_faults_over_mpi); /* after it, for the same reason */
     }
     if (me == 0) {
         if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
