@@ -185,12 +185,13 @@ fuzz: $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZERS))
 	done
 
 # the long forms: 100000 mixed collectives on 8 thread ranks (and 10000 under ASan and TSan), on 4 oversubscribed
-# MPI processes, and 200 kills of the trainers (tests/kill.sh); minutes
+# MPI processes, and 200 kills of the demo trainer (tests/kill.sh); minutes
 STRESS_ITERS ?= 100000
 stress: $(BUILD)/test_stress $(BUILD)/asan/test_stress $(BUILD)/tsan/test_stress $(MPITEST)
 	DPAR_STRESS_ITERS=$(STRESS_ITERS) ./$(BUILD)/test_stress
 	DPAR_STRESS_ITERS=$$(( $(STRESS_ITERS) / 10 )) ./$(BUILD)/asan/test_stress stress
 	DPAR_STRESS_ITERS=$$(( $(STRESS_ITERS) / 10 )) ./$(BUILD)/tsan/test_stress stress
+	BUILD="$(BUILD)" MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" tests/kill.sh 200
 ifneq ($(MPITEST),)
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPAR_STRESS_ITERS=$(STRESS_ITERS) \
 	    $(MPIRUN) --oversubscribe -np 4 ./$(BUILD)/test_mpi

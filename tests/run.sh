@@ -260,6 +260,14 @@ mpi_compile() {
     fi
 }
 
+# kill tests (tests/kill.sh): the demo trainer killed with SIGKILL 20 times, at random moments and in the middle of
+# checkpoint writes; every checkpoint must load and every resumed run end bitwise as one never killed; one MPI
+# process of 4 killed: the others report it within the timeout
+kill_tests() {
+    step "kill tests: tests/kill.sh 20 (make stress: 200)" env BUILD="$BUILD" MPICC="${MPICC:-}" MPIRUN="${MPIRUN:-}" tests/kill.sh 20
+    grep '^kill.sh: ' "$tmp/out" | sed 's/^/     /'
+}
+
 NO_MPI_REASON=
 if [ "${1:-}" = "--no-mpi-reason" ]; then
     NO_MPI_REASON=$2
@@ -272,6 +280,7 @@ if [ "${1:-}" = "--matrix" ]; then
     examples
     idx_example
     demo
+    kill_tests
 fi
 for bin in "$@"; do program "$bin" "$bin"; done
 if [ -n "${MPITEST:-}" ] && [ -n "${MPIASAN:-}" ]; then export ASAN_OPTIONS=detect_leaks=0; fi
