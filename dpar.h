@@ -5538,7 +5538,8 @@ static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int ra
         if (env && *env) {
             char *end;
             long v = strtol(env, &end, 10);
-            if (*end || v < -1)
+            /* above UINT64_MAX / 10^6 ms the nanoseconds wrap (found by tests/fuzz/fuzz_env.c) */
+            if (*end || v < -1 || (v > 0 && (uint64_t)v > UINT64_MAX / 1000000u))
                 DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
                           DPAR_TIMEOUT_MS_DEFAULT);
             else ms = v;
