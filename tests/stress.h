@@ -23,9 +23,9 @@ static uint64_t stress_next(uint64_t *s) /* splitmix64 */
 typedef struct stress_counts {
     long calls[10];
 } stress_counts;
-static const char *const stress_names[10] = {"allreduce",      "allreduce in place", "reduce",    "reduce_scatter",
-                                             "allgather",      "broadcast",          "alltoall",  "barrier",
-                                             "iallreduce",     "sendrecv ring"};
+static const char *const stress_names[10] = {"allreduce",  "allreduce in place", "reduce",   "reduce_scatter",
+                                             "allgather",  "broadcast",          "alltoall", "barrier",
+                                             "iallreduce", "sendrecv ring"};
 
 /* rank r's part of `iters` calls from `seed`; s and v hold STRESS_MAX * 8 bytes each. A wrong element or status
    is noted (the first one in full) and ends this rank's loop; the others then fail by the comm's timeout. */
@@ -45,7 +45,9 @@ DT_UNUSED static void stress_rank(world *w, dpar_comm *c, int r, uint64_t seed, 
         int bad = -1;
         dpar_status st = DPAR_OK;
         /* sizes: mostly small (the one-shot paths), some medium (slices, the ring's segments), a few large */
-        n = sz < 80 ? 1 + (size_t)(y >> 8) % 64 : sz < 97 ? 65 + (size_t)(y >> 8) % 4000 : 4065 + (size_t)(y >> 8) % (STRESS_MAX - 4065);
+        n = sz < 80   ? 1 + (size_t)(y >> 8) % 64
+            : sz < 97 ? 65 + (size_t)(y >> 8) % 4000
+                      : 4065 + (size_t)(y >> 8) % (STRESS_MAX - 4065);
         if (kind == 6) n = n / (size_t)N ? n / (size_t)N : 1; /* alltoall: per peer, N n in all */
         if (counts) counts->calls[kind]++;
         dpar_block_range(n, N, r, &off, &len);

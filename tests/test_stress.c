@@ -107,10 +107,10 @@ static void alloc_round(world *w, dpar_comm *c, int r, dpar_buckets *b, float *g
     int N = w->n, i;
     long a0;
     dpar_request *req;
-#define ALLOC_STEP(name, call)                                                                 \
-    do {                                                                                       \
-        a0 = allocs();                                                                         \
-        expect_ok(w, (call), name, r);                                                         \
+#define ALLOC_STEP(name, call)                                                                           \
+    do {                                                                                                 \
+        a0 = allocs();                                                                                   \
+        expect_ok(w, (call), name, r);                                                                   \
         if (where && !where[0] && allocs() != a0) snprintf(where, 160, "%s (%ld)", name, allocs() - a0); \
     } while (0)
     for (k = 0; k < 3; k++) {
@@ -199,7 +199,9 @@ static void test_no_allocation_per_operation(void)
     d.timeout_ms = 20000;
     d.allocator.alloc = count_alloc, d.allocator.free = count_free;
     CHECK(run_world_desc(4, &d, alloc_rank, &j, NULL, 0) == 0);
-    for (k = 0; k < 4; k++) CHECK_MSG(!j.where[k][0], "rank %d saw allocations (any rank's) during its %s after the warm-up", k, j.where[k]);
+    for (k = 0; k < 4; k++)
+        CHECK_MSG(!j.where[k][0], "rank %d saw allocations (any rank's) during its %s after the warm-up", k,
+                  j.where[k]);
     CHECK_MSG(j.after == j.before, "%ld allocations in %d rounds after the warm-up", j.after - j.before, ALLOC_ROUNDS);
     CHECK(j.before > 0); /* the hook does count: creating them allocated */
     dpar_pipe_schedule_destroy(j.schedule);

@@ -38,13 +38,13 @@ static void fuzz_write(const char *path, const unsigned char *data, size_t n)
     }
 }
 /* a failed property: print it and abort, which libFuzzer reports as a crash with the input */
-#define FUZZ_ASSERT(c, ...)                                                         \
-    do {                                                                            \
-        if (!(c)) {                                                                 \
-            fprintf(stderr, "fuzz: %s:%d: %s: ", __FILE__, __LINE__, #c);           \
-            fprintf(stderr, __VA_ARGS__);                                           \
-            fprintf(stderr, "\n");                                                  \
-            abort();                                                                \
-        }                                                                           \
+#define FUZZ_ASSERT(c, ...)                                               \
+    do {                                                                  \
+        if (!(c)) {                                                       \
+            fprintf(stderr, "fuzz: %s:%d: %s: ", __FILE__, __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, "\n");                                        \
+            abort();                                                      \
+        }                                                                 \
     } while (0)
 #endif

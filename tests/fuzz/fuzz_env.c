@@ -90,7 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     }
     case 2: {
         static const char *names[] = {"off", "none", "error", "warn", "warning", "info", "debug"};
-        static const int levels[] = {DPAR_LOG_OFF, DPAR_LOG_OFF,  DPAR_LOG_ERROR, DPAR_LOG_WARN,
+        static const int levels[] = {DPAR_LOG_OFF,  DPAR_LOG_OFF,  DPAR_LOG_ERROR, DPAR_LOG_WARN,
                                      DPAR_LOG_WARN, DPAR_LOG_INFO, DPAR_LOG_DEBUG};
         int expect = DPAR_LOG_WARN, got;
         for (k = 0; k < 7; k++)

@@ -5,7 +5,10 @@
 #include "dpar.h"
 #include "fuzz_common.h"
 
-static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
