@@ -181,7 +181,7 @@ fuzz: $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZERS))
 	    ./$(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/ \
 	        $(BUILD)/fuzz/corpus_$$t tests/fuzz/corpus_$$t >$(BUILD)/fuzz/fuzz_$$t.log 2>&1 \
 	        || { tail -40 $(BUILD)/fuzz/fuzz_$$t.log; echo "fuzz_$$t: FAILED (log: $(BUILD)/fuzz/fuzz_$$t.log)"; exit 1; }; \
-	    grep -E '^#[0-9]+ +DONE|stat::number_of_executed_units' $(BUILD)/fuzz/fuzz_$$t.log; \
+	    grep -aE 'DONE|stat::number_of_executed_units' $(BUILD)/fuzz/fuzz_$$t.log; \
 	done
 
 # the long forms: 100000 mixed collectives on 8 thread ranks (and 10000 under ASan and TSan), on 4 oversubscribed
