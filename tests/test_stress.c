@@ -1,7 +1,7 @@
 /* test_stress.c - 8 thread ranks (on however few cores) running mixed collectives of random kinds, sizes, dtypes and
    ops, every element of every result against a reference computed apart (tests/stress.h); and the steady state
-   allocating nothing: after a warm-up, the pool, the comm, the buckets and the pipeline runner make no allocation
-   per operation (counted through their allocator hooks).
+   allocating nothing: after a warm-up, the pool, the comm, the buckets, the pipeline runner and work stealing make
+   no allocation per operation (counted through their allocator hooks).
    Iterations: DPAR_STRESS_ITERS (make stress: 100000); default 8000, 1000 under ASan, 200 under TSan. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -98,9 +98,16 @@ static dpar_status pipe_bwd(void *user, int micro, int chunk, const void *in, co
     return DPAR_OK;
 }
 
+static dpar_status steal_task(void *user, int index, int by)
+{
+    __atomic_add_fetch((long *)user + index, 1, __ATOMIC_RELAXED);
+    (void)by;
+    return DPAR_OK;
+}
+
 /* one round of every operation; `where` gets the name of the first one that allocated (when watching) */
-static void alloc_round(world *w, dpar_comm *c, int r, dpar_buckets *b, float *g, dpar_pipe *pipe, float *x, float *y,
-                        char *where)
+static void alloc_round(world *w, dpar_comm *c, int r, dpar_buckets *b, float *g, dpar_pipe *pipe, dpar_steal *steal,
+                        long *ran, float *x, float *y, char *where)
 {
     static const size_t sizes[3] = {100, 5000, 300000};
     size_t k;
@@ -135,6 +142,7 @@ static void alloc_round(world *w, dpar_comm *c, int r, dpar_buckets *b, float *g
     if (where && !where[0] && allocs() != a0) snprintf(where, 160, "buckets step (%ld)", allocs() - a0);
     (void)g;
     ALLOC_STEP("pipe run", dpar_pipe_run(pipe, NULL));
+    ALLOC_STEP("steal run", dpar_steal_run(steal, 16 + 8 * r, steal_task, NULL, ran));
 #undef ALLOC_STEP
 }
 
@@ -145,9 +153,12 @@ static void alloc_rank(world *w, dpar_comm *c, int r)
     float *g = (float *)calloc(100000, sizeof(float));
     dpar_buckets *b = NULL;
     dpar_pipe *pipe = NULL;
+    dpar_steal *steal = NULL;
     dpar_buckets_desc bd;
     dpar_pipe_desc pd;
-    int round;
+    dpar_steal_desc sd;
+    long ran[64];
+    int round, k;
     memset(&bd, 0, sizeof bd);
     bd.comm = c, bd.grads = g, bd.count = 100000, bd.bucket_bytes = 64 << 10, bd.op = DPAR_AVG;
     bd.allocator.alloc = count_alloc, bd.allocator.free = count_free;
@@ -156,16 +167,24 @@ static void alloc_rank(world *w, dpar_comm *c, int r)
     pd.schedule = j->schedule, pd.comm = c, pd.act_bytes = 64, pd.forward = pipe_fwd, pd.backward = pipe_bwd;
     pd.allocator = bd.allocator;
     expect_ok(w, dpar_pipe_create(&pd, &pipe), "pipe_create", r);
-    if (!b || !pipe) goto out;
-    for (round = 0; round < 3; round++) alloc_round(w, c, r, b, g, pipe, x, y, NULL); /* warm-up */
+    memset(&sd, 0, sizeof sd);
+    sd.comm = c, sd.max_tasks = 64, sd.allocator = bd.allocator;
+    expect_ok(w, dpar_steal_create(&sd, &steal), "steal_create", r);
+    memset(ran, 0, sizeof ran);
+    if (!b || !pipe || !steal) goto out;
+    for (round = 0; round < 3; round++) alloc_round(w, c, r, b, g, pipe, steal, ran, x, y, NULL); /* warm-up */
     expect_ok(w, dpar_barrier(c), "barrier", r);
     if (r == 0) j->before = allocs();
     expect_ok(w, dpar_barrier(c), "barrier", r);
-    for (round = 0; round < ALLOC_ROUNDS; round++) alloc_round(w, c, r, b, g, pipe, x, y, j->where[r]);
+    for (round = 0; round < ALLOC_ROUNDS; round++) alloc_round(w, c, r, b, g, pipe, steal, ran, x, y, j->where[r]);
     expect_ok(w, dpar_barrier(c), "barrier", r);
     if (r == 0) j->after = allocs();
     expect_ok(w, dpar_barrier(c), "barrier", r);
+    for (k = 0; k < 16 + 8 * r; k++) /* every task of every round ran once, wherever it ran */
+        if (__atomic_load_n(&ran[k], __ATOMIC_RELAXED) != 3 + ALLOC_ROUNDS)
+            note(w, "rank %d: steal task %d ran %ld times", r, k, ran[k]);
 out:
+    dpar_steal_destroy(steal);
     dpar_pipe_destroy(pipe);
     dpar_buckets_destroy(b);
     free(x), free(y), free(g);
