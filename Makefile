@@ -4,6 +4,8 @@
 #   make test    formatting, layout, compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
 #   make check   the test programs under AddressSanitizer+UBSan, then ThreadSanitizer
 #   make bench   benchmarks, one machine-readable line per figure
+#   make stress the long stress and kill tests (minutes)
+#   make fuzz    the libFuzzer targets of tests/fuzz, FUZZ_SECONDS each (default 60; needs clang)
 #   make format  rewrite the C files as clang-format 14 writes them (.clang-format); make test checks them
 #   make install copy the headers to $(PREFIX)/include
 #
@@ -37,11 +39,11 @@ $(if $(NVCC),$(info dpar: NCCL $(if $(NCCL),found ($(NCCL)),not found: the NCCL 
 endif
 
 TESTS   := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/test_mpi.c,$(wildcard tests/test_*.c)))
-HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h tests/pipe_mlp.h
+HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h tests/pipe_mlp.h tests/stress.h
 MPITEST := $(if $(and $(MPICC),$(MPIRUN)),$(BUILD)/test_mpi)
 MPIASAN := $(if $(MPITEST),$(BUILD)/asan/test_mpi)
 
-.PHONY: all demo test check bench cuda format mutate install clean
+.PHONY: all demo test check bench cuda format mutate fuzz stress install clean
 all: $(TESTS) $(BUILD)/pool_demo $(BUILD)/char_lm
 
 $(BUILD):
@@ -166,6 +168,40 @@ endif
 # the C files as clang-format writes them (tests/format.sh --fix; make test runs the check)
 format:
 	tests/format.sh --fix
+
+# libFuzzer targets (tests/fuzz/): each runs FUZZ_SECONDS on its seeds (tests/fuzz/corpus_*) plus what it found
+# before (build/fuzz/corpus_*); a crash leaves its input as build/fuzz/crash-* and fails the target
+FUZZ_SECONDS ?= 60
+FUZZCC  ?= clang
+FUZZERS := idx ckpt env pipe
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(HEADERS)
+	@mkdir -p $(BUILD)/fuzz
+	$(FUZZCC) -std=c99 -O1 -g -Wall -Wextra -Wno-unused-function -I. -Itests \
+	    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ -pthread -lm
+
+fuzz: $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZERS))
+	@for t in $(FUZZERS); do \
+	    echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; mkdir -p $(BUILD)/fuzz/corpus_$$t; \
+	    ./$(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/ \
+	        $(BUILD)/fuzz/corpus_$$t tests/fuzz/corpus_$$t >$(BUILD)/fuzz/fuzz_$$t.log 2>&1 \
+	        || { tail -40 $(BUILD)/fuzz/fuzz_$$t.log; echo "fuzz_$$t: FAILED (log: $(BUILD)/fuzz/fuzz_$$t.log)"; exit 1; }; \
+	    grep -aE 'DONE|stat::number_of_executed_units' $(BUILD)/fuzz/fuzz_$$t.log; \
+	done
+
+# the long forms: 100000 mixed collectives on 8 thread ranks (and 10000 under ASan and TSan), on 4 oversubscribed
+# MPI processes, and 200 kills of the demo trainer (tests/kill.sh); minutes
+STRESS_ITERS ?= 100000
+stress: $(BUILD)/test_stress $(BUILD)/asan/test_stress $(BUILD)/tsan/test_stress $(MPITEST)
+	DPAR_STRESS_ITERS=$(STRESS_ITERS) ./$(BUILD)/test_stress
+	DPAR_STRESS_ITERS=$$(( $(STRESS_ITERS) / 10 )) ./$(BUILD)/asan/test_stress stress
+	DPAR_STRESS_ITERS=$$(( $(STRESS_ITERS) / 10 )) ./$(BUILD)/tsan/test_stress stress
+	BUILD="$(BUILD)" MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" tests/kill.sh 200
+ifneq ($(MPITEST),)
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPAR_STRESS_ITERS=$(STRESS_ITERS) \
+	    $(MPIRUN) --oversubscribe -np 4 ./$(BUILD)/test_mpi
+else
+	@echo "stress: MPI not found: the MPI stress is skipped"
+endif
 
 # the planted bugs of tests/mutations.txt, each of which its test must catch (minutes: one build and run each)
 mutate:

@@ -1470,7 +1470,8 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
    See:      docs/pipeline.md, 'The checker'. */
 DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
 /* dpar_pipe_schedule_format: write the schedule as a text timeline.
-   buf:      one line per stage: forward 1 cell, backward 2, idle '.'.
+   buf:      one line per stage: forward 1 cell, backward 2, idle '.'. A schedule that dpar_pipe_schedule_check
+             refuses gets its header line and "(cannot lay it out: <the checker's message>)".
    Returns:  like snprintf: the length it needs.
    Thread safety: any thread. */
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *schedule, char *buf, size_t size);
@@ -6067,7 +6068,8 @@ static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int ra
         if (env && *env) {
             char *end;
             long v = strtol(env, &end, 10);
-            if (*end || v < -1)
+            /* above UINT64_MAX / 10^6 ms the nanoseconds wrap (found by tests/fuzz/fuzz_env.c) */
+            if (*end || v < -1 || (v > 0 && (uint64_t)v > UINT64_MAX / 1000000u))
                 DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
                           DPAR_TIMEOUT_MS_DEFAULT);
             else ms = v;
@@ -9189,7 +9191,7 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
     static const char *kinds[] = {"GPipe", "1F1B", "interleaved 1F1B"};
     dpar_pipe_schedule *S = (dpar_pipe_schedule *)(uintptr_t)S0; /* the simulation only reads it */
     double makespan = 0, *busy, **start;
-    int p, s, k, cells, *peak;
+    int p, s, k, cells, *peak, bad = 0;
     size_t len = 0;
     char msg[DPAR__ERROR_TEXT], *line;
 #define DPAR__OUT(...)                                                                                            \
@@ -9205,13 +9207,26 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
     start = (double **)dpar__calloc(&S->allocator, (size_t)p, sizeof(double *));
     for (s = 0; s < p && start; s++)
         start[s] = (double *)dpar__calloc(&S->allocator, (size_t)S->num_ops[s] + 1, sizeof(double));
-    DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", kinds[S->kind], p, S->m, S->v > 1 ? "" : "");
+    DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", (unsigned)S->kind < 3 ? kinds[S->kind] : "?", p, S->m,
+              S->v > 1 ? "" : "");
     if (S->v > 1) DPAR__OUT(", v=%d chunks", S->v);
     DPAR__OUT(": predicted bubble %.3f, peak stash", S->bubble);
-    for (s = 0; s < p; s++) DPAR__OUT(" %d", S->peak_stash[s]);
+    for (s = 0; s < p && S->peak_stash; s++) DPAR__OUT(" %d", S->peak_stash[s]);
     DPAR__OUT("\n");
-    if (!busy || !peak || !start || dpar__pipe_simulate(S, &makespan, busy, peak, start, msg, sizeof msg)) {
-        DPAR__OUT("(cannot lay it out: %s)\n", busy && peak && start ? msg : "out of memory");
+    if (busy && peak && start) { /* only a schedule the checker passes can be laid out (issue 19's fuzzing) */
+        dpar_pipe_schedule copy = *S;
+        copy.peak_stash = peak;
+        if (dpar_pipe_schedule_check(&copy) != DPAR_OK) {
+            snprintf(msg, sizeof msg, "%s", dpar_last_error());
+            bad = 1;
+        }
+    }
+    if (!bad && (!busy || !peak || !start)) {
+        snprintf(msg, sizeof msg, "out of memory");
+        bad = 1;
+    }
+    if (bad || dpar__pipe_simulate(S, &makespan, busy, peak, start, msg, sizeof msg)) {
+        DPAR__OUT("(cannot lay it out: %s)\n", msg);
     } else {
         cells = (int)makespan;
         line = (char *)dpar__alloc(&S->allocator, (size_t)cells * 4 + 1);

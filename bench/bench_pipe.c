@@ -4,6 +4,10 @@
    (v = 2). The stages are balanced: a forward takes 2 ms / v and a backward twice that (the
    callbacks sleep, so 4 stages share 2 cores without competing for them). measured_bubble =
    1 - (time in callbacks over all stages) / (p x the longest stage's run), median of 3 runs.
+   Then the same cases with callbacks that compute (bench=pipeline_gemm): a forward is GEMMS / v
+   dpar_sgemm calls of 256 x 256 x 256 on the stage's own matrices, a backward twice as many, so the
+   stages compete for the cores (and caches) as real ones do; gemm_ms is one GEMM's time on rank 0
+   during the run against alone_ms, the same GEMM timed alone before.
 
    Build: cc -std=c99 -O2 -I. bench/bench_pipe.c -o bench_pipe -pthread -lm
    Run:   ./bench_pipe */
@@ -14,6 +18,26 @@
 #include <stdlib.h>
 
 #define FORWARD_US 2000
+#define GEMM_N 256
+#define GEMMS 4 /* GEMMs of a forward with v = 1 */
+
+typedef struct { /* a stage's callbacks: sleep (a == NULL) or compute */
+    int v;
+    float *a, *b, *c;
+    double gemm_ns; /* time in GEMMs */
+    long gemms;
+} work;
+
+static void gemms(work *w, int n)
+{
+    int k;
+    uint64_t t0 = dpar_time_ns();
+    for (k = 0; k < n; k++)
+        dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, GEMM_N, GEMM_N, GEMM_N, 1.0f, w->a, GEMM_N, w->b, GEMM_N, 0.0f, w->c,
+                   GEMM_N);
+    w->gemm_ns += (double)(dpar_time_ns() - t0);
+    w->gemms += n;
+}
 
 static void nap(long us)
 {
@@ -26,7 +50,8 @@ static void nap(long us)
 typedef struct {
     dpar_group *g;
     dpar_pipe_schedule *S;
-    double measured[3];
+    int compute;
+    double measured[3], gemm_ms;
 } job;
 
 static dpar_status fwd(void *user, int micro, int chunk, const void *in, void *out)
@@ -35,7 +60,8 @@ static dpar_status fwd(void *user, int micro, int chunk, const void *in, void *o
     (void)chunk;
     (void)in;
     (void)out;
-    nap(FORWARD_US / *(int *)user);
+    if (((work *)user)->a) gemms((work *)user, GEMMS / ((work *)user)->v);
+    else nap(FORWARD_US / ((work *)user)->v);
     return DPAR_OK;
 }
 static dpar_status bwd(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
@@ -45,7 +71,8 @@ static dpar_status bwd(void *user, int micro, int chunk, const void *in, const v
     (void)in;
     (void)g;
     (void)gi;
-    nap(2 * FORWARD_US / *(int *)user);
+    if (((work *)user)->a) gemms((work *)user, 2 * GEMMS / ((work *)user)->v);
+    else nap(2 * FORWARD_US / ((work *)user)->v);
     return DPAR_OK;
 }
 
@@ -56,8 +83,18 @@ static dpar_status stage_main(void *user, int r, int n)
     dpar_pipe *pp;
     dpar_pipe_desc d;
     dpar_pipe_stats s;
-    int k, v = j->S->v;
+    int k;
+    work w;
     (void)n;
+    memset(&w, 0, sizeof w);
+    w.v = j->S->v;
+    if (j->compute) {
+        size_t e = (size_t)GEMM_N * GEMM_N;
+        w.a = (float *)malloc(3 * e * sizeof(float));
+        if (!w.a) return DPAR_ENOMEM;
+        w.b = w.a + e, w.c = w.b + e;
+        for (k = 0; k < (int)(2 * e); k++) w.a[k] = (float)((k * 7 + r) % 13) / 13.0f;
+    }
     if (dpar_group_join(j->g, r, &c) != DPAR_OK) return DPAR_EUSER;
     memset(&d, 0, sizeof d);
     d.schedule = j->S;
@@ -65,16 +102,38 @@ static dpar_status stage_main(void *user, int r, int n)
     d.act_bytes = 4096;
     d.forward = fwd;
     d.backward = bwd;
-    d.user = &v;
+    d.user = &w;
     dpar_pipe_create(&d, &pp);
     dpar_pipe_run(pp, &s); /* warm up: buffers, threads */
+    w.gemm_ns = 0, w.gemms = 0;
     for (k = 0; k < 3; k++) {
         dpar_pipe_run(pp, &s);
         if (r == 0) j->measured[k] = s.measured_bubble;
     }
+    if (r == 0 && w.gemms) j->gemm_ms = w.gemm_ns / (double)w.gemms * 1e-6;
     dpar_pipe_destroy(pp);
     dpar_comm_destroy(c);
+    free(w.a);
     return DPAR_OK;
+}
+
+/* one GEMM's time with nothing else running (the best of 20) */
+static double gemm_alone_ms(void)
+{
+    work w;
+    double best = 1e30;
+    int k;
+    memset(&w, 0, sizeof w);
+    w.a = (float *)calloc(3 * (size_t)GEMM_N * GEMM_N, sizeof(float));
+    if (!w.a) return 0;
+    w.b = w.a + GEMM_N * GEMM_N, w.c = w.b + GEMM_N * GEMM_N;
+    for (k = 0; k < 20; k++) {
+        w.gemm_ns = 0;
+        gemms(&w, 1);
+        if (w.gemm_ns < best) best = w.gemm_ns;
+    }
+    free(w.a);
+    return best * 1e-6;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -87,35 +146,43 @@ int main(void)
 {
     static const int ps[] = {2, 4}, ms[] = {4, 8, 16};
     static const char *names[] = {"gpipe", "1f1b", "interleaved"};
-    int pi, mi, kind;
-    for (pi = 0; pi < 2; pi++) {
-        dpar_pool *pool;
-        dpar_pool_desc pd;
-        memset(&pd, 0, sizeof pd);
-        pd.num_threads = ps[pi];
-        dpar_pool_create(&pd, &pool);
-        for (kind = 0; kind < 3; kind++)
-            for (mi = 0; mi < 3; mi++) {
-                job j;
-                dpar_comm_desc cd;
-                dpar_pipe_schedule_desc sd = {0};
-                memset(&j, 0, sizeof j);
-                memset(&cd, 0, sizeof cd);
-                cd.size = ps[pi];
-                sd.kind = (dpar_pipe_kind)kind, sd.p = ps[pi], sd.m = ms[mi], sd.v = kind == 2 ? 2 : 1;
-                if (dpar_pipe_schedule_create(&sd, &j.S) != DPAR_OK || dpar_group_create(&cd, &j.g) != DPAR_OK) {
-                    fprintf(stderr, "bench_pipe: %s\n", dpar_last_error());
-                    return 1;
+    int pi, mi, kind, compute;
+    double alone = gemm_alone_ms();
+    for (compute = 0; compute < 2; compute++)
+        for (pi = 0; pi < 2; pi++) {
+            dpar_pool *pool;
+            dpar_pool_desc pd;
+            memset(&pd, 0, sizeof pd);
+            pd.num_threads = ps[pi];
+            dpar_pool_create(&pd, &pool);
+            for (kind = 0; kind < 3; kind++)
+                for (mi = 0; mi < 3; mi++) {
+                    job j;
+                    dpar_comm_desc cd;
+                    dpar_pipe_schedule_desc sd = {0};
+                    memset(&j, 0, sizeof j);
+                    memset(&cd, 0, sizeof cd);
+                    cd.size = ps[pi];
+                    j.compute = compute;
+                    sd.kind = (dpar_pipe_kind)kind, sd.p = ps[pi], sd.m = ms[mi], sd.v = kind == 2 ? 2 : 1;
+                    if (dpar_pipe_schedule_create(&sd, &j.S) != DPAR_OK || dpar_group_create(&cd, &j.g) != DPAR_OK) {
+                        fprintf(stderr, "bench_pipe: %s\n", dpar_last_error());
+                        return 1;
+                    }
+                    dpar_pool_run(pool, stage_main, &j);
+                    qsort(j.measured, 3, sizeof(double), cmp_double);
+                    if (compute)
+                        printf("bench=pipeline_gemm sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f "
+                               "gemm_ms=%.3f alone_ms=%.3f\n",
+                               names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1], j.gemm_ms, alone);
+                    else
+                        printf("bench=pipeline sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f\n",
+                               names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1]);
+                    fflush(stdout);
+                    dpar_group_destroy(j.g);
+                    dpar_pipe_schedule_destroy(j.S);
                 }
-                dpar_pool_run(pool, stage_main, &j);
-                qsort(j.measured, 3, sizeof(double), cmp_double);
-                printf("bench=pipeline sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f\n", names[kind],
-                       ps[pi], ms[mi], j.S->bubble, j.measured[1]);
-                fflush(stdout);
-                dpar_group_destroy(j.g);
-                dpar_pipe_schedule_destroy(j.S);
-            }
-        dpar_pool_destroy(pool);
-    }
+            dpar_pool_destroy(pool);
+        }
     return 0;
 }

@@ -291,6 +291,27 @@ mpi_compile() {
     fi
 }
 
+# kill tests (tests/kill.sh): the demo trainer killed with SIGKILL 20 times, at random moments and in the middle of
+# checkpoint writes; every checkpoint must load and every resumed run end bitwise as one never killed; one MPI
+# process of 4 killed: the others report it within the timeout
+kill_tests() {
+    step "kill tests: tests/kill.sh 20 (make stress: 200)" env BUILD="$BUILD" MPICC="${MPICC:-}" MPIRUN="${MPIRUN:-}" tests/kill.sh 20
+    grep '^kill.sh: ' "$tmp/out" | sed 's/^/     /'
+}
+
+# examples/data_parallel.c on 1 rank against 2 and 4: the same batches give the same losses (to the 4 printed
+# decimals, 12 steps). Not bit for bit: each rank's weight-gradient GEMM sums its own part of the batch, so the
+# additions happen in another order than one GEMM over the whole batch (deterministic mode fixes only the order
+# in which the ranks' gradients are added).
+dp_ranks() {
+    local d="$tmp/dpr"
+    rm -rf "$d" && mkdir -p "$d"
+    step "example data_parallel.c: 2 and 4 ranks train as 1 does (the losses of 12 steps, 4 decimals)" sh -c "
+        cc -std=c99 -O2 -I. examples/data_parallel.c -o '$d/dp' -pthread -lm &&
+        for t in 1 2 4; do '$d/dp' --threads \$t --batch 64 --steps 12 | grep '^step' > '$d/'\$t.txt || exit 1; done &&
+        cat '$d/1.txt' && [ \$(wc -l < '$d/1.txt') = 7 ] && cmp '$d/1.txt' '$d/2.txt' && cmp '$d/1.txt' '$d/4.txt'"
+}
+
 NO_MPI_REASON=
 if [ "${1:-}" = "--no-mpi-reason" ]; then
     NO_MPI_REASON=$2
@@ -303,6 +324,8 @@ if [ "${1:-}" = "--matrix" ]; then
     examples
     idx_example
     demo
+    dp_ranks
+    kill_tests
 fi
 for bin in "$@"; do program "$bin" "$bin"; done
 if [ -n "${MPITEST:-}" ] && [ -n "${MPIASAN:-}" ]; then export ASAN_OPTIONS=detect_leaks=0; fi

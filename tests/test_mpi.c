@@ -21,6 +21,7 @@ static void test_step_hook(void);
 #include "fsdp_case.h"
 #include "tensors_case.h"
 #include "ckpt_case.h"
+#include "stress.h"
 
 static int hook_on;
 static DPAR__TLS unsigned long long hook_rng = 1;
@@ -920,6 +921,33 @@ static void test_thread_level_is_checked(void)
     if (c) dpar_comm_destroy(c);
 }
 
+/* ---- mixed collectives of random kinds, sizes, dtypes and ops (tests/stress.h): DPAR_STRESS_ITERS calls (make
+   stress: 100000 on 4 processes), else 2000 (300 under ASan) ---- */
+static void stress_proc(world *w, dpar_comm *c, int r)
+{
+    const char *e = getenv("DPAR_STRESS_ITERS");
+#ifdef __SANITIZE_ADDRESS__
+    long iters = e && *e ? atol(e) : 300;
+#else
+    long iters = e && *e ? atol(e) : 2000;
+#endif
+    char *s = (char *)malloc((size_t)STRESS_MAX * 8), *v = (char *)malloc((size_t)STRESS_MAX * 8);
+    stress_counts counts;
+    double t0 = dt_now();
+    memset(&counts, 0, sizeof counts);
+    stress_rank(w, c, r, 19, iters, s, v, &counts);
+    if (r == 0) printf("    %ld mixed calls on %d processes in %.1f s\n", iters, w->n, dt_now() - t0);
+    free(s);
+    free(v);
+}
+static void test_stress_over_mpi(void)
+{
+    dpar_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 30000;
+    CHECK(run_proc(&d, stress_proc, NULL) == 0);
+}
+
 /* ---- a runner whose verdict is the same on every process ---- */
 static int passed, failed, skipped;
 static void mrun(const char *name, void (*fn)(void))
@@ -983,6 +1011,7 @@ int main(int argc, char **argv)
         MRUN(test_fsdp_ckpt_reshard_over_mpi);
         MRUN(test_async_split_mesh_over_mpi);
         MRUN(test_pipeline_over_mpi);
+        MRUN(test_stress_over_mpi);
         /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
            MPI_Comm_split_type (mca_pml_ob1_add_comm) in some runs (docs/mpi.md) */
         MRUN(test_mismatch_timeout_abort_over_mpi);

@@ -1,0 +1,136 @@
+/* fuzz_env.c - libFuzzer target of the environment-variable parsers: byte 0 picks the variable, the rest (up to
+   the first NUL, at most 63 bytes) is its value.
+     0 DPAR_NUM_THREADS  setenv + dpar_pool_create with num_threads 0: the pool's size is the value when it is a
+                         whole number in 1..DPAR_MAX_THREADS (built with 64 here), else the online CPUs
+     1 DPAR_TIMEOUT_MS   setenv + dpar_group_join with timeout_ms 0: the comm's timeout is the value in ms when
+                         it is a whole number from -1 up (-1 and 0: none) that the timeout can hold, else 30000
+     2 DPAR_LOG          the parser DPAR_LOG goes through (read once per process by dpar_log_get_level, so
+                         called directly): the level the name says, warn for anything else
+     3 DPAR_TRACE        setenv + the start-up hook a pool runs, with the value as a file name in the scratch
+                         directory ('/' becomes '_'), the value also as a thread and event name: the file is
+                         JSON (tests/json.h's strict reader)
+   DPAR_FAULT (issue 19 part 1) gets its own case when it lands.
+   The reference for the numbers is a parser written here, digits only (an optional sign; strtol's leading
+   spaces accepted as dpar accepts them). */
+#define DPAR_MAX_THREADS 64
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+#include "fuzz_common.h"
+#include "json.h"
+#include <ctype.h>
+#include <limits.h>
+
+static void quiet(void *user, dpar_log_level level, const char *file, int line, const char *msg)
+{
+    (void)user, (void)level, (void)file, (void)line, (void)msg;
+}
+
+/* 1 and *out when s is [spaces][+-]digits whose value lies in [lo, hi] */
+static int whole_number(const char *s, long long lo, long long hi, long long *out)
+{
+    int neg = 0, digits = 0;
+    long long v = 0;
+    while (*s && isspace((unsigned char)*s)) s++;
+    if (*s == '+' || *s == '-') neg = *s++ == '-';
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9') return 0;
+        if (v > 100000000000000000LL) return 0; /* far beyond every limit here */
+        v = v * 10 + (*s - '0');
+        digits++;
+    }
+    if (!digits) return 0;
+    *out = neg ? -v : v;
+    return *out >= lo && *out <= hi;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
+{
+    char value[64], path[512];
+    size_t k;
+    long long want;
+    if (n < 1) return 0;
+    for (k = 0; k + 1 < n && k < sizeof value - 1 && data[k + 1]; k++) value[k] = (char)data[k + 1];
+    value[k] = 0;
+    dpar_log_set_callback(quiet, NULL);
+    switch (data[0] % 4) {
+    case 0: {
+        dpar_pool *pool;
+        dpar_pool_desc d;
+        int expect;
+        memset(&d, 0, sizeof d);
+        setenv("DPAR_NUM_THREADS", value, 1);
+        FUZZ_ASSERT(dpar_pool_create(&d, &pool) == DPAR_OK, "%s", dpar_last_error());
+        expect = whole_number(value, 1, DPAR_MAX_THREADS, &want) ? (int)want : dpar__online_cpus();
+        if (expect > DPAR_MAX_THREADS) expect = DPAR_MAX_THREADS;
+        FUZZ_ASSERT(dpar_pool_num_threads(pool) == expect, "DPAR_NUM_THREADS='%s': %d threads, expected %d", value,
+                    dpar_pool_num_threads(pool), expect);
+        dpar_pool_destroy(pool);
+        break;
+    }
+    case 1: {
+        dpar_group *g;
+        dpar_comm *c;
+        dpar_comm_desc d;
+        uint64_t expect;
+        memset(&d, 0, sizeof d);
+        d.size = 1;
+        setenv("DPAR_TIMEOUT_MS", value, 1);
+        FUZZ_ASSERT(dpar_group_create(&d, &g) == DPAR_OK, "%s", dpar_last_error());
+        FUZZ_ASSERT(dpar_group_join(g, 0, &c) == DPAR_OK, "%s", dpar_last_error());
+        if (whole_number(value, -1, (long long)(UINT64_MAX / 1000000u), &want)) {
+            expect = want > 0 ? (uint64_t)want * 1000000u : 0;
+        } else {
+            expect = (uint64_t)DPAR_TIMEOUT_MS_DEFAULT * 1000000u;
+        }
+        FUZZ_ASSERT(c->timeout_ns == expect, "DPAR_TIMEOUT_MS='%s': %llu ns, expected %llu", value,
+                    (unsigned long long)c->timeout_ns, (unsigned long long)expect);
+        dpar_comm_destroy(c);
+        dpar_group_destroy(g);
+        break;
+    }
+    case 2: {
+        static const char *names[] = {"off", "none", "error", "warn", "warning", "info", "debug"};
+        static const int levels[] = {DPAR_LOG_OFF,  DPAR_LOG_OFF,  DPAR_LOG_ERROR, DPAR_LOG_WARN,
+                                     DPAR_LOG_WARN, DPAR_LOG_INFO, DPAR_LOG_DEBUG};
+        int expect = DPAR_LOG_WARN, got;
+        for (k = 0; k < 7; k++)
+            if (!strcmp(value, names[k])) expect = levels[k];
+        setenv("DPAR_LOG", value, 1);
+        got = dpar__log_level_from_env();
+        FUZZ_ASSERT(got == expect, "DPAR_LOG='%s': level %d, expected %d", value, got, expect);
+        break;
+    }
+    default: {
+        char name[64];
+        FILE *f;
+        long size;
+        char *text;
+        jv *doc;
+        for (k = 0; value[k]; k++) name[k] = value[k] == '/' ? '_' : value[k];
+        name[k] = 0;
+        snprintf(path, sizeof path, "%s/t%s", fuzz_scratch(), name);
+        setenv("DPAR_TRACE", path, 1);
+        dpar__trace_env_checked = 0; /* the hook runs once per process: once per input here */
+        dpar__trace_from_env();
+        if (!dpar_trace_enabled()) break; /* a name the file system refuses: a warning, no trace */
+        dpar_trace_set_thread_name(value);
+        dpar_trace_event(value, value, dpar_time_ns(), dpar_time_ns() + 1, NULL);
+        FUZZ_ASSERT(dpar_trace_stop() == DPAR_OK, "%s", dpar_last_error());
+        f = fopen(path, "rb");
+        FUZZ_ASSERT(f != NULL, "no trace file '%s'", path);
+        fseek(f, 0, SEEK_END);
+        size = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = (char *)calloc((size_t)size + 1, 1);
+        FUZZ_ASSERT(fread(text, 1, (size_t)size, f) == (size_t)size, "read");
+        fclose(f);
+        doc = jv_parse(text);
+        FUZZ_ASSERT(doc != NULL, "the trace of name '%s' is not JSON:\n%s", value, text);
+        jv_free(doc);
+        free(text);
+        remove(path);
+        break;
+    }
+    }
+    return 0;
+}
