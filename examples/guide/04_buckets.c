@@ -139,7 +139,7 @@ int main(int argc, char **argv)
     printf("plain:   backward %.2f ms, then dpar_allreduce %.2f ms\n", ms_backward[PLAIN], ms_wait[PLAIN]);
     printf("buckets: backward %.2f ms, then dpar_buckets_wait %.2f ms\n", ms_backward[BUCKETS], ms_wait[BUCKETS]);
     /* the window (first bucket's start to the wait) lies inside backward; one layer's bytes: a bucket per layer */
-    ok &= nbuckets == L && ms_window > 0 && ms_window <= ms_backward[BUCKETS] + 0.05;
+    ok &= nbuckets == L && ms_window > 0 && ms_window <= ms_backward[BUCKETS] + 0.5;
     if (ok)
         printf("communication under backward: %d buckets in flight %.2f of %.2f ms\n", nbuckets, ms_window,
                ms_backward[BUCKETS]);
