@@ -16,7 +16,8 @@
    each rank its own copy, as processes must, checked identical; both train bit for bit alike.
    Options: --layers 784,1024,1024,10 --batch 256 (global) --steps 30 --threads 2 --lr 0.05 --replicas
    --images F --labels F (IDX files, e.g. MNIST; synthetic data without them). Add -DDPAR_OPENBLAS
-   and -lopenblas to use OpenBLAS's GEMM. */
+   and -lopenblas to use OpenBLAS's GEMM. This is the showcase and the benchmark (bench=train); to learn
+   the strategy, read the simple version first: examples/guide/02_data_parallel.c (docs/guide/). */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 

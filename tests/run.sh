@@ -90,9 +90,9 @@ matrix() {
 # DPAR_TEST_QUICK=1 and may run shorter.
 examples() {
     local f name build run
-    for f in examples/*.c examples/*.cu; do
+    for f in examples/*.c examples/*.cu examples/guide/*.c; do # guide/: the lessons of docs/guide/
         [ -f "$f" ] || continue
-        name=$(basename "$f")
+        name=${f#examples/}
         build=$(head -20 "$f" | sed -n 's/^ *\(\/\*\)\{0,1\} *Build: *//p' | head -1)
         run=$(head -20 "$f" | sed -n 's/^ *Run: *//p' | head -1 | sed 's/  \+(.*//; s/ \{2,\}.*//')
         if [ -z "$build" ] || [ -z "$run" ]; then
