@@ -64,8 +64,10 @@
                            (default 2048: no size is left to the ring; raise it to give the ring a range)
      DPAR_RING_MIN_BYTES   thread ranks, 2 of them: the ring from this many bytes (default 2 MiB) until
                            streaming stores apply (then by slice again)
-     DPAR_MSG_ONESHOT_MAX_BYTES  MPI: allreduce one-shot up to this many bytes (default 16384), through
-                           a block the processes share when all are on one node, else over messages
+     DPAR_SHM_ONESHOT_MAX_BYTES  MPI, all processes on one node: allreduce one-shot through a block they
+                           share up to this many bytes (default 65536)
+     DPAR_MSG_ONESHOT_MAX_BYTES  MPI otherwise: allreduce one-shot over messages up to this many bytes
+                           (default 16384)
      DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
      DPAR_NO_STREAM        no streaming (non-temporal) stores: ordinary stores everywhere
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
@@ -4357,6 +4359,8 @@ typedef struct dpar__transport {
     void (*wake)(dpar_comm *c, int peer);
     dpar_status (*timeout)(dpar__ctx *x, int peer, const char *what);
     int native_first; /* 1: native takes every collective, also on one rank (a library that runs whole calls) */
+    int polls;        /* 1: wait_bell returns at once (no doorbell to sleep on: the MPI transport's block), so a
+                         waiter looks at the clock and the peers' fingerprints only every 16th time round */
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -5004,6 +5008,9 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 #ifndef DPAR_MSG_ONESHOT_MAX_BYTES
 #define DPAR_MSG_ONESHOT_MAX_BYTES 16384
 #endif
+#ifndef DPAR_SHM_ONESHOT_MAX_BYTES
+#define DPAR_SHM_ONESHOT_MAX_BYTES 65536 /* MPI, processes of one node: one-shot through their block up to this */
+#endif
 #define DPAR__MSG_PIECE 2048 /* one-shot over messages sends pieces of this size (below MPI's eager limits) */
 #ifndef DPAR_STREAM_MIN_BYTES
 #define DPAR_STREAM_MIN_BYTES 0 /* 0: the last-level cache's size */
@@ -5264,11 +5271,16 @@ static dpar_status dpar__sm_wait(dpar__ctx *x, int q, uint32_t phase, const char
     dpar_comm *c = x->c;
     dpar__sm_rank *p = dpar__sm_at(c->sm, q);
     uint64_t now, poll;
+    unsigned i;
     DPAR_TEST_STEP_HOOK();
-    for (;;) {
+    for (i = 0;; i++) {
         uint32_t bell = dpar__tp_doorbell(c);
         if ((int32_t)(DPAR__LOAD(&p->phase, DPAR__ACQUIRE) - phase) >= 0) return DPAR_OK;
         DPAR__TRY(dpar__tp_poisoned(c));
+        if (c->tp->polls && (i & 15u)) { /* a polling transport's look: the phase and the poison only */
+            dpar__tp_wait_bell(c, bell, 0);
+            continue;
+        }
         DPAR__TRY(dpar__sm_agree(x, q));
         now = dpar_time_ns();
         if (x->deadline && now >= x->deadline) return dpar__tp_timeout(x, q, what);
@@ -5516,8 +5528,10 @@ static dpar_status dpar__allreduce_slice(dpar__ctx *x, const char *send, char *r
 static dpar_algo dpar__algo_choose(dpar_comm *c, size_t bytes)
 {
     int a = c->algo;
-    if (!dpar__tp_shares_memory(c)) /* one-shot (over a block processes share, else messages) for small ones */
-        return a == DPAR_ALGO_ONESHOT || (a == DPAR_ALGO_AUTO && bytes <= (size_t)DPAR_MSG_ONESHOT_MAX_BYTES)
+    if (!dpar__tp_shares_memory(c)) /* one-shot (through a block processes share, else messages) for small ones */
+        return a == DPAR_ALGO_ONESHOT || (a == DPAR_ALGO_AUTO &&
+                                          bytes <= (c->sm && c->sm->processes ? (size_t)DPAR_SHM_ONESHOT_MAX_BYTES
+                                                                              : (size_t)DPAR_MSG_ONESHOT_MAX_BYTES))
                    ? DPAR_ALGO_ONESHOT
                    : DPAR_ALGO_RING;
     if (c->sm_state < 0) return DPAR_ALGO_RING;
@@ -6920,7 +6934,7 @@ static const dpar__transport dpar__threads_memory_transport = {
     dpar__tm_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__tm_destroy,
     dpar__tm_recv_into, NULL, NULL,
     1, NULL, NULL, NULL, NULL, NULL, /* no shared memory: the host cannot read the buffers */
-    0,
+    0, 0,
 };
 static const dpar__transport dpar__threads_transport = {
     "threads",
@@ -6929,7 +6943,7 @@ static const dpar__transport dpar__threads_transport = {
     dpar__t_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__t_destroy,
     NULL, NULL, NULL, /* recv_into, native, prefetch: zero-copy needs none */
     1, dpar__t_expose, dpar__t_doorbell, dpar__t_wait_bell, dpar__t_wake, dpar__t_timeout, /* shared memory */
-    0,
+    0, 0,
 };
 /* clang-format on */
 
@@ -7208,7 +7222,7 @@ static const dpar__transport dpar__ops_transport = {
     dpar__o_enter, dpar__o_poisoned, dpar__o_poison, NULL, dpar__o_split, dpar__o_destroy,
     NULL, dpar__o_native, NULL,
     0, NULL, NULL, NULL, NULL, NULL,
-    1, /* native_first: the library runs every collective */
+    1, 0, /* native_first: the library runs every collective */
 };
 /* clang-format on */
 
@@ -11415,7 +11429,8 @@ typedef struct dpar__mpi {
     void *shm;                /* the block the processes of the node share (one-shot allreduce), or NULL */
     size_t shm_bytes;
     uint64_t bell_since; /* waits on the shared block: when this call's first wait began (0: none yet) */
-    unsigned bell_calls;
+    unsigned bell_looks; /* this call's looks so far */
+    int bell_stage;      /* 0: spinning, 1: yielding, 2: napping */
     size_t staging_bytes;
     MPI_Request pf_req;            /* the receive of the next segment (collective lane), or none */
     int pf_peer;                   /* its peer, -1: none */
@@ -11865,7 +11880,8 @@ static void dpar__m_enter(dpar__ctx *x)
 {
     dpar__mpi *m = DPAR__M(x->c);
     if (x->lane != DPAR__LANE_COLL) return; /* the survey asks where a rank is in its collectives */
-    m->bell_since = 0;
+    m->bell_since = 0, m->bell_looks = 0;
+    m->bell_stage = m->oversub; /* oversubscribed: yield at once, never spin */
     pthread_mutex_lock(&m->lock);
     m->where.seq = x->fp.seq;
     m->where.coll = x->fp.coll;
@@ -12089,20 +12105,24 @@ static void dpar__m_wake(dpar_comm *c, int peer)
     (void)peer;
 }
 /* one look's pause in a wait on the block (the caller's loop looks at the phase between two): spin,
-   then yield, then nap; serve MPI every 64th look while spinning, every look after */
+   then yield, then nap. The clock is read, and MPI served (poison news, "where are you?"), every 64th look
+   while spinning and at every look after. */
 static dpar_status dpar__m_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
 {
     dpar__mpi *m = DPAR__M(c);
-    uint64_t now = dpar_time_ns();
-    int spinning;
     (void)seen;
     (void)deadline;
-    if (!m->bell_since) m->bell_since = now;
-    spinning = now - m->bell_since < c->spin.spin_ns && !m->oversub;
-    if (!spinning || (++m->bell_calls & 63u) == 0) (void)dpar__m_watch(c); /* news come back through poisoned() */
-    if (spinning) {
+    if (m->bell_stage || (++m->bell_looks & 63u) == 0) {
+        uint64_t now = dpar_time_ns();
+        if (!m->bell_since) m->bell_since = now;
+        m->bell_stage = now - m->bell_since < c->spin.spin_ns && !m->oversub ? 0
+                        : now - m->bell_since < 2000000u                     ? 1
+                                                                             : 2;
+        (void)dpar__m_watch(c); /* its news comes back through poisoned() */
+    }
+    if (m->bell_stage == 0) {
         dpar__cpu_relax();
-    } else if (now - m->bell_since < 2000000u) {
+    } else if (m->bell_stage == 1) {
         sched_yield();
     } else {
         struct timespec ts = {0, 50000};
@@ -12120,7 +12140,7 @@ static const dpar__transport dpar__mpi_transport = {
     dpar__m_recv_into, dpar__m_native, dpar__m_prefetch,
     0, NULL, /* not threads of one process: no expose, so no direct buckets and no stealing */
     dpar__m_doorbell, dpar__m_wait_bell, dpar__m_wake, dpar__m_timeout, /* waits on the node's block (one-shot) */
-    0,
+    0, 1, /* polls: wait_bell returns at once */
 };
 /* clang-format on */
 
@@ -12151,7 +12171,7 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     const char *shm_env;
     MPI_Comm_size(mc, &procs);
     MPI_Comm_rank(mc, &prank);
-    shm_bytes = dpar__sm_bytes((size_t)procs, DPAR_MSG_ONESHOT_MAX_BYTES);
+    shm_bytes = dpar__sm_bytes((size_t)procs, DPAR_SHM_ONESHOT_MAX_BYTES);
     c = (dpar_comm *)dpar__calloc(&desc->allocator, 1, sizeof *c);
     m = (dpar__mpi *)dpar__calloc(&desc->allocator, 1, sizeof *m);
     if (!c || !m) {
@@ -12193,7 +12213,7 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     shm_env = getenv("DPAR_MPI_SHM"); /* 0: small allreduce over messages even on one node */
     if ((m->shm = dpar__m_shm_map(mc, T, procs, node_procs, n && !(shm_env && !strcmp(shm_env, "0")), shm_bytes))) {
         m->shm_bytes = shm_bytes;
-        dpar__sm_init_in(sh, c, (char *)m->shm, DPAR_MSG_ONESHOT_MAX_BYTES);
+        dpar__sm_init_in(sh, c, (char *)m->shm, DPAR_SHM_ONESHOT_MAX_BYTES);
     } else {
         dpar__free(&c->allocator, sh);
     }
