@@ -9,7 +9,9 @@
      3 DPAR_TRACE        setenv + the start-up hook a pool runs, with the value as a file name in the scratch
                          directory ('/' becomes '_'), the value also as a thread and event name: the file is
                          JSON (tests/json.h's strict reader)
-   DPAR_FAULT (issue 19 part 1) gets its own case when it lands.
+     4 DPAR_FAULT        dpar_fault_set(value) (the parser DPAR_FAULT goes through): OK or DPAR_EINVAL with a
+                         text that quotes the spec; OK exactly when the reference below accepts it, wherever the
+                         reference is sure (it leaves out spaces, empty faults and repeated keys); then cleared
    The reference for the numbers is a parser written here, digits only (an optional sign; strtol's leading
    spaces accepted as dpar accepts them). */
 #define DPAR_MAX_THREADS 64
@@ -43,6 +45,62 @@ static int whole_number(const char *s, long long lo, long long hi, long long *ou
     return *out >= lo && *out <= hi;
 }
 
+/* the reference reading of a DPAR_FAULT spec: 1 valid, 0 invalid, -1 not sure (a form the grammar leaves open) */
+static int fault_ref(const char *spec)
+{
+    static const char *const ops[] = {"any",       "barrier",   "broadcast", "reduce", "reduce_scatter",
+                                      "allgather", "allreduce", "alltoall",  "send",   "recv",
+                                      "bucket",    "stage",     "steal",     "task"};
+    char buf[64], *fault, *save1 = NULL;
+    int faults = 0;
+    long long v;
+    size_t i;
+    if (!*spec) return 1;
+    if (strlen(spec) >= sizeof buf || strchr(spec, ' ') || strchr(spec, '\t') || strstr(spec, ";;") || spec[0] == ';' ||
+        spec[strlen(spec) - 1] == ';' || strstr(spec, ",,") || spec[0] == ',')
+        return -1;
+    strcpy(buf, spec);
+    for (fault = strtok_r(buf, ";", &save1); fault; fault = strtok_r(NULL, ";", &save1)) {
+        char *field, *save2 = NULL;
+        int seen[5] = {0, 0, 0, 0, 0};
+        if (fault[strlen(fault) - 1] == ',') return -1;
+        if (++faults > 16) return 0;
+        for (field = strtok_r(fault, ",", &save2); field; field = strtok_r(NULL, ",", &save2)) {
+            char *eq = strchr(field, '=');
+            int key;
+            if (!eq) return 0;
+            *eq++ = 0;
+            key = !strcmp(field, "kind")   ? 0
+                  : !strcmp(field, "rank") ? 1
+                  : !strcmp(field, "op")   ? 2
+                  : !strcmp(field, "at")   ? 3
+                  : !strcmp(field, "comm") ? 4
+                                           : -2;
+            if (key < 0) return 0;
+            if (seen[key]++) return -1;
+            if (key == 0) {
+                if (!strcmp(eq, "vanish") || !strcmp(eq, "fail")) continue;
+                if (strncmp(eq, "delay:", 6)) return 0;
+                if (eq[6] == '+' || eq[6] == '-') return -1;
+                if (!whole_number(eq + 6, 0, 3600000, &v)) return 0;
+            } else if (key == 1) {
+                if (*eq == '+' || *eq == '-') return -1;
+                if (!whole_number(eq, 0, INT_MAX, &v)) return 0;
+            } else if (key == 2) {
+                for (i = 0; i < sizeof ops / sizeof ops[0] && strcmp(eq, ops[i]); i++) continue;
+                if (i == sizeof ops / sizeof ops[0]) return 0;
+            } else if (key == 3) {
+                if (*eq == '+' || *eq == '-') return -1;
+                if (!whole_number(eq, 1, INT_MAX, &v)) return 0;
+            } else if (!*eq || strlen(eq) > 31) {
+                return 0; /* comm: 1..31 characters */
+            }
+        }
+        if (!seen[0]) return 0; /* kind is required */
+    }
+    return 1;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
     char value[64], path[512];
@@ -52,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     for (k = 0; k + 1 < n && k < sizeof value - 1 && data[k + 1]; k++) value[k] = (char)data[k + 1];
     value[k] = 0;
     dpar_log_set_callback(quiet, NULL);
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
     case 0: {
         dpar_pool *pool;
         dpar_pool_desc d;
@@ -100,7 +158,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         FUZZ_ASSERT(got == expect, "DPAR_LOG='%s': level %d, expected %d", value, got, expect);
         break;
     }
-    default: {
+    case 4: {
+        dpar_status st = dpar_fault_set(value);
+        int ref = fault_ref(value);
+        FUZZ_ASSERT(st == DPAR_OK || st == DPAR_EINVAL, "DPAR_FAULT='%s': %s", value, dpar_status_string(st));
+        if (st == DPAR_EINVAL)
+            FUZZ_ASSERT(strstr(dpar_last_error(), "DPAR_FAULT") || strstr(dpar_last_error(), "fault"),
+                        "DPAR_FAULT='%s': the error does not say what: %s", value, dpar_last_error());
+        if (ref >= 0)
+            FUZZ_ASSERT((st == DPAR_OK) == (ref == 1), "DPAR_FAULT='%s': %s, the reference says %s (%s)", value,
+                        dpar_status_string(st), ref ? "valid" : "invalid", dpar_last_error());
+        FUZZ_ASSERT(dpar_fault_set(NULL) == DPAR_OK, "clearing: %s", dpar_last_error());
+        break;
+    }
+    case 3: {
         char name[64];
         FILE *f;
         long size;
