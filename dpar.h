@@ -1733,7 +1733,9 @@ typedef dpar_status (*dpar_steal_done_fn)(void *user, int index);
              running on their takers).
    Returns:  DPAR_OK; the first failure of a task or done, with the message of the thread it failed on (it
              ends the list: no more of its tasks start, those running finish); DPAR_ETIMEDOUT naming a rank
-             that never posted its list; the comm's poison; DPAR_EINVAL (n outside 0..max_tasks, a NULL task
+             that never posted its list, or naming a task of this rank that another rank took and that is
+             still running at the comm's timeout (the comm is poisoned; keep this state and the task's memory
+             until the taker has returned from it); the comm's poison; DPAR_EINVAL (n outside 0..max_tasks, a NULL task
              with n > 0), which poisons the comm so that the others do not wait.
    Thread safety: the rank's thread, once per round on every rank (collective; n may differ, 0 too); task on
              any rank's thread, done on this one. */
@@ -10341,13 +10343,24 @@ DPAR_API dpar_status dpar_steal_run(dpar_steal *s, int n, dpar_steal_task_fn tas
     s->given += (uint64_t)(n - tail);
     /* the tasks others took, in order: wait until each has run (it writes our memory, and a task
        never waits for its owner, so it finishes), helping the others meanwhile; after a failure
-       only wait (a task run for another rank could fail too and overwrite this thread's message) */
+       only wait (a task run for another rank could fail too and overwrite this thread's message).
+       A taken task still running at the comm's timeout (one that waits, against the rules, or a stuck
+       taker) poisons the comm: this rank gives up on it rather than hang */
+    deadline = c->timeout_ns ? dpar_time_ns() + c->timeout_ns : 0;
     for (i = tail; i < n; i++) {
         for (;;) {
             uint32_t bell = dpar__tp_doorbell(c);
             if (DPAR__LOAD(&s->ran[i], DPAR__ACQUIRE)) break;
             if (st == DPAR_OK && dpar__steal_one(s, NULL) > 0) continue;
-            dpar__tp_wait_bell(c, bell, 0);
+            if (dpar__tp_wait_bell(c, bell, deadline) != DPAR_OK && !DPAR__LOAD(&s->ran[i], DPAR__ACQUIRE)) {
+                char msg[DPAR__ERROR_TEXT];
+                snprintf(msg, sizeof msg,
+                         "dpar_steal_run: rank %d timed out after %llu ms waiting for its task %d of round %llu, "
+                         "run by another rank, to finish (a task must not wait for other ranks) on %s",
+                         c->rank, (unsigned long long)(c->timeout_ns / 1000000u), i, (unsigned long long)s->run,
+                         c->name);
+                return dpar__tp_poison(c, DPAR_ETIMEDOUT, msg);
+            }
         }
         if (st != DPAR_OK) continue;
         if (DPAR__LOAD(&me->err, DPAR__ACQUIRE)) st = dpar__err((dpar_status)me->err, "dpar_steal_run: %s", me->msg);

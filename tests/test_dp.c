@@ -590,6 +590,48 @@ static void steal_absent_rank(world *w, dpar_comm *c, int r)
     dpar_steal_destroy(s);
 }
 
+/* a task another rank took that runs past the timeout (it waits, against the rules): its owner returns
+   DPAR_ETIMEDOUT naming the task instead of waiting for ever, and the taker sees the poison after it */
+typedef struct {
+    int slow_done; /* atomic: the slow task has returned (its owner's state must outlive it) */
+    int slow_by;   /* who ran it */
+} slow_job;
+static dpar_status slow_task(void *user, int i, int by)
+{
+    slow_job *j = (slow_job *)user;
+    if (i == 0) usleep(200 * 1000); /* the owner is slow on its first task: rank 1 takes the last one */
+    if (i == 1) {
+        j->slow_by = by;
+        usleep(1200 * 1000);
+        __atomic_store_n(&j->slow_done, 1, __ATOMIC_RELEASE);
+    }
+    return DPAR_OK;
+}
+static void steal_slow_rank(world *w, dpar_comm *c, int r)
+{
+    slow_job *j = (slow_job *)w->user;
+    dpar_steal *s = NULL;
+    dpar_status st;
+    uint64_t t0;
+    expect_ok(w, steal_make(c, 4, &s), "steal_create", r);
+    if (!s) return;
+    t0 = dpar_time_ns();
+    st = dpar_steal_run(s, r == 0 ? 2 : 0, slow_task, NULL, j);
+    if (r == 0) {
+        double ms = (double)(dpar_time_ns() - t0) * 1e-6;
+        if (st != DPAR_ETIMEDOUT || !strstr(dpar_last_error(), "waiting for its task 1 of round 1"))
+            note(w, "rank 0, its task 1 stuck on rank %d: %s: %s", j->slow_by, dpar_status_string(st),
+                 dpar_last_error());
+        if (ms > 1000) note(w, "rank 0 returned after %.0f ms, not at the 300 ms timeout", ms);
+        while (!__atomic_load_n(&j->slow_done, __ATOMIC_ACQUIRE)) usleep(10 * 1000); /* the taker still runs it */
+    } else { /* its round may have ended before it looked: its next call sees the poison */
+        if (st == DPAR_OK) st = dpar_barrier(c);
+        if (st == DPAR_OK || !strstr(dpar_last_error(), "waiting for its task 1"))
+            note(w, "rank 1 after the slow task: %s: %s", dpar_status_string(st), dpar_last_error());
+    }
+    dpar_steal_destroy(s);
+}
+
 static void test_steal_refused_and_absent(void)
 {
     dpar_comm_desc d;
@@ -598,6 +640,13 @@ static void test_steal_refused_and_absent(void)
     d.timeout_ms = 100;
     for (mode = 0; mode < 2; mode++)
         for (n = 2; n <= 3; n++) CHECK(run_world_desc(n, &d, steal_absent_rank, &mode, NULL, 0) == 0);
+    {
+        slow_job j;
+        memset(&j, 0, sizeof j);
+        d.timeout_ms = 300;
+        CHECK(run_world_desc(2, &d, steal_slow_rank, &j, NULL, 0) == 0);
+        CHECK(j.slow_by == 1); /* it was taken: the case tested what it says */
+    }
 }
 
 /* GEMM blocks as tasks, the example's use: C_r = A_r^T D_r in blocks of 16 rows, rank 1 slow; the
