@@ -63,7 +63,7 @@ static int fault_ref(const char *spec)
     for (fault = strtok_r(buf, ";", &save1); fault; fault = strtok_r(NULL, ";", &save1)) {
         char *field, *save2 = NULL;
         int seen[5] = {0, 0, 0, 0, 0};
-        if (fault[strlen(fault) - 1] == ',') return -1;
+        if (fault[0] == ',' || fault[strlen(fault) - 1] == ',') return -1; /* an empty field */
         if (++faults > 16) return 0;
         for (field = strtok_r(fault, ",", &save2); field; field = strtok_r(NULL, ",", &save2)) {
             char *eq = strchr(field, '=');
