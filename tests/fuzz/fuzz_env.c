@@ -56,7 +56,9 @@ static int fault_ref(const char *spec)
     long long v;
     size_t i;
     if (!*spec) return 1;
-    if (strlen(spec) >= sizeof buf || strchr(spec, ' ') || strchr(spec, '\t') || strstr(spec, ";;") || spec[0] == ';' ||
+    for (i = 0; spec[i]; i++)
+        if (isspace((unsigned char)spec[i])) return -1; /* the numbers' reader here skips spaces; dpar's must not */
+    if (strlen(spec) >= sizeof buf || strstr(spec, ";;") || spec[0] == ';' ||
         spec[strlen(spec) - 1] == ';' || strstr(spec, ",,") || spec[0] == ',')
         return -1;
     strcpy(buf, spec);
