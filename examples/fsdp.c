@@ -77,13 +77,31 @@ static void adamw(float *p, const float *g, float *m, float *v, size_t n, long t
         if ((st = (call)) != DPAR_OK) goto out; \
     } while (0)
 
+/* layer l's full weights for forward or backward: plain data parallelism's own (plain), else gathered by dpar_fsdp,
+   in bf16 widened into `wide` for the float GEMMs */
+static dpar_status layer_weights(dpar_fsdp *f, int l, size_t count, float *plain, float *wide, float **w)
+{
+    uint16_t *w16;
+    size_t q;
+    dpar_status st;
+    if (plain) {
+        *w = plain;
+        return DPAR_OK;
+    }
+    if (!wide) return dpar_fsdp_gather(f, l, w);
+    if ((st = dpar_fsdp_gather16(f, l, &w16)) != DPAR_OK) return st;
+    for (q = 0; q < count; q++) wide[q] = dpar_bf16_to_f32(w16[q]);
+    *w = wide;
+    return DPAR_OK;
+}
+
 /* one rank, one mode (0: plain data parallelism, 1: dpar_fsdp) */
 static dpar_status train(job *j, dpar_comm *c, int r, int mode)
 {
     int L = j->nl, b = j->batch / j->threads, l, i, k, step, first = 0, last = j->steps;
     float *act[MAXL + 1], *delta[MAXL + 1], *p[MAXL], *g[MAXL], *m[MAXL], *v[MAXL], *w, *gw, *wide = NULL,
                                                                                              *gwide = NULL;
-    uint16_t *w16, *g16 = NULL;
+    uint16_t *g16 = NULL;
     size_t big = 0, q;
     dpar_fsdp *f = NULL;
     dpar_fsdp_desc fd;
@@ -134,15 +152,7 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         }
         for (l = 0; l < L; l++) { /* forward */
             int in = j->width[l], out = j->width[l + 1];
-            if (mode && j->bf16) {
-                TRY(dpar_fsdp_gather16(f, l, &w16));
-                for (q = 0; q < j->units[l]; q++) wide[q] = dpar_bf16_to_f32(w16[q]);
-                w = wide;
-            } else if (mode) {
-                TRY(dpar_fsdp_gather(f, l, &w));
-            } else {
-                w = p[l];
-            }
+            TRY(layer_weights(f, l, j->units[l], mode ? NULL : p[l], j->bf16 ? wide : NULL, &w));
             dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, 1.0f, act[l], in, w, out, 0.0f, act[l + 1], out);
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) {
@@ -160,15 +170,7 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         }
         for (l = L - 1; l >= 0; l--) { /* backward, last layer first; each layer's gradients leave at once */
             int in = j->width[l], out = j->width[l + 1];
-            if (mode && j->bf16) {
-                TRY(dpar_fsdp_gather16(f, l, &w16));
-                for (q = 0; q < j->units[l]; q++) wide[q] = dpar_bf16_to_f32(w16[q]);
-                w = wide;
-            } else if (mode) {
-                TRY(dpar_fsdp_gather(f, l, &w));
-            } else {
-                w = p[l];
-            }
+            TRY(layer_weights(f, l, j->units[l], mode ? NULL : p[l], j->bf16 ? wide : NULL, &w));
             if (l > 0) { /* the input's gradient first: the only part that reads the weights */
                 dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, in, out, 1.0f, delta[l + 1], out, w, out, 0.0f, delta[l], in);
                 for (k = 0; k < b * in; k++)
