@@ -36,6 +36,27 @@ typedef struct {
     float *mine[8][FC_U]; /* each rank's final parameters from fsdp */
 } fsdp_case;
 
+/* one training step of dpar_fsdp f on rank r: every unit gathered for forward and backward, its gradients
+   reduced, the step taken (errors noted in w) */
+DT_UNUSED static void fc_fsdp_train_step(world *w, dpar_fsdp *f, int r, int step)
+{
+    float s[FC_U], *pp, *gg;
+    int u;
+    for (u = 0; u < FC_U; u++) {
+        expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+        s[u] = fc_forward(pp, r, step, u);
+        expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+    }
+    for (u = FC_U - 1; u >= 0; u--) {
+        expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+        expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
+        fc_backward(gg, pp, s[u], r, step, u);
+        expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+        expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+    }
+    expect_ok(w, dpar_fsdp_step(f), "step", r);
+}
+
 /* the reference optimizer: dpar_zero_step's math, written out again */
 static void fc_ref_step(float *p, float *g, float *m, float *v, size_t n, const fsdp_case *k, long t)
 {

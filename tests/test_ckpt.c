@@ -353,22 +353,8 @@ static void fsdp_ckpt_rank(world *w, dpar_comm *c, int r)
             expect_ok(w, dpar_fsdp_set_params(f, u, full), "set_params", r);
             free(full);
         }
-        for (step = 0; step < 2; step++) { /* two steps on 4 ranks, then the checkpoint */
-            for (u = 0; u < FC_U; u++) {
-                expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
-                s[u] = fc_forward(pp, r, step, u);
-                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
-            }
-            for (u = FC_U - 1; u >= 0; u--) {
-                expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
-                expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
-                fc_backward(gg, pp, s[u], r, step, u);
-                expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
-                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
-            }
-            expect_ok(w, dpar_fsdp_step(f), "step", r);
-        }
-        expect_ok(w, dpar_fsdp_gather(f, 0, &pp), "gather", r); /* a prefetch in flight at the save */
+        for (step = 0; step < 2; step++) fc_fsdp_train_step(w, f, r, step); /* two steps on 4 ranks, then the save */
+        expect_ok(w, dpar_fsdp_gather(f, 0, &pp), "gather", r);             /* a prefetch in flight at the save */
         expect_ok(w, dpar_fsdp_release(f, 0), "release", r);
         mark = 42;
         expect_ok(w, dpar_ckpt_save_fsdp(f, j->path, NULL, &extra, 1), "save_fsdp", r);

@@ -633,7 +633,7 @@ static void fsdp_ckpt_proc(world *w, dpar_comm *c, int r)
     dpar_fsdp *f = NULL, *g = NULL;
     dpar_fsdp_desc d;
     dpar_comm *part = NULL;
-    float *pp, *gg, s[FC_U], *want[FC_U];
+    float *want[FC_U];
     int u, step;
     size_t i;
     memset(path, 0, sizeof path);
@@ -653,19 +653,7 @@ static void fsdp_ckpt_proc(world *w, dpar_comm *c, int r)
         expect_ok(w, dpar_fsdp_set_params(f, u, want[u]), "set_params", r);
     }
     for (step = 0; step < 2; step++) {
-        for (u = 0; u < FC_U; u++) {
-            expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
-            s[u] = fc_forward(pp, r, step, u);
-            expect_ok(w, dpar_fsdp_release(f, u), "release", r);
-        }
-        for (u = FC_U - 1; u >= 0; u--) {
-            expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
-            expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
-            fc_backward(gg, pp, s[u], r, step, u);
-            expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
-            expect_ok(w, dpar_fsdp_release(f, u), "release", r);
-        }
-        expect_ok(w, dpar_fsdp_step(f), "step", r);
+        fc_fsdp_train_step(w, f, r, step);
     }
     expect_ok(w, dpar_ckpt_save_fsdp(f, path, NULL, NULL, 0), "save_fsdp", r);
     for (u = 0; u < FC_U; u++) expect_ok(w, dpar_fsdp_get_params(f, u, want[u]), "get_params", r);
