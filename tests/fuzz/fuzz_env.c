@@ -58,8 +58,8 @@ static int fault_ref(const char *spec)
     if (!*spec) return 1;
     for (i = 0; spec[i]; i++)
         if (isspace((unsigned char)spec[i])) return -1; /* the numbers' reader here skips spaces; dpar's must not */
-    if (strlen(spec) >= sizeof buf || strstr(spec, ";;") || spec[0] == ';' ||
-        spec[strlen(spec) - 1] == ';' || strstr(spec, ",,") || spec[0] == ',')
+    if (strlen(spec) >= sizeof buf || strstr(spec, ";;") || spec[0] == ';' || spec[strlen(spec) - 1] == ';' ||
+        strstr(spec, ",,") || spec[0] == ',')
         return -1;
     strcpy(buf, spec);
     for (fault = strtok_r(buf, ";", &save1); fault; fault = strtok_r(NULL, ";", &save1)) {
