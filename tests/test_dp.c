@@ -623,7 +623,12 @@ static void steal_slow_rank(world *w, dpar_comm *c, int r)
             note(w, "rank 0, its task 1 stuck on rank %d: %s: %s", j->slow_by, dpar_status_string(st),
                  dpar_last_error());
         if (ms > 1000) note(w, "rank 0 returned after %.0f ms, not at the 300 ms timeout", ms);
-        while (!__atomic_load_n(&j->slow_done, __ATOMIC_ACQUIRE)) usleep(10 * 1000); /* the taker still runs it */
+        for (ms = 0; ms < 5000 && !__atomic_load_n(&j->slow_done, __ATOMIC_ACQUIRE); ms += 10) /* the taker runs it */
+            usleep(10 * 1000);
+        if (!__atomic_load_n(&j->slow_done, __ATOMIC_ACQUIRE)) { /* it never ran: its memory must outlive us */
+            note(w, "rank 0: the slow task never finished");
+            return;
+        }
     } else { /* its round may have ended before it looked: its next call sees the poison */
         if (st == DPAR_OK) st = dpar_barrier(c);
         if (st == DPAR_OK || !strstr(dpar_last_error(), "waiting for its task 1"))
