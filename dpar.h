@@ -12189,6 +12189,7 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     size_t shm_bytes;
     dpar__sm *sh;
     const char *shm_env;
+    int made; /* every allocation of this rank's comm succeeded */
     MPI_Comm_size(mc, &procs);
     MPI_Comm_rank(mc, &prank);
     shm_bytes = dpar__sm_bytes((size_t)procs, DPAR_SHM_ONESHOT_MAX_BYTES);
@@ -12228,16 +12229,16 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     m->hdr_sent = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
     m->hdr_recv = (uint64_t *)dpar__calloc(&c->allocator, (size_t)c->size, sizeof(uint64_t));
     sh = (dpar__sm *)dpar__calloc(&c->allocator, 1, sizeof *sh);
-    n = m->staging && m->staging2 && m->pack && m->sends && m->send_first && m->send_n && m->hdr_sent && m->hdr_recv &&
-        sh;
+    made = m->staging && m->staging2 && m->pack && m->sends && m->send_first && m->send_n && m->hdr_sent &&
+           m->hdr_recv && sh;
     shm_env = getenv("DPAR_MPI_SHM"); /* 0: small allreduce over messages even on one node */
-    if ((m->shm = dpar__m_shm_map(mc, T, procs, node_procs, n && !(shm_env && !strcmp(shm_env, "0")), shm_bytes))) {
+    if ((m->shm = dpar__m_shm_map(mc, T, procs, node_procs, made && !(shm_env && !strcmp(shm_env, "0")), shm_bytes))) {
         m->shm_bytes = shm_bytes;
         dpar__sm_init_in(sh, c, (char *)m->shm, DPAR_SHM_ONESHOT_MAX_BYTES);
     } else {
         dpar__free(&c->allocator, sh);
     }
-    if (!n) {
+    if (!made) {
         m->own_comm = 0;
         dpar__m_destroy(c);
         dpar__comm_free(c);
