@@ -1304,6 +1304,11 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
              what is held.
    Tensors:  a model of separate arrays lists them (desc.params, .grads, .unit_tensors; dpar_fsdp_gather_tensors):
              no repacking, bitwise the flat form.
+   Leaves:   desc.leaves = L: each rank computes the gradients of its fixed leaves (parts of the global batch) apart,
+             and the reduction sums the L leaves in one fixed tree, whichever rank holds which: training ends bitwise
+             the same on 1, 2, 3 or any number of ranks up to L (elastic restarts included). It moves up to
+             2 log2(L/N) + 2 times the bytes of the reduce-scatter (one alltoall of partial sums) and holds
+             (leaves of this rank + 2 log2 L) unit-sized buffers more.
    See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'. */
 typedef struct dpar_fsdp dpar_fsdp;
 
@@ -1336,6 +1341,12 @@ typedef struct dpar_fsdp_desc {
        dpar_fsdp_grads is refused. dpar_fsdp_gather_tensors gives the unit's parameters tensor by tensor */
     const dpar_tensor *params, *grads;
     const int *unit_tensors;
+    /* the deterministic mode (f32 compute, not with grads tensors): the global batch is `leaves` fixed leaves (>= the
+       number of ranks), rank r computing leaves dpar_fsdp_leaves gives it, each one's gradients apart (dpar_fsdp_grads
+       gives room for all of its leaves); dpar_fsdp_reduce gives every rank its block of the leaves summed in the fixed
+       tree of dpar_tree_reduce, over `leaves`: bitwise the same for ANY number of ranks (a run resumed on another
+       number continues bitwise). 0: off */
+    int leaves;
 } dpar_fsdp_desc;
 
 /* dpar_fsdp_create: make this rank's part of a sharded model; its parameters start at zero (dpar_fsdp_set_params), or
@@ -1378,13 +1389,21 @@ DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *fsdp, int unit);
    with the tensor form's grads: backward writes those).
    Remarks:  stage 3: a pooled buffer that no unit holds and that fits beside the other (after dpar_fsdp_release of
              this unit: its place), so the gradients cost no memory of their own; else (taken before the release) a
-             third buffer of the largest unit, allocated on that first need and kept until destroy.
+             third buffer of the largest unit, allocated on that first need and kept until destroy. With desc.leaves:
+             one array per leaf of this rank (dpar_fsdp_leaves), in a buffer of their own made at create.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL arguments, a unit out of range), DPAR_EBUSY (another unit's gradients are not
              reduced yet), DPAR_ENOMEM (the third buffer).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_grads(dpar_fsdp *fsdp, int unit, float **grads);
-/* dpar_fsdp_reduce: reduce-scatter the unit's gradients (the average over ranks) and add this rank's block to its
-   gradient shard; the gradient buffer goes back to the pool (a pooled one is free for the next gather).
+/* dpar_fsdp_leaves: the leaves this rank computes (desc.leaves: leaves first .. first + count - 1, block `rank` of
+   dpar_block_range(leaves, N, ...)); with desc.leaves, dpar_fsdp_grads gives `count` zeroed gradient arrays of the
+   unit one after another: leaf first + j's at grads + j * (the unit's count). Without leaves: first 0, count 1.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL fsdp).
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_fsdp_leaves(const dpar_fsdp *fsdp, int *first, int *count);
+/* dpar_fsdp_reduce: reduce-scatter the unit's gradients (the average over ranks; with desc.leaves the average over
+   the leaves, summed in their fixed tree) and add this rank's block to its gradient shard; the gradient buffer goes
+   back to the pool (a pooled one is free for the next gather).
    Returns:  DPAR_OK; DPAR_EINVAL (the unit's gradients were not taken with dpar_fsdp_grads); the comm's errors.
    Thread safety: the rank's thread; collective. */
 DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *fsdp, int unit);
@@ -8230,6 +8249,13 @@ struct dpar_fsdp {
     dpar_tensor *tp, *tg;
     size_t *tstart;
     int *ufirst, nt;
+    /* the leaves (L > 0): rank j holds leaves lfirst[j] .. lfirst[j + 1] - 1 and reduces them locally into the tree
+       nodes nlo[i]..nhi[i] for i in nstart[j] .. nstart[j + 1] - 1 (the largest nodes inside its leaves; at most
+       M on a rank); lgrad: this rank's leaves' gradients (one unit each), then the result; lsend, lrecv: the
+       alltoall of the nodes' blocks (to rank k: M nodes of block k, each `stride` elements) */
+    int L, M, *lfirst, *nstart, *nlo, *nhi;
+    float *lgrad, *lsend, *lrecv;
+    const void **lptr;
 };
 
 static void *dpar__fsdp_alloc(dpar_fsdp *f, size_t n, size_t size)
@@ -8285,8 +8311,105 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
     dpar__free(&a, f->m), dpar__free(&a, f->v), dpar__free(&a, f->full), dpar__free(&a, f->buf[0]);
     dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
     dpar__free(&a, f->gwide), dpar__free(&a, f->tp), dpar__free(&a, f->tg), dpar__free(&a, f->tstart);
-    dpar__free(&a, f->ufirst), dpar__free(&a, f);
+    dpar__free(&a, f->ufirst), dpar__free(&a, f->lfirst), dpar__free(&a, f->nstart), dpar__free(&a, f->nlo);
+    dpar__free(&a, f->nhi), dpar__free(&a, f->lgrad), dpar__free(&a, f->lsend), dpar__free(&a, f->lrecv);
+    dpar__free(&a, (void *)f->lptr), dpar__free(&a, f);
     return st;
+}
+
+/* the leaves' tree: the largest nodes tree(lo, hi) (mid = lo + (hi - lo) / 2, as dpar_tree_reduce) lying inside leaves
+   [a, b), left to right, into nlo/nhi from index n (NULL: counted only); returns the new n */
+static int dpar__leaf_nodes(int lo, int hi, int a, int b, int *nlo, int *nhi, int n)
+{
+    if (hi <= a || lo >= b) return n;
+    if (a <= lo && hi <= b) {
+        if (nlo) nlo[n] = lo, nhi[n] = hi;
+        return n + 1;
+    }
+    n = dpar__leaf_nodes(lo, lo + (hi - lo) / 2, a, b, nlo, nhi, n);
+    return dpar__leaf_nodes(lo + (hi - lo) / 2, hi, a, b, nlo, nhi, n);
+}
+
+/* the leaves' layout on N ranks: who holds which leaves and nodes, and the buffers (at create) */
+static int dpar__fsdp_leaves_make(dpar_fsdp *f)
+{
+    int N = f->comm->size, r = f->comm->rank, j, n = 0;
+    size_t o, l, most = 0;
+    f->lfirst = (int *)dpar__fsdp_alloc(f, (size_t)N + 1, sizeof(int));
+    f->nstart = (int *)dpar__fsdp_alloc(f, (size_t)N + 1, sizeof(int));
+    if (!f->lfirst || !f->nstart) return 0;
+    for (j = 0; j < N; j++) {
+        dpar_block_range((size_t)f->L, N, j, &o, &l);
+        f->lfirst[j] = (int)o;
+    }
+    f->lfirst[N] = f->L;
+    for (j = 0; j < N; j++) {
+        f->nstart[j] = n;
+        n = dpar__leaf_nodes(0, f->L, f->lfirst[j], f->lfirst[j + 1], NULL, NULL, n);
+        if (n - f->nstart[j] > f->M) f->M = n - f->nstart[j];
+    }
+    f->nstart[N] = n;
+    f->nlo = (int *)dpar__fsdp_alloc(f, (size_t)n, sizeof(int));
+    f->nhi = (int *)dpar__fsdp_alloc(f, (size_t)n, sizeof(int));
+    if (!f->nlo || !f->nhi) return 0;
+    for (j = 0; j < N; j++) dpar__leaf_nodes(0, f->L, f->lfirst[j], f->lfirst[j + 1], f->nlo, f->nhi, f->nstart[j]);
+    dpar_block_range(f->maxc, N, 0, &o, &most); /* block 0 is a longest one */
+    l = (size_t)(f->lfirst[r + 1] - f->lfirst[r]);
+    f->lgrad = (float *)dpar__fsdp_alloc(f, l * f->maxc, sizeof(float));
+    f->lsend = (float *)dpar__fsdp_alloc(f, (size_t)N * (size_t)f->M * most, sizeof(float));
+    f->lrecv = (float *)dpar__fsdp_alloc(f, (size_t)N * (size_t)f->M * most, sizeof(float));
+    f->lptr = (const void **)dpar__fsdp_alloc(f, l, sizeof(void *));
+    return f->lgrad && f->lsend && f->lrecv && f->lptr;
+}
+
+/* out[0..n) = tree(lo, hi) at element e of this rank's block, from the nodes' blocks the ranks sent (recv: rank j's
+   nodes at j * M * stride, each stride long); tmp has room for n elements per level below */
+static void dpar__fsdp_up(const dpar_fsdp *f, int lo, int hi, size_t stride, size_t e, size_t n, float *out, float *tmp)
+{
+    int j = 0, i, mid = lo + (hi - lo) / 2;
+    size_t q;
+    while (f->lfirst[j + 1] <= lo) j++;
+    for (i = f->nstart[j]; hi <= f->lfirst[j + 1] && i < f->nstart[j + 1]; i++)
+        if (f->nlo[i] == lo && f->nhi[i] == hi) { /* a node rank j summed */
+            memcpy(out, f->lrecv + ((size_t)j * (size_t)f->M + (size_t)(i - f->nstart[j])) * stride + e, n * 4);
+            return;
+        }
+    dpar__fsdp_up(f, lo, mid, stride, e, n, out, tmp + n);
+    dpar__fsdp_up(f, mid, hi, stride, e, n, tmp, tmp + n);
+    for (q = 0; q < n; q++) out[q] = out[q] + tmp[q]; /* as dpar_tree_reduce: left + right */
+}
+
+/* the leaves' reduction of unit u: this rank's block of the average over the leaves, into lgrad */
+static dpar_status dpar__fsdp_leaves_reduce(dpar_fsdp *f, int u)
+{
+    int N = f->comm->size, r = f->comm->rank, k, i, l;
+    size_t n = f->count[u], o, bl, stride, e;
+    float tmp[18 * 64];
+    dpar_block_range(n, N, 0, &o, &stride);
+    for (k = 0; k < N; k++) { /* each of my nodes, block k of it, for rank k */
+        dpar_block_range(n, N, k, &o, &bl);
+        for (i = f->nstart[r]; bl && i < f->nstart[r + 1]; i++) {
+            for (l = f->nlo[i]; l < f->nhi[i]; l++)
+                f->lptr[l - f->nlo[i]] = f->lgrad + (size_t)(l - f->lfirst[r]) * n + o;
+            DPAR__TRY(dpar_tree_reduce(f->lsend + ((size_t)k * (size_t)f->M + (size_t)(i - f->nstart[r])) * stride,
+                                       f->lptr, f->nhi[i] - f->nlo[i], bl, DPAR_F32, DPAR_SUM));
+        }
+    }
+    DPAR__TRY(dpar_alltoall(f->comm, f->lsend, f->lrecv, (size_t)f->M * stride, DPAR_F32));
+    for (e = 0; e < f->len[u]; e += 64) {
+        size_t m = f->len[u] - e < 64 ? f->len[u] - e : 64;
+        dpar__fsdp_up(f, 0, f->L, stride, e, m, f->lgrad + e, tmp);
+    }
+    dpar__divide(f->lgrad, f->lgrad, f->len[u], DPAR_F32, f->L);
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_fsdp_leaves(const dpar_fsdp *f, int *first, int *count)
+{
+    if (!f) return dpar__err(DPAR_EINVAL, "dpar_fsdp_leaves: fsdp is NULL");
+    if (first) *first = f->L ? f->lfirst[f->comm->rank] : 0;
+    if (count) *count = f->L ? f->lfirst[f->comm->rank + 1] - f->lfirst[f->comm->rank] : 1;
+    return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **out)
@@ -8345,6 +8468,11 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
                          "dpar_fsdp_create: compute %s (f32, bf16 or f16), reduce_dtype %s (f32 or the "
                          "compute type), loss_scale %g",
                          dpar_dtype_name(desc->compute), dpar_dtype_name(desc->reduce_dtype), (double)desc->loss_scale);
+    if (desc->leaves && (desc->leaves < desc->comm->size || desc->leaves > 65536 || half || desc->grads))
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_fsdp_create: leaves %d: the deterministic mode wants %d to 65536 leaves (one per rank "
+                         "at least), f32 compute and no grads tensors",
+                         desc->leaves, desc->comm->size);
     DPAR__TRY(dpar__check_allocator("dpar_fsdp_create", &desc->allocator));
     f = (dpar_fsdp *)dpar__calloc(&desc->allocator, 1, sizeof *f);
     if (!f) return dpar__err(DPAR_ENOMEM, "dpar_fsdp_create: out of memory");
@@ -8418,8 +8546,10 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
             if (half) f->send[0] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
             if (half) f->send[1] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
         }
-        ok = f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) && (f->stage == 3 || f->gbuf) &&
-             (!half || f->rt != DPAR_F32 || f->gwide) && ((f->stage != 3 && !half && !f->tp) || f->p) &&
+        f->L = desc->leaves;
+        ok = (!f->L || dpar__fsdp_leaves_make(f)) && f->g && f->m && (f->d.kind != DPAR_OPTIM_ADAM || f->v) &&
+             (f->stage == 3 || f->gbuf) && (!half || f->rt != DPAR_F32 || f->gwide) &&
+             ((f->stage != 3 && !half && !f->tp) || f->p) &&
              (f->stage == 2 ? f->full != NULL || f->tp
                             : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
     }
@@ -8615,6 +8745,13 @@ static dpar_status dpar__fsdp_grads(dpar_fsdp *f, int unit, void **grads)
     void *at;
     if (f->gunit >= 0)
         return dpar__err(DPAR_EBUSY, "dpar_fsdp_grads: unit %d's gradients are not reduced yet", f->gunit);
+    if (f->L) { /* one array per leaf of this rank */
+        memset(f->lgrad, 0, (size_t)(f->lfirst[f->comm->rank + 1] - f->lfirst[f->comm->rank]) * f->count[unit] * 4);
+        f->gunit = unit;
+        f->gslot = 4;
+        *grads = f->lgrad;
+        return DPAR_OK;
+    }
     /* stage 3: a free pooled buffer (the unit's own, released once backward no longer reads it), else the third */
     for (s = 0; f->stage == 3 && s < 2 && (f->held[s] != -1 || !dpar__fsdp_place(f, s, f->count[unit])); s++) continue;
     if (f->stage == 3 && s < 2) {
@@ -8672,8 +8809,14 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
     if (!f || unit < 0 || unit >= f->U || f->gunit != unit)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_reduce: unit %d's gradients were not taken with dpar_fsdp_grads",
                          unit);
-    gb = f->gslot == 3 ? f->tg[f->ufirst[unit]].data : f->gslot == 2 ? f->gbuf : f->buf[f->gslot];
-    if (f->ct == DPAR_F32) { /* this rank's block of the average, in place */
+    gb = f->gslot == 3   ? f->tg[f->ufirst[unit]].data
+         : f->gslot == 2 ? f->gbuf
+         : f->gslot == 4 ? NULL
+                         : f->buf[f->gslot];
+    if (f->gslot == 4) { /* the leaves: their fixed tree */
+        DPAR__TRY(dpar__fsdp_leaves_reduce(f, unit));
+        mine = f->lgrad;
+    } else if (f->ct == DPAR_F32) { /* this rank's block of the average, in place */
         mine = (float *)gb + f->off[unit];
         DPAR__TRY(dpar_reduce_scatter(f->comm, gb, mine, f->count[unit], DPAR_F32, DPAR_AVG));
     } else if (f->rt == DPAR_F32) { /* widened first: the reduction in f32 */

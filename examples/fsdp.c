@@ -7,19 +7,22 @@
    Check: ^fsdp: parameters bitwise equal to plain data parallelism after [0-9]+ steps$
    Check: ^memory per rank: fsdp [0-9.]+ MiB, plain [0-9.]+ MiB$
    Check: ^memory bound: fsdp / \(16 P / N \+ the two largest units: [0-9.]+ MiB\) = [0-9.]+ \(within 1.10\)$
-   Check: ^elastic: 4 -> 4 thread ranks at step [0-9]+: bitwise equal to the uninterrupted run$
-   Check: ^elastic: 4 -> 2 thread ranks at step [0-9]+: max difference [-0-9.e+]+ from the uninterrupted run \(within
-   Check: ^elastic: 4 -> 3 thread ranks at step [0-9]+: max difference [-0-9.e+]+ from the uninterrupted run \(within
+   Check: ^elastic: 4 -> 4 thread ranks at step [0-9]+: bitwise equal to the uninterrupted run \(12 leaves\)$
+   Check: ^elastic: 4 -> 2 thread ranks at step [0-9]+: bitwise equal to the uninterrupted run \(12 leaves\)$
+   Check: ^elastic: 4 -> 3 thread ranks at step [0-9]+: bitwise equal to the uninterrupted run \(12 leaves\)$
 
    Elastic restarts: --elastic K also trains with dpar_fsdp on 4 thread ranks without stopping, then again stopping
    after K steps with a checkpoint (dpar_ckpt_save_fsdp: each rank's shards with their plans, and the step), and
-   resumes it on 4, 2 and 3 ranks (dpar_ckpt_load_fsdp) to the end: bitwise the uninterrupted run on 4, within a
-   stated tolerance on 2 and 3 (each rank's gradient sums its share of the batch, so the float sums group differently
-   with another rank count). --bf16: dpar_fsdp computes in bf16 (fp32 master weights and Adam state in the shards;
-   dpar_fsdp_gather16 / _grads16), checked against fp32 plain data parallelism within a bound, and the elastic
-   restart within an rms tolerance. --bench prints make bench's line. The same by hand, in two processes:
-          ./fsdp --threads 4 --batch 240 --stop-at 5 --save run.ckpt
-          ./fsdp --threads 3 --batch 240 --resume run.ckpt        (prints the parameters' CRC-32 to compare)
+   resumes it on 4, 2 and 3 ranks (dpar_ckpt_load_fsdp) to the end: bitwise the uninterrupted run on every count.
+   These runs use dpar_fsdp's deterministic mode (desc.leaves): the batch of 240 is 12 fixed leaves of 20 samples,
+   each rank computes the gradients of its leaves apart and the reduction sums the 12 in one fixed tree, so the float
+   sums do not depend on how many ranks share them. --bf16: dpar_fsdp computes in bf16 (fp32 master weights and Adam
+   state in the shards; dpar_fsdp_gather16 / _grads16), checked against fp32 plain data parallelism within a bound,
+   and the elastic restart (without leaves: bf16 has no deterministic mode) within an rms tolerance. --bench prints
+   make bench's line. The same by hand, in two processes (the CRC-32s printed at the end are equal):
+          ./fsdp --threads 4 --batch 240 --leaves 12 --steps 10 --stop-at 10 --save full.ckpt
+          ./fsdp --threads 4 --batch 240 --leaves 12 --steps 10 --stop-at 5 --save run.ckpt
+          ./fsdp --threads 3 --batch 240 --leaves 12 --steps 10 --resume run.ckpt
 
    Both runs use AdamW (lr 1e-3) on the same synthetic data (inputs in [0, 1), labels from a random linear teacher);
    rank r trains on samples r b .. r b + b - 1 of each global batch. Memory is what each holds for the model:
@@ -50,6 +53,7 @@ typedef struct {
     int bf16;                  /* dpar_fsdp computes in bf16 (fp32 master weights in the shards) */
     const char *save, *load;   /* checkpoint paths (NULL: none) */
     int resumed_at;            /* the step the checkpoint held */
+    int leaves;                /* dpar_fsdp's deterministic mode: the batch in this many leaves (0: off) */
 } job;
 
 static uint64_t rng_next(uint64_t *s)
@@ -98,7 +102,7 @@ static dpar_status layer_weights(dpar_fsdp *f, int l, size_t count, float *plain
 /* one rank, one mode (0: plain data parallelism, 1: dpar_fsdp) */
 static dpar_status train(job *j, dpar_comm *c, int r, int mode)
 {
-    int L = j->nl, b = j->batch / j->threads, l, i, k, step, first = 0, last = j->steps;
+    int L = j->nl, b = j->batch / j->threads, l, i, i0, k, step, first = 0, last = j->steps, rows = b, lf = 0;
     float *act[MAXL + 1], *delta[MAXL + 1], *p[MAXL], *g[MAXL], *m[MAXL], *v[MAXL], *w, *gw, *wide = NULL,
                                                                                              *gwide = NULL;
     uint16_t *g16 = NULL;
@@ -124,12 +128,25 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         memset(&fd, 0, sizeof fd);
         fd.comm = c, fd.stage = j->stage, fd.num_units = L, fd.unit_counts = j->units;
         fd.kind = DPAR_OPTIM_ADAM, fd.lr = 1e-3f;
+        if (j->leaves) { /* the batch in fixed leaves, each computed apart: the same sums on any number of ranks */
+            fd.leaves = j->leaves;
+            rows = j->batch / j->leaves;
+        }
         if (j->bf16) { /* bf16 compute: the layers read float copies of the gathered bf16 parameters */
             fd.compute = DPAR_BF16;
             for (l = 0; l < L; l++) big = j->units[l] > big ? j->units[l] : big;
             wide = (float *)malloc(big * 4), gwide = (float *)malloc(big * 4);
         }
         TRY(dpar_fsdp_create(&fd, &f));
+        if (j->leaves) { /* this rank's leaves are its samples (the ranks' counts divide the leaves) */
+            int cnt = 0;
+            TRY(dpar_fsdp_leaves(f, &lf, &cnt));
+            if (cnt * rows != b || lf * rows != r * b) {
+                fprintf(stderr, "fsdp: %d leaves do not split over %d ranks evenly\n", j->leaves, j->threads);
+                st = DPAR_EINVAL;
+                goto out;
+            }
+        }
         for (l = 0; l < L; l++) TRY(dpar_fsdp_set_params(f, l, j->init[l]));
         if (j->load) { /* the shards of a run on any number of ranks, and its step (the data's position) */
             int64_t at = 0;
@@ -153,7 +170,9 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
         for (l = 0; l < L; l++) { /* forward */
             int in = j->width[l], out = j->width[l + 1];
             TRY(layer_weights(f, l, j->units[l], mode ? NULL : p[l], j->bf16 ? wide : NULL, &w));
-            dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, 1.0f, act[l], in, w, out, 0.0f, act[l + 1], out);
+            for (i0 = 0; i0 < b; i0 += rows) /* one GEMM (each leaf apart: the same shapes for every rank count) */
+                dpar_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, rows, out, in, 1.0f, act[l] + (size_t)i0 * in, in, w, out,
+                           0.0f, act[l + 1] + (size_t)i0 * out, out);
             for (i = 0; i < b; i++)
                 for (k = 0; k < out; k++) {
                     float z = act[l + 1][(size_t)i * out + k] + w[(size_t)in * out + k];
@@ -161,18 +180,20 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
                 }
             if (mode) TRY(dpar_fsdp_release(f, l));
         }
-        for (i = 0; i < b; i++) { /* softmax cross-entropy: delta[L] = (softmax - onehot) / b */
+        for (i = 0; i < b; i++) { /* softmax cross-entropy: delta[L] = (softmax - onehot) / b (leaves: / a leaf) */
             int C = j->width[L], cc, lab = j->y[((size_t)step * j->batch + (size_t)r * b + i) % j->n];
             float *z = act[L] + (size_t)i * C, *d = delta[L] + (size_t)i * C, mx = z[0], sum = 0;
             for (cc = 1; cc < C; cc++) mx = z[cc] > mx ? z[cc] : mx;
             for (cc = 0; cc < C; cc++) sum += (d[cc] = expf(z[cc] - mx));
-            for (cc = 0; cc < C; cc++) d[cc] = (d[cc] / sum - (cc == lab)) / (float)b;
+            for (cc = 0; cc < C; cc++) d[cc] = (d[cc] / sum - (cc == lab)) / (float)rows;
         }
         for (l = L - 1; l >= 0; l--) { /* backward, last layer first; each layer's gradients leave at once */
             int in = j->width[l], out = j->width[l + 1];
             TRY(layer_weights(f, l, j->units[l], mode ? NULL : p[l], j->bf16 ? wide : NULL, &w));
             if (l > 0) { /* the input's gradient first: the only part that reads the weights */
-                dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, in, out, 1.0f, delta[l + 1], out, w, out, 0.0f, delta[l], in);
+                for (i0 = 0; i0 < b; i0 += rows)
+                    dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, rows, in, out, 1.0f, delta[l + 1] + (size_t)i0 * out, out, w,
+                               out, 0.0f, delta[l] + (size_t)i0 * in, in);
                 for (k = 0; k < b * in; k++)
                     if (!(act[l][k] > 0)) delta[l][k] = 0;
             }
@@ -185,10 +206,14 @@ static dpar_status train(job *j, dpar_comm *c, int r, int mode)
             } else {
                 gw = g[l];
             }
-            dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, in, out, b, 1.0f, act[l], in, delta[l + 1], out, 0.0f, gw, out);
-            for (k = 0; k < out; k++) gw[(size_t)in * out + k] = 0;
-            for (i = 0; i < b; i++)
-                for (k = 0; k < out; k++) gw[(size_t)in * out + k] += delta[l + 1][(size_t)i * out + k];
+            for (i0 = 0; i0 < b; i0 += rows) { /* leaves: each leaf's gradients into its own array */
+                float *gl = gw + (j->leaves && mode ? (size_t)(i0 / rows) * j->units[l] : 0);
+                dpar_sgemm(DPAR_TRANS, DPAR_NO_TRANS, in, out, rows, 1.0f, act[l] + (size_t)i0 * in, in,
+                           delta[l + 1] + (size_t)i0 * out, out, 0.0f, gl, out);
+                for (k = 0; k < out; k++) gl[(size_t)in * out + k] = 0;
+                for (i = i0; i < i0 + rows; i++)
+                    for (k = 0; k < out; k++) gl[(size_t)in * out + k] += delta[l + 1][(size_t)i * out + k];
+            }
             if (mode && j->bf16)
                 for (q = 0; q < j->units[l]; q++) g16[q] = dpar_f32_to_bf16(gwide[q]);
             if (mode) {
@@ -283,22 +308,31 @@ static double compare(const job *j, float *const *ref, uint32_t *crc, double *rm
     return most;
 }
 
+/* rank 0's final parameters from dpar_fsdp have ref's bits */
+static int bitwise(const job *j, float *const *ref)
+{
+    int l, same = 1;
+    for (l = 0; l < j->nl; l++) same &= !memcmp(j->final[1][0][l], ref[l], j->units[l] * 4);
+    return same;
+}
+
 /* --elastic K: uninterrupted on 4 ranks; stopped at K with a checkpoint; resumed on 4, 2 and 3 */
 static int elastic(job *j, int K)
 {
     static const int resume_on[3] = {4, 2, 3};
     char dir[] = "/tmp/fsdp_elastic_XXXXXX", path[128];
     float *ref[MAXL];
-    /* fp32: the largest difference; bf16 (each difference rounds the compute copy's last bit another way): the root
-       mean square. Measured on 2 and 3 ranks: fp32 a largest difference of about 4e-8 a step, bf16 an rms of about
-       2e-6 a step; a restart that lost the optimizer's state is off by about lr = 1e-3 a step */
-    double tol = (j->bf16 ? 1e-5 : 2e-6) * (j->steps - K), d, rms = 0;
+    /* fp32 (12 leaves): the bits; bf16 (each difference rounds the compute copy's last bit another way): the root
+       mean square, measured on 2 and 3 ranks at about 2e-6 a step; a restart that lost the optimizer's state is off
+       by about lr = 1e-3 a step */
+    double tol = 1e-5 * (j->steps - K), d, rms = 0;
     const char *what = j->bf16 ? "rms" : "max";
     uint32_t crc;
     int l, i, bad = 0;
     if (!mkdtemp(dir)) return fprintf(stderr, "fsdp: mkdtemp: cannot make a directory in /tmp\n"), 1;
     snprintf(path, sizeof path, "%s/run.ckpt", dir);
     j->only_fsdp = 1;
+    j->leaves = j->bf16 ? 0 : 12;
     if (run(j, 4)) return 1;
     for (l = 0; l < j->nl; l++) ref[l] = j->final[1][0][l], j->final[1][0][l] = NULL;
     j->stop = K, j->save = path;
@@ -308,9 +342,10 @@ static int elastic(job *j, int K)
         if (run(j, resume_on[i])) return 1;
         d = compare(j, ref, &crc, &rms);
         if (j->bf16 && d > 0) d = rms;
-        if (resume_on[i] == 4 && d == 0)
-            printf("elastic: 4 -> 4 thread ranks at step %d: bitwise equal to the uninterrupted run\n", j->resumed_at);
-        else if (resume_on[i] != 4 && d <= tol)
+        if ((resume_on[i] == 4 || !j->bf16) && bitwise(j, ref))
+            printf("elastic: 4 -> %d thread ranks at step %d: bitwise equal to the uninterrupted run%s\n", resume_on[i],
+                   j->resumed_at, j->leaves ? " (12 leaves)" : "");
+        else if (resume_on[i] != 4 && j->bf16 && d <= tol)
             printf("elastic: 4 -> %d thread ranks at step %d: %s difference %.3g from the uninterrupted run (within "
                    "%.0e: float sums grouped by rank)\n",
                    resume_on[i], j->resumed_at, what, d, tol);
@@ -353,6 +388,7 @@ int main(int argc, char **argv)
         else if (!strcmp(o, "--steps")) j.steps = atoi(v);
         else if (!strcmp(o, "--threads")) j.threads = atoi(v);
         else if (!strcmp(o, "--stage")) j.stage = atoi(v);
+        else if (!strcmp(o, "--leaves")) j.leaves = atoi(v);
         else return fprintf(stderr, "fsdp: unknown option %s\n", o), 2;
     }
     for (const char *q = layers; j.nl <= MAXL; j.nl++) {
@@ -364,6 +400,9 @@ int main(int argc, char **argv)
     if (K && (K < 1 || K >= j.steps || j.batch % 12 || j.save || j.load || j.stop))
         return fprintf(stderr,
                        "fsdp: --elastic K wants 0 < K < --steps, a --batch that 12 divides, no --save/--resume\n"),
+               2;
+    if (j.leaves && (!(j.save || j.load) || j.leaves < 0 || j.batch % j.leaves || j.leaves % j.threads))
+        return fprintf(stderr, "fsdp: --leaves L wants --save or --resume, L dividing --batch, --threads dividing L\n"),
                2;
     if (j.stop && (j.stop < 1 || j.stop > j.steps || !j.save))
         return fprintf(stderr, "fsdp: --stop-at K wants 0 < K <= --steps and --save PATH\n"), 2;

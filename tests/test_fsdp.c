@@ -31,6 +31,124 @@ static void run_cases(int stage)
 static void test_stage2_equals_plain_data_parallel(void) { run_cases(2); }
 static void test_stage3_equals_plain_data_parallel(void) { run_cases(3); }
 
+/* ---- the deterministic mode: 12 leaves summed in one fixed tree, bitwise the same for any N ---- */
+#define LV_L 12
+typedef struct {
+    int stage;
+    float *final[8][FC_U];
+} leaves_case;
+
+static void leaves_rank(world *w, dpar_comm *c, int r)
+{
+    leaves_case *k = (leaves_case *)w->user;
+    dpar_fsdp *f = NULL;
+    dpar_fsdp_desc d;
+    float s[FC_U][LV_L], *pp, *gg;
+    int u, step, first = -1, cnt = 0, j;
+    size_t i;
+    memset(&d, 0, sizeof d);
+    d.comm = c, d.stage = k->stage, d.num_units = FC_U, d.unit_counts = fc_counts, d.kind = DPAR_OPTIM_ADAM;
+    d.lr = 0.05f, d.weight_decay = 0.01f, d.leaves = LV_L;
+    expect_ok(w, dpar_fsdp_create(&d, &f), "fsdp_create", r);
+    if (!f) return;
+    for (u = 0; u < FC_U; u++) {
+        float *init = (float *)malloc(fc_counts[u] * 4);
+        for (i = 0; i < fc_counts[u]; i++) init[i] = fc_init(u, i);
+        expect_ok(w, dpar_fsdp_set_params(f, u, init), "set_params", r);
+        free(init);
+    }
+    expect_ok(w, dpar_fsdp_leaves(f, &first, &cnt), "leaves", r);
+    {
+        size_t o, l;
+        dpar_fsdp *g = NULL;
+        dpar_block_range(LV_L, w->n, r, &o, &l);
+        if (first != (int)o || cnt != (int)l) note(w, "rank %d: leaves %d + %d, want %zu + %zu", r, first, cnt, o, l);
+        d.leaves = w->n - 1; /* fewer leaves than ranks; 16-bit compute */
+        if (w->n > 1 && dpar_fsdp_create(&d, &g) != DPAR_EINVAL) note(w, "rank %d: %d leaves accepted", r, w->n - 1);
+        d.leaves = LV_L, d.compute = DPAR_BF16;
+        if (dpar_fsdp_create(&d, &g) != DPAR_EINVAL) note(w, "rank %d: leaves with bf16 accepted", r);
+        dpar_fsdp_destroy(g);
+    }
+    for (step = 0; step < FC_STEPS; step++) {
+        for (u = 0; u < FC_U; u++) { /* forward: each leaf of this rank apart */
+            expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+            for (j = 0; j < cnt; j++) s[u][j] = fc_forward(pp, first + j, step, u);
+            expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+        }
+        for (u = FC_U - 1; u >= 0; u--) {
+            expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+            expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
+            for (j = 0; j < cnt; j++) fc_backward(gg + (size_t)j * fc_counts[u], pp, s[u][j], first + j, step, u);
+            expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+            expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+        }
+        expect_ok(w, dpar_fsdp_step(f), "step", r);
+    }
+    for (u = 0; u < FC_U; u++) {
+        k->final[r][u] = (float *)malloc(fc_counts[u] * 4);
+        expect_ok(w, dpar_fsdp_get_params(f, u, k->final[r][u]), "get_params", r);
+    }
+    expect_ok(w, dpar_fsdp_destroy(f), "destroy", r);
+}
+
+/* the reference: one thread, every leaf's gradient, the tree written out again (left + right, mid = lo + (hi-lo)/2) */
+static float lv_tree(float *const *g, int lo, int hi, size_t i)
+{
+    int mid = lo + (hi - lo) / 2;
+    if (hi - lo == 1) return g[lo][i];
+    return lv_tree(g, lo, mid, i) + lv_tree(g, mid, hi, i);
+}
+static void leaves_reference(float **p)
+{
+    fsdp_case kase;
+    float *m[FC_U], *v[FC_U], *g[LV_L], *sum = (float *)malloc(4099 * 4), s[FC_U][LV_L];
+    int u, l, step;
+    size_t i;
+    memset(&kase, 0, sizeof kase);
+    kase.kind = DPAR_OPTIM_ADAM;
+    for (l = 0; l < LV_L; l++) g[l] = (float *)malloc(4099 * 4);
+    for (u = 0; u < FC_U; u++) {
+        p[u] = (float *)malloc(fc_counts[u] * 4), m[u] = (float *)calloc(fc_counts[u], 4);
+        v[u] = (float *)calloc(fc_counts[u], 4);
+        for (i = 0; i < fc_counts[u]; i++) p[u][i] = fc_init(u, i);
+    }
+    for (step = 0; step < FC_STEPS; step++) {
+        for (u = 0; u < FC_U; u++)
+            for (l = 0; l < LV_L; l++) s[u][l] = fc_forward(p[u], l, step, u);
+        for (u = 0; u < FC_U; u++) {
+            for (l = 0; l < LV_L; l++) fc_backward(g[l], p[u], s[u][l], l, step, u);
+            for (i = 0; i < fc_counts[u]; i++) sum[i] = lv_tree(g, 0, LV_L, i) / (float)LV_L;
+            fc_ref_step(p[u], sum, m[u], v[u], fc_counts[u], &kase, step + 1);
+        }
+    }
+    for (u = 0; u < FC_U; u++) free(m[u]), free(v[u]);
+    for (l = 0; l < LV_L; l++) free(g[l]);
+    free(sum);
+}
+
+static void test_leaves_bitwise_for_any_rank_count(void)
+{
+    static const int ns[] = {1, 2, 3, 4, 5};
+    float *ref[FC_U];
+    int ni, stage, r, u;
+    leaves_reference(ref);
+    for (stage = 2; stage <= 3; stage++)
+        for (ni = 0; ni < 5; ni++) {
+            leaves_case k;
+            memset(&k, 0, sizeof k);
+            k.stage = stage;
+            CHECK_MSG(run_world(ns[ni], leaves_rank, &k) == 0, "leaves: stage %d N=%d", stage, ns[ni]);
+            for (r = 0; r < ns[ni]; r++)
+                for (u = 0; u < FC_U; u++) {
+                    CHECK_MSG(k.final[r][u] && !memcmp(k.final[r][u], ref[u], fc_counts[u] * 4),
+                              "leaves: stage %d N=%d rank %d unit %d differs from the serial tree", stage, ns[ni], r,
+                              u);
+                    free(k.final[r][u]);
+                }
+        }
+    for (u = 0; u < FC_U; u++) free(ref[u]);
+}
+
 /* ---- mixed precision: 16-bit compute copies and gradients, fp32 master weights ---- */
 typedef struct {
     dpar_dtype compute, reduce;
@@ -288,6 +406,7 @@ int main(int argc, char **argv)
     RUN(test_arena_never_overlaps);
     RUN(test_stage2_equals_plain_data_parallel);
     RUN(test_stage3_equals_plain_data_parallel);
+    RUN(test_leaves_bitwise_for_any_rank_count);
     RUN(test_mixed_precision_within_tolerance);
     RUN(test_loss_scaling_skips_together);
     pools_free();
