@@ -1682,11 +1682,21 @@ typedef void (*dpar_buckets_update_fn)(void *user, size_t offset, size_t count);
    Marking:  a parameter may change as soon as its gradient is marked ready: mark a layer ready only once
              backward no longer reads its weights (compute its input gradient first).
    Returns:  DPAR_OK; DPAR_EBUSY (gradients of this step are marked: call it between steps; or direct buckets
-             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads),
-             DPAR_EUNSUPPORTED (the tensor form: not yet).
+             are on), DPAR_EINVAL (NULL b, NULL params with an update, params overlapping grads, the tensor form:
+             dpar_buckets_set_update_tensors).
    Thread safety: the rank's thread.
    See:      docs/data_parallel.md, 'Buckets that update the parameters too'. */
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user);
+/* dpar_buckets_set_update_tensors: dpar_buckets_set_update for the tensor form: params is a list of as many tensors
+   as the gradients', each the count of its gradient (f32, no overlaps), and update(user, offset, count) gets a range
+   of the numbering that lies inside one tensor i (offset - the start of tensor i is the element in it), the reduced
+   gradients in the gradient tensor there and the parameters in the params tensor. A bucket that spans tensors
+   goes through staging arrays (both made here, at most the total each): its parameters are back in their tensors
+   when the bucket is waited for. Each rank's params tensors are its own (not shared between thread ranks).
+   Returns:  as dpar_buckets_set_update; DPAR_EINVAL (not the tensor form, a bad params list), DPAR_ENOMEM.
+   Thread safety: the rank's thread. */
+DPAR_API dpar_status dpar_buckets_set_update_tensors(dpar_buckets *b, const dpar_tensor *params,
+                                                     dpar_buckets_update_fn update, void *user);
 /* dpar_buckets_set_direct: reduce the buckets of thread ranks through shared memory, on the ranks' own threads.
    on:       1: instead of the progress thread, each rank reduces its own block of every full bucket (reading
              the other ranks' gradients where they lie) and runs the update on it; 0: off.
@@ -1697,10 +1707,11 @@ DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpa
              rank's memory.
    Results:  as without it (the reduction order may differ); not counted in dpar_comm_stats, not seen by the
              contract checker.
-   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm, or the tensor form: not yet); DPAR_EINVAL on every rank when
-             their counts, bucket sizes,
-             ops, updates or sharing differ; DPAR_EBUSY mid-step (turning on: then the comm is poisoned, the
-             others do not wait); DPAR_ENOMEM.
+   Tensors:  with the tensor form, each rank reads the others' buckets where they lie (in a tensor, or a spanning
+             bucket's staging array, copied in when the bucket is full and out when it is waited for).
+   Returns:  DPAR_OK; DPAR_EUNSUPPORTED (an MPI comm); DPAR_EINVAL on every rank when their counts, bucket sizes,
+             ops, updates or sharing differ (tensor-form params: never shared); DPAR_EBUSY mid-step (turning on:
+             then the comm is poisoned, the others do not wait); DPAR_ENOMEM.
    Thread safety: the rank's thread; collective: every rank calls it with the same `on`, between steps, after
              dpar_buckets_set_update (DPAR_EBUSY while direct is on); params are shared by all ranks or none.
    See:      docs/data_parallel.md, 'Direct buckets' (how it works, and when it beats the progress thread). */
@@ -9760,6 +9771,14 @@ struct dpar_buckets {
     int nt;
     float **base, *stage;
     unsigned char *staged;
+    /* the tensor form with an update (dpar_buckets_set_update_tensors): the params tensors, bucket k's params
+       contiguous at pbase[k] (in its tensor, or in pstage as the gradients in stage); update.fn is
+       dpar__bucket_tupdate, which calls tfn(tuser, ...) tensor by tensor */
+    dpar_tensor *ptens;
+    float **pbase, *pstage;
+    dpar_buckets_update_fn tfn;
+    void *tuser;
+    float ***dbase, ***dpbase; /* direct: every rank's base and pbase (NULL: a flat rank) */
 };
 
 /* Direct buckets (thread ranks): flag[phase][bucket][rank] = the step (gen + 1) in which that rank
@@ -9906,6 +9925,14 @@ static void dpar__dbucket(const dpar_buckets *b, int k, int rank, size_t *lo, si
     *lo = bs + off;
 }
 
+/* direct: bucket k of rank q's gradients (params 0) or parameters (1), where that rank keeps it */
+static float *dpar__dptr(const dpar_buckets *b, int q, int k, int params)
+{
+    float **base = params ? b->dpbase[q] : b->dbase[q];
+    if (base) return base[k];
+    return (params ? b->dparams[q] : b->dgrads[q]) + (size_t)k * b->per;
+}
+
 /* my buckets in progress, in order, never waiting: reduce my block of each one every rank has marked
    (reading their gradients where they are), update it; then copy the other blocks once their owners
    are done */
@@ -9923,9 +9950,10 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
         if (b->dstate[k] == 1 && dpar__dmissing(b, DPAR__D_MARKED, k) < 0) {
             DPAR__TRY(dpar__dread_begin(b));
             dpar__dbucket(b, k, c->rank, &lo, &len);
+            float *mine = dpar__dptr(b, c->rank, k, 0) + (lo - (size_t)k * b->per);
             for (q = 1; q < N && len && st == DPAR_OK; q++) /* ((mine op next) op next) ... in ring order */
-                st = dpar__tp_reduce(&x, b->grads + lo, b->grads + lo, b->dgrads[(c->rank + q) % N] + lo, len, DPAR_F32,
-                                     b->op, q == N - 1 && b->op == DPAR_AVG ? N : 0);
+                st = dpar__tp_reduce(&x, mine, mine, dpar__dptr(b, (c->rank + q) % N, k, 0) + (lo - (size_t)k * b->per),
+                                     len, DPAR_F32, b->op, q == N - 1 && b->op == DPAR_AVG ? N : 0);
             dpar__dread_end(b);
             if (st != DPAR_OK) return st;
             if (b->update.fn && (st = DPAR__FAULT(c, DPAR__FOP_BUCKET)) != DPAR_OK) return st; /* >>fault */
@@ -9934,12 +9962,15 @@ static dpar_status dpar__dpoll(dpar_buckets *b)
             b->dstate[k] = b->dcopy ? 2 : 3;
         }
         if (b->dstate[k] == 2 && dpar__dmissing(b, DPAR__D_REDUCED, k) < 0) {
-            float **from = b->update.fn ? b->dparams : b->dgrads, *to = b->update.fn ? b->update.gather : b->grads;
+            int upd = b->update.fn != NULL;
+            size_t bs = (size_t)k * b->per;
+            float *to = dpar__dptr(b, c->rank, k, upd); /* bucket k's first element */
             DPAR__TRY(dpar__dread_begin(b));
             for (q = 0; q < N; q++) {
+                float *from = dpar__dptr(b, q, k, upd);
                 dpar__dbucket(b, k, q, &lo, &len);
-                if (q != c->rank && from[q] != to && st == DPAR_OK)
-                    st = dpar__tp_copy(&x, to + lo, from[q] + lo, len * sizeof(float));
+                if (q != c->rank && from != to && st == DPAR_OK)
+                    st = dpar__tp_copy(&x, to + (lo - bs), from + (lo - bs), len * sizeof(float));
             }
             dpar__dread_end(b);
             if (st != DPAR_OK) return st;
@@ -10027,6 +10058,7 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
         if (b->filled[i] == be - bs) {
             dpar_status st;
             if (b->direct) { /* marked here; reduced by whoever polls once all are */
+                if (!b->grads && b->staged[i]) dpar__tensors_copy(b->tens, b->tstart, b->nt, b->base[i], bs, be, 1);
                 dpar__dset(b, DPAR__D_MARKED, i);
                 b->dstate[i] = 1;
                 b->pend[b->npend++] = i;
@@ -10035,11 +10067,13 @@ DPAR_API dpar_status dpar_buckets_ready(dpar_buckets *b, size_t offset, size_t c
                 dpar__then then = b->update;
                 size_t off;
                 dpar__call call;
+                float *at = b->grads ? b->grads + bs : b->base[i];
+                if (!b->grads && b->staged[i]) dpar__tensors_copy(b->tens, b->tstart, b->nt, at, bs, be, 1);
                 dpar_block_range(be - bs, b->comm->size, b->comm->rank, &off, NULL);
-                call = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, b->grads + bs, b->grads + bs + off, be - bs, DPAR_F32,
-                                       b->op, 0, __FILE__, __LINE__);
+                call = dpar__call_make(DPAR_COLL_REDUCE_SCATTER, at, at + off, be - bs, DPAR_F32, b->op, 0, __FILE__,
+                                       __LINE__);
                 then.base = bs;
-                then.gather += bs;
+                then.gather = b->grads ? then.gather + bs : b->pbase[i];
                 st = dpar__icollective(b->comm, &call, &b->req[i], "dpar_buckets_ready", &then);
             } else {
                 float *at = b->grads ? b->grads + bs : b->base[i];
@@ -10066,13 +10100,33 @@ DPAR_API dpar_status dpar_buckets_ready_tensor(dpar_buckets *b, int index)
     return dpar_buckets_ready(b, b->tstart[index], b->tens[index].count);
 }
 
-/* the tensor form: a spanning bucket, reduced, back into its tensors (once a step) */
+/* the tensor form: a spanning bucket, reduced (and its params updated), back into its tensors (once a step) */
 static void dpar__bucket_out(dpar_buckets *b, int k)
 {
     size_t bs = (size_t)k * b->per;
     if (b->grads || b->staged[k] != 1) return;
     dpar__tensors_copy(b->tens, b->tstart, b->nt, b->base[k], bs, dpar__bucket_end(b, k), 0);
+    if (b->update.fn && b->ptens)
+        dpar__tensors_copy(b->ptens, b->tstart, b->nt, b->pbase[k], bs, dpar__bucket_end(b, k), 0);
     b->staged[k] = 2;
+}
+
+/* the tensor form's update of my block [offset, offset + count) of a bucket (on the progress thread, or the rank's
+   own with direct buckets): a spanning bucket's reduced block into the gradient tensors first, the user's update
+   tensor by tensor, then the updated block into the params' staging array (the all-gather sends it from there) */
+static void dpar__bucket_tupdate(void *user, size_t offset, size_t count)
+{
+    dpar_buckets *b = (dpar_buckets *)user;
+    int k = (int)(offset / b->per);
+    size_t bs = (size_t)k * b->per, o = offset, end = offset + count;
+    if (b->staged[k]) dpar__tensors_copy(b->tens, b->tstart, b->nt, b->base[k] + (offset - bs), offset, end, 0);
+    while (o < end) {
+        int t = dpar__tensor_at(b->tstart, b->nt, o);
+        size_t e = b->tstart[t + 1] < end ? b->tstart[t + 1] : end;
+        b->tfn(b->tuser, o, e - o);
+        o = e;
+    }
+    if (b->staged[k]) dpar__tensors_copy(b->ptens, b->tstart, b->nt, b->pbase[k] + (offset - bs), offset, end, 1);
 }
 
 DPAR_API dpar_status dpar_buckets_wait(dpar_buckets *b)
@@ -10134,6 +10188,7 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
     }
     if (b->direct) {
         if ((st = dpar__dfinish(b, first, last)) != DPAR_OK) dpar__dquiesce(b);
+        for (i = first; i <= last && st == DPAR_OK; i++) dpar__bucket_out(b, i);
         return st;
     }
     if (b->failed) return b->failed;
@@ -10149,19 +10204,76 @@ DPAR_API dpar_status dpar_buckets_wait_range(dpar_buckets *b, size_t offset, siz
 DPAR_API dpar_status dpar_buckets_set_update(dpar_buckets *b, float *params, dpar_buckets_update_fn update, void *user)
 {
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: buckets is NULL");
-    if (b->tens)
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_update: buckets of tensors do not update (not yet)");
+    if (b->tens && update)
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: buckets of tensors take their params as tensors "
+                                      "(dpar_buckets_set_update_tensors)");
     if (b->nmarks) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: gradients of this step are marked ready");
     if (b->direct) return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update: direct buckets are on (turn them off first)");
     if (update && b->count && !params) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params is NULL");
     if (update && dpar__overlap(params, b->count * sizeof(float), b->grads, b->count * sizeof(float)))
         return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update: params overlaps the gradients");
     memset(&b->update, 0, sizeof b->update);
+    b->tfn = NULL;
     if (update) {
         b->update.fn = update;
         b->update.user = user;
         b->update.gather = params;
     }
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_buckets_set_update_tensors(dpar_buckets *b, const dpar_tensor *params,
+                                                     dpar_buckets_update_fn update, void *user)
+{
+    size_t room = 0;
+    int i, k;
+    if (!b || !b->tens)
+        return dpar__err(DPAR_EINVAL, "dpar_buckets_set_update_tensors: %s",
+                         b ? "not buckets of tensors (use "
+                             "dpar_buckets_set_update)"
+                           : "buckets is NULL");
+    if (b->nmarks)
+        return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update_tensors: gradients of this step are marked ready");
+    if (b->direct)
+        return dpar__err(DPAR_EBUSY, "dpar_buckets_set_update_tensors: direct buckets are on (turn them off first)");
+    if (!update) return dpar_buckets_set_update(b, NULL, NULL, NULL);
+    DPAR__TRY(dpar__tensors_check("dpar_buckets_set_update_tensors", "params", params, b->nt, DPAR_F32, NULL));
+    for (i = 0; i < b->nt; i++) {
+        if (params[i].count != b->tens[i].count)
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_buckets_set_update_tensors: params tensor %d has %zu elements, its "
+                             "gradient %zu",
+                             i, params[i].count, b->tens[i].count);
+        for (k = 0; k < b->nt; k++)
+            if (dpar__overlap(params[i].data, params[i].count * 4, b->tens[k].data, b->tens[k].count * 4))
+                return dpar__err(DPAR_EINVAL,
+                                 "dpar_buckets_set_update_tensors: params tensor %d overlaps gradient tensor %d", i, k);
+    }
+    if (!b->ptens) { /* made once: the list, the per-bucket pointers, the spanning buckets' room */
+        for (k = 0; k < b->nb; k++)
+            if (b->staged[k]) room += dpar__bucket_end(b, k) - (size_t)k * b->per;
+        b->ptens = (dpar_tensor *)dpar__calloc(&b->allocator, (size_t)b->nt, sizeof(dpar_tensor));
+        b->pbase = (float **)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(float *));
+        if (room) b->pstage = (float *)dpar__calloc(&b->allocator, room, sizeof(float));
+        if (!b->ptens || !b->pbase || (room && !b->pstage)) {
+            dpar__free(&b->allocator, b->ptens), dpar__free(&b->allocator, b->pbase);
+            dpar__free(&b->allocator, b->pstage);
+            b->ptens = NULL, b->pbase = NULL, b->pstage = NULL;
+            return dpar__err(DPAR_ENOMEM, "dpar_buckets_set_update_tensors: out of memory");
+        }
+    }
+    memcpy(b->ptens, params, (size_t)b->nt * sizeof(dpar_tensor));
+    for (k = 0; k < b->nb; k++) { /* where the gradients are, the params are: in their tensor or at the same place */
+        size_t bs = (size_t)k * b->per;
+        int t = dpar__tensor_at(b->tstart, b->nt, bs);
+        b->pbase[k] =
+            b->staged[k] ? b->pstage + (b->base[k] - b->stage) : (float *)params[t].data + (bs - b->tstart[t]);
+    }
+    memset(&b->update, 0, sizeof b->update);
+    b->update.fn = dpar__bucket_tupdate;
+    b->update.user = b;
+    b->tfn = update;
+    b->tuser = user;
     return DPAR_OK;
 }
 
@@ -10179,6 +10291,9 @@ static void dpar__direct_off(dpar_buckets *b)
     dpar__free(a, b->dparams);
     dpar__free(a, b->pend);
     dpar__free(a, b->dstate);
+    dpar__free(a, b->dbase);
+    dpar__free(a, b->dpbase);
+    b->dbase = b->dpbase = NULL;
     b->dgrads = b->dparams = NULL;
     b->pend = NULL;
     b->dstate = NULL;
@@ -10187,8 +10302,8 @@ static void dpar__direct_off(dpar_buckets *b)
 
 DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
 {
-    enum { V_OK, V_COUNT, V_UPDATE, V_PER, V_OP, V_N }; /* what the ranks must agree on */
-    enum { S_GRADS, S_PARAMS, S_FLAGS, S_N };           /* what they share */
+    enum { V_OK, V_COUNT, V_UPDATE, V_PER, V_OP, V_N };        /* what the ranks must agree on */
+    enum { S_GRADS, S_PARAMS, S_FLAGS, S_BASE, S_PBASE, S_N }; /* what they share (the tensor form: per bucket) */
     dpar_comm *c;
     dpar__direct *d = NULL;
     uint64_t *v = NULL;  /* V_N words per rank */
@@ -10198,8 +10313,6 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     int N, r, q, ok, shared = 0;
     if (!b) return dpar__err(DPAR_EINVAL, "dpar_buckets_set_direct: buckets is NULL");
     c = b->comm;
-    if (on && b->tens) /* the same on every rank that uses the tensor form: nobody waits */
-        return dpar__err(DPAR_EUNSUPPORTED, "dpar_buckets_set_direct: buckets of tensors are not direct (not yet)");
     /* one process: the last rank to leave frees the flags with rank 0's allocator; params are compared by address */
     if (on && !dpar__tp_shares_memory(c)) /* the same on every rank: nobody waits */
         return dpar__err(DPAR_EUNSUPPORTED,
@@ -10218,6 +10331,8 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     peers = (void **)dpar__calloc(&b->allocator, S_N * (size_t)N, sizeof(void *));
     b->dgrads = (float **)dpar__calloc(&b->allocator, (size_t)N, sizeof(float *));
     b->dparams = (float **)dpar__calloc(&b->allocator, (size_t)N, sizeof(float *));
+    b->dbase = (float ***)dpar__calloc(&b->allocator, (size_t)N, sizeof(float **));
+    b->dpbase = (float ***)dpar__calloc(&b->allocator, (size_t)N, sizeof(float **));
     b->pend = (int *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, sizeof(int));
     b->dstate = (unsigned char *)dpar__calloc(&b->allocator, (size_t)b->nb + 1, 1);
     if (r == 0) { /* the flags, then one "reading" word per rank */
@@ -10225,7 +10340,7 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
                                          sizeof *d + (3 * (size_t)b->nb + 1) * (size_t)N * sizeof(uint32_t));
         if (d) d->refs = N, d->allocator = b->allocator;
     }
-    ok = peers && b->dgrads && b->dparams && b->pend && b->dstate && (r != 0 || d);
+    ok = peers && b->dgrads && b->dparams && b->dbase && b->dpbase && b->pend && b->dstate && (r != 0 || d);
     if (!v) { /* cannot even say so: fail the others' allgather too */
         dpar__direct_off(b);
         dpar__free(&b->allocator, d);
@@ -10252,8 +10367,11 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     }
     if (st == DPAR_OK) { /* every rank agrees: share the buffers (once given, the flags are never freed on an error) */
         mine[S_GRADS] = b->grads;
-        mine[S_PARAMS] = b->update.fn ? b->update.gather : NULL;
+        /* the params (the tensor form: its first tensor's data, to see whether the ranks share them) */
+        mine[S_PARAMS] = !b->update.fn ? NULL : b->ptens ? b->ptens[0].data : (const void *)b->update.gather;
         mine[S_FLAGS] = d;
+        mine[S_BASE] = b->grads ? NULL : (const void *)b->base;
+        mine[S_PBASE] = b->update.fn && b->ptens ? (const void *)b->pbase : NULL;
         if ((st = dpar__expose(c, mine, S_N, peers, "dpar_buckets_set_direct")) != DPAR_OK) d = NULL;
     }
     /* the same count on every rank: how many ranks share an earlier rank's params */
@@ -10265,12 +10383,20 @@ DPAR_API dpar_status dpar_buckets_set_direct(dpar_buckets *b, int on)
     if (st == DPAR_OK && v[V_UPDATE] && shared != 0 && shared != N - 1) /* all share one, or none shares */
         st = dpar__err(DPAR_EINVAL,
                        "dpar_buckets_set_direct: some ranks share their params and some do not (all or none)");
+    for (q = 0; q < N && st == DPAR_OK && v[V_UPDATE] && shared; q++) /* the same answer on every rank */
+        if (peers[S_N * q + S_PBASE])
+            st = dpar__err(DPAR_EINVAL,
+                           "dpar_buckets_set_direct: rank %d's params tensors are shared with another "
+                           "rank's (each rank's own, with the tensor form)",
+                           q);
     if (st == DPAR_OK) {
         b->direct = (dpar__direct *)peers[S_FLAGS]; /* rank 0's */
         b->dcopy = !b->update.fn || shared == 0;
         for (q = 0; q < N; q++) {
             b->dgrads[q] = (float *)peers[S_N * q + S_GRADS];
             b->dparams[q] = (float *)peers[S_N * q + S_PARAMS];
+            b->dbase[q] = (float **)peers[S_N * q + S_BASE];
+            b->dpbase[q] = (float **)peers[S_N * q + S_PBASE];
         }
         b->gen = 0;
         b->failed = DPAR_OK;
@@ -10302,6 +10428,9 @@ DPAR_API dpar_status dpar_buckets_destroy(dpar_buckets *b)
     dpar__free(&b->allocator, b->base);
     dpar__free(&b->allocator, b->stage);
     dpar__free(&b->allocator, b->staged);
+    dpar__free(&b->allocator, b->ptens);
+    dpar__free(&b->allocator, b->pbase);
+    dpar__free(&b->allocator, b->pstage);
     dpar__free(&b->allocator, b);
     return st;
 }

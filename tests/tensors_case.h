@@ -68,10 +68,10 @@ static void buckets_rank(world *w, dpar_comm *c, int r)
                 if (memcmp(t[k], ref + at, tn[k] * sizeof(float)))
                     note(w, "rank %d step %d: tensor %d differs from the serial average", r, step, k);
         }
-        if (form == 1) { /* not with tensors (yet): refused on every rank alike, nobody waits */
-            if (dpar_buckets_set_update(b, flat, NULL, NULL) != DPAR_EUNSUPPORTED)
-                note(w, "set_update accepted with tensors");
-            if (dpar_buckets_set_direct(b, 1) != DPAR_EUNSUPPORTED) note(w, "set_direct accepted with tensors");
+        if (form == 1) { /* a flat params array for tensors, a tensor past the list: refused */
+            if (dpar_buckets_set_update(b, flat, (dpar_buckets_update_fn)1, NULL) != DPAR_EINVAL ||
+                !strstr(dpar_last_error(), "dpar_buckets_set_update_tensors"))
+                note(w, "set_update accepted with tensors: %s", dpar_last_error());
             if (dpar_buckets_ready_tensor(b, NT) != DPAR_EINVAL || !strstr(dpar_last_error(), "no tensor 5"))
                 note(w, "tensor %d accepted: %s", NT, dpar_last_error());
         }
@@ -83,6 +83,96 @@ static void buckets_rank(world *w, dpar_comm *c, int r)
             note(w, "rank %d: tensor %d is not the flat form's gradients", r, k);
     for (k = 0; k < NT; k++) free(t[k]);
     free(ref), free(flat);
+}
+
+/* ---- buckets of tensors that update their params tensors too, with and without direct buckets ---- */
+typedef struct {
+    float *p[NT], *g[NT];
+    size_t start[NT + 1];
+    int bad; /* a range given to the update that is not inside one tensor */
+} tupd_ctx;
+static void tupd(void *user, size_t offset, size_t count) /* SGD without momentum on [offset, offset + count) */
+{
+    tupd_ctx *u = (tupd_ctx *)user;
+    size_t i, o;
+    int k = 0;
+    while (k < NT && offset >= u->start[k + 1]) k++;
+    if (k == NT || count == 0 || offset + count > u->start[k + 1]) {
+        u->bad = 1;
+        return;
+    }
+    for (i = 0, o = offset - u->start[k]; i < count; i++) u->p[k][o + i] -= 0.05f * u->g[k][o + i];
+}
+static float tinit(size_t i);
+
+static void buckets_update_rank(world *w, dpar_comm *c, int r)
+{
+    tjob *j = (tjob *)w->user;
+    size_t n = tn_total(), i, at;
+    float *rp = (float *)malloc(n * sizeof(float)), *ref = (float *)malloc(n * sizeof(float));
+    dpar_tensor gl[NT], pl[NT];
+    dpar_buckets_desc d;
+    dpar_buckets *b = NULL;
+    tupd_ctx u;
+    dpar_status st;
+    int k, step, direct;
+    memset(gl, 0, sizeof gl), memset(pl, 0, sizeof pl), memset(&u, 0, sizeof u);
+    for (k = 0; k < NT; k++) {
+        u.g[k] = (float *)malloc(tn[k] * sizeof(float)), u.p[k] = (float *)malloc(tn[k] * sizeof(float));
+        gl[k].data = u.g[k], gl[k].count = tn[k], pl[k].data = u.p[k], pl[k].count = tn[k];
+        u.start[k + 1] = u.start[k] + tn[k];
+    }
+    for (direct = 0; direct < 2; direct++) {
+        memset(&d, 0, sizeof d);
+        d.comm = c, d.bucket_bytes = 64 * 1024, d.op = DPAR_AVG, d.tensors = gl, d.num_tensors = NT;
+        expect_ok(w, dpar_buckets_create(&d, &b), "buckets_create", r);
+        if (!b) break;
+        if (direct == 0) { /* bad lists: a count that differs, params over a gradient */
+            pl[1].count = 34;
+            if (dpar_buckets_set_update_tensors(b, pl, tupd, &u) != DPAR_EINVAL ||
+                !strstr(dpar_last_error(), "params tensor 1 has 34"))
+                note(w, "a params tensor of another count accepted: %s", dpar_last_error());
+            pl[1].count = 33, pl[1].data = u.g[2] + 7;
+            if (dpar_buckets_set_update_tensors(b, pl, tupd, &u) != DPAR_EINVAL ||
+                !strstr(dpar_last_error(), "params tensor 1 overlaps gradient tensor 2"))
+                note(w, "params over a gradient accepted: %s", dpar_last_error());
+            pl[1].data = u.p[1];
+        }
+        expect_ok(w, dpar_buckets_set_update_tensors(b, pl, tupd, &u), "buckets_set_update_tensors", r);
+        if (direct && (st = dpar_buckets_set_direct(b, 1)) != DPAR_OK) { /* MPI: no direct buckets */
+            if (st != DPAR_EUNSUPPORTED) expect_ok(w, st, "buckets_set_direct", r);
+            expect_ok(w, dpar_buckets_destroy(b), "buckets_destroy", r);
+            break;
+        }
+        for (k = 0, at = 0; k < NT; at += tn[k], k++)
+            for (i = 0; i < tn[k]; i++) u.p[k][i] = rp[at + i] = tinit(at + i);
+        for (step = 0; step < j->steps; step++) {
+            for (i = 0; i < n; i++) { /* the serial reference: the average (exact), then the same SGD */
+                int q;
+                float sum = 0;
+                for (q = 0; q < w->n; q++) sum += tgrad(q, step, i);
+                ref[i] = sum / (float)w->n;
+                rp[i] -= 0.05f * ref[i];
+            }
+            for (k = 0, at = 0; k < NT; at += tn[k], k++)
+                for (i = 0; i < tn[k]; i++) u.g[k][i] = tgrad(r, step, at + i);
+            for (k = NT - 1; k >= 0; k--) expect_ok(w, dpar_buckets_ready_tensor(b, k), "buckets_ready_tensor", r);
+            expect_ok(w, dpar_buckets_wait_range(b, n - tn[NT - 1], tn[NT - 1]), "buckets_wait_range", r);
+            if (memcmp(u.p[NT - 1], rp + n - tn[NT - 1], tn[NT - 1] * sizeof(float)))
+                note(w, "rank %d step %d direct %d: the last params tensor is not updated after wait_range", r, step,
+                     direct);
+            expect_ok(w, dpar_buckets_wait(b), "buckets_wait", r);
+            for (k = 0, at = 0; k < NT; at += tn[k], k++)
+                if (memcmp(u.p[k], rp + at, tn[k] * sizeof(float)))
+                    note(w, "rank %d step %d direct %d: params tensor %d differs from the serial SGD", r, step, direct,
+                         k);
+        }
+        if (u.bad) note(w, "rank %d: the update got a range across tensors", r);
+        expect_ok(w, dpar_buckets_destroy(b), "buckets_destroy", r);
+        b = NULL;
+    }
+    for (k = 0; k < NT; k++) free(u.g[k]), free(u.p[k]);
+    free(rp), free(ref);
 }
 
 /* ---- ZeRO-1: the flat form and the tensor form on the same gradients; a serial reference ---- */

@@ -569,6 +569,8 @@ static void test_tensors_over_mpi(void)
     memset(&j, 0, sizeof j);
     j.steps = 2;
     CHECK_MSG(run_proc(NULL, buckets_rank, &j) == 0, "buckets over %d processes", nprocs);
+    CHECK_MSG(run_proc(NULL, buckets_update_rank, &j) == 0, "buckets of tensors with an update over %d processes",
+              nprocs);
     for (kind = 0; kind < 2; kind++) {
         j.kind = (dpar_optim)kind;
         CHECK_MSG(run_proc(NULL, zero_rank, &j) == 0, "ZeRO-1 %s over %d processes", kind ? "adam" : "sgd", nprocs);

@@ -22,6 +22,18 @@ static void test_buckets_tensors_equal_flat(void)
     }
 }
 
+/* buckets of tensors updating params tensors (set_update_tensors), with and without direct buckets */
+static void test_buckets_tensors_update_direct(void)
+{
+    int n;
+    for (n = 1; n <= 4; n++) {
+        tjob j;
+        memset(&j, 0, sizeof j);
+        j.steps = 3;
+        CHECK_MSG(run_world(n, buckets_update_rank, &j) == 0, "N=%d", n);
+    }
+}
+
 /* the staging room: only the buckets that span arrays; a single array needs none (counted by the allocator) */
 static void test_buckets_tensors_stage_only_spanning(void)
 {
@@ -177,6 +189,7 @@ int main(int argc, char **argv)
     RUN(test_bad_lists);
     RUN(test_buckets_tensors_stage_only_spanning);
     RUN(test_buckets_tensors_equal_flat);
+    RUN(test_buckets_tensors_update_direct);
     RUN(test_zero1_tensors_equal_flat);
     RUN(test_fsdp_tensors_equal_flat);
     pools_free();
