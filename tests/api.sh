@@ -23,7 +23,8 @@
 # `## dpar_cuda.h` headings name the header, `### >>tag ...` headings its section (a `###` heading that does not
 # begin with a tag: the part of the header before its first section banner); options sit under `## Options`, environment
 # variables under `## Environment`. Stale: a backticked dpar_/DPAR_ name (without a double underscore)
-# anywhere in docs/api.md that the headers do not have.
+# anywhere in docs/api.md that the headers do not have. Undeclared: a function or struct/enum tag with a public name
+# that only an implementation part defines (host or device code).
 # Needs python3 (without it: prints `skipped: python3 is not installed` and exits 0).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -80,6 +81,7 @@ def line_of(text, pos):
 
 
 names = {}  # name -> (kind, file, section, line)
+undeclared = []  # (name, kind, file, line) defined in an implementation part
 
 
 def add(name, kind, path, section, line):
@@ -193,6 +195,15 @@ for path in headers:
             if im:
                 line = body_line + m.group(1).count('\n', 0, m.group(1).find(item))
                 add(im.group(1), 'enum constant', path, section(line), line)
+    # the implementation (host and device parts): a function or a struct/enum tag with a public name that the
+    # public part does not declare is public all the same (dpar__ is the internal spelling): remembered here,
+    # reported below. Definitions begin at the start of a line; statements inside functions are indented.
+    impl = code[pub1:]
+    impl_base = line_of(code, pub1) - 1
+    for m in re.finditer(r'^(?![ \t#])(?!return\b)[^;=\n(]*?\b(\w+)\s*\(', impl, re.M):
+        undeclared.append((m.group(1), 'function', path, impl_base + line_of(impl, m.start(1))))
+    for m in re.finditer(r'\b(?:struct|enum)\s+(\w+)', impl):
+        undeclared.append((m.group(1), 'type', path, impl_base + line_of(impl, m.start(1))))
     # environment variables: "DPAR_..." passed to a getenv, in either part
     for m in re.finditer(r'\bgetenv\w*\s*\(\s*"(DPAR_\w+)"', raw):
         add(m.group(1), 'environment variable', path, 'env', line_of(raw, m.start()))
@@ -254,6 +265,13 @@ for name, (kind, path, sec, line) in sorted(names.items(), key=lambda kv: (kv[1]
         got = entries[name][0]
         print('FAIL: misplaced: %s `%s` (%s:%d) has its entry at %s:%d, under ## %s, ### %s; want it %s' %
               (kind, name, path, line, doc, got[2], got[0], ('>>' + got[1]) if got[1] else '(no tag)', label))
+        bad += 1
+seen = set()
+for name, kind, path, line in undeclared:
+    if public(name) and name not in names and name not in seen:
+        seen.add(name)
+        print('FAIL: undeclared: %s `%s` (%s:%d) is defined in the implementation with a public name, but the public '
+              'part does not declare it: declare it (and give it its entry here) or name it dpar__' % (kind, name, path, line))
         bad += 1
 for n, ln in enumerate(text.split('\n'), 1):
     for nm in re.findall(r'`((?:dpar|DPAR)_\w+)', ln):
