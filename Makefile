@@ -1,7 +1,7 @@
 # dpar - make demo | test | check | bench | cuda | format | install | clean
 #
 #   make demo    build and run the demo (a char-level language model, data-parallel)
-#   make test    formatting, layout, compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
+#   make test    formatting, layout, docs/api.md coverage, compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
 #   make check   the test programs under AddressSanitizer+UBSan, then ThreadSanitizer
 #   make bench   benchmarks, one machine-readable line per figure
 #   make stress the long stress and kill tests (minutes)

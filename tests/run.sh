@@ -60,6 +60,13 @@ matrix() {
     step "compile dpar.h: DPAR_STATIC in two units of one program" \
         sh -c "gcc -std=c99 $WARN -I. tests/compile_static_a.c tests/compile_static_b.c -o $M/static -pthread -lm && $M/static"
     step "dpar.h layout: the section table lists every tag; no transport's private names outside its section" tests/layout.sh
+    # docs/api.md: an entry for every public name of dpar.h and dpar_cuda.h under its section, none stale
+    if tests/api.sh >"$tmp/out" 2>&1; then
+        if grep -q '^skipped: ' "$tmp/out"; then skip "docs/api.md coverage" "$(sed -n 's/^skipped: //p' "$tmp/out" | head -1)"
+        else ok "docs/api.md: $(tail -1 "$tmp/out" | sed 's/^api ok: //')"; fi
+    else
+        bad "docs/api.md: tests/api.sh (every public name of dpar.h and dpar_cuda.h needs its entry; none stale)"
+    fi
     for cc in gcc clang; do # the implementation after system headers: -pthread makes glibc show POSIX (compile_late.c)
         command -v $cc >/dev/null || continue
         step "compile dpar.h: $cc -std=c99 -pthread, the implementation after system headers" \
