@@ -1311,9 +1311,10 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
              no repacking, bitwise the flat form.
    Leaves:   desc.leaves = L: each rank computes the gradients of its fixed leaves (parts of the global batch) apart,
              and the reduction sums the L leaves in one fixed tree, whichever rank holds which: training ends bitwise
-             the same on 1, 2, 3 or any number of ranks up to L (elastic restarts included). It moves up to
-             2 log2(L/N) + 2 times the bytes of the reduce-scatter (one alltoall of partial sums) and holds
-             (leaves of this rank + 2 log2 L) unit-sized buffers more.
+             the same on 1, 2, 3 or any number of ranks up to L (elastic restarts included). Each rank sums the
+             subtrees inside its leaves (M at most on a rank: 1 when N is a power of two dividing L, 3 for 12 leaves
+             on 3 ranks, about 2 log2 L at worst); one alltoall moves M times the bytes of the reduce-scatter, and a
+             rank holds its leaves' gradients and 2 M more unit-sized buffers.
    See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'. */
 typedef struct dpar_fsdp dpar_fsdp;
 
