@@ -3,7 +3,8 @@
 #
 #   tests/run.sh [--no-mpi-reason TEXT] [--matrix] [TEST_PROGRAM...]
 #
-# --matrix first checks the formatting (tests/format.sh) and dpar.h's layout (tests/layout.sh), runs
+# --matrix first checks the formatting (tests/format.sh), dpar.h's layout (tests/layout.sh) and the pictures of
+# docs/img (tests/docs.sh), runs
 # the compile matrix (dpar.h under gcc and clang, C99 and C11, as C++, twice linked, DPAR_STATIC,
 # dpar_cuda.h through nvcc) and builds and runs every example with the exact Build:/Run: commands of
 # its first comment. Then each test program runs (under `timeout`); its own
@@ -60,6 +61,7 @@ matrix() {
     step "compile dpar.h: DPAR_STATIC in two units of one program" \
         sh -c "gcc -std=c99 $WARN -I. tests/compile_static_a.c tests/compile_static_b.c -o $M/static -pthread -lm && $M/static"
     step "dpar.h layout: the section table lists every tag; no transport's private names outside its section" tests/layout.sh
+    step "docs pictures: docs/img/*.svg are what make docs makes from their sources (tests/docs.sh)" env BUILD="$BUILD" tests/docs.sh
     for cc in gcc clang; do # the implementation after system headers: -pthread makes glibc show POSIX (compile_late.c)
         command -v $cc >/dev/null || continue
         step "compile dpar.h: $cc -std=c99 -pthread, the implementation after system headers" \
