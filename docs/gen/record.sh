@@ -14,8 +14,9 @@ if [ "${1:-}" = --bench ]; then
         echo "# make bench, recorded by docs/gen/record.sh --bench (make docs-bench)"
         echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo "# load before the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
-        lscpu | grep -v '^Flags' | sed -n '1,20p' | sed 's/^/# /'
+        lscpu | grep -Ev '^(Flags|Vulnerability|NUMA node[0-9])' | sed 's/^/# /'
         make -s bench 2>&1 | grep -v '^dpar: '
+        echo "# load after the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
     } >"$S/bench.txt.new"
     mv "$S/bench.txt.new" "$S/bench.txt"
     echo "record.sh: wrote $S/bench.txt"
