@@ -269,9 +269,9 @@ static void ring_picture(void)
         "Rows: ranks; columns: chunks (dpar_block_range). A cell lists the ranks whose inputs it sums; the framed cell "
         "is the one the step wrote.");
     text(&b, 10, 54, 11, 's',
-         "Steps 1-%d reduce-scatter (rank r receives chunk r-s-2 from r-1 and adds its own), steps %d-%d all-gather "
-         "(copy the finished chunk).",
-         RN - 1, RN, 2 * RN - 2);
+         "Reduce-scatter step k = 1..%d: rank r adds chunk r-k-1 from rank r-1 to its own; all-gather step k: "
+         "rank r copies chunk r-k (complete) from r-1.",
+         RN - 1);
     for (s = 0; s <= 2 * (RN - 1); s++) {
         double px = x0 + s * pw;
         text(&b, px + RN * cell / 2.0, y0 - 6, 11, 'm',
