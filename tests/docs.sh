@@ -7,5 +7,5 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 B=${BUILD:-build}
 mkdir -p "$B"
-cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. docs/gen/svg.c -o "$B/svg_check" -pthread -lm || exit 1
+${CC:-cc} -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. docs/gen/svg.c -o "$B/svg_check" -pthread -lm || exit 1
 "$B/svg_check" --check
