@@ -347,6 +347,10 @@ static void pipe_panel(buf *b, dpar_pipe_kind kind, int p, int m, int v, double 
         s++;
     }
     if (s != p) exit((fprintf(stderr, "svg: %d stage lines in the layout, not %d:\n%s", s, p, txt), 1));
+    if (fabs((double)idle / (p * cells) - S->bubble) > 1e-9) /* the picture must be the schedule's own bubble */
+        exit((fprintf(stderr, "svg: %d idle cells of %d, but the schedule says bubble %.6f\n", idle, p * cells,
+                      S->bubble),
+              1));
     text(b, x0, y + 12, 12, 's', "%s: p=%d stages, m=%d micro-batches%s; bubble %.1f%% (%d idle cells of %d)",
          kind == DPAR_PIPE_GPIPE  ? "GPipe"
          : kind == DPAR_PIPE_1F1B ? "1F1B"
@@ -393,8 +397,8 @@ static void dp_picture(void)
     static const char *const src[] = {SELF, SRC_DIR "/dp_step.trace.json", NULL};
     char *txt = must_read(SRC_DIR "/dp_step.trace.json"), *ln, names[64][32];
     span *sp = NULL;
-    int n = 0, cap = 0, i, r, last = -1, rank_tid[8], prog_tid[8], ranks = 0;
-    double t0 = 1e300, t1 = 0, x0 = 120, width = 760, rowh = 22, y0 = 70, y;
+    int n = 0, cap = 0, i, r, last = -1, rank_tid[8], prog_tid[8], ranks = 0, nbuckets = 0, under = 0;
+    double t0 = 1e300, t1 = 0, x0 = 120, width = 760, rowh = 22, y0 = 84, y;
     buf b = {0};
     memset(names, 0, sizeof names);
     for (ln = strtok(txt, "\n"); ln; ln = strtok(NULL, "\n")) {
@@ -437,14 +441,32 @@ static void dp_picture(void)
             if (sp[i].ts + sp[i].dur > t1) t1 = sp[i].ts + sp[i].dur;
         }
     if (last < 0 || ranks == 0 || t1 <= t0) exit((fprintf(stderr, "svg: no step spans in the trace\n"), 1));
+    for (r = 0; r < ranks; r++) /* the buckets of the step: how many began while their rank's backward ran */
+        for (i = 0; i < n; i++) {
+            int k;
+            if (sp[i].tid != prog_tid[r] || strcmp(sp[i].name, "allreduce") || sp[i].ts < t0 || sp[i].ts >= t1)
+                continue;
+            nbuckets++;
+            for (k = 0; k < n; k++)
+                if (sp[k].tid == rank_tid[r] && !strcmp(sp[k].name, "backward") && sp[k].ts >= t0 &&
+                    sp[k].ts <= sp[i].ts && sp[i].ts < sp[k].ts + sp[k].dur) {
+                    under++;
+                    break;
+                }
+        }
+    if (under == 0) exit((fprintf(stderr, "svg: no bucket of the traced step began under backward\n"), 1));
     text(&b, 10, 22, 15, 's',
          "One data-parallel step of %d thread ranks, from a DPAR_TRACE file (step %d of a real run)", ranks, last + 1);
     text(&b, 10, 40, 11, 's',
          "Each rank computes backward layer by layer (L5 first); as soon as a layer's gradient is final its bucket's "
          "allreduce");
     text(&b, 10, 54, 11, 's',
-         "runs on the rank's progress thread, under the backward of the layers below. Source: docs/gen/dp_record.c, "
-         "docs/img/src/dp_step.trace.json.");
+         "runs on the rank's progress thread, under the backward of the layers below (here %d of the step's %d "
+         "allreduces began under backward).",
+         under, nbuckets);
+    text(&b, 10, 68, 11, 's',
+         "Recorded by docs/gen/dp_record.c (make docs-record) into docs/img/src/dp_step.trace.json, on a shared "
+         "2-core machine.");
     y = y0;
     for (r = 0; r < ranks; r++) {
         int pass;
