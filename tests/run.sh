@@ -4,9 +4,8 @@
 #   tests/run.sh [--no-mpi-reason TEXT] [--matrix] [TEST_PROGRAM...]
 #
 # --matrix first checks the formatting (tests/format.sh), dpar.h's layout (tests/layout.sh) and the pictures of
-# docs/img (tests/docs.sh), runs
-# the compile matrix (dpar.h under gcc and clang, C99 and C11, as C++, twice linked, DPAR_STATIC,
-# dpar_cuda.h through nvcc) and builds and runs every example with the exact Build:/Run: commands of
+# docs/img (tests/docs.sh), runs the compile matrix (dpar.h under gcc and clang, C99 and C11, as C++, twice
+# linked, DPAR_STATIC, dpar_cuda.h through nvcc) and builds and runs every example with the exact Build:/Run: commands of
 # its first comment. Then each test program runs (under `timeout`); its own
 # `N passed, N failed[, N skipped]` line is added to the total. A program that crashes or hangs
 # counts as one failure. Then the MPI tests under mpirun, when MPITEST names the program.
