@@ -96,21 +96,19 @@ static uint64_t fnv(uint64_t h, const char *s, size_t n)
 }
 
 /* ---- SVG pieces ---- */
+/* a coordinate to one decimal, printed with %g: "84" rather than "84.0" (smaller files, the same picture) */
+static double r1(double v) { return floor(v * 10 + 0.5) / 10; }
+
 static void rect(buf *b, double x, double y, double w, double h, const char *fill)
 {
-    bp(b,
-       "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" stroke=\"#333\" "
-       "stroke-width=\"0.5\"/>\n",
-       x, y, w, h, fill);
+    bp(b, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" stroke=\"#333\" stroke-width=\".5\"/>\n",
+       r1(x), r1(y), r1(w), r1(h), fill);
 }
-
 static void line(buf *b, double x1, double y1, double x2, double y2, const char *color, double width)
 {
-    bp(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"%.1f\"/>\n", x1, y1, x2,
-       y2, color, width);
+    bp(b, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"%s\" stroke-width=\"%g\"/>\n", r1(x1), r1(y1), r1(x2),
+       r1(y2), color, r1(width));
 }
-
-/* anchor: 's'tart, 'm'iddle, 'e'nd */
 static void text(buf *b, double x, double y, int size, char anchor, const char *fmt, ...)
 {
     char s[256];
@@ -118,7 +116,7 @@ static void text(buf *b, double x, double y, int size, char anchor, const char *
     va_start(ap, fmt);
     vsnprintf(s, sizeof s, fmt, ap);
     va_end(ap);
-    bp(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%d\" text-anchor=\"%s\">%s</text>\n", x, y, size,
+    bp(b, "<text x=\"%g\" y=\"%g\" font-size=\"%d\" text-anchor=\"%s\">%s</text>\n", r1(x), r1(y), size,
        anchor == 'm'   ? "middle"
        : anchor == 'e' ? "end"
                        : "start",
@@ -578,7 +576,12 @@ static void memory_picture(void)
     char *txt = must_read(SRC_DIR "/memory.txt"), *p;
     double P = 0, N = 0, meas[4] = {0, 0, 0, 0}, frac = 0, parts[4][3], top = 0, x0 = 70, y0 = 80, hgt = 220, bw = 70;
     const char *names[] = {"plain DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"}, *fills[] = {"#9ecae1", "#fd8d3c", "#a1d99b"};
-    const char *legend[] = {"weights (4 B / param)", "gradients (4 B)", "Adam m, v (8 B)", "dashed: gathered units"};
+    const char *legend[] = {"weights (4 B / param)",
+                            "gradients (4 B)",
+                            "Adam m, v (8 B)",
+                            "dashed: unit-sized buffers",
+                            "(ZeRO-2: a unit's gradients;",
+                            "ZeRO-3: two gathered units)"};
     buf b = {0};
     int i, k, stage;
     /* examples/fsdp.c: "fsdp: layers ... (P parameters), ZeRO-S over N thread ranks" then "memory per rank: fsdp X MiB,
@@ -617,7 +620,7 @@ static void memory_picture(void)
          "the",
          P);
     text(&b, 10, 54, 11, 's',
-         "examples measured (plain, ZeRO-2, ZeRO-3: dpar_fsdp_memory, incl. gathered units; ZeRO-1: state 1/N as "
+         "examples measured (plain, ZeRO-2, ZeRO-3: dpar_fsdp_memory, with its buffers; ZeRO-1: state 1/N as "
          "examples/zero.c measured).");
     for (k = 0; k <= 4; k++) {
         double yy = y0 + hgt - hgt * k / 4;
@@ -642,7 +645,7 @@ static void memory_picture(void)
         text(&b, x + bw / 2, yb - 6, 11, 'm', "%.1f MiB", meas[i]);
         text(&b, x + bw / 2, y0 + hgt + 16, 11, 'm', "%s", names[i]);
     }
-    for (k = 0; k < 4; k++) {
+    for (k = 0; k < 6; k++) {
         if (k < 3) rect(&b, x0 + 4 * (bw + 40) + 10, y0 + 20 + k * 18, 12, 10, fills[k]);
         text(&b, x0 + 4 * (bw + 40) + 26, y0 + 29 + k * 18, 10, 's', "%s", legend[k]);
     }
