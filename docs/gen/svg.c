@@ -18,11 +18,12 @@
      bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
    Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
    --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
-   one whose bytes differ from what this program makes now (dpar's schedule or ring changed). No time stamps: the
-   same sources give the same bytes. */
+   one whose bytes differ from what this program makes now (dpar's schedule or ring changed), and names any other SVG
+   in docs/img/ (one that nothing makes any more). No time stamps: the same sources give the same bytes. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,6 +36,8 @@
 #define FONT "font-family=\"Helvetica,Arial,sans-serif\""
 
 static int check_mode, problems;
+static char made[64][48]; /* the pictures made so far (--check: any other SVG in docs/img is left over) */
+static int nmade;
 
 /* ---- a growing text buffer ---- */
 typedef struct buf {
@@ -146,6 +149,7 @@ static void emit(const char *name, int w, int h, buf *body, const char *const *s
     bp(&out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     bp(&out, "%s</svg>\n", body->s ? body->s : "");
     snprintf(path, sizeof path, "%s/%s", OUT_DIR, name);
+    if (nmade < 64) snprintf(made[nmade++], sizeof made[0], "%s", name);
     if (check_mode) {
         const char *mark = "; fnv1a64 ";
         char *at;
@@ -1005,6 +1009,21 @@ int main(int argc, char **argv)
     tp_picture();
     memory_picture();
     bench_pictures();
+    if (check_mode) { /* an SVG that nothing makes any more */
+        DIR *d = opendir(OUT_DIR);
+        struct dirent *e;
+        int k;
+        while (d && (e = readdir(d)) != NULL) {
+            size_t n = strlen(e->d_name);
+            if (n < 4 || strcmp(e->d_name + n - 4, ".svg") != 0) continue;
+            for (k = 0; k < nmade && strcmp(made[k], e->d_name) != 0; k++) {}
+            if (k == nmade) {
+                printf("LEFTOVER %s/%s: make docs no longer makes it; delete it\n", OUT_DIR, e->d_name);
+                problems++;
+            }
+        }
+        if (d) closedir(d);
+    }
     if (check_mode)
         printf("%s\n", problems ? "make docs: some pictures are out of date" : "every picture is up to date");
     return problems ? 1 : 0;
