@@ -1,9 +1,10 @@
-# dpar - make demo | test | check | bench | cuda | format | install | clean
+# dpar - make demo | test | check | bench | docs | cuda | format | install | clean
 #
 #   make demo    build and run the demo (a char-level language model, data-parallel)
 #   make test    formatting, layout, docs/api.md coverage, compile matrix + every test (OpenBLAS, MPI and CUDA parts run when found)
 #   make check   the test programs under AddressSanitizer+UBSan, then ThreadSanitizer
 #   make bench   benchmarks, one machine-readable line per figure
+#   make docs    the pictures of docs/img/ from their recorded sources (make docs-record, docs-bench: record again)
 #   make stress the long stress and kill tests (minutes)
 #   make fuzz    the libFuzzer targets of tests/fuzz, FUZZ_SECONDS each (default 60; needs clang)
 #   make format  rewrite the C files as clang-format 14 writes them (.clang-format); make test checks them
@@ -43,7 +44,7 @@ HEADERS := dpar.h tests/dpar_test.h tests/json.h tests/coll_matrix.h tests/pipe_
 MPITEST := $(if $(and $(MPICC),$(MPIRUN)),$(BUILD)/test_mpi)
 MPIASAN := $(if $(MPITEST),$(BUILD)/asan/test_mpi)
 
-.PHONY: all demo test check bench cuda format mutate fuzz stress install clean
+.PHONY: all demo test check bench docs docs-record docs-bench cuda format mutate fuzz stress install clean
 all: $(TESTS) $(BUILD)/pool_demo $(BUILD)/char_lm
 
 $(BUILD):
@@ -158,6 +159,22 @@ ifneq ($(MPITEST),)
 else
 	@echo "bench: MPI not found: bench=allreduce transport=mpi skipped"
 endif
+
+# the pictures of docs/img/ (docs/gen/svg.c): drawn from dpar's ring and pipeline schedules, run here, and from the
+# sources recorded in docs/img/src/ (a trace, examples' memory figures, a make bench run), so the same tree gives the
+# same bytes; make test checks them (tests/docs.sh). docs-record records the trace and memory figures again,
+# docs-bench the benchmark output (a whole make bench: minutes); then make docs, and commit sources and pictures.
+$(BUILD)/svg: docs/gen/svg.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
+docs: $(BUILD)/svg
+	./$(BUILD)/svg
+
+docs-record:
+	BUILD="$(BUILD)" docs/gen/record.sh
+
+docs-bench:
+	BUILD="$(BUILD)" docs/gen/record.sh --bench
 
 cuda: | $(BUILD)
 ifneq ($(NVCC),)

@@ -3,9 +3,9 @@
 #
 #   tests/run.sh [--no-mpi-reason TEXT] [--matrix] [TEST_PROGRAM...]
 #
-# --matrix first checks the formatting (tests/format.sh) and dpar.h's layout (tests/layout.sh), runs
-# the compile matrix (dpar.h under gcc and clang, C99 and C11, as C++, twice linked, DPAR_STATIC,
-# dpar_cuda.h through nvcc) and builds and runs every example with the exact Build:/Run: commands of
+# --matrix first checks the formatting (tests/format.sh), dpar.h's layout (tests/layout.sh) and the pictures of
+# docs/img (tests/docs.sh), runs the compile matrix (dpar.h under gcc and clang, C99 and C11, as C++, twice
+# linked, DPAR_STATIC, dpar_cuda.h through nvcc) and builds and runs every example with the exact Build:/Run: commands of
 # its first comment. Then each test program runs (under `timeout`); its own
 # `N passed, N failed[, N skipped]` line is added to the total. A program that crashes or hangs
 # counts as one failure. Then the MPI tests under mpirun, when MPITEST names the program.
@@ -67,6 +67,7 @@ matrix() {
     else
         bad "docs/api.md: tests/api.sh (every public name of dpar.h and dpar_cuda.h needs its entry; none stale)"
     fi
+    step "docs pictures: docs/img/*.svg are what make docs makes from their sources (tests/docs.sh)" env BUILD="$BUILD" tests/docs.sh
     for cc in gcc clang; do # the implementation after system headers: -pthread makes glibc show POSIX (compile_late.c)
         command -v $cc >/dev/null || continue
         step "compile dpar.h: $cc -std=c99 -pthread, the implementation after system headers" \

@@ -1,0 +1,1030 @@
+/* svg.c - the pictures of docs/ (make docs), drawn from dpar's own schedules, traces and benchmark output.
+   Build: cc -std=c99 -O2 -I. docs/gen/svg.c -o build/svg -pthread -lm
+   Run:   build/svg              write every picture into docs/img/ (run from the repository's root)
+          build/svg --check      make every picture in memory and compare it with the file in docs/img/
+
+   Pictures, each from a source that a program of the repository made:
+     ring.svg          ring allreduce on 4 ranks: dpar_allreduce (forced to the ring) run here on 4 thread ranks whose
+                       buffers go through logging memory callbacks (dpar_comm_memory): which chunk each rank reduces or
+                       copies at each step, and whose inputs it then holds
+     pipeline.svg      GPipe, 1F1B and interleaved 1F1B timelines of dpar_pipe_schedule_create, laid out by
+                       dpar_pipe_schedule_format (its simulation: backward = 2 x forward), the bubble shaded
+     dp_step.svg       one data-parallel step of docs/img/src/dp_step.trace.json, a DPAR_TRACE file that
+                       docs/gen/dp_record.c recorded (make docs-record): backward per layer and the buckets'
+                       allreduces on the progress threads
+     tp.svg            a column-parallel then a row-parallel layer on 2 ranks and its two allreduces (tp_blocks)
+     memory.svg        memory per rank, plain data parallelism against ZeRO-1/2/3: the formula with the parameter count
+                       and the measured totals of docs/img/src/memory.txt (examples/fsdp.c and examples/zero.c output)
+     bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
+   Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
+   --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
+   one whose bytes differ from what this program makes now (dpar's schedule or ring changed), and names any other SVG
+   in docs/img/ (one that nothing makes any more). No time stamps: the same sources give the same bytes. */
+#define DPAR_IMPLEMENTATION
+#include "dpar.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OUT_DIR "docs/img"
+#define SRC_DIR "docs/img/src"
+#define SELF "docs/gen/svg.c"
+#define FONT "font-family=\"Helvetica,Arial,sans-serif\""
+
+static int check_mode, problems;
+static char made[64][48]; /* the pictures made so far (--check: any other SVG in docs/img is left over) */
+static int nmade;
+
+/* ---- a growing text buffer ---- */
+typedef struct buf {
+    char *s;
+    size_t n, cap;
+} buf;
+
+static void bp(buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int k;
+    va_start(ap, fmt);
+    k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (b->n + (size_t)k + 1 > b->cap) {
+        b->cap = (b->n + (size_t)k + 1) * 2;
+        b->s = (char *)realloc(b->s, b->cap);
+        if (!b->s) exit((fprintf(stderr, "svg: out of memory\n"), 1));
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)k;
+}
+
+static char *slurp(const char *path, size_t *len) /* the whole file, NUL-terminated; NULL if it cannot be read */
+{
+    FILE *f = fopen(path, "rb");
+    char *s = NULL;
+    long n;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (s = (char *)malloc((size_t)n + 1)) != NULL) {
+        if (fread(s, 1, (size_t)n, f) != (size_t)n) {
+            free(s);
+            s = NULL;
+        } else {
+            s[n] = 0;
+            if (len) *len = (size_t)n;
+        }
+    }
+    fclose(f);
+    return s;
+}
+
+static char *must_read(const char *path)
+{
+    char *s = slurp(path, NULL);
+    if (!s) exit((fprintf(stderr, "svg: cannot read %s (run from the repository's root)\n", path), 1));
+    return s;
+}
+
+/* FNV-1a, 64 bits, over each source's path and bytes */
+static uint64_t fnv(uint64_t h, const char *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- SVG pieces ---- */
+/* a coordinate to one decimal, printed with %g: "84" rather than "84.0" (smaller files, the same picture) */
+static double r1(double v) { return floor(v * 10 + 0.5) / 10; }
+
+static void rect(buf *b, double x, double y, double w, double h, const char *fill)
+{
+    bp(b, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\" stroke=\"#333\" stroke-width=\".5\"/>\n",
+       r1(x), r1(y), r1(w), r1(h), fill);
+}
+static void line(buf *b, double x1, double y1, double x2, double y2, const char *color, double width)
+{
+    bp(b, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"%s\" stroke-width=\"%g\"/>\n", r1(x1), r1(y1), r1(x2),
+       r1(y2), color, r1(width));
+}
+static void text(buf *b, double x, double y, int size, char anchor, const char *fmt, ...)
+{
+    char s[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s, sizeof s, fmt, ap);
+    va_end(ap);
+    bp(b, "<text x=\"%g\" y=\"%g\" font-size=\"%d\" text-anchor=\"%s\">%s</text>\n", r1(x), r1(y), size,
+       anchor == 'm'   ? "middle"
+       : anchor == 'e' ? "end"
+                       : "start",
+       s);
+}
+
+/* write (or check) OUT_DIR/name: the header with the sources' hash, the body, the end */
+static void emit(const char *name, int w, int h, buf *body, const char *const *sources)
+{
+    buf out = {0};
+    uint64_t hash = 1469598103934665603ull;
+    char path[512], *old;
+    size_t i, n = 0;
+    int k;
+    bp(&out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" %s>\n", w, h,
+       w, h, FONT);
+    bp(&out, "<!-- made by docs/gen/svg.c (make docs); do not edit. sources:");
+    for (k = 0; sources[k]; k++) {
+        char *s = slurp(sources[k], &n);
+        if (!s) exit((fprintf(stderr, "svg: cannot read %s\n", sources[k]), 1));
+        hash = fnv(hash, sources[k], strlen(sources[k]) + 1);
+        hash = fnv(hash, s, n);
+        free(s);
+        bp(&out, " %s", sources[k]);
+    }
+    bp(&out, "; fnv1a64 %016llx -->\n", (unsigned long long)hash);
+    bp(&out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    bp(&out, "%s</svg>\n", body->s ? body->s : "");
+    snprintf(path, sizeof path, "%s/%s", OUT_DIR, name);
+    if (nmade < 64) snprintf(made[nmade++], sizeof made[0], "%s", name);
+    if (check_mode) {
+        const char *mark = "; fnv1a64 ";
+        char *at;
+        old = slurp(path, &n);
+        at = old ? strstr(old, mark) : NULL;
+        if (!old) {
+            printf("missing  %s: run make docs\n", path);
+            problems++;
+        } else if (!at || strncmp(at, strstr(out.s, mark), strlen(mark) + 16) != 0) {
+            printf(
+                "STALE    %s: its sources changed since it was made (stored hash %.16s, now %016llx); run make docs\n",
+                path, at ? at + strlen(mark) : "none", (unsigned long long)hash);
+            problems++;
+        } else if (n != out.n || memcmp(old, out.s, n) != 0) {
+            for (i = 0; i < n && i < out.n && old[i] == out.s[i]; i++) {}
+            printf("DIFFERS  %s: same sources, other bytes from byte %zu (dpar's schedules or ring changed?); run make "
+                   "docs\n",
+                   path, i);
+            problems++;
+        } else {
+            printf("ok       %s\n", path);
+        }
+        free(old);
+    } else {
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(out.s, 1, out.n, f) != out.n || fclose(f) != 0)
+            exit((fprintf(stderr, "svg: cannot write %s\n", path), 1));
+        printf("wrote %s (%zu bytes)\n", path, out.n);
+    }
+    free(out.s);
+    free(body->s);
+    body->s = NULL;
+    body->n = body->cap = 0;
+}
+
+static const char *const blues[] = {"#ffffff", "#deebf7", "#9ecae1", "#4292c6", "#08519c"};
+
+/* ==== (a) the ring: dpar's ring allreduce with memory callbacks that log each reduce and copy ==== */
+#define RN 4
+static float ring_send[RN][RN], ring_recv[RN][RN];
+static struct ring_ev {
+    int copy, chunk, mask; /* a reduce (0) or a copy (1) into `chunk` of the rank's result, holding these inputs */
+} ring_log[RN][2 * RN];
+static int ring_len[RN];
+
+static void ring_note(int w, int copy, const float *dst, float value)
+{
+    if (ring_len[w] < 2 * RN) {
+        struct ring_ev *e = &ring_log[w][ring_len[w]++];
+        e->copy = copy, e->chunk = (int)(dst - ring_recv[w]), e->mask = (int)value; /* rank r's input is 2^r */
+    }
+}
+static dpar_status ring_reduce(void *u, int w, void *out, const void *a, const void *b, size_t n, dpar_dtype t,
+                               dpar_op op, int div)
+{
+    size_t i;
+    for (i = 0; i < n; i++) ((float *)out)[i] = ((const float *)a)[i] + ((const float *)b)[i];
+    ring_note(w, 0, (float *)out, ((float *)out)[0]);
+    return (void)u, (void)t, (void)op, (void)div, DPAR_OK;
+}
+static dpar_status ring_divide(void *u, int w, void *out, const void *in, size_t n, dpar_dtype t, int div)
+{
+    if (out != in) memcpy(out, in, n * sizeof(float));
+    return (void)u, (void)w, (void)t, (void)div, DPAR_OK;
+}
+static dpar_status ring_copy(void *u, int w, void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+    ring_note(w, 1, (float *)dst, ((float *)dst)[0]);
+    return (void)u, DPAR_OK;
+}
+static void *ring_alloc(void *u, int w, size_t bytes) { return (void)u, (void)w, malloc(bytes); }
+static void ring_free(void *u, int w, void *p) { (void)u, (void)w, free(p); }
+
+static dpar_status ring_rank(void *user, int r, int n)
+{
+    dpar_comm *c;
+    int i;
+    dpar_status st = dpar_group_join((dpar_group *)user, r, &c);
+    if (st != DPAR_OK) return st;
+    for (i = 0; i < RN; i++) ring_send[r][i] = (float)(1 << r); /* one element per chunk */
+    st = dpar_allreduce(c, ring_send[r], ring_recv[r], RN, DPAR_F32, DPAR_SUM);
+    dpar_comm_destroy(c);
+    return (void)n, st;
+}
+
+static void ring_picture(void)
+{
+    static const char *const src[] = {SELF, NULL};
+    dpar_comm_desc cd = {0};
+    dpar_pool_desc pd = {0};
+    dpar_pool *pool;
+    dpar_group *group;
+    int hold[RN][RN], r, c, s, cell = 30, pw = RN * cell + 34, x0 = 40, y0 = 78;
+    buf b = {0};
+    cd.size = pd.num_threads = RN;
+    cd.algo = DPAR_ALGO_RING;
+    cd.no_check = 1;
+    cd.memory.reduce = ring_reduce, cd.memory.divide = ring_divide, cd.memory.copy = ring_copy;
+    cd.memory.alloc = ring_alloc, cd.memory.free = ring_free;
+    if (dpar_group_create(&cd, &group) != DPAR_OK || dpar_pool_create(&pd, &pool) != DPAR_OK ||
+        dpar_pool_run(pool, ring_rank, group) != DPAR_OK)
+        exit((fprintf(stderr, "svg: the ring run failed: %s\n", dpar_last_error()), 1));
+    dpar_pool_destroy(pool);
+    dpar_group_destroy(group);
+    for (r = 0; r < RN; r++) {
+        if (ring_len[r] != 2 * (RN - 1))
+            exit((fprintf(stderr, "svg: rank %d made %d reduces and copies, not 2(N-1) = %d\n", r, ring_len[r],
+                          2 * (RN - 1)),
+                  1));
+        for (c = 0; c < RN; c++) {
+            hold[r][c] = 1 << r;
+            if (ring_recv[r][c] != (float)((1 << RN) - 1)) exit((fprintf(stderr, "svg: a wrong ring sum\n"), 1));
+        }
+    }
+    text(&b, 10, 22, 15, 's', "Ring allreduce on %d ranks: what each rank holds after each step", RN);
+    text(
+        &b, 10, 40, 11, 's',
+        "Rows: ranks; columns: chunks (dpar_block_range). A cell lists the ranks whose inputs it sums; the framed cell "
+        "is the one the step wrote.");
+    text(&b, 10, 54, 11, 's',
+         "Reduce-scatter step k = 1..%d: rank r adds chunk r-k-1 from rank r-1 to its own; all-gather step k: "
+         "rank r copies chunk r-k (complete) from r-1.",
+         RN - 1);
+    for (s = 0; s <= 2 * (RN - 1); s++) {
+        double px = x0 + s * pw;
+        text(&b, px + RN * cell / 2.0, y0 - 6, 11, 'm',
+             s == 0   ? "start"
+             : s < RN ? "reduce-scatter %d"
+                      : "all-gather %d",
+             s < RN ? s : s - RN + 1);
+        for (r = 0; r < RN && s > 0; r++) {
+            struct ring_ev *e = &ring_log[r][s - 1];
+            hold[r][e->chunk] = e->mask;
+        }
+        for (r = 0; r < RN; r++)
+            for (c = 0; c < RN; c++) {
+                char who[16];
+                int k, m = hold[r][c], cnt = 0, q = 0;
+                for (k = 0; k < RN; k++)
+                    if (m >> k & 1) cnt++, who[q++] = (char)('0' + k);
+                who[q] = 0;
+                rect(&b, px + c * cell, y0 + r * cell, cell, cell, blues[cnt]);
+                bp(&b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\" fill=\"%s\">%s</text>\n",
+                   px + c * cell + cell / 2.0, y0 + r * cell + cell / 2.0 + 4, cnt >= 3 ? "white" : "black", who);
+                if (s > 0 && ring_log[r][s - 1].chunk == c)
+                    bp(&b,
+                       "<rect x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#d62728\" "
+                       "stroke-width=\"2\"/>\n",
+                       px + c * cell + 1.0, y0 + r * cell + 1.0, cell - 2, cell - 2);
+            }
+    }
+    for (r = 0; r < RN; r++) text(&b, x0 - 6, y0 + r * cell + cell / 2.0 + 4, 10, 'e', "r%d", r);
+    for (c = 0; c < RN; c++) text(&b, x0 + c * cell + cell / 2.0, y0 + RN * cell + 14, 9, 'm', "c%d", c);
+    text(&b, 10, y0 + RN * cell + 36, 11, 's',
+         "Made by running dpar_allreduce (algo ring, one float per chunk, rank r's input 2^r) with logging memory "
+         "callbacks; every rank ends with 0123.");
+    emit("ring.svg", x0 + (2 * RN - 1) * pw, y0 + RN * cell + 48, &b, src);
+}
+
+/* ==== (b) pipeline timelines: dpar_pipe_schedule_format's layout ==== */
+static void pipe_panel(buf *b, dpar_pipe_kind kind, int p, int m, int v, double y, double unit, double x0)
+{
+    dpar_pipe_schedule_desc d = {0};
+    dpar_pipe_schedule *S;
+    char *txt, *ln;
+    size_t need;
+    int s = 0, cells = 0, idle = 0, k;
+    double scale = unit / v, rowh = 20;
+    d.kind = kind, d.p = p, d.m = m, d.v = v;
+    if (dpar_pipe_schedule_create(&d, &S) != DPAR_OK)
+        exit((fprintf(stderr, "svg: dpar_pipe_schedule_create: %s\n", dpar_last_error()), 1));
+    need = dpar_pipe_schedule_format(S, NULL, 0) + 1;
+    txt = (char *)malloc(need);
+    if (!txt) exit(1);
+    dpar_pipe_schedule_format(S, txt, need);
+    for (ln = strstr(txt, "\nstage "); ln; ln = strstr(ln + 1, "\nstage ")) {
+        char *bar = strchr(ln, '|'), *end = bar ? strchr(bar + 1, '|') : NULL;
+        double yy = y + 18 + s * rowh;
+        if (!end) exit((fprintf(stderr, "svg: unexpected schedule layout:\n%s", txt), 1));
+        cells = (int)(end - bar - 1) / 4;
+        text(b, x0 - 6, yy + 14, 10, 'e', "stage %d", s);
+        for (k = 0; k < cells; k++) {
+            const char *c = bar + 1 + 4 * k;
+            double xx = x0 + k * scale;
+            if (c[0] == 'F' || c[0] == 'B') {
+                int w = c[0] == 'F' ? 1 : 2, micro = atoi(c + 1), chunk = v > 1 && c[2] >= 'a' ? c[2] - 'a' : 0;
+                const char *fill = c[0] == 'F' ? (chunk ? "#c6dbef" : "#9ecae1") : (chunk ? "#fdd0a2" : "#fd8d3c");
+                rect(b, xx, yy, w * scale, rowh - 2, fill);
+                if (v > 1) text(b, xx + w * scale / 2, yy + 13, 8, 'm', "%d%c", micro, 'a' + chunk);
+                else text(b, xx + w * scale / 2, yy + 13, 9, 'm', "%d", micro);
+            } else if (c[1] == '.') {
+                rect(b, xx, yy, scale, rowh - 2, "#d9d9d9");
+                idle++;
+            }
+        }
+        s++;
+    }
+    if (s != p) exit((fprintf(stderr, "svg: %d stage lines in the layout, not %d:\n%s", s, p, txt), 1));
+    if (fabs((double)idle / (p * cells) - S->bubble) > 1e-9) /* the picture must be the schedule's own bubble */
+        exit((fprintf(stderr, "svg: %d idle cells of %d, but the schedule says bubble %.6f\n", idle, p * cells,
+                      S->bubble),
+              1));
+    text(b, x0, y + 12, 12, 's', "%s: p=%d stages, m=%d micro-batches%s; bubble %.1f%% (%d idle cells of %d)",
+         kind == DPAR_PIPE_GPIPE  ? "GPipe"
+         : kind == DPAR_PIPE_1F1B ? "1F1B"
+                                  : "interleaved 1F1B",
+         p, m, v > 1 ? ", v=2 chunks per stage" : "", 100.0 * S->bubble, idle, p * cells);
+    text(b, x0 + cells * scale + 8, y + 18 + p * rowh / 2 - 4, 10, 's', "stage 0 holds up to");
+    text(b, x0 + cells * scale + 8, y + 18 + p * rowh / 2 + 10, 10, 's', "%d activations", S->peak_stash[0]);
+    free(txt);
+    dpar_pipe_schedule_destroy(S);
+}
+
+static void pipeline_picture(void)
+{
+    static const char *const src[] = {SELF, NULL};
+    buf b = {0};
+    double unit = 24, x0 = 60, ph = 112;
+    text(&b, 10, 22, 15, 's', "Pipeline schedules of dpar_pipe_schedule_create, 4 stages, 8 micro-batches");
+    text(&b, 10, 40, 11, 's',
+         "Blue: forward of micro-batch i; orange: backward (twice a forward); grey: idle (the bubble). Laid out by "
+         "dpar_pipe_schedule_format.");
+    text(&b, 10, 54, 11, 's',
+         "Interleaved: each stage holds 2 model chunks (a, b) of half the layers, so a chunk's cell is half as long.");
+    pipe_panel(&b, DPAR_PIPE_GPIPE, 4, 8, 1, 66, unit, x0);
+    pipe_panel(&b, DPAR_PIPE_1F1B, 4, 8, 1, 66 + ph, unit, x0);
+    pipe_panel(&b, DPAR_PIPE_INTERLEAVED, 4, 8, 2, 66 + 2 * ph, unit, x0);
+    emit("pipeline.svg", 980, (int)(66 + 3 * ph), &b, src);
+}
+
+/* ==== (c) one data-parallel step from a DPAR_TRACE file ==== */
+typedef struct span {
+    char name[24];
+    int tid, arg;
+    double ts, dur; /* microseconds */
+} span;
+
+static double num_after(const char *s, const char *key, double dflt)
+{
+    const char *p = strstr(s, key);
+    return p ? atof(p + strlen(key)) : dflt;
+}
+
+static void dp_picture(void)
+{
+    static const char *const src[] = {SELF, SRC_DIR "/dp_step.trace.json", NULL};
+    char *txt = must_read(SRC_DIR "/dp_step.trace.json"), *ln, names[64][32];
+    span *sp = NULL;
+    int n = 0, cap = 0, i, r, last = -1, rank_tid[8], prog_tid[8], ranks = 0, nbuckets = 0, under = 0;
+    double t0 = 1e300, t1 = 0, x0 = 120, width = 760, rowh = 22, y0 = 84, y;
+    buf b = {0};
+    memset(names, 0, sizeof names);
+    for (ln = strtok(txt, "\n"); ln; ln = strtok(NULL, "\n")) {
+        const char *q = strstr(ln, "\"name\":\"");
+        int tid = (int)num_after(ln, "\"tid\":", -1);
+        if (!q || tid < 0 || tid >= 64) continue;
+        q += 8;
+        if (strstr(ln, "\"ph\":\"M\"")) { /* thread_name: the track's name */
+            const char *nm = strstr(ln, "\"args\":{\"name\":\"");
+            if (nm) sscanf(nm + 16, "%31[^\"]", names[tid]);
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            sp = (span *)realloc(sp, (size_t)cap * sizeof *sp);
+            if (!sp) exit(1);
+        }
+        memset(&sp[n], 0, sizeof sp[n]);
+        sscanf(q, "%23[^\"]", sp[n].name);
+        sp[n].tid = tid;
+        sp[n].ts = num_after(ln, "\"ts\":", 0);
+        sp[n].dur = num_after(ln, "\"dur\":", 0);
+        sp[n].arg = (int)num_after(ln, "\"layer\":", -1);
+        if (!strcmp(sp[n].name, "step") && sp[n].arg > last) last = sp[n].arg;
+        n++;
+    }
+    for (i = 0; i < 8; i++) rank_tid[i] = prog_tid[i] = -1;
+    for (i = 0; i < 64; i++) {
+        int rk = -1;
+        char tail[16] = "";
+        if (names[i][0] && sscanf(names[i], "dp rank %d%15s", &rk, tail) >= 1 && rk >= 0 && rk < 8) {
+            if (tail[0]) prog_tid[rk] = i;
+            else rank_tid[rk] = i;
+            if (rk + 1 > ranks) ranks = rk + 1;
+        }
+    }
+    for (i = 0; i < n; i++) /* the window: the last step of every rank */
+        if (!strcmp(sp[i].name, "step") && sp[i].arg == last) {
+            if (sp[i].ts < t0) t0 = sp[i].ts;
+            if (sp[i].ts + sp[i].dur > t1) t1 = sp[i].ts + sp[i].dur;
+        }
+    if (last < 0 || ranks == 0 || t1 <= t0) exit((fprintf(stderr, "svg: no step spans in the trace\n"), 1));
+    for (r = 0; r < ranks; r++) /* the buckets of the step: how many began while their rank's backward ran */
+        for (i = 0; i < n; i++) {
+            int k;
+            if (sp[i].tid != prog_tid[r] || strcmp(sp[i].name, "allreduce") || sp[i].ts < t0 || sp[i].ts >= t1)
+                continue;
+            nbuckets++;
+            for (k = 0; k < n; k++)
+                if (sp[k].tid == rank_tid[r] && !strcmp(sp[k].name, "backward") && sp[k].ts >= t0 &&
+                    sp[k].ts <= sp[i].ts && sp[i].ts < sp[k].ts + sp[k].dur) {
+                    under++;
+                    break;
+                }
+        }
+    if (under == 0) exit((fprintf(stderr, "svg: no bucket of the traced step began under backward\n"), 1));
+    text(&b, 10, 22, 15, 's',
+         "One data-parallel step of %d thread ranks, from a DPAR_TRACE file (step %d of a real run)", ranks, last + 1);
+    text(&b, 10, 40, 11, 's',
+         "Each rank computes backward layer by layer (L5 first); as soon as a layer's gradient is final its bucket's "
+         "allreduce");
+    text(&b, 10, 54, 11, 's',
+         "runs on the rank's progress thread, under the backward of the layers below (here %d of the step's %d "
+         "allreduces began under backward).",
+         under, nbuckets);
+    text(&b, 10, 68, 11, 's',
+         "Recorded by docs/gen/dp_record.c (make docs-record) into docs/img/src/dp_step.trace.json, on a shared "
+         "2-core machine.");
+    y = y0;
+    for (r = 0; r < ranks; r++) {
+        int pass;
+        for (pass = 0; pass < 2; pass++) {
+            int tid = pass ? prog_tid[r] : rank_tid[r];
+            text(&b, x0 - 8, y + 15, 10, 'e', pass ? "rank %d progress" : "rank %d", r);
+            line(&b, x0, y + rowh - 1, x0 + width, y + rowh - 1, "#eeeeee", 1);
+            for (i = 0; i < n && tid >= 0; i++) {
+                double a = sp[i].ts, e = sp[i].ts + sp[i].dur, xa, xe;
+                const char *fill = NULL, *lab = "";
+                char l[8] = "";
+                if (sp[i].tid != tid || e <= t0 || a >= t1) continue;
+                if (a < t0) a = t0;
+                if (e > t1) e = t1;
+                if (!strcmp(sp[i].name, "forward")) fill = "#9ecae1", lab = "forward";
+                else if (!strcmp(sp[i].name, "backward")) fill = "#fd8d3c", snprintf(l, sizeof l, "L%d", sp[i].arg);
+                else if (!strcmp(sp[i].name, "wait")) fill = "#d9d9d9", lab = "wait";
+                else if (!strcmp(sp[i].name, "sgd")) fill = "#a1d99b", lab = "sgd";
+                else if (!strcmp(sp[i].name, "allreduce")) fill = "#9467bd";
+                if (!fill) continue;
+                xa = x0 + (a - t0) / (t1 - t0) * width, xe = x0 + (e - t0) / (t1 - t0) * width;
+                rect(&b, xa, y + 2, xe - xa > 2 ? xe - xa : 2, rowh - 5, fill);
+                if (l[0]) lab = l;
+                if (xe - xa > 6.0 * (double)strlen(lab) + 4) text(&b, (xa + xe) / 2, y + 15, 9, 'm', "%s", lab);
+            }
+            y += rowh;
+        }
+        y += 6;
+    }
+    for (i = 0; i <= 4; i++) {
+        double xx = x0 + i * width / 4;
+        line(&b, xx, y, xx, y + 4, "#333", 1);
+        text(&b, xx, y + 16, 10, 'm', "%.1f ms", (t1 - t0) / 1000.0 * i / 4);
+    }
+    rect(&b, x0, y + 26, 12, 10, "#9467bd");
+    text(&b, x0 + 16, y + 35, 10, 's', "a bucket's allreduce (dpar's own span)");
+    rect(&b, x0 + 240, y + 26, 12, 10, "#fd8d3c");
+    text(&b, x0 + 256, y + 35, 10, 's', "backward of layer l");
+    rect(&b, x0 + 400, y + 26, 12, 10, "#d9d9d9");
+    text(&b, x0 + 416, y + 35, 10, 's', "dpar_buckets_wait");
+    emit("dp_step.svg", (int)(x0 + width + 20), (int)(y + 46), &b, src);
+    free(sp);
+    free(txt);
+}
+
+/* ==== (d) tensor parallelism: a column-parallel then a row-parallel layer on 2 ranks ==== */
+static const struct tp_block {
+    int lane;          /* 0, 1: rank; 2: spans both */
+    double col, w;     /* column and width in grid units */
+    const char *fill;  /* colour */
+    const char *label; /* two lines split by '|' */
+} tp_blocks[] = {
+    {2, 0, 1.2, "#ffffff", "X (B, d)|on every rank"},       {2, 1.5, 1.3, "#fdd0a2", "f: identity|bwd: allreduce"},
+    {0, 3.1, 1.4, "#9ecae1", "X A_0|columns 0..h/2"},       {1, 3.1, 1.4, "#9ecae1", "X A_1|columns h/2..h"},
+    {0, 4.8, 1.0, "#ffffff", "GeLU|Y_0 (B, h/2)"},          {1, 4.8, 1.0, "#ffffff", "GeLU|Y_1 (B, h/2)"},
+    {0, 6.1, 1.4, "#a1d99b", "Y_0 B_0|rows 0..h/2"},        {1, 6.1, 1.4, "#a1d99b", "Y_1 B_1|rows h/2..h"},
+    {2, 7.8, 1.3, "#fdd0a2", "g: allreduce|bwd: identity"}, {2, 9.4, 1.2, "#ffffff", "Z (B, d)|on every rank"},
+};
+
+static void tp_picture(void)
+{
+    static const char *const src[] = {SELF, NULL};
+    buf b = {0};
+    double gx = 70, x0 = 20, y0 = 80, laneh = 56, bh = 40;
+    size_t i;
+    text(&b, 10, 22, 15, 's',
+         "Tensor parallelism (Megatron): a column-parallel layer, then a row-parallel one, 2 ranks");
+    text(&b, 10, 40, 11, 's',
+         "A (d x h) is cut by columns, B (h x d) by rows: Y_r = GeLU(X A_r) needs no communication, Z = Y_0 B_0 + Y_1 "
+         "B_1 "
+         "is one allreduce (g)");
+    text(&b, 10, 54, 11, 's',
+         "in forward; in backward the gradient of X is one allreduce (f). dpar_linear_forward/_backward, "
+         "docs/model_parallel.md.");
+    text(&b, x0, y0 + laneh / 2 + 4, 11, 's', "rank 0");
+    text(&b, x0, y0 + laneh * 1.5 + 4, 11, 's', "rank 1");
+    for (i = 0; i < sizeof tp_blocks / sizeof tp_blocks[0]; i++) {
+        const struct tp_block *t = &tp_blocks[i];
+        double x = x0 + 40 + t->col * gx, w = t->w * gx, y = y0 + (t->lane == 1 ? laneh : 0) + (laneh - bh) / 2;
+        double h = t->lane == 2 ? laneh + bh : bh;
+        char first[40], second[40] = "";
+        const char *bar = strchr(t->label, '|');
+        snprintf(first, sizeof first, "%.*s", bar ? (int)(bar - t->label) : 39, t->label);
+        if (bar) snprintf(second, sizeof second, "%s", bar + 1);
+        rect(&b, x, y, w, h, t->fill);
+        text(&b, x + w / 2, y + h / 2 - 2, 11, 'm', "%s", first);
+        text(&b, x + w / 2, y + h / 2 + 12, 9, 'm', "%s", second);
+        if (i + 1 < sizeof tp_blocks / sizeof tp_blocks[0]) { /* an arrow to the next column's blocks */
+            const struct tp_block *u = &tp_blocks[i + 1];
+            double ux = x0 + 40 + u->col * gx;
+            int lane;
+            if (u->col == t->col) continue;
+            for (lane = 0; lane < 2; lane++) {
+                double ay = y0 + lane * laneh + laneh / 2;
+                if (t->lane != 2 && t->lane != lane) continue;
+                line(&b, x + w, ay, ux - 4, ay, "#333", 1);
+                bp(&b, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\" fill=\"#333\"/>\n", ux, ay, ux - 6, ay - 3,
+                   ux - 6, ay + 3);
+            }
+        }
+    }
+    emit("tp.svg", (int)(x0 + 40 + 10.8 * gx), (int)(y0 + 2 * laneh + 20), &b, src);
+}
+
+/* ==== (e) memory per rank: DP against ZeRO-1/2/3 ==== */
+static void memory_picture(void)
+{
+    static const char *const src[] = {SELF, SRC_DIR "/memory.txt", NULL};
+    char *txt = must_read(SRC_DIR "/memory.txt"), *p;
+    double P = 0, N = 0, meas[4] = {0, 0, 0, 0}, frac = 0, parts[4][3], top = 0, x0 = 70, y0 = 80, hgt = 220, bw = 70;
+    const char *names[] = {"plain DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"}, *fills[] = {"#9ecae1", "#fd8d3c", "#a1d99b"};
+    const char *legend[] = {"weights (4 B / param)",
+                            "gradients (4 B)",
+                            "Adam m, v (8 B)",
+                            "dashed: unit-sized buffers",
+                            "(ZeRO-2: a unit's gradients;",
+                            "ZeRO-3: two gathered units)"};
+    buf b = {0};
+    int i, k, stage;
+    /* examples/fsdp.c: "fsdp: layers ... (P parameters), ZeRO-S over N thread ranks" then "memory per rank: fsdp X MiB,
+       plain Y MiB"; examples/zero.c: "zero: N ranks, Adam state A bytes per rank instead of U (F, 1/N = ...)" */
+    for (p = strstr(txt, "fsdp: layers"); p; p = strstr(p + 1, "fsdp: layers")) {
+        const char *q = strstr(p, "parameters), ZeRO-"), *m = strstr(p, "memory per rank: fsdp ");
+        if (!q || !m) break;
+        const char *o = q;
+        while (o > p && *o != '(') o--;
+        P = atof(o + 1);
+        stage = atoi(q + 18);
+        N = atof(strstr(q, " over ") + 6);
+        if (stage >= 2 && stage <= 3) meas[stage] = atof(m + 22);
+        meas[0] = atof(strstr(m, "plain ") + 6);
+    }
+    if ((p = strstr(txt, " ranks, Adam state ")) != NULL && strstr(p, "per rank instead of")) {
+        double a = atof(p + 19), u = atof(strstr(p, "instead of ") + 11);
+        frac = u > 0 ? a / u : 0;
+    }
+    if (P <= 0 || N <= 0 || meas[2] <= 0 || meas[3] <= 0 || frac <= 0)
+        exit((fprintf(stderr, "svg: %s lacks the fsdp (stages 2 and 3) or zero lines\n", SRC_DIR "/memory.txt"), 1));
+    /* bytes per parameter of each part, per rank: the formula; ZeRO-1's state fraction as examples/zero.c measured */
+    for (i = 0; i < 4; i++) {
+        parts[i][0] = 4 * P * (i == 3 ? 1 / N : 1);
+        parts[i][1] = 4 * P * (i >= 2 ? 1 / N : 1);
+        parts[i][2] = 8 * P * (i == 0 ? 1 : i == 1 ? frac : 1 / N);
+    }
+    meas[1] = (parts[1][0] + parts[1][1] + parts[1][2]) / 1048576.0;
+    for (i = 0; i < 4; i++)
+        if (meas[i] > top) top = meas[i];
+    top = 4 * ceil(top / 4); /* four whole-MiB ticks */
+    text(&b, 10, 22, 15, 's',
+         "Memory per rank for one model: plain data parallelism against ZeRO-1, 2 and 3 (N = %.0f)", N);
+    text(&b, 10, 40, 11, 's',
+         "Bars: the parts by formula for P = %.0f parameters (examples/fsdp.c's MLP, AdamW, fp32). Numbers above: what "
+         "the",
+         P);
+    text(&b, 10, 54, 11, 's',
+         "examples measured (plain, ZeRO-2, ZeRO-3: dpar_fsdp_memory, with its buffers; ZeRO-1: state 1/N as "
+         "examples/zero.c measured).");
+    for (k = 0; k <= 4; k++) {
+        double yy = y0 + hgt - hgt * k / 4;
+        line(&b, x0, yy, x0 + 4 * (bw + 40), yy, "#eeeeee", 1);
+        text(&b, x0 - 6, yy + 4, 10, 'e', "%.0f MiB", top * k / 4);
+    }
+    for (i = 0; i < 4; i++) {
+        double x = x0 + 30 + i * (bw + 40), yb = y0 + hgt;
+        for (k = 0; k < 3; k++) {
+            double h = parts[i][k] / 1048576.0 / top * hgt;
+            rect(&b, x, yb - h, bw, h, fills[k]);
+            yb -= h;
+        }
+        if (meas[i] * 1048576.0 > parts[i][0] + parts[i][1] + parts[i][2] + 0.01 * 1048576.0) {
+            double top_y = y0 + hgt - meas[i] / top * hgt; /* what the example holds beyond the formula */
+            bp(&b,
+               "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\" "
+               "stroke-dasharray=\"3 2\"/>\n",
+               x, top_y, bw, yb - top_y);
+            yb = top_y;
+        }
+        text(&b, x + bw / 2, yb - 6, 11, 'm', "%.1f MiB", meas[i]);
+        text(&b, x + bw / 2, y0 + hgt + 16, 11, 'm', "%s", names[i]);
+    }
+    for (k = 0; k < 6; k++) {
+        if (k < 3) rect(&b, x0 + 4 * (bw + 40) + 10, y0 + 20 + k * 18, 12, 10, fills[k]);
+        text(&b, x0 + 4 * (bw + 40) + 26, y0 + 29 + k * 18, 10, 's', "%s", legend[k]);
+    }
+    emit("memory.svg", 820, (int)(y0 + hgt + 30), &b, src);
+    free(txt);
+}
+
+/* ==== (f) the benchmarks: docs/img/src/bench.txt, one plot per family of bench= lines ==== */
+#define MAXLINES 1024
+static char *bench_line[MAXLINES];
+static int bench_lines;
+
+static void bench_load(void)
+{
+    char *txt = must_read(SRC_DIR "/bench.txt"), *ln;
+    for (ln = strtok(txt, "\n"); ln && bench_lines < MAXLINES; ln = strtok(NULL, "\n"))
+        if (!strncmp(ln, "bench=", 6)) bench_line[bench_lines++] = ln; /* txt stays allocated: the lines point in */
+}
+
+/* the value of key (" key=" or "bench=") in line i; NAN when absent; val_is: the text equals want */
+static double val(int i, const char *key)
+{
+    char k[48];
+    const char *p;
+    snprintf(k, sizeof k, " %s=", key);
+    p = strstr(bench_line[i], k);
+    return p ? atof(p + strlen(k)) : NAN;
+}
+static int val_is(int i, const char *key, const char *want)
+{
+    char k[64];
+    const char *p;
+    size_t n = strlen(want);
+    if (!strcmp(key, "bench")) return !strncmp(bench_line[i] + 6, want, n) && bench_line[i][6 + n] == ' ';
+    snprintf(k, sizeof k, " %s=", key);
+    p = strstr(bench_line[i], k);
+    return p && !strncmp(p + strlen(k), want, n) && (p[strlen(k) + n] == ' ' || !p[strlen(k) + n]);
+}
+
+#define MAXPTS 64
+typedef struct series {
+    char label[48];
+    const char *color;
+    int n, dashed;
+    double x[MAXPTS], y[MAXPTS];
+} series;
+
+static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
+
+static void add_point(series *s, double x, double y)
+{
+    if (s->n < MAXPTS && !isnan(x) && !isnan(y)) s->x[s->n] = x, s->y[s->n] = y, s->n++;
+}
+
+static double nice_top(double v) /* 1, 2 or 5 times a power of ten, at least v */
+{
+    double e = pow(10, floor(log10(v > 0 ? v : 1))), m[] = {1, 2, 5, 10};
+    int i;
+    for (i = 0; i < 4; i++)
+        if (m[i] * e >= v) return m[i] * e;
+    return 10 * e;
+}
+
+static void size_label(char *out, size_t n, double bytes)
+{
+    if (bytes >= 1048576) snprintf(out, n, "%.0f MiB", bytes / 1048576);
+    else if (bytes >= 1024) snprintf(out, n, "%.0f KiB", bytes / 1024);
+    else snprintf(out, n, "%.0f B", bytes);
+}
+
+/* a line plot. logx: 0 linear, 1 log2 labelled as sizes in bytes, 2 log2 labelled as numbers; logy: decades, else
+   linear from 0; an optional dashed line at y = ref */
+static double ymin_, ymax_; /* the y axis of the plot being drawn; ymin_ > 0: logarithmic */
+static double ypos(double y, double y0, double h)
+{
+    if (ymin_ > 0) return y0 + h - (log10(y > ymin_ ? y : ymin_) - log10(ymin_)) / (log10(ymax_) - log10(ymin_)) * h;
+    return y0 + h - y / ymax_ * h;
+}
+
+static void lines_plot(const char *name, const char *title, const char *sub1, const char *sub2, const char *ylabel,
+                       int logx, int logy, series *s, int ns, double ref, const char *const *src)
+{
+    buf b = {0};
+    double x0 = 70, y0 = 76, w = 560, h = 260, xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = 0, xx;
+    int i, k, ticks;
+    for (k = 0; k < ns; k++)
+        for (i = 0; i < s[k].n; i++) {
+            double x = logx ? log2(s[k].x[i]) : s[k].x[i];
+            if (x < xmin) xmin = x;
+            if (x > xmax) xmax = x;
+            if (s[k].y[i] > ymax) ymax = s[k].y[i];
+            if (s[k].y[i] > 0 && s[k].y[i] < ymin) ymin = s[k].y[i];
+        }
+    if (xmax <= xmin) xmax = xmin + 1;
+    if (ref > ymax) ymax = ref;
+    if (logy) {
+        ymin_ = pow(10, floor(log10(ymin < ymax ? ymin : ymax / 10)));
+        ymax_ = pow(10, ceil(log10(ymax)));
+    } else {
+        ymin_ = 0;
+        ymax_ = nice_top(ymax);
+    }
+    ymax = ymax_;
+    text(&b, 10, 22, 15, 's', "%s", title);
+    text(&b, 10, 40, 11, 's', "%s", sub1);
+    text(&b, 10, 54, 11, 's', "%s", sub2);
+    ticks = logy ? (int)lround(log10(ymax_ / ymin_)) : 4;
+    for (k = 0; k <= ticks; k++) {
+        double v = logy ? ymin_ * pow(10, k) : ymax_ * k / 4, yy = ypos(v, y0, h);
+        line(&b, x0, yy, x0 + w, yy, "#eeeeee", 1);
+        text(&b, x0 - 6, yy + 4, 10, 'e', "%g", v);
+    }
+    bp(&b,
+       "<text x=\"14\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 14 "
+       "%.1f)\">%s</text>\n",
+       y0 + h / 2, y0 + h / 2, ylabel);
+    ticks = logx ? (int)(xmax - xmin) : 4;
+    for (k = 0; k <= ticks; k++) {
+        char lab[32];
+        double v = xmin + (xmax - xmin) * k / (ticks ? ticks : 1);
+        if (logx && ((int)v % 2) != 0 && ticks > 12) continue;
+        xx = x0 + (v - xmin) / (xmax - xmin) * w;
+        line(&b, xx, y0 + h, xx, y0 + h + 4, "#333", 1);
+        if (logx == 1) size_label(lab, sizeof lab, pow(2, v));
+        else if (logx) snprintf(lab, sizeof lab, "%.0f", pow(2, v));
+        else snprintf(lab, sizeof lab, "%g", v);
+        text(&b, xx, y0 + h + 16, 9, 'm', "%s", lab);
+    }
+    line(&b, x0, y0 + h, x0 + w, y0 + h, "#333", 1);
+    if (ref > 0)
+        bp(&b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\" stroke-dasharray=\"4 3\"/>\n", x0,
+           ypos(ref, y0, h), x0 + w, ypos(ref, y0, h));
+    for (k = 0; k < ns; k++) {
+        bp(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"%s points=\"", s[k].color,
+           s[k].dashed ? " stroke-dasharray=\"5 3\"" : "");
+        for (i = 0; i < s[k].n; i++)
+            bp(&b, "%s%.1f,%.1f", i ? " " : "", x0 + ((logx ? log2(s[k].x[i]) : s[k].x[i]) - xmin) / (xmax - xmin) * w,
+               ypos(s[k].y[i], y0, h));
+        bp(&b, "\"/>\n");
+        bp(&b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>\n",
+           x0 + w + 14, y0 + 10 + k * 16, x0 + w + 34, y0 + 10 + k * 16, s[k].color,
+           s[k].dashed ? " stroke-dasharray=\"5 3\"" : "");
+        text(&b, x0 + w + 38, y0 + 14 + k * 16, 10, 's', "%s", s[k].label);
+    }
+    emit(name, (int)(x0 + w + 190), (int)(y0 + h + 28), &b, src);
+}
+
+/* grouped bars: groups g (labels), series k (names), v[g * ns + k]; an optional dashed line at y = ref */
+static void bars_plot(const char *name, const char *title, const char *sub1, const char *sub2, const char *ylabel,
+                      char (*groups)[40], int ng, const char *const *names, int ns, const double *v, double ref,
+                      const char *const *src)
+{
+    buf b = {0};
+    double x0 = 70, y0 = 76, h = 240, gw = ns * 16 + 14, w = ng * gw, ymax = ref;
+    int g, k;
+    for (g = 0; g < ng * ns; g++)
+        if (v[g] > ymax) ymax = v[g];
+    ymax = nice_top(ymax);
+    text(&b, 10, 22, 15, 's', "%s", title);
+    text(&b, 10, 40, 11, 's', "%s", sub1);
+    text(&b, 10, 54, 11, 's', "%s", sub2);
+    for (k = 0; k <= 4; k++) {
+        double yy = y0 + h - h * k / 4;
+        line(&b, x0, yy, x0 + w, yy, "#eeeeee", 1);
+        text(&b, x0 - 6, yy + 4, 10, 'e', "%g", ymax * k / 4);
+    }
+    bp(&b,
+       "<text x=\"14\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 14 "
+       "%.1f)\">%s</text>\n",
+       y0 + h / 2, y0 + h / 2, ylabel);
+    for (g = 0; g < ng; g++) {
+        double gx = x0 + g * gw + 7;
+        for (k = 0; k < ns; k++) {
+            double bh = isnan(v[g * ns + k]) ? 0 : v[g * ns + k] / ymax * h;
+            rect(&b, gx + k * 16, y0 + h - bh, 14, bh, palette[k]);
+        }
+        bp(&b,
+           "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"end\" transform=\"rotate(-40 %.1f "
+           "%.1f)\">%s</text>\n",
+           gx + ns * 8, y0 + h + 12, gx + ns * 8, y0 + h + 12, groups[g]);
+    }
+    line(&b, x0, y0 + h, x0 + w, y0 + h, "#333", 1);
+    if (ref > 0)
+        bp(&b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\" stroke-dasharray=\"4 3\"/>\n", x0,
+           y0 + h - ref / ymax * h, x0 + w, y0 + h - ref / ymax * h);
+    for (k = 0; k < ns; k++) {
+        rect(&b, x0 + w + 14, y0 + 4 + k * 16, 12, 10, palette[k]);
+        text(&b, x0 + w + 30, y0 + 13 + k * 16, 10, 's', "%s", names[k]);
+    }
+    emit(name, x0 + w + 230 > 820 ? (int)(x0 + w + 230) : 820, (int)(y0 + h + 70), &b, src);
+}
+
+static void bench_pictures(void)
+{
+    static const char *const src[] = {SELF, SRC_DIR "/bench.txt", NULL};
+    static const char *const algos[][3] = {{"auto", "auto", "auto (dpar's choice)"},
+                                           {"ring", "forced", "ring"},
+                                           {"oneshot", "forced", "one-shot"},
+                                           {"slice", "forced", "reduce-by-slice"},
+                                           {"tree", "auto", "deterministic tree"}};
+    char groups[64][40];
+    double v[64 * 4];
+    series s[8];
+    int i, k, a, ng, ranks;
+    bench_load();
+    /* allreduce over thread ranks: ratio = ref_us / us against size, per algorithm; one plot per rank count */
+    for (ranks = 2; ranks <= 8; ranks *= 2) {
+        char file[64], title[128];
+        memset(s, 0, sizeof s);
+        for (a = 0; a < 5; a++) {
+            snprintf(s[a].label, sizeof s[a].label, "%s", algos[a][2]);
+            s[a].color = palette[a];
+            s[a].dashed = a > 0;
+            for (i = 0; i < bench_lines; i++)
+                if (val_is(i, "bench", "allreduce") && val(i, "ranks") == ranks &&
+                    val_is(i, "transport", a == 4 ? "threads-det" : "threads") && val_is(i, "mode", algos[a][1]) &&
+                    (a == 0 || val_is(i, "algo", algos[a][0])))
+                    add_point(&s[a], val(i, "bytes"), val(i, "ratio"));
+        }
+        if (!s[0].n) continue;
+        snprintf(file, sizeof file, "bench_allreduce_%d.svg", ranks);
+        snprintf(title, sizeof title, "bench=allreduce: %d thread ranks, f32 sum, against one pass over memory", ranks);
+        lines_plot(
+            file, title,
+            "ratio = ref_us / us: ref is the N threads each adding two arrays of that many bytes "
+            "(out = x + y)",
+            "at once; 1 means the allreduce costs one pass over memory. Dashed: each algorithm forced. (bench_comm)",
+            "ratio (higher is faster)", 1, 1, s, 5, 1.0, src);
+    }
+    /* MPI: ratio = mpi_us / dpar_us against size */
+    memset(s, 0, sizeof s);
+    snprintf(s[0].label, sizeof s[0].label, "ratio (dpar's choice)");
+    snprintf(s[1].label, sizeof s[1].label, "msg_ratio (no shared block)");
+    snprintf(s[2].label, sizeof s[2].label, "ring_ratio (ring forced)");
+    for (k = 0; k < 3; k++) s[k].color = palette[k], s[k].dashed = k > 0;
+    for (i = 0; i < bench_lines; i++)
+        if (val_is(i, "bench", "allreduce") && val_is(i, "transport", "mpi")) {
+            add_point(&s[0], val(i, "bytes"), val(i, "ratio"));
+            add_point(&s[1], val(i, "bytes"), val(i, "msg_ratio"));
+            add_point(&s[2], val(i, "bytes"), val(i, "ring_ratio"));
+        }
+    if (s[0].n)
+        lines_plot("bench_mpi.svg", "bench=allreduce transport=mpi: dpar over MPI against MPI_Allreduce, 2 processes",
+                   "ratio = mpi_us / dpar_us in the same run: above 1, dpar's allreduce is faster than the MPI "
+                   "library's own.",
+                   "msg_ratio: dpar without the node's shared block (as between nodes); ring_ratio: the ring forced. "
+                   "(bench_mpi)",
+                   "ratio (higher: dpar faster)", 1, 0, s, 3, 1.0, src);
+    /* GEMM: GFLOP/s against n, dpar and OpenBLAS, per mode */
+    memset(s, 0, sizeof s);
+    for (k = 0; k < 4; k++) {
+        const char *mode = k < 2 ? "sharded" : "builtin";
+        snprintf(s[k].label, sizeof s[k].label, "%s %s", mode, k % 2 ? "OpenBLAS" : "dpar");
+        s[k].color = palette[k / 2];
+        s[k].dashed = k % 2;
+        for (i = 0; i < bench_lines; i++)
+            if (val_is(i, "bench", "gemm") && val_is(i, "mode", mode))
+                add_point(&s[k], val(i, "n"), val(i, k % 2 ? "openblas_gflops" : "dpar_gflops"));
+    }
+    if (s[0].n || s[2].n)
+        lines_plot("bench_gemm.svg", "bench=gemm: GFLOP/s of an n x n x n sgemm, dpar against OpenBLAS",
+                   "sharded: dpar's pool of 2 threads cutting one GEMM into single-threaded OpenBLAS calls, against "
+                   "OpenBLAS's 2 threads;",
+                   "builtin: dpar's own kernel against single-threaded OpenBLAS. ratio = dpar / OpenBLAS. (bench_gemm)",
+                   "GFLOP/s", 2, 0, s, 4, 0, src);
+    /* pipeline bubbles: predicted against measured, per case; the sleeping and the computing callbacks */
+    for (a = 0; a < 2; a++) {
+        static const char *const nm[] = {"predicted_bubble", "measured_bubble"};
+        ng = 0;
+        for (i = 0; i < bench_lines && ng < 64; i++)
+            if (val_is(i, "bench", a ? "pipeline_gemm" : "pipeline")) {
+                const char *sc = strstr(bench_line[i], "sched=") + 6;
+                snprintf(groups[ng], sizeof groups[ng], "%.*s p=%g m=%g", (int)strcspn(sc, " "), sc, val(i, "p"),
+                         val(i, "m"));
+                v[ng * 2] = val(i, "predicted_bubble"), v[ng * 2 + 1] = val(i, "measured_bubble");
+                ng++;
+            }
+        if (ng)
+            bars_plot(
+                a ? "bench_pipeline_gemm.svg" : "bench_pipeline.svg",
+                a ? "bench=pipeline_gemm: bubbles with stages that compute (GEMMs), predicted and measured"
+                  : "bench=pipeline: bubbles with balanced sleeping stages, predicted and measured",
+                "predicted: dpar_pipe_schedule's bubble (backward = 2 x forward); measured: 1 - time in callbacks "
+                "/ (p x the longest stage's run).",
+                a ? "A forward is sgemm calls of 256^3 on the stage's own matrices: the stages share 2 cores. "
+                    "(bench_pipe)"
+                  : "A forward sleeps 2 ms / v, a backward twice that: 4 stages share 2 cores without competing. "
+                    "(bench_pipe)",
+                "bubble (idle fraction)", groups, ng, nm, 2, v, 0, src);
+    }
+    /* per-call overheads and ports: time of dpar against OpenMP's */
+    {
+        static const char *const nm[] = {"dpar", "OpenMP"};
+        ng = 0;
+        for (i = 0; i < bench_lines && ng < 64; i++)
+            if (val_is(i, "bench", "pool_for") || val_is(i, "bench", "pool_barrier")) {
+                snprintf(groups[ng], sizeof groups[ng], "%.*s, %g threads", (int)strcspn(bench_line[i] + 6, " "),
+                         bench_line[i] + 6, val(i, "threads"));
+                v[ng * 2] = val(i, "dpar_us"), v[ng * 2 + 1] = val(i, "omp_us");
+                ng++;
+            }
+        if (ng)
+            bars_plot("bench_pool.svg", "bench=pool_for, pool_barrier: per-call overhead, dpar's pool and OpenMP",
+                      "EPCC syncbench method: many calls of a tiny work item, minus its serial time; medians of "
+                      "interleaved samples.",
+                      "ratio = dpar_us / omp_us: below 1, dpar's call costs less. (bench_pool)",
+                      "microseconds per call", groups, ng, nm, 2, v, 0, src);
+    }
+    /* training: samples per second on 1 and 2 ranks and the ceiling */
+    {
+        static const char *const nm[] = {"samples/s"};
+        ng = 0;
+        for (i = 0; i < bench_lines && ng < 8; i++)
+            if (val_is(i, "bench", "train") || val_is(i, "bench", "train_ceiling")) {
+                if (val_is(i, "bench", "train_ceiling")) snprintf(groups[ng], sizeof groups[ng], "ceiling: 2 x 1 rank");
+                else
+                    snprintf(groups[ng], sizeof groups[ng], "%d rank%s", (int)val(i, "threads"),
+                             val(i, "threads") > 1 ? "s" : "");
+                v[ng] = val(i, "samples_per_s");
+                ng++;
+            }
+        if (ng)
+            bars_plot(
+                "bench_train.svg", "bench=train: examples/data_parallel.c, 784-1024-1024-10, global batch 256",
+                "Samples per second on 1 and 2 thread ranks (medians of 7 alternating runs), and the ceiling: two "
+                "independent",
+                "1-rank processes at batch 128 each, run at once (the same work with no communication). "
+                "(bench/bench_train.sh)",
+                "samples per second", groups, ng, nm, 1, v, 0, src);
+    }
+    /* ZeRO-2/3 against plain data parallelism: time per step */
+    {
+        static const char *const nm[] = {"dpar_fsdp", "plain data parallelism"};
+        ng = 0;
+        for (i = 0; i < bench_lines && ng < 8; i++)
+            if (val_is(i, "bench", "fsdp")) {
+                snprintf(groups[ng], sizeof groups[ng], "ZeRO-%g, %g ranks", val(i, "stage"), val(i, "ranks"));
+                v[ng * 2] = val(i, "step_ms"), v[ng * 2 + 1] = val(i, "dp_step_ms");
+                ng++;
+            }
+        if (ng)
+            bars_plot(
+                "bench_fsdp.svg", "bench=fsdp: a step of examples/fsdp.c, ZeRO-2 and ZeRO-3 against plain DP",
+                "Milliseconds per training step, both trained in the same run on the same data.",
+                "ratio = dp_step_ms / step_ms: above 1, the sharded step is the faster. (examples/fsdp.c --bench)",
+                "ms per step", groups, ng, nm, 2, v, 0, src);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--check")) check_mode = 1;
+    else if (argc > 1) return fprintf(stderr, "usage: svg [--check]   (from the repository's root)\n"), 2;
+    ring_picture();
+    pipeline_picture();
+    dp_picture();
+    tp_picture();
+    memory_picture();
+    bench_pictures();
+    if (check_mode) { /* an SVG that nothing makes any more */
+        DIR *d = opendir(OUT_DIR);
+        struct dirent *e;
+        int k;
+        while (d && (e = readdir(d)) != NULL) {
+            size_t n = strlen(e->d_name);
+            if (n < 4 || strcmp(e->d_name + n - 4, ".svg") != 0) continue;
+            for (k = 0; k < nmade && strcmp(made[k], e->d_name) != 0; k++) {}
+            if (k == nmade) {
+                printf("LEFTOVER %s/%s: make docs no longer makes it; delete it\n", OUT_DIR, e->d_name);
+                problems++;
+            }
+        }
+        if (d) closedir(d);
+    }
+    if (check_mode)
+        printf("%s\n", problems ? "make docs: some pictures are out of date" : "every picture is up to date");
+    return problems ? 1 : 0;
+}
