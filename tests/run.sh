@@ -250,6 +250,21 @@ mpi_tests() {
     program "mpirun -np 2 $MPITEST --hybrid 2" "$MPIRUN" $flags -np 2 "$MPITEST" --hybrid 2
     program "mpirun -np 2 $MPITEST --funneled" "$MPIRUN" $flags -np 2 "$MPITEST" --funneled
     mpi_elastic "$flags"
+    guide_mpi "$flags"
+}
+
+# lesson 13 (examples/guide/13_porting.c) built with -DDPAR_MPI: 1, 2 and 4 processes in the deterministic mode must
+# end with the bits of the thread ranks (the crc32 the threads build prints), each process checking itself too
+guide_mpi() {
+    local flags=$1 d
+    if [ -z "${MPICC:-}" ]; then skip "lesson 13 over MPI" "mpicc not found"; return; fi
+    d=$(mktemp -d)
+    step "lesson 13 over MPI: 13_porting built with -DDPAR_MPI on 1, 2 and 4 processes ends with the thread ranks' bits" sh -c "
+        cc -std=c99 -O2 -I. examples/guide/13_porting.c -o $d/t -pthread -lm && $MPICC -std=c99 -O2 -DDPAR_MPI -I. \
+        examples/guide/13_porting.c -o $d/m -lm && crc=\$($d/t | sed -n 's/.*same bits (crc32 \\([0-9a-f]*\\)).*/\\1/p') &&
+        echo \"thread ranks: crc32 \$crc\" && [ -n \"\$crc\" ] && for np in 1 2 4; do $MPIRUN $flags -np \$np $d/m > $d/o.txt || exit 1;
+        cat $d/o.txt; [ \$(grep -c \"crc32 \$crc: bit for bit\" $d/o.txt) = \$np ] || exit 1; done"
+    rm -rf "$d"
 }
 
 # an elastic restart across processes (examples/mpi_data_parallel.c): saved by 3, resumed by 2, it must end as the
