@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D 8       /* inputs */
+#define D 8        /* inputs */
 #define NDATA 4096 /* samples */
-#define BATCH 64  /* samples per step */
+#define BATCH 64   /* samples per step */
 #define STEPS 300
 #define LR 0.1f
 static float data_x[NDATA][D], data_y[NDATA], w[D + 1]; /* w[D] is the bias */
