@@ -5,8 +5,8 @@
 #
 # --matrix first checks the formatting (tests/format.sh) and dpar.h's layout (tests/layout.sh), runs
 # the compile matrix (dpar.h under gcc and clang, C99 and C11, as C++, twice linked, DPAR_STATIC,
-# dpar_cuda.h through nvcc) and builds and runs every example with the exact Build:/Run: commands of
-# its first comment. Then each test program runs (under `timeout`); its own
+# dpar_cuda.h through nvcc), builds and runs every example with the exact Build:/Run: commands of
+# its first comment, and the documentation's snippets marked as complete programs (tests/snippets.sh). Then each test program runs (under `timeout`); its own
 # `N passed, N failed[, N skipped]` line is added to the total. A program that crashes or hangs
 # counts as one failure. Then the MPI tests under mpirun, when MPITEST names the program.
 # Environment: BUILD, NVCC, MPICC, MPIRUN, MPITEST, OPENBLAS (set by the Makefile); V=1 prints every
@@ -348,6 +348,7 @@ if [ "${1:-}" = "--matrix" ]; then
     matrix
     mpi_compile
     examples
+    step "docs: the snippets marked as complete programs build and run (tests/snippets.sh)" tests/snippets.sh
     idx_example
     demo
     dp_ranks

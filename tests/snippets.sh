@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# tests/snippets.sh - the code snippets of the documentation that say they are complete programs are built and run.
+#   tests/snippets.sh [FILE.md...]      default: README.md, docs/*.md, docs/guide/*.md
+# A snippet is complete when the line just before its ```c fence is an HTML comment (invisible on GitHub) of the form
+#   <!-- complete program: tests/snippets.sh builds and runs it[; prints: TEXT] -->
+# It is built as a reader would build it, with warnings as errors (gcc -std=c99 -Wall -Wextra -Wpedantic -Werror
+# -I. x.c -pthread -lm, from the repository's root), run, and must exit 0 and, with `prints:`, print TEXT on a line of
+# its own. Every other snippet must be cut from a program that the tests build (an example or a lesson), or not be
+# C at all. Prints one line per snippet and `N passed, N failed`; exits 1 when any failed.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+CC=${CC:-gcc}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+[ $# -gt 0 ] || set -- README.md docs/*.md docs/guide/*.md
+for md in "$@"; do
+    # every complete snippet of the file into $tmp/NAME.N.c, its expected line into $tmp/NAME.N.want
+    rm -f "$tmp"/s.*
+    awk -v out="$tmp/s" '
+        /^<!-- complete program: / { want = $0; sub(/^.*; prints: /, "", want); sub(/ -->$/, "", want)
+                                     if (want ~ /^<!--/) want = ""; marked = NR; next }
+        marked == NR - 1 && /^```c$/ { n++; inside = 1; printf "%s", want > (out "." n ".want"); next }
+        inside && /^```$/ { inside = 0; next }
+        inside { print > (out "." n ".c") }
+        END { exit 0 }' "$md"
+    for c in "$tmp"/s.*.c; do
+        [ -f "$c" ] || continue
+        name="$md snippet ${c#"$tmp"/s.}"
+        name=${name%.c}
+        want=$(cat "${c%.c}.want")
+        if ! $CC -std=c99 -Wall -Wextra -Wpedantic -Werror -I. "$c" -o "$tmp/prog" -pthread -lm >"$tmp/out" 2>&1; then
+            failed=$((failed + 1)); echo "FAIL $name: does not build"; sed 's/^/    /' "$tmp/out" | head -20; continue
+        fi
+        if ! timeout 60 "$tmp/prog" >"$tmp/out" 2>&1; then
+            failed=$((failed + 1)); echo "FAIL $name: exits non-zero"; sed 's/^/    /' "$tmp/out" | head -20; continue
+        fi
+        if [ -n "$want" ] && ! grep -qxF "$want" "$tmp/out"; then
+            failed=$((failed + 1)); echo "FAIL $name: does not print '$want'"; sed 's/^/    /' "$tmp/out" | head -20; continue
+        fi
+        passed=$((passed + 1)); echo "ok   $name${want:+: prints '$want'}"
+    done
+done
+echo "$passed passed, $failed failed"
+[ $failed = 0 ]
