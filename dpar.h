@@ -13,19 +13,25 @@
          #define DPAR_IMPLEMENTATION
          #include "dpar.h"
 
-     Everywhere else include "dpar.h" alone. Link with -pthread -lm.
+     Everywhere else include "dpar.h" alone. Link with -pthread -lm. The rest of a whole program:
 
          static void square(void *user, int64_t begin, int64_t end, int thread) {
              float *x = (float *)user;
              for (int64_t i = begin; i < end; i++) x[i] = x[i] * x[i];
              (void)thread;
          }
-         ...
-         dpar_pool *pool;
-         dpar_pool_desc desc = {0};              // zero means "the defaults"
-         if (dpar_pool_create(&desc, &pool) != DPAR_OK) { puts(dpar_last_error()); return 1; }
-         dpar_pool_for(pool, n, square, x);      // static schedule, the caller takes part
-         dpar_pool_destroy(pool);
+         int main(void) {
+             static float x[1 << 20];
+             dpar_pool *pool;
+             dpar_pool_desc desc = {0};              // zero means "the defaults"
+             if (dpar_pool_create(&desc, &pool) != DPAR_OK) { puts(dpar_last_error()); return 1; }
+             dpar_pool_for(pool, 1 << 20, square, x); // static schedule, the caller takes part
+             return dpar_pool_destroy(pool);
+         }
+
+     Learn by running: docs/guide/README.md, one short program per lesson. Reference: the page in docs/ of
+     each part (pool, comm, mpi, data_parallel, model_parallel, pipeline, ...; README.md lists them) and the
+     comment above every declaration.
 
    API RULES (every public type and call keeps them)
      Create     dpar_x_create(const dpar_x_desc *desc, dpar_x **out) when dpar allocates the object;
