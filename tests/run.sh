@@ -90,7 +90,7 @@ matrix() {
 # DPAR_TEST_QUICK=1 and may run shorter.
 examples() {
     local f name build run
-    for f in examples/*.c examples/*.cu examples/guide/*.c; do # guide/: the lessons of docs/guide/
+    for f in examples/*.c examples/*.cu examples/guide/*.c examples/guide/*.cu; do # guide/: the lessons of docs/guide/
         [ -f "$f" ] || continue
         name=${f#examples/}
         build=$(head -20 "$f" | sed -n 's/^ *\(\/\*\)\{0,1\} *Build: *//p' | head -1)
