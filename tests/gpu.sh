@@ -28,7 +28,7 @@ NV="$NVCC -std=c++14 -O2 -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARC
 LIBS="-lcublas"
 
 # ---- build (no GPU needed) ----
-for f in tests/*.cu examples/*.cu bench/*.cu; do
+for f in tests/*.cu examples/*.cu examples/guide/*.cu bench/*.cu; do
     [ -f "$f" ] || continue
     case "$f" in tests/compile_cuda.cu) continue ;; esac
     name=$(basename "$f" .cu)
@@ -88,7 +88,7 @@ if [ -x "$BUILD/gpu/test_cuda" ]; then
         skip "compute-sanitizer" "not installed with this toolkit"
     fi
 fi
-for f in examples/*.cu bench/*.cu; do
+for f in examples/*.cu examples/guide/*.cu bench/*.cu; do
     [ -f "$f" ] || continue
     for name in "$(basename "$f" .cu)" "$(basename "$f" .cu)_nccl"; do
         [ -x "$BUILD/gpu/$name" ] || continue

@@ -99,13 +99,18 @@ matrix() {
 # DPAR_TEST_QUICK=1 and may run shorter.
 examples() {
     local f name build run
-    for f in examples/*.c examples/*.cu examples/guide/*.c; do # guide/: the lessons of docs/guide/
+    for f in examples/*.c examples/*.cu examples/guide/*.c examples/guide/*.cu; do # guide/: the lessons of docs/guide/
         [ -f "$f" ] || continue
         name=${f#examples/}
         build=$(head -20 "$f" | sed -n 's/^ *\(\/\*\)\{0,1\} *Build: *//p' | head -1)
         run=$(head -20 "$f" | sed -n 's/^ *Run: *//p' | head -1 | sed 's/  \+(.*//; s/ \{2,\}.*//')
         if [ -z "$build" ] || [ -z "$run" ]; then
             echo "no Build:/Run: line" >"$tmp/out"; bad "example $name"; continue
+        fi
+        if [ "$name" = guide/10_mpi.c ]; then # the same file without -DDPAR_MPI: its ranks are threads of one process
+            step "example $name without DPAR_MPI: 3 thread ranks, checked as the processes are" sh -c "cd '$tmp' &&
+                cc -std=c99 -O2 -I'$ROOT' '$ROOT/$f' -o 10_threads -pthread -lm && ./10_threads 3 > t.txt; rc=\$?; cat t.txt;
+                [ \$rc = 0 ] && grep -q '^ranks: 3 in 1 process (threads of one process)\$' t.txt"
         fi
         case "$build" in
             mpicc*) if [ -z "${MPICC:-}" ] || [ -z "${MPIRUN:-}" ]; then skip "example $name" "MPI not found"; continue; fi ;;

@@ -7,8 +7,8 @@
 # It is built as a reader would build it, with warnings as errors (gcc -std=c99 -Wall -Wextra -Wpedantic -Werror
 # -I. x.c -pthread -lm, from the repository's root), run, and must exit 0 and, with `prints:`, print TEXT on a line of
 # its own. Every line of any other ```c snippet (leading and trailing blanks aside; blank lines and "..." skipped)
-# must be a line of dpar.h, dpar_cuda.h, examples/, demo/ or tests/. The other pages of docs/ are not held to it
-# yet (their snippets are sketches). Prints one line per snippet and `N passed, N failed`; exits 1 when any failed.
+# must be a line of dpar.h, dpar_cuda.h, examples/ (.c and .cu), demo/ or tests/. The other pages of docs/ are not
+# held to it yet (their snippets are sketches). Prints one line per snippet and `N passed, N failed`; exits 1 when any failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 CC=${CC:-gcc}
@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
 [ $# -gt 0 ] || set -- README.md docs/comm.md docs/guide/*.md
 # every line of the sources the tests build, trimmed
-cat dpar.h dpar_cuda.h examples/*.c examples/*.cu examples/guide/*.c demo/*.c tests/*.c 2>/dev/null |
+cat dpar.h dpar_cuda.h examples/*.c examples/*.cu examples/guide/*.c examples/guide/*.cu demo/*.c tests/*.c 2>/dev/null |
     sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | sort -u >"$tmp/lines"
 for md in "$@"; do
     # every complete snippet of the file into $tmp/NAME.N.c, its expected line into $tmp/NAME.N.want
