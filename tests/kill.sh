@@ -111,11 +111,15 @@ dp_kills() {
     local DS=60 DK=10 dargs="--layers 64,128,128,10 --batch 64 --steps 60 --threads 2" ms n t0 kills_dp=0
     local trials_dp=0 mode want hi lo from last files=3 # files a checkpoint writes: 2 shards, then the manifest
     local -a dhow=(0 0 0)
-    local dmid=0 dmissed=0
-    # the reference: no checkpoints at all; its final weights as raw floats
-    t0=$(date +%s%N)
+    local dmid=0 dmissed=0 starts=""
+    # the reference: no checkpoints at all; its final weights as raw floats. Then one run with them, not killed: the
+    # same weights, and how long such a run takes (the random kills fall inside it)
     ./data_parallel $dargs --params-out dref.bin >run.out 2>&1 || fail "data_parallel: the reference run failed"
-    ms=$((($(date +%s%N) - t0) / 1000000 + 20)) # how long a run takes: the random kills fall inside it
+    t0=$(date +%s%N)
+    ./data_parallel $dargs --ckpt dt.ckpt --ckpt-every $DK --params-out dck.bin >run.out 2>&1 ||
+        fail "data_parallel: the run with checkpoints failed"
+    ms=$((($(date +%s%N) - t0) / 1000000 + 20))
+    cmp -s dck.bin dref.bin || fail "data_parallel: checkpoints every $DK steps change the weights"
     while [ $kills_dp -lt "$kills" ]; do
         trials_dp=$((trials_dp + 1))
         rm -f dk.ckpt* dout.bin
@@ -155,6 +159,7 @@ dp_kills() {
             [ $lo = 0 ] || fail "data_parallel: kill $kills_dp: the checkpoint of step $lo is gone"
             ./data_parallel $dargs --ckpt dk.ckpt --ckpt-every $DK --params-out dout.bin >run.out 2>&1 ||
                 fail "data_parallel: kill $kills_dp: the run started again failed"
+            from=0
         else
             ./data_parallel $dargs --ckpt dk.ckpt --ckpt-every $DK --resume --params-out dout.bin >run.out 2>&1 ||
                 fail "data_parallel: kill $kills_dp (mode $mode, last reported $lo): the checkpoint does not load"
@@ -163,12 +168,15 @@ dp_kills() {
                 fail "data_parallel: kill $kills_dp (mode $mode): resumed at step '$from', the newest whole checkpoint is $lo or $hi"
             [ $from -gt 0 ] || fail "data_parallel: kill $kills_dp: a checkpoint of step 0"
         fi
+        starts="$starts $from"
         cmp -s dout.bin dref.bin || fail "data_parallel: kill $kills_dp (mode $mode, resumed at ${from:-0}): the final weights differ from the run without checkpoints"
     done
     echo "kill.sh: data_parallel: $kills_dp kills in $trials_dp trials (${dhow[0]} at random moments," \
         "${dhow[1]} at a shard's write, ${dhow[2]} at the manifest's; $dmid left a half-written .tmp; $dmissed runs" \
         "ended before their kill): every newest checkpoint loaded, every resumed run ended with the uninterrupted" \
         "run's weights, bit for bit"
+    echo "kill.sh: data_parallel: resumed at step (count):$(echo $starts | tr ' ' '\n' | sort -n | uniq -c |
+        awk '{printf " %s (%s)", $2, $1}')"
 }
 
 has demo && demo_kills
