@@ -207,7 +207,7 @@ fuzz: $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZERS))
 	done
 
 # the long forms: 100000 mixed collectives on 8 thread ranks (and 10000 under ASan and TSan), on 4 oversubscribed
-# MPI processes, and 200 kills of the demo trainer (tests/kill.sh); minutes
+# MPI processes, and 200 kills each of the demo trainer and examples/data_parallel.c (tests/kill.sh); minutes
 STRESS_ITERS ?= 100000
 stress: $(BUILD)/test_stress $(BUILD)/asan/test_stress $(BUILD)/tsan/test_stress $(MPITEST)
 	DPAR_STRESS_ITERS=$(STRESS_ITERS) ./$(BUILD)/test_stress

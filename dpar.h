@@ -92,6 +92,8 @@
      DPAR_FAULT=spec       inject faults, for tests: "rank=1,op=allreduce,at=5,kind=delay:200;..." delays, fails or
                            silences a rank at its N-th operation of a kind (dpar_fault_set; docs/reliability.md);
                            malformed: pool and group creation (and a comm's calls) fail with DPAR_EINVAL
+     Malformed DPAR_TIMEOUT_MS or DPAR_LOG, or a DPAR_TRACE file that cannot be created: pool and comm creation
+     fail the same way, naming the variable and quoting its value (docs/runtime.md, 'Malformed environment')
 
    SECTIONS (grep for the tag). Declarations come first, then under DPAR_IMPLEMENTATION the code in
    the same order; (impl) marks a section that has no declarations. "base" is config, status, log,
@@ -2109,15 +2111,21 @@ static dpar_log_fn dpar__log_fn = NULL;
 static void *dpar__log_user = NULL;
 static int dpar__log_level = -1; /* -1: not read from DPAR_LOG yet */
 
-static int dpar__log_level_from_env(void)
+/* the level DPAR_LOG's value names; -1 for none (pool and comm creation then fail: dpar__env_check) */
+static int dpar__log_level_of(const char *s)
 {
-    const char *s = getenv("DPAR_LOG");
-    if (!s || !*s) return DPAR_LOG_WARN;
     if (!strcmp(s, "off") || !strcmp(s, "none")) return DPAR_LOG_OFF;
     if (!strcmp(s, "error")) return DPAR_LOG_ERROR;
     if (!strcmp(s, "warn") || !strcmp(s, "warning")) return DPAR_LOG_WARN;
     if (!strcmp(s, "info")) return DPAR_LOG_INFO;
     if (!strcmp(s, "debug")) return DPAR_LOG_DEBUG;
+    return -1;
+}
+static int dpar__log_level_from_env(void)
+{
+    const char *s = getenv("DPAR_LOG");
+    int level = s && *s ? dpar__log_level_of(s) : DPAR_LOG_WARN;
+    if (level >= 0) return level;
     fprintf(stderr, "dpar: DPAR_LOG=%s is not one of off, error, warn, info, debug; using warn\n", s);
     return DPAR_LOG_WARN;
 }
@@ -2371,6 +2379,8 @@ static uint32_t dpar__trace_session = 0; /* bumped by every start; threads re-em
 static int dpar__trace_events = 0;
 static int dpar__trace_next_track = 0;
 static int dpar__trace_env_checked = 0;
+static dpar_status dpar__trace_env_status = DPAR_OK; /* DPAR_TRACE's start failed: why, in the text below */
+static char dpar__trace_env_bad[256];
 static int dpar__pool_next_id = 0; /* names pools' tracks */
 
 static DPAR__TLS int dpar__tls_track = 0;
@@ -2440,16 +2450,32 @@ DPAR_API dpar_status dpar_trace_stop(void)
 
 static void dpar__trace_stop_at_exit(void) { (void)dpar_trace_stop(); }
 
-/* DPAR_TRACE=file.json starts a trace the first time a pool (or comm) is created. */
-static void dpar__trace_from_env(void)
+/* DPAR_TRACE=file.json starts a trace the first time a pool (or comm) is created (unless the program started one).
+   Returns: DPAR_OK, or, at that time and every time after, why the file could not be started (the text in
+   dpar__trace_env_bad): dpar__env_check makes it the creation's error. */
+static dpar_status dpar__trace_from_env(void)
 {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     const char *path;
-    if (DPAR__LOAD(&dpar__trace_env_checked, DPAR__ACQUIRE)) return;
-    if (DPAR__ADD(&dpar__trace_env_checked, 1, DPAR__ACQ_REL) != 0) return;
-    path = getenv("DPAR_TRACE");
-    if (!path || !*path) return;
-    if (dpar_trace_start(path) == DPAR_OK) atexit(dpar__trace_stop_at_exit);
-    else DPAR__LOG(DPAR_LOG_WARN, "DPAR_TRACE: %s", dpar_last_error());
+    dpar_status st;
+    pthread_mutex_lock(&lock);
+    if (!DPAR__LOAD(&dpar__trace_env_checked, DPAR__ACQUIRE)) {
+        DPAR__STORE(&dpar__trace_env_checked, 1, DPAR__RELEASE);
+        dpar__trace_env_status = DPAR_OK, dpar__trace_env_bad[0] = 0;
+        path = getenv("DPAR_TRACE");
+        if (path && *path && !dpar_trace_enabled()) {
+            if ((st = dpar_trace_start(path)) == DPAR_OK) {
+                atexit(dpar__trace_stop_at_exit);
+            } else {
+                dpar__trace_env_status = st;
+                snprintf(dpar__trace_env_bad, sizeof dpar__trace_env_bad, "DPAR_TRACE=\"%.64s\": %.160s", path,
+                         dpar_last_error());
+            }
+        }
+    }
+    st = dpar__trace_env_status;
+    pthread_mutex_unlock(&lock);
+    return st;
 }
 
 DPAR_API void dpar_trace_set_thread_name(const char *name)
@@ -2692,6 +2718,39 @@ static dpar_status dpar__fault_check(const char *who)
     memcpy(bad, dpar__fault_sched.bad, sizeof bad);
     pthread_mutex_unlock(&dpar__fault_mutex);
     return bad[0] ? dpar__err(DPAR_EINVAL, "%s: %s", who, bad) : DPAR_OK;
+}
+
+/* DPAR_TIMEOUT_MS's reading: 1 and *ms when s is a whole number of milliseconds from -1 up that the timeout's
+   nanoseconds can hold (above UINT64_MAX / 10^6 ms they wrap: found by tests/fuzz/fuzz_env.c) */
+static int dpar__timeout_ms_of(const char *s, long *ms)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < -1 || (v > 0 && (uint64_t)v > UINT64_MAX / 1000000u)) return 0;
+    *ms = v;
+    return 1;
+}
+
+/* where a pool or comm is made: the environment it reads. A malformed DPAR_FAULT, DPAR_TIMEOUT_MS or DPAR_LOG is
+   DPAR_EINVAL naming the variable and quoting its value, a DPAR_TRACE file that cannot be started its status and
+   reason; every time, not only the first (DPAR_NUM_THREADS and DPAR_ALGO fall back to their default, warning) */
+static dpar_status dpar__env_check(const char *who)
+{
+    const char *s;
+    long ms;
+    dpar_status st = dpar__fault_check(who);
+    if (st != DPAR_OK) return st;
+    s = getenv("DPAR_TIMEOUT_MS");
+    if (s && *s && !dpar__timeout_ms_of(s, &ms))
+        return dpar__err(DPAR_EINVAL,
+                         "%s: DPAR_TIMEOUT_MS=\"%.64s\" is not a number of milliseconds (a whole number: 1 to %llu, or "
+                         "0 or -1 for no timeout)",
+                         who, s, (unsigned long long)(UINT64_MAX / 1000000u));
+    s = getenv("DPAR_LOG");
+    if (s && *s && dpar__log_level_of(s) < 0)
+        return dpar__err(DPAR_EINVAL, "%s: DPAR_LOG=\"%.64s\" is not one of off, error, warn, info, debug", who, s);
+    if ((st = dpar__trace_from_env()) != DPAR_OK) return dpar__err(st, "%s: %s", who, dpar__trace_env_bad);
+    return DPAR_OK;
 }
 
 /* the copy of the schedule a new comm or pool keeps: NULL when nothing is scheduled (the hooks' one branch) */
@@ -3880,7 +3939,7 @@ DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **ou
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if ((st = dpar__check_allocator("dpar_pool_create", &d.allocator)) != DPAR_OK) return st;
-    if ((st = dpar__fault_check("dpar_pool_create")) != DPAR_OK) return st;
+    if ((st = dpar__env_check("dpar_pool_create")) != DPAR_OK) return st;
     if (d.num_threads < 0)
         return dpar__err(DPAR_EINVAL, "dpar_pool_create: num_threads = %d is negative (0 means the default)",
                          d.num_threads);
@@ -3890,7 +3949,6 @@ DPAR_API dpar_status dpar_pool_create(const dpar_pool_desc *desc, dpar_pool **ou
     if (d.spin_us < -1)
         return dpar__err(DPAR_EINVAL, "dpar_pool_create: spin_us = %d (use -1 for no spinning, 0 for the default)",
                          d.spin_us);
-    dpar__trace_from_env();
     n = d.num_threads;
     if (n == 0) {
         const char *env = getenv("DPAR_NUM_THREADS");
@@ -6137,15 +6195,9 @@ static dpar_status dpar__comm_init(dpar_comm *c, const dpar_comm_desc *d, int ra
     } else if (d->timeout_ms == 0) {
         const char *env = getenv("DPAR_TIMEOUT_MS");
         long ms = DPAR_TIMEOUT_MS_DEFAULT;
-        if (env && *env) {
-            char *end;
-            long v = strtol(env, &end, 10);
-            /* above UINT64_MAX / 10^6 ms the nanoseconds wrap (found by tests/fuzz/fuzz_env.c) */
-            if (*end || v < -1 || (v > 0 && (uint64_t)v > UINT64_MAX / 1000000u))
-                DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
-                          DPAR_TIMEOUT_MS_DEFAULT);
-            else ms = v;
-        }
+        if (env && *env && !dpar__timeout_ms_of(env, &ms)) /* set after creation checked it (dpar__env_check) */
+            DPAR__LOG(DPAR_LOG_WARN, "DPAR_TIMEOUT_MS=%s is not a number of milliseconds; using %d", env,
+                      DPAR_TIMEOUT_MS_DEFAULT);
         to = ms > 0 ? (uint64_t)ms * 1000000u : 0;
     }
     c->timeout_ns = to;
@@ -7015,7 +7067,7 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
     *out = NULL;
     if (!desc) return dpar__err(DPAR_EINVAL, "dpar_group_create: desc is NULL (size is required)");
     if ((st = dpar__check_allocator("dpar_group_create", &desc->allocator)) != DPAR_OK) return st;
-    if ((st = dpar__fault_check("dpar_group_create")) != DPAR_OK) return st;
+    if ((st = dpar__env_check("dpar_group_create")) != DPAR_OK) return st;
     if (desc->size < 1)
         return dpar__err(DPAR_EINVAL, "dpar_group_create: size = %d (needs at least 1 rank)", desc->size);
     if (desc->size > DPAR_MAX_THREADS)
@@ -7042,7 +7094,6 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
                          "dpar_group_create: the deterministic mode needs a power-of-two number of "
                          "ranks, not %d",
                          desc->size);
-    dpar__trace_from_env();
     g = (dpar_group *)dpar__calloc(&desc->allocator, 1, sizeof *g);
     if (!g) return dpar__err(DPAR_ENOMEM, "dpar_group_create: out of memory");
     g->desc = *desc;
@@ -7306,7 +7357,7 @@ DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_com
                          "dpar_comm_from_ops: memory callbacks, deterministic or timeout_ms %d: the "
                          "library decides where the bytes are and in which order they are combined",
                          d.timeout_ms);
-    dpar__trace_from_env();
+    if ((st = dpar__env_check("dpar_comm_from_ops")) != DPAR_OK) return st;
     c = (dpar_comm *)dpar__calloc(&d.allocator, 1, sizeof *c);
     o = (dpar__ops *)dpar__calloc(&d.allocator, 1, sizeof *o);
     if (!c || !o) {
@@ -12561,7 +12612,7 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
         return dpar__err(DPAR_ESTATE, "dpar_comm_from_mpi: MPI is not initialised (call MPI_Init_thread first)");
     if (mpi_comm == MPI_COMM_NULL)
         return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: the communicator is MPI_COMM_NULL");
-    dpar__trace_from_env();
+    if ((st = dpar__env_check("dpar_comm_from_mpi")) != DPAR_OK) return st;
     rc = MPI_Comm_dup(mpi_comm, &dup); /* dpar's traffic never meets the program's */
     if (rc != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING];

@@ -8,7 +8,9 @@
 # Line format (fields separated by ' | '): file | pattern | replacement | program test-filter | why
 # \n in pattern and replacement stands for a newline. Environment: CC (default cc). The program test_mpi is built
 # with mpicc and run under `mpirun -np 2` (skipped, and said so, without MPI). A program ending in .sh is a
-# shell check of tests/ (api.sh) run on the copy as it is, its test-filter (if any) as its arguments.
+# shell check of tests/ (api.sh) run on the copy as it is, its test-filter (if any) as its arguments. A program
+# field `sh COMMAND...` runs the command in the scratch copy instead (an example's own check, tests/kill.sh):
+# killed when it exits non-zero.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 CC=${CC:-cc}
@@ -19,7 +21,7 @@ killed=0 survived=0 broken=0
 while IFS= read -r line; do
     case "$line" in '' | '#'*) continue ;; esac
     [ -n "$filter" ] && case "$line" in *"$filter"*) ;; *) continue ;; esac
-    rm -rf "$tmp/t" && mkdir -p "$tmp/t" && cp -r dpar.h dpar_cuda.h tests examples docs "$tmp/t/" 2>/dev/null
+    rm -rf "$tmp/t" && mkdir -p "$tmp/t" && cp -r dpar.h dpar_cuda.h tests examples docs demo data "$tmp/t/" 2>/dev/null
     if ! python3 - "$tmp/t" "$line" <<'PY'; then
 import sys
 root, line = sys.argv[1], sys.argv[2]
@@ -40,6 +42,17 @@ PY
     prog=$(echo "$line" | awk -F' [|] ' '{print $4}' | awk '{print $1}')
     name=$(echo "$line" | awk -F' [|] ' '{print $4}' | awk '{print $2}')
     why=$(echo "$line" | awk -F' [|] ' '{print $5}')
+    if [ "$prog" = sh ]; then # a shell command in the scratch copy
+        cmd=$(echo "$line" | awk -F' [|] ' '{print $4}' | sed 's/^ *sh //')
+        if (cd "$tmp/t" && DPAR_TIMEOUT_MS=10000 timeout 300 sh -c "$cmd" </dev/null) >"$tmp/out.txt" 2>&1; then
+            survived=$((survived + 1))
+            echo "SURVIVED sh $cmd: $why"
+        else
+            killed=$((killed + 1))
+            echo "killed   sh $cmd: $why"
+        fi
+        continue
+    fi
     cc=$CC run=
     if [ "${prog%.sh}" != "$prog" ]; then # a shell check: no build
         if (cd "$tmp/t" && timeout 300 "tests/$prog" $name </dev/null) >"$tmp/out.txt" 2>&1; then

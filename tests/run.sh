@@ -332,8 +332,9 @@ mpi_compile() {
     fi
 }
 
-# kill tests (tests/kill.sh): the demo trainer killed with SIGKILL 20 times, at random moments and in the middle of
-# checkpoint writes; every checkpoint must load and every resumed run end bitwise as one never killed; one MPI
+# kill tests (tests/kill.sh): the demo trainer and examples/data_parallel.c (checkpoints every 10 steps) killed
+# with SIGKILL 20 times each, at random moments and in the middle of checkpoint writes; every newest checkpoint must
+# load and every resumed run end bitwise as one never killed; one MPI
 # process of 4 killed: the others report it within the timeout
 kill_tests() {
     step "kill tests: tests/kill.sh 20 (make stress: 200)" env BUILD="$BUILD" MPICC="${MPICC:-}" MPIRUN="${MPIRUN:-}" tests/kill.sh 20
@@ -341,9 +342,10 @@ kill_tests() {
 }
 
 # examples/data_parallel.c on 1 rank against 2 and 4: the same batches give the same losses (to the 4 printed
-# decimals, 12 steps). Not bit for bit: each rank's weight-gradient GEMM sums its own part of the batch, so the
-# additions happen in another order than one GEMM over the whole batch (deterministic mode fixes only the order
-# in which the ranks' gradients are added).
+# decimals, 12 steps). Not bit for bit on its fast path: each rank's weight-gradient GEMM sums its own part of the
+# batch, so the additions happen in another order than one GEMM over the whole batch. Its --bitwise-check mode
+# cuts the batch into 4 fixed leaves (a GEMM each) joined by dpar_tree_reduce and the deterministic allreduce:
+# there 1, 2 and 4 ranks must give the same bits, which the program compares (exit 1 when they differ).
 dp_ranks() {
     local d="$tmp/dpr"
     rm -rf "$d" && mkdir -p "$d"
@@ -351,6 +353,10 @@ dp_ranks() {
         cc -std=c99 -O2 -I. examples/data_parallel.c -o '$d/dp' -pthread -lm &&
         for t in 1 2 4; do '$d/dp' --threads \$t --batch 64 --steps 12 | grep '^step' > '$d/'\$t.txt || exit 1; done &&
         cat '$d/1.txt' && [ \$(wc -l < '$d/1.txt') = 7 ] && cmp '$d/1.txt' '$d/2.txt' && cmp '$d/1.txt' '$d/4.txt'"
+    # bit for bit in the deterministic mode (4 leaves, dpar_tree_reduce): the program compares the weights itself
+    step "example data_parallel.c --bitwise-check: 1, 2 and 4 ranks end with the same weights, bit for bit" sh -c "
+        '$d/dp' --bitwise-check --layers 784,256,256,10 --batch 64 --steps 12 > '$d/bits.txt'; rc=\$?; cat '$d/bits.txt';
+        [ \$rc = 0 ] && grep -q '^bitwise equal: 1, 2 and 4 ranks' '$d/bits.txt'"
 }
 
 NO_MPI_REASON=

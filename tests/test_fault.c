@@ -604,25 +604,77 @@ static int env_child(void)
     dpar_pool_destroy(pool);
     return bad;
 }
-static void test_fault_env(void)
+
+/* DPAR_TIMEOUT_MS, DPAR_LOG malformed or a DPAR_TRACE file that cannot be made (argv[2]: the variable, argv[3]:
+   what the error must say after "<call>: ", argv[4]: the status): pool and group creation fail with it, every
+   time (a fresh process: DPAR_TRACE is read once, its failure kept); with the variable gone creation works
+   (DPAR_TRACE: its failure stays) */
+static int env_var_child(const char *var, const char *want, const char *status)
+{
+    dpar_pool *pool = NULL;
+    dpar_group *g = NULL;
+    dpar_comm_desc d;
+    char full[512];
+    int bad = 0, k;
+    dpar_status st;
+    memset(&d, 0, sizeof d);
+    d.size = 2;
+    for (k = 0; k < 2; k++) { /* every time, not only the first */
+        st = dpar_pool_create(NULL, &pool);
+        snprintf(full, sizeof full, "dpar_pool_create: %s", want);
+        if (!strstr(dpar_status_string(st), status) || strncmp(dpar_last_error(), full, strlen(full)))
+            bad |= 1, printf("    %s: %s\n", dpar_status_string(st), dpar_last_error());
+        st = dpar_group_create(&d, &g);
+        snprintf(full, sizeof full, "dpar_group_create: %s", want);
+        if (!strstr(dpar_status_string(st), status) || strncmp(dpar_last_error(), full, strlen(full)))
+            bad |= 2, printf("    %s: %s\n", dpar_status_string(st), dpar_last_error());
+    }
+    unsetenv(var);
+    if (strcmp(var, "DPAR_TRACE") && (dpar_pool_create(NULL, &pool) != DPAR_OK || dpar_group_create(&d, &g) != DPAR_OK))
+        bad |= 4, printf("    %s\n", dpar_last_error());
+    dpar_pool_destroy(pool);
+    dpar_group_destroy(g);
+    return bad;
+}
+
+static int run_env_child(const char *var, const char *value, const char *want, const char *status)
 {
     pid_t pid;
-    int status = -1;
+    int status_ = -1;
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
-        setenv("DPAR_FAULT", "rank=1,at=-2,kind=fail", 1);
-        execl("/proc/self/exe", "test_fault", "--env-child", (char *)NULL);
+        setenv(var, value, 1);
+        if (!strcmp(var, "DPAR_FAULT")) execl("/proc/self/exe", "test_fault", "--env-child", (char *)NULL);
+        else execl("/proc/self/exe", "test_fault", "--env-var-child", var, want, status, (char *)NULL);
         _exit(99);
     }
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child says %d", WEXITSTATUS(status));
+    if (pid <= 0 || waitpid(pid, &status_, 0) != pid) return -1;
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 100 + WTERMSIG(status_);
+}
+static void test_fault_env(void)
+{
+    int rc = run_env_child("DPAR_FAULT", "rank=1,at=-2,kind=fail", NULL, NULL);
+    CHECK_MSG(rc == 0, "DPAR_FAULT: the child says %d", rc);
+    rc =
+        run_env_child("DPAR_TIMEOUT_MS", "5s", "DPAR_TIMEOUT_MS=\"5s\" is not a number of milliseconds", "DPAR_EINVAL");
+    CHECK_MSG(rc == 0, "DPAR_TIMEOUT_MS=5s: the child says %d", rc);
+    rc =
+        run_env_child("DPAR_TIMEOUT_MS", "-2", "DPAR_TIMEOUT_MS=\"-2\" is not a number of milliseconds", "DPAR_EINVAL");
+    CHECK_MSG(rc == 0, "DPAR_TIMEOUT_MS=-2: the child says %d", rc);
+    rc = run_env_child("DPAR_LOG", "verbose", "DPAR_LOG=\"verbose\" is not one of off, error, warn, info, debug",
+                       "DPAR_EINVAL");
+    CHECK_MSG(rc == 0, "DPAR_LOG=verbose: the child says %d", rc);
+    rc = run_env_child("DPAR_TRACE", "/nonexistent-dir/t.json",
+                       "DPAR_TRACE=\"/nonexistent-dir/t.json\": dpar_trace_start: cannot", "DPAR_EIO");
+    CHECK_MSG(rc == 0, "DPAR_TRACE in a missing directory: the child says %d", rc);
 }
 
 int main(int argc, char **argv)
 {
     pthread_t wd;
     if (argc > 1 && !strcmp(argv[1], "--env-child")) return env_child();
+    if (argc > 4 && !strcmp(argv[1], "--env-var-child")) return env_var_child(argv[2], argv[3], argv[4]);
     DT_MAIN_BEGIN(argc, argv);
     pthread_create(&wd, NULL, watchdog_main, NULL);
     pthread_detach(wd);

@@ -51,21 +51,24 @@ static void pipe_format_of_a_refused_schedule(void)
 
 /* fuzz_env, input 01 "33331333334777777777777777373": DPAR_TIMEOUT_MS beyond what the timeout can hold. strtol
    gave LONG_MAX and the nanoseconds wrapped (18446744073708551616 ns, about 584 years short of the maximum);
-   values of 2^64 / 10^6 ms and up now count as not a number of milliseconds: the default, with a warning. */
-static void quiet(void *user, dpar_log_level level, const char *file, int line, const char *msg)
-{
-    (void)user, (void)level, (void)file, (void)line, (void)msg;
-}
+   values of 2^64 / 10^6 ms and up now count as not a number of milliseconds: group creation fails with DPAR_EINVAL
+   naming the variable and quoting the value (it was a warning and the default until issue 19). */
+#define NOT_MS UINT64_MAX /* timeout_with_env: creation refused the value, as it must */
 static uint64_t timeout_with_env(const char *value)
 {
     dpar_comm_desc d;
     dpar_group *g = NULL;
     dpar_comm *c = NULL;
     uint64_t ns = 1;
+    dpar_status st;
+    char want[128];
     memset(&d, 0, sizeof d);
     d.size = 1;
     setenv("DPAR_TIMEOUT_MS", value, 1);
-    if (dpar_group_create(&d, &g) == DPAR_OK && dpar_group_join(g, 0, &c) == DPAR_OK) ns = c->timeout_ns;
+    snprintf(want, sizeof want, "dpar_group_create: DPAR_TIMEOUT_MS=\"%s\" is not a number of milliseconds", value);
+    st = dpar_group_create(&d, &g);
+    if (st == DPAR_EINVAL && !strncmp(dpar_last_error(), want, strlen(want))) ns = NOT_MS;
+    else if (st == DPAR_OK && dpar_group_join(g, 0, &c) == DPAR_OK) ns = c->timeout_ns;
     dpar_comm_destroy(c);
     dpar_group_destroy(g);
     unsetenv("DPAR_TIMEOUT_MS");
@@ -73,15 +76,13 @@ static uint64_t timeout_with_env(const char *value)
 }
 static void env_timeout_too_large(void)
 {
-    const uint64_t dflt = (uint64_t)DPAR_TIMEOUT_MS_DEFAULT * 1000000u;
-    dpar_log_set_callback(quiet, NULL);
-    CHECK(timeout_with_env("33331333334777777777777777373") == dflt);     /* the fuzzer's input */
-    CHECK(timeout_with_env("18446744073710") == dflt);                    /* 2^64 / 10^6 + 1: wraps */
+    CHECK(timeout_with_env("33331333334777777777777777373") == NOT_MS);   /* the fuzzer's input */
+    CHECK(timeout_with_env("18446744073710") == NOT_MS);                  /* 2^64 / 10^6 + 1: wraps */
     CHECK(timeout_with_env("18446744073709") == 18446744073709000000ull); /* the largest that fits */
     CHECK(timeout_with_env("86400000") == 86400000ull * 1000000u);        /* a day */
     CHECK(timeout_with_env("-1") == 0 && timeout_with_env("0") == 0);     /* none */
-    CHECK(timeout_with_env("12ms") == dflt);
-    dpar_log_set_callback(NULL, NULL);
+    CHECK(timeout_with_env("12ms") == NOT_MS && timeout_with_env("-2") == NOT_MS && timeout_with_env(" ") == NOT_MS);
+    CHECK(timeout_with_env("") == (uint64_t)DPAR_TIMEOUT_MS_DEFAULT * 1000000u); /* empty: the default */
 }
 
 int main(int argc, char **argv)

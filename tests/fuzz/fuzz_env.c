@@ -2,13 +2,17 @@
    the first NUL, at most 63 bytes) is its value.
      0 DPAR_NUM_THREADS  setenv + dpar_pool_create with num_threads 0: the pool's size is the value when it is a
                          whole number in 1..DPAR_MAX_THREADS (built with 64 here), else the online CPUs
-     1 DPAR_TIMEOUT_MS   setenv + dpar_group_join with timeout_ms 0: the comm's timeout is the value in ms when
-                         it is a whole number from -1 up (-1 and 0: none) that the timeout can hold, else 30000
+     1 DPAR_TIMEOUT_MS   setenv + dpar_group_create and _join with timeout_ms 0: when the value is a whole number
+                         from -1 up (-1 and 0: none) that the timeout can hold, the comm's timeout is it in ms
+                         (empty: 30000); else creation fails with DPAR_EINVAL naming DPAR_TIMEOUT_MS
      2 DPAR_LOG          the parser DPAR_LOG goes through (read once per process by dpar_log_get_level, so
-                         called directly): the level the name says, warn for anything else
+                         called directly): the level the name says, warn for anything else; and setenv +
+                         dpar_group_create: DPAR_EINVAL naming DPAR_LOG exactly when the value names no level
      3 DPAR_TRACE        setenv + the start-up hook a pool runs, with the value as a file name in the scratch
                          directory ('/' becomes '_'), the value also as a thread and event name: the file is
-                         JSON (tests/json.h's strict reader)
+                         JSON (tests/json.h's strict reader); a name the file system refuses: the hook's status
+                         is an error and its text names DPAR_TRACE
+   Each case unsets its variable after it: the next input's creation sees only its own.
      4 DPAR_FAULT        dpar_fault_set(value) (the parser DPAR_FAULT goes through): OK or DPAR_EINVAL with a
                          text that quotes the spec; OK exactly when the reference below accepts it, wherever the
                          reference is sure (it leaves out spaces, empty faults and repeated keys); then cleared
@@ -135,29 +139,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         memset(&d, 0, sizeof d);
         d.size = 1;
         setenv("DPAR_TIMEOUT_MS", value, 1);
-        FUZZ_ASSERT(dpar_group_create(&d, &g) == DPAR_OK, "%s", dpar_last_error());
-        FUZZ_ASSERT(dpar_group_join(g, 0, &c) == DPAR_OK, "%s", dpar_last_error());
-        if (whole_number(value, -1, (long long)(UINT64_MAX / 1000000u), &want)) {
-            expect = want > 0 ? (uint64_t)want * 1000000u : 0;
-        } else {
-            expect = (uint64_t)DPAR_TIMEOUT_MS_DEFAULT * 1000000u;
+        if (*value && !whole_number(value, -1, (long long)(UINT64_MAX / 1000000u), &want)) {
+            dpar_status st = dpar_group_create(&d, &g);
+            FUZZ_ASSERT(st == DPAR_EINVAL && strstr(dpar_last_error(), "DPAR_TIMEOUT_MS=\""),
+                        "DPAR_TIMEOUT_MS='%s' is malformed: %s, %s", value, dpar_status_string(st), dpar_last_error());
+            unsetenv("DPAR_TIMEOUT_MS");
+            break;
         }
+        FUZZ_ASSERT(dpar_group_create(&d, &g) == DPAR_OK, "DPAR_TIMEOUT_MS='%s': %s", value, dpar_last_error());
+        FUZZ_ASSERT(dpar_group_join(g, 0, &c) == DPAR_OK, "%s", dpar_last_error());
+        expect = !*value ? (uint64_t)DPAR_TIMEOUT_MS_DEFAULT * 1000000u : want > 0 ? (uint64_t)want * 1000000u : 0;
         FUZZ_ASSERT(c->timeout_ns == expect, "DPAR_TIMEOUT_MS='%s': %llu ns, expected %llu", value,
                     (unsigned long long)c->timeout_ns, (unsigned long long)expect);
         dpar_comm_destroy(c);
         dpar_group_destroy(g);
+        unsetenv("DPAR_TIMEOUT_MS");
         break;
     }
     case 2: {
         static const char *names[] = {"off", "none", "error", "warn", "warning", "info", "debug"};
         static const int levels[] = {DPAR_LOG_OFF,  DPAR_LOG_OFF,  DPAR_LOG_ERROR, DPAR_LOG_WARN,
                                      DPAR_LOG_WARN, DPAR_LOG_INFO, DPAR_LOG_DEBUG};
-        int expect = DPAR_LOG_WARN, got;
+        int expect = DPAR_LOG_WARN, got, named = !*value;
+        dpar_group *g = NULL;
+        dpar_comm_desc d;
+        dpar_status st;
         for (k = 0; k < 7; k++)
-            if (!strcmp(value, names[k])) expect = levels[k];
+            if (!strcmp(value, names[k])) expect = levels[k], named = 1;
         setenv("DPAR_LOG", value, 1);
         got = dpar__log_level_from_env();
         FUZZ_ASSERT(got == expect, "DPAR_LOG='%s': level %d, expected %d", value, got, expect);
+        memset(&d, 0, sizeof d);
+        d.size = 1;
+        st = dpar_group_create(&d, &g);
+        FUZZ_ASSERT(named ? st == DPAR_OK : st == DPAR_EINVAL && strstr(dpar_last_error(), "DPAR_LOG=\""),
+                    "DPAR_LOG='%s': %s, %s", value, dpar_status_string(st), dpar_last_error());
+        dpar_group_destroy(g);
+        unsetenv("DPAR_LOG");
         break;
     }
     case 4: {
@@ -184,8 +202,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         snprintf(path, sizeof path, "%s/t%s", fuzz_scratch(), name);
         setenv("DPAR_TRACE", path, 1);
         dpar__trace_env_checked = 0; /* the hook runs once per process: once per input here */
-        dpar__trace_from_env();
-        if (!dpar_trace_enabled()) break; /* a name the file system refuses: a warning, no trace */
+        if (dpar__trace_from_env() != DPAR_OK || !dpar_trace_enabled()) { /* a name the file system refuses */
+            FUZZ_ASSERT(!dpar_trace_enabled() && dpar__trace_from_env() != DPAR_OK &&
+                            strstr(dpar__trace_env_bad, "DPAR_TRACE=\""),
+                        "DPAR_TRACE='%s': no trace, but no error either ('%s')", path, dpar__trace_env_bad);
+            dpar__trace_env_checked = 0, unsetenv("DPAR_TRACE");
+            dpar__trace_from_env(); /* the next input's pools see no DPAR_TRACE failure */
+            break;
+        }
+        unsetenv("DPAR_TRACE");
         dpar_trace_set_thread_name(value);
         dpar_trace_event(value, value, dpar_time_ns(), dpar_time_ns() + 1, NULL);
         FUZZ_ASSERT(dpar_trace_stop() == DPAR_OK, "%s", dpar_last_error());
