@@ -759,7 +759,8 @@ DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int 
    Results:  bitwise identical on every rank and from run to run: the order in which the inputs of each
              element are combined depends only on N. With `deterministic`, allreduce combines them in the
              fixed binary tree that dpar_tree_reduce also follows: a sum over L leaves has the same bits for
-             N = 1, 2, 4, 8 ranks.
+             N = 1, 2, 4, 8 ranks; reduce_scatter too (it runs that allreduce and keeps its block: twice the
+             bytes of the ring's), so ZeRO and FSDP give the bits of the deterministic allreduce.
    See:      docs/comm.md ('The calls', 'The contract checker', 'Determinism'). */
 
 typedef struct dpar_group dpar_group;
@@ -5796,6 +5797,16 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
             if (st == DPAR_OK) st = dpar__agree(&x);
             break;
         case DPAR_COLL_REDUCE_SCATTER:
+            if (c->det) { /* the allreduce's tree, then my block: the bits of dpar_allreduce, N-independent */
+                char *all = NULL;
+                size_t off, len;
+                dpar_block_range(call->count, N, c->rank, &off, &len);
+                if ((st = dpar__scratch(c, call->count * es, &all)) != DPAR_OK)
+                    st = dpar__tp_fail(c, st, dpar_last_error()); /* the others must not wait for me */
+                if (st == DPAR_OK) st = dpar__allreduce_tree(&x, send, all, call->count, call->dtype, call->op);
+                if (st == DPAR_OK && len) st = dpar__tp_copy(&x, recv, all + off * es, len * es);
+                break;
+            }
             st = dpar__ring_reduce_scatter(&x, send, recv, call->count, call->dtype, call->op, 0);
             break;
         case DPAR_COLL_ALLGATHER: {

@@ -29,6 +29,25 @@ static void run_cases(int stage)
             }
 }
 static void test_stage2_equals_plain_data_parallel(void) { run_cases(2); }
+/* on a deterministic comm (the allreduce in the fixed tree) the reduce-scatter follows the same tree: ZeRO-2/3 stay
+   bitwise the plain data parallelism of that comm (N a power of two) */
+static void test_deterministic_equals_plain_data_parallel(void)
+{
+    static const int ns[] = {1, 2, 4};
+    int ni, stage;
+    dpar_comm_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.deterministic = 1;
+    for (stage = 2; stage <= 3; stage++)
+        for (ni = 0; ni < 3; ni++) {
+            fsdp_case k;
+            memset(&k, 0, sizeof k);
+            k.stage = stage;
+            k.kind = DPAR_OPTIM_ADAM;
+            CHECK_MSG(run_world_desc(ns[ni], &cd, fsdp_rank, &k, NULL, 0) == 0, "deterministic stage %d N=%d", stage,
+                      ns[ni]);
+        }
+}
 static void test_stage3_equals_plain_data_parallel(void) { run_cases(3); }
 
 /* ---- the deterministic mode: 12 leaves summed in one fixed tree, bitwise the same for any N ---- */
@@ -407,6 +426,7 @@ int main(int argc, char **argv)
     RUN(test_stage2_equals_plain_data_parallel);
     RUN(test_stage3_equals_plain_data_parallel);
     RUN(test_leaves_bitwise_for_any_rank_count);
+    RUN(test_deterministic_equals_plain_data_parallel);
     RUN(test_mixed_precision_within_tolerance);
     RUN(test_loss_scaling_skips_together);
     pools_free();
