@@ -448,15 +448,19 @@ static void fsdp16_tensor_rank(world *w, dpar_comm *c, int r)
                 for (i = 0; i < n; i++)
                     b[i] = (a[i] - fx(r, step, u, i)) * 0.5f + 0.25f * a[(i * 7 + 3) % n] + s[form][u] * 0.1f;
                 if (step == j->inject && r == w->n - 1 && u == 0) b[0] = INFINITY;
+                /* flat: release, then the gradients in the released buffer. Tensors reduced in f32: reduce, then release
+                   (widened from the arrays: no unit buffer needed); in the compute type: release, then reduce */
                 if (form) {
                     for (i = 0; i < n; i++) *hel(tg + t0, t0, i) = n16(b[i] * scale[form], ct);
+                    if (j->reduce == DPAR_F32) expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
                     expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+                    if (j->reduce != DPAR_F32) expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
                 } else {
+                    expect_ok(w, dpar_fsdp_release(f, u), "release", r);
                     expect_ok(w, dpar_fsdp_grads16(f, u, &hg), "grads16", r);
                     for (i = 0; hg && i < n; i++) hg[i] = n16(b[i] * scale[form], ct);
+                    expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
                 }
-                expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
-                if (!form) expect_ok(w, dpar_fsdp_release(f, u), "release", r);
             }
             expect_ok(w, dpar_fsdp_step(f), "step", r);
         }
@@ -481,6 +485,14 @@ static void fsdp16_tensor_rank(world *w, dpar_comm *c, int r)
         expect_ok(w, dpar_fsdp_release(ft, u), "release", r);
     }
     if (ff && ft && moved < (f_uc[0] + f_uc[1] + f_uc[2]) / 2) note(w, "rank %d: only %zu parameters moved", r, moved);
+    if (ff && ft) { /* memory: stage 2 holds no 16-bit full copy (2 bytes a parameter less); stage 3 the flat form's
+                       (no third buffer, though the tensors were reduced before the release); both plus the lists */
+        size_t bf = 0, bt = 0, total = f_uc[0] + f_uc[1] + f_uc[2];
+        dpar_fsdp_memory(ff, &bf, NULL), dpar_fsdp_memory(ft, &bt, NULL);
+        if (bt + (j->stage == 2 ? 2 * total : 0) > bf + 512)
+            note(w, "%s stage %d: the tensor form holds %zu bytes, the flat form %zu", dpar_dtype_name(ct), j->stage,
+                 bt, bf);
+    }
     dpar_fsdp_scale(ft, NULL, &skipped[1]);
     if (ft && j->inject >= 0 && skipped[1] < 1) note(w, "rank %d: the step with an inf was not skipped", r);
     dpar_fsdp_destroy(ff), dpar_fsdp_destroy(ft);
