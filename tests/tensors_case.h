@@ -448,8 +448,8 @@ static void fsdp16_tensor_rank(world *w, dpar_comm *c, int r)
                 for (i = 0; i < n; i++)
                     b[i] = (a[i] - fx(r, step, u, i)) * 0.5f + 0.25f * a[(i * 7 + 3) % n] + s[form][u] * 0.1f;
                 if (step == j->inject && r == w->n - 1 && u == 0) b[0] = INFINITY;
-                /* flat: release, then the gradients in the released buffer. Tensors reduced in f32: reduce, then release
-                   (widened from the arrays: no unit buffer needed); in the compute type: release, then reduce */
+                /* flat: release, then the gradients in the released buffer. Tensors reduced in f32: reduce, then
+                   release (widened from the arrays: no unit buffer needed); in the compute type: release, reduce */
                 if (form) {
                     for (i = 0; i < n; i++) *hel(tg + t0, t0, i) = n16(b[i] * scale[form], ct);
                     if (j->reduce == DPAR_F32) expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
