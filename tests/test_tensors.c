@@ -195,6 +195,39 @@ static void test_fsdp_tensors_stage2_resume(void)
         }
 }
 
+/* stage 2, 16-bit: dpar_fsdp_set_params writes the master weights in f32 and the arrays rounded (f16 and bf16) */
+static void test_fsdp16_tensors_set_params(void)
+{
+    dpar_comm_desc cd = {0};
+    dpar_group *g = NULL;
+    dpar_comm *c = NULL;
+    int ut[1] = {2}, k, i;
+    cd.size = 1;
+    CHECK(dpar_group_create(&cd, &g) == DPAR_OK && dpar_group_join(g, 0, &c) == DPAR_OK);
+    for (k = 0; k < 2; k++) {
+        dpar_dtype ct = k ? DPAR_F16 : DPAR_BF16;
+        dpar_fsdp *f = NULL;
+        dpar_fsdp_desc fd;
+        dpar_tensor t[2];
+        uint16_t h0[7], h1[5];
+        float full[12], back[12];
+        memset(&fd, 0, sizeof fd), memset(t, 0, sizeof t), memset(h0, 0, sizeof h0), memset(h1, 0, sizeof h1);
+        t[0].data = h0, t[0].count = 7, t[1].data = h1, t[1].count = 5, t[0].dtype = t[1].dtype = ct;
+        fd.comm = c, fd.stage = 2, fd.lr = 0.1f, fd.num_units = 1, fd.params = t, fd.unit_tensors = ut, fd.compute = ct;
+        CHECK(dpar_fsdp_create(&fd, &f) == DPAR_OK && f);
+        for (i = 0; i < 12; i++) full[i] = 1.0f + (float)i / 3.0f; /* not exact in 16 bits */
+        CHECK(f && dpar_fsdp_set_params(f, 0, full) == DPAR_OK && dpar_fsdp_get_params(f, 0, back) == DPAR_OK);
+        CHECK(memcmp(full, back, sizeof full) == 0); /* the master weights: f32 */
+        for (i = 0; i < 12; i++) {
+            uint16_t want = k ? dpar_f32_to_f16(full[i]) : dpar_f32_to_bf16(full[i]);
+            CHECK_MSG((i < 7 ? h0[i] : h1[i - 7]) == want, "%s element %d", dpar_dtype_name(ct), i);
+        }
+        dpar_fsdp_destroy(f);
+    }
+    dpar_comm_destroy(c);
+    dpar_group_destroy(g);
+}
+
 /* ---- bad lists: refused at create, with the tensor named ---- */
 static void test_bad_lists(void)
 {
@@ -324,6 +357,7 @@ int main(int argc, char **argv)
     RUN(test_fsdp_tensors_equal_flat);
     RUN(test_fsdp16_tensors_equal_flat);
     RUN(test_fsdp_tensors_stage2_resume);
+    RUN(test_fsdp16_tensors_set_params);
     pools_free();
     return dt_summary();
 }
