@@ -1316,8 +1316,8 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
              params of full parameters instead of the parameter shard, and one gradient buffer of the largest unit.
              16-bit compute with an f32 reduction adds an f32 buffer of the largest unit. dpar_fsdp_memory reports
              what is held.
-   Tensors:  a model of separate arrays lists them (desc.params, .grads, .unit_tensors; dpar_fsdp_gather_tensors):
-             no repacking, bitwise the flat form.
+   Tensors:  a model of separate arrays lists them (desc.params, .grads, .unit_tensors; dpar_fsdp_gather_tensors, with
+             16-bit compute dpar_fsdp_gather16_tensors and arrays of that type): no repacking, bitwise the flat form.
    Leaves:   desc.leaves = L: each rank computes the gradients of its fixed leaves (parts of the global batch) apart,
              and the reduction sums the L leaves in one fixed tree, whichever rank holds which: training ends bitwise
              the same on 1, 2, 3 or any number of ranks up to L (elastic restarts included). Each rank sums the
@@ -1347,13 +1347,17 @@ typedef struct dpar_fsdp_desc {
                                 it); 0: 1, or 65536 with compute f16 */
     int static_loss_scale;   /* 1: never change it. Else, with compute f16, it is dynamic: halved when a step is
                                 skipped, doubled after 1000 steps without one */
-    /* the tensor form (f32 compute): the model's arrays, unit u being the next unit_tensors[u] of the lists (then
-       unit_counts may be NULL; given, it must agree). params: their values at create are the initial parameters
-       (dpar_fsdp_set_params not needed); stage 2 keeps the full parameters in them (all-gathered into after each
-       step: no copy of its own), stage 3 reads them at create only. grads (optional): where backward writes each
-       unit's gradients; dpar_fsdp_reduce reads them there (a unit of one tensor in place: this rank's block is
-       overwritten by the average; else through the unit buffer dpar_fsdp_grads would have given), and
-       dpar_fsdp_grads is refused. dpar_fsdp_gather_tensors gives the unit's parameters tensor by tensor */
+    /* the tensor form: the model's arrays, unit u being the next unit_tensors[u] of the lists (then unit_counts may
+       be NULL; given, it must agree), every tensor of both lists in the compute type (f32, or with 16-bit compute
+       the model's bf16/f16 arrays: dtype = compute). params: their values at create are the initial parameters
+       (dpar_fsdp_set_params not needed; 16-bit ones widened exactly into the fp32 master shards); stage 2 keeps the
+       full parameters in them (all-gathered into after each step, 16-bit: the master weights rounded: no copy of its
+       own), stage 3 reads them at create only. grads (optional): where backward writes each unit's gradients (16-bit:
+       times the loss scale, as into dpar_fsdp_grads16); dpar_fsdp_reduce reads them there (a unit of one tensor
+       reduced in the compute type: in place, this rank's block overwritten by the average; 16-bit reduced in f32:
+       widened straight from the tensors; else through the unit buffer dpar_fsdp_grads would have given), and
+       dpar_fsdp_grads / _grads16 are refused. dpar_fsdp_gather_tensors (16-bit: dpar_fsdp_gather16_tensors) gives
+       the unit's parameters tensor by tensor */
     const dpar_tensor *params, *grads;
     const int *unit_tensors;
     /* the deterministic mode (f32 compute, not with grads tensors): the global batch is `leaves` fixed leaves (>= the
@@ -1368,8 +1372,8 @@ typedef struct dpar_fsdp_desc {
    at the desc's params tensors.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL desc, comm, unit_counts or out, num_units < 1, a stage other than 2 or 3, a bad
              kind, lr not positive, half an allocator; the tensor form: a bad list (a NULL data, a zero count, a dtype
-             other than f32, overlapping tensors, a gradient whose count is not its parameter's), a unit of no tensor,
-             unit_counts that disagree, 16-bit compute), DPAR_ENOMEM. On error *out is NULL.
+             other than the compute type, overlapping tensors, a gradient whose count is not its parameter's), a unit
+             of no tensor, unit_counts that disagree), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **out);
 /* dpar_fsdp_set_params / dpar_fsdp_get_params: copy a unit's full parameters in (every rank passes the same values:
@@ -1391,17 +1395,19 @@ DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *fsdp, int unit, float **params)
    Returns:  as dpar_fsdp_gather.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_gather_tensors(dpar_fsdp *fsdp, int unit, float **views);
-/* dpar_fsdp_gather16 / dpar_fsdp_grads16: the same with 16-bit compute (desc->compute DPAR_BF16 or DPAR_F16: bf16 or
-   IEEE half bits, as dpar_f32_to_bf16 / dpar_f32_to_f16 round). The f32 calls refuse a 16-bit fsdp and the reverse.
+/* dpar_fsdp_gather16 / dpar_fsdp_grads16 / dpar_fsdp_gather16_tensors: the same with 16-bit compute (desc->compute
+   DPAR_BF16 or DPAR_F16: bf16 or IEEE half bits, as dpar_f32_to_bf16 / dpar_f32_to_f16 round; the fp32 master weights
+   rounded). The f32 calls refuse a 16-bit fsdp and the reverse.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_gather16(dpar_fsdp *fsdp, int unit, uint16_t **params);
 DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *fsdp, int unit, uint16_t **grads);
+DPAR_API dpar_status dpar_fsdp_gather16_tensors(dpar_fsdp *fsdp, int unit, uint16_t **views);
 /* dpar_fsdp_release: the unit's gathered parameters are no longer used (stage 2: nothing to do).
    Returns:  DPAR_OK; DPAR_EINVAL (the unit is not held).
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_release(dpar_fsdp *fsdp, int unit);
 /* dpar_fsdp_grads: a zeroed full-size gradient buffer for the unit, valid until dpar_fsdp_reduce of the unit (refused
-   with the tensor form's grads: backward writes those).
+   with the tensor form's grads, as dpar_fsdp_grads16: backward writes those).
    Remarks:  stage 3: a pooled buffer that no unit holds and that fits beside the other (after dpar_fsdp_release of
              this unit: its place), so the gradients cost no memory of their own; else (taken before the release) a
              third buffer of the largest unit, allocated on that first need and kept until destroy. With desc.leaves:
@@ -8391,6 +8397,39 @@ static void dpar__fsdp_widen(float *out, const void *in, size_t n, dpar_dtype t)
         for (i = 0; i < n; i++) out[i] = dpar_f16_to_f32(h[i]);
 }
 
+/* the tensor form: elements [lo, hi) of the numbering between the tensors t (the compute type) and flat[0, hi - lo)
+   of type ft (the compute type: copied; f32 with 16-bit tensors: widened in, narrowed out); in: tensors to flat */
+static void dpar__fsdp_tmove(const dpar_fsdp *f, const dpar_tensor *t, void *flat, dpar_dtype ft, size_t lo, size_t hi,
+                             int in)
+{
+    int i = lo < hi ? dpar__tensor_at(f->tstart, f->nt, lo) : f->nt;
+    size_t fes = dpar_dtype_size(ft);
+    for (; i < f->nt && f->tstart[i] < hi; i++) {
+        size_t a = f->tstart[i] > lo ? f->tstart[i] : lo, e = f->tstart[i + 1] < hi ? f->tstart[i + 1] : hi;
+        char *at = (char *)t[i].data + (a - f->tstart[i]) * f->ces, *fl = (char *)flat + (a - lo) * fes;
+        if (ft == f->ct) memcpy(in ? fl : at, in ? at : fl, (e - a) * f->ces);
+        else if (in) dpar__fsdp_widen((float *)fl, at, e - a, f->ct);
+        else dpar__fsdp_narrow(at, (const float *)fl, e - a, f->ct);
+    }
+}
+
+/* stage 2: every rank's full parameters from the master blocks, in the compute type (after a step, a load): each
+   unit's own array, or through the gradient buffer (free between steps) into the unit's tensors */
+static dpar_status dpar__fsdp_publish(dpar_fsdp *f)
+{
+    int u;
+    for (u = 0; u < f->U; u++) {
+        int one = f->tp && f->ufirst[u + 1] - f->ufirst[u] == 1; /* the tensor form: a unit of one array */
+        char *unit = f->tp ? (one ? (char *)f->tp[f->ufirst[u]].data : (char *)f->gbuf)
+                           : (char *)f->full + f->foff[u] * f->ces,
+             *mine = unit + f->off[u] * f->ces;
+        if (f->p) dpar__fsdp_narrow(mine, f->p + f->soff[u], f->len[u], f->ct);
+        DPAR__TRY(dpar_allgather(f->comm, mine, unit, f->count[u], f->ct));
+        if (f->tp && !one) dpar__fsdp_tmove(f, f->tp, unit, f->ct, f->foff[u], f->foff[u] + f->count[u], 0);
+    }
+    return DPAR_OK;
+}
+
 DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
 {
     dpar_allocator a;
@@ -8513,20 +8552,31 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     *out = NULL;
     if (!desc || !desc->comm || (!desc->unit_counts && !desc->params) || desc->num_units < 1)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: desc, comm or unit_counts is NULL, or num_units < 1");
+    if ((desc->stage != 0 && desc->stage != 2 && desc->stage != 3) || (unsigned)desc->kind > 1 || !(desc->lr > 0))
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: stage %d (2 or 3), kind %d, lr %g (positive)", desc->stage,
+                         (int)desc->kind, (double)desc->lr);
+    half = desc->compute == DPAR_BF16 || desc->compute == DPAR_F16;
+    if ((desc->compute != DPAR_F32 && !half) ||
+        (desc->reduce_dtype != DPAR_F32 && desc->reduce_dtype != desc->compute) || desc->loss_scale < 0)
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_fsdp_create: compute %s (f32, bf16 or f16), reduce_dtype %s (f32 or the "
+                         "compute type), loss_scale %g",
+                         dpar_dtype_name(desc->compute), dpar_dtype_name(desc->reduce_dtype), (double)desc->loss_scale);
     if (desc->params || desc->grads || desc->unit_tensors) { /* the tensor form */
         int n = 0, i;
+        size_t es = dpar_dtype_size(desc->compute);
         for (u = 0; desc->unit_tensors && u < desc->num_units; u++) {
             if (desc->unit_tensors[u] < 1 || desc->unit_tensors[u] > INT_MAX - n)
                 return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: unit %d has %d tensors (at least 1)", u,
                                  desc->unit_tensors[u]);
             n += desc->unit_tensors[u];
         }
-        if (!desc->params || !desc->unit_tensors || desc->compute != DPAR_F32)
-            return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: the tensor form needs params and unit_tensors%s",
-                             desc->compute != DPAR_F32 ? ", and f32 compute (16-bit: not yet)" : "");
-        DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "params", desc->params, n, DPAR_F32, NULL));
+        if (!desc->params || !desc->unit_tensors)
+            return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: the tensor form needs params and unit_tensors");
+        /* every tensor in the compute type: a list that mixes types is refused, naming the tensor */
+        DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "params", desc->params, n, desc->compute, NULL));
         if (desc->grads) {
-            DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "grads", desc->grads, n, DPAR_F32, NULL));
+            DPAR__TRY(dpar__tensors_check("dpar_fsdp_create", "grads", desc->grads, n, desc->compute, NULL));
             for (i = 0; i < n; i++)
                 if (desc->grads[i].count != desc->params[i].count)
                     return dpar__err(DPAR_EINVAL,
@@ -8535,8 +8585,8 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
             for (i = 0; i < n; i++) { /* a gradient over a parameter */
                 int k;
                 for (k = 0; k < n; k++)
-                    if (dpar__overlap(desc->grads[i].data, desc->grads[i].count * 4, desc->params[k].data,
-                                      desc->params[k].count * 4))
+                    if (dpar__overlap(desc->grads[i].data, desc->grads[i].count * es, desc->params[k].data,
+                                      desc->params[k].count * es))
                         return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: grads tensor %d overlaps params tensor %d", i,
                                          k);
             }
@@ -8550,16 +8600,6 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
                                  u, desc->unit_counts[u], sum);
         }
     }
-    if ((desc->stage != 0 && desc->stage != 2 && desc->stage != 3) || (unsigned)desc->kind > 1 || !(desc->lr > 0))
-        return dpar__err(DPAR_EINVAL, "dpar_fsdp_create: stage %d (2 or 3), kind %d, lr %g (positive)", desc->stage,
-                         (int)desc->kind, (double)desc->lr);
-    half = desc->compute == DPAR_BF16 || desc->compute == DPAR_F16;
-    if ((desc->compute != DPAR_F32 && !half) ||
-        (desc->reduce_dtype != DPAR_F32 && desc->reduce_dtype != desc->compute) || desc->loss_scale < 0)
-        return dpar__err(DPAR_EINVAL,
-                         "dpar_fsdp_create: compute %s (f32, bf16 or f16), reduce_dtype %s (f32 or the "
-                         "compute type), loss_scale %g",
-                         dpar_dtype_name(desc->compute), dpar_dtype_name(desc->reduce_dtype), (double)desc->loss_scale);
     if (desc->leaves && (desc->leaves < desc->comm->size || desc->leaves > 65536 || half || desc->grads))
         return dpar__err(DPAR_EINVAL,
                          "dpar_fsdp_create: leaves %d: the deterministic mode wants %d to 65536 leaves (one per rank "
@@ -8645,10 +8685,10 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
              (f->stage == 2 ? f->full != NULL || f->tp
                             : f->buf[0] && f->buf[1] && (!half || (f->send[0] && f->send[1])));
     }
-    if (ok && f->tp) { /* the initial parameters: this rank's block of each unit */
+    if (ok && f->tp) { /* the initial parameters: this rank's block of each unit (16-bit: widened, exactly) */
         for (u = 0; u < f->U; u++)
-            dpar__tensors_copy(f->tp, f->tstart, f->nt, f->p + f->soff[u], f->foff[u] + f->off[u],
-                               f->foff[u] + f->off[u] + f->len[u], 1);
+            dpar__fsdp_tmove(f, f->tp, f->p + f->soff[u], DPAR_F32, f->foff[u] + f->off[u],
+                             f->foff[u] + f->off[u] + f->len[u], 1);
         /* stage 3 reads them here only; the list is kept for the tensors' counts (dpar_fsdp_gather_tensors) */
     }
     if (!ok) {
@@ -8678,8 +8718,8 @@ DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *f
     if (f->held[0] >= 0 || f->held[1] >= 0)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_set_params: a unit is gathered or being gathered");
     if (f->p) memcpy(f->p + f->soff[unit], full + f->off[unit], f->len[unit] * sizeof(float));
-    if (f->stage == 2 && f->tp) /* the tensors are the full copy (f32) */
-        dpar__tensors_copy(f->tp, f->tstart, f->nt, (float *)full, f->foff[unit], f->foff[unit] + f->count[unit], 0);
+    if (f->stage == 2 && f->tp) /* the tensors are the full copy (in the compute type) */
+        dpar__fsdp_tmove(f, f->tp, (void *)full, DPAR_F32, f->foff[unit], f->foff[unit] + f->count[unit], 0);
     else if (f->stage == 2) dpar__fsdp_narrow((char *)f->full + f->foff[unit] * f->ces, full, f->count[unit], f->ct);
     return DPAR_OK;
 }
@@ -8795,19 +8835,36 @@ DPAR_API dpar_status dpar_fsdp_gather(dpar_fsdp *f, int unit, float **params)
     *params = (float *)p;
     return DPAR_OK;
 }
+/* the tensor form: the unit's parameters for its views (*base NULL: at stage 2 the arrays themselves; else the
+   gathered buffer), and view i of the unit (without the tensor form one: the whole unit) */
+static dpar_status dpar__fsdp_gather_base(dpar_fsdp *f, int unit, void **base)
+{
+    *base = NULL;
+    return f->tp && f->stage == 2 ? DPAR_OK : dpar__fsdp_gather(f, unit, base);
+}
+static void *dpar__fsdp_view(const dpar_fsdp *f, int unit, void *base, int i)
+{
+    int t = f->tp ? f->ufirst[unit] + i : 0;
+    if (!base) return f->tp[t].data;
+    return f->tp ? (char *)base + (f->tstart[t] - f->foff[unit]) * f->ces : base;
+}
+static int dpar__fsdp_nviews(const dpar_fsdp *f, int unit) { return f->tp ? f->ufirst[unit + 1] - f->ufirst[unit] : 1; }
 DPAR_API dpar_status dpar_fsdp_gather_tensors(dpar_fsdp *f, int unit, float **views)
 {
-    void *p = NULL;
+    void *base;
     int i;
     DPAR__TRY(dpar__fsdp_typed(f, unit, views, 0, "dpar_fsdp_gather_tensors"));
-    if (!f->tp) return dpar_fsdp_gather(f, unit, views);
-    if (f->stage == 2) {
-        for (i = f->ufirst[unit]; i < f->ufirst[unit + 1]; i++) views[i - f->ufirst[unit]] = (float *)f->tp[i].data;
-        return DPAR_OK;
-    }
-    DPAR__TRY(dpar__fsdp_gather(f, unit, &p));
-    for (i = f->ufirst[unit]; i < f->ufirst[unit + 1]; i++)
-        views[i - f->ufirst[unit]] = (float *)p + (f->tstart[i] - f->foff[unit]);
+    DPAR__TRY(dpar__fsdp_gather_base(f, unit, &base));
+    for (i = 0; i < dpar__fsdp_nviews(f, unit); i++) views[i] = (float *)dpar__fsdp_view(f, unit, base, i);
+    return DPAR_OK;
+}
+DPAR_API dpar_status dpar_fsdp_gather16_tensors(dpar_fsdp *f, int unit, uint16_t **views)
+{
+    void *base;
+    int i;
+    DPAR__TRY(dpar__fsdp_typed(f, unit, views, 1, "dpar_fsdp_gather16_tensors"));
+    DPAR__TRY(dpar__fsdp_gather_base(f, unit, &base));
+    for (i = 0; i < dpar__fsdp_nviews(f, unit); i++) views[i] = (uint16_t *)dpar__fsdp_view(f, unit, base, i);
     return DPAR_OK;
 }
 DPAR_API dpar_status dpar_fsdp_gather16(dpar_fsdp *f, int unit, uint16_t **params)
@@ -8876,6 +8933,9 @@ DPAR_API dpar_status dpar_fsdp_grads16(dpar_fsdp *f, int unit, uint16_t **grads)
 {
     void *g = NULL;
     DPAR__TRY(dpar__fsdp_typed(f, unit, grads, 1, "dpar_fsdp_grads16"));
+    if (f->tg)
+        return dpar__err(DPAR_EINVAL, "dpar_fsdp_grads16: the gradients are the desc's grads tensors (backward writes "
+                                      "them; dpar_fsdp_reduce reads them)");
     DPAR__TRY(dpar__fsdp_grads(f, unit, &g));
     *grads = (uint16_t *)g;
     return DPAR_OK;
@@ -8887,15 +8947,16 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
     void *gb;
     size_t i;
     if (f && f->tg && unit >= 0 && unit < f->U) { /* the tensor form: the unit's gradient tensors */
-        int t = f->ufirst[unit];
-        if (f->ufirst[unit + 1] - t == 1) { /* one array: reduced where it is */
+        int t = f->ufirst[unit], wide = f->ct != DPAR_F32 && f->rt == DPAR_F32;
+        if (f->ufirst[unit + 1] - t == 1 || wide) { /* one array reduced where it is, or 16-bit widened from them */
             if (f->gunit >= 0)
                 return dpar__err(DPAR_EBUSY, "dpar_fsdp_reduce: unit %d's gradients are not reduced yet", f->gunit);
-            f->gunit = unit, f->gslot = 3;
+            f->gunit = unit, f->gslot = wide ? 5 : 3;
+            if (wide) dpar__fsdp_tmove(f, f->tg, f->gwide, DPAR_F32, f->foff[unit], f->foff[unit] + f->count[unit], 1);
         } else { /* through a unit buffer */
             void *at = NULL;
             DPAR__TRY(dpar__fsdp_grads(f, unit, &at));
-            dpar__tensors_copy(f->tg, f->tstart, f->nt, (float *)at, f->foff[unit], f->foff[unit] + f->count[unit], 1);
+            dpar__fsdp_tmove(f, f->tg, at, f->ct, f->foff[unit], f->foff[unit] + f->count[unit], 1);
         }
     }
     if (!f || unit < 0 || unit >= f->U || f->gunit != unit)
@@ -8903,7 +8964,7 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
                          unit);
     gb = f->gslot == 3   ? f->tg[f->ufirst[unit]].data
          : f->gslot == 2 ? f->gbuf
-         : f->gslot == 4 ? NULL
+         : f->gslot >= 4 ? NULL /* the leaves' own; 5: already widened into gwide */
                          : f->buf[f->gslot];
     if (f->gslot == 4) { /* the leaves: their fixed tree */
         DPAR__TRY(dpar__fsdp_leaves_reduce(f, unit));
@@ -8912,7 +8973,7 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
         mine = (float *)gb + f->off[unit];
         DPAR__TRY(dpar_reduce_scatter(f->comm, gb, mine, f->count[unit], DPAR_F32, DPAR_AVG));
     } else if (f->rt == DPAR_F32) { /* widened first: the reduction in f32 */
-        dpar__fsdp_widen(f->gwide, gb, f->count[unit], f->ct);
+        if (f->gslot != 5) dpar__fsdp_widen(f->gwide, gb, f->count[unit], f->ct);
         mine = f->gwide + f->off[unit];
         DPAR__TRY(dpar_reduce_scatter(f->comm, f->gwide, mine, f->count[unit], DPAR_F32, DPAR_AVG));
     } else { /* in the 16-bit type: half the bytes; then widened (into the front of gbuf's floats' room: f->g) */
@@ -8987,17 +9048,7 @@ DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
         f->fresh[u] = 1;
     }
     if (f->dynamic && ++f->good >= 1000) f->scale *= 2.0f, f->good = 0;
-    if (f->stage == 2) /* everyone's blocks of the parameters, in place, in the compute type */
-        for (u = 0; u < f->U; u++) {
-            int one = f->tp && f->ufirst[u + 1] - f->ufirst[u] == 1; /* the tensor form: a unit of one array */
-            char *unit = f->tp ? (one ? (char *)f->tp[f->ufirst[u]].data : (char *)f->gbuf)
-                               : (char *)f->full + f->foff[u] * f->ces,
-                 *mine = unit + f->off[u] * f->ces;
-            if (f->p) dpar__fsdp_narrow(mine, f->p + f->soff[u], f->len[u], f->ct);
-            DPAR__TRY(dpar_allgather(f->comm, mine, unit, f->count[u], f->ct));
-            if (f->tp && !one) /* through the gradient buffer (free between steps) into the arrays */
-                dpar__tensors_copy(f->tp, f->tstart, f->nt, (float *)unit, f->foff[u], f->foff[u] + f->count[u], 0);
-        }
+    if (f->stage == 2) return dpar__fsdp_publish(f); /* everyone's blocks of the parameters, in place */
     return DPAR_OK;
 }
 
@@ -11741,12 +11792,7 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
         memcpy(&f->scale, &bits, sizeof bits);
         f->bad = 0;
         for (u = 0; u < f->U; u++) f->fresh[u] = 1;
-        if (f->stage == 2) /* every rank's full copy from the blocks, as dpar_fsdp_step ends */
-            for (u = 0; u < f->U && st == DPAR_OK; u++) {
-                char *unit = (char *)f->full + f->foff[u] * f->ces, *mine = unit + f->off[u] * f->ces;
-                if (f->p) dpar__fsdp_narrow(mine, f->p + f->soff[u], f->len[u], f->ct);
-                st = dpar_allgather(f->comm, mine, unit, f->count[u], f->ct);
-            }
+        if (f->stage == 2) st = dpar__fsdp_publish(f); /* every rank's full copy from the blocks, as a step ends */
     }
     dpar__free(&a, items);
     dpar__free(&a, names);

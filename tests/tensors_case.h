@@ -1,6 +1,7 @@
 /* tensors_case.h - one rank's part of the tensor-form tests (dpar_tensor lists against the flat form and a serial
    reference), shared by test_tensors.c (thread ranks) and test_mpi.c (processes): gradient buckets and ZeRO-1 over
-   five separately allocated arrays, dpar_fsdp over units of one, two and three arrays. */
+   five separately allocated arrays, dpar_fsdp over units of one, two and three arrays (f32, and 16-bit compute
+   against the flat 16-bit form). */
 #ifndef DPAR_TEST_TENSORS_CASE_H
 #define DPAR_TEST_TENSORS_CASE_H
 #include <math.h>
@@ -354,6 +355,149 @@ static void fsdp_tensor_rank(world *w, dpar_comm *c, int r)
     }
     dpar_fsdp_destroy(ff), dpar_fsdp_destroy(ft);
     for (k = 0; k < FT; k++) free(tp[k]), free(tg[k]);
+    free(a), free(b);
+}
+
+/* ---- FSDP with 16-bit compute: the model's bf16/f16 arrays as tensors against the flat 16-bit form ---- */
+typedef struct {
+    int stage;
+    dpar_dtype compute, reduce;
+    dpar_optim kind;
+    float loss_scale; /* 0: the default (f16: 65536, dynamic) */
+    int inject;       /* the step at which the last rank's first gradient of unit 0 is inf (-1: none) */
+} f16job;
+static float w16(uint16_t h, dpar_dtype t) { return t == DPAR_BF16 ? dpar_bf16_to_f32(h) : dpar_f16_to_f32(h); }
+static uint16_t n16(float x, dpar_dtype t) { return t == DPAR_BF16 ? dpar_f32_to_bf16(x) : dpar_f32_to_f16(x); }
+static uint16_t *hel(uint16_t **v, int t0, size_t i) /* element i of a unit given as views of its tensors t0.. */
+{
+    int t = t0;
+    while (i >= f_tn[t]) i -= f_tn[t++];
+    return v[t - t0] + i;
+}
+
+/* the same training as fsdp_tensor_rank in 16 bits: flat (gather16 / grads16) and tensor form (gather16_tensors, the
+   model's 16-bit gradient arrays), step by step; the forward's sums, the loss scale, the skipped steps and the final
+   master weights and 16-bit copies must agree bitwise */
+static void fsdp16_tensor_rank(world *w, dpar_comm *c, int r)
+{
+    f16job *j = (f16job *)w->user;
+    dpar_dtype ct = j->compute;
+    dpar_fsdp *ff = NULL, *ft = NULL;
+    dpar_fsdp_desc d;
+    dpar_tensor params[FT], grads[FT];
+    uint16_t *tp[FT], *tg[FT], *views[FT], *hp = NULL, *hg = NULL;
+    float *a = (float *)malloc(4099 * 4), *b = (float *)malloc(4099 * 4), *init[FU], s[2][FU], scale[2];
+    float *fv[1];
+    long skipped[2];
+    size_t i, moved = 0;
+    int u, k, t0, step, form;
+    memset(params, 0, sizeof params), memset(grads, 0, sizeof grads);
+    for (k = 0; k < FT; k++) {
+        tp[k] = (uint16_t *)malloc(f_tn[k] * 2), tg[k] = (uint16_t *)malloc(f_tn[k] * 2);
+        params[k].data = tp[k], params[k].count = f_tn[k], params[k].dtype = ct;
+        grads[k].data = tg[k], grads[k].count = f_tn[k], grads[k].dtype = ct;
+    }
+    for (u = 0, t0 = 0; u < FU; t0 += f_ut[u], u++) { /* the initial values: 16-bit in the arrays, widened for flat */
+        init[u] = (float *)malloc(f_uc[u] * 4);
+        for (i = 0; i < f_uc[u]; i++) {
+            *hel(tp + t0, t0, i) = n16((float)((int)((u * 17 + i * 5) % 23) - 11) / 11.0f + 0.001f * (float)i, ct);
+            init[u][i] = w16(*hel(tp + t0, t0, i), ct);
+        }
+    }
+    memset(&d, 0, sizeof d);
+    d.comm = c, d.stage = j->stage, d.num_units = FU, d.unit_counts = f_uc, d.kind = j->kind, d.lr = 0.05f;
+    d.momentum = 0.9f, d.weight_decay = 0.01f, d.compute = ct, d.reduce_dtype = j->reduce;
+    d.loss_scale = j->loss_scale, d.static_loss_scale = j->loss_scale > 0;
+    expect_ok(w, dpar_fsdp_create(&d, &ff), "fsdp_create (flat 16-bit)", r);
+    d.unit_counts = NULL, d.params = params, d.grads = grads, d.unit_tensors = f_ut;
+    expect_ok(w, dpar_fsdp_create(&d, &ft), "fsdp_create (16-bit tensors)", r);
+    if (ff && ft) {
+        for (u = 0; u < FU; u++) expect_ok(w, dpar_fsdp_set_params(ff, u, init[u]), "set_params", r);
+        if (j->stage == 2 && r == 0 &&
+            (dpar_fsdp_gather16(ft, 0, &hp) != DPAR_EINVAL || !strstr(dpar_last_error(), "2 tensors")))
+            note(w, "a flat gather16 of a unit of two arrays at stage 2 accepted");
+        if (r == 0 && (dpar_fsdp_grads16(ft, 0, &hg) != DPAR_EINVAL || !strstr(dpar_last_error(), "grads tensors")))
+            note(w, "dpar_fsdp_grads16 accepted with grads tensors");
+        if (r == 0 && (dpar_fsdp_gather_tensors(ft, 0, fv) != DPAR_EINVAL || !strstr(dpar_last_error(), "16-bit")))
+            note(w, "dpar_fsdp_gather_tensors (f32) accepted with 16-bit compute");
+    }
+    for (step = 0; step < 5 && ff && ft; step++)
+        for (form = 0; form < 2; form++) { /* the same step, flat then with tensors */
+            dpar_fsdp *f = form ? ft : ff;
+            dpar_fsdp_scale(f, &scale[form], &skipped[form]);
+            if (form && (scale[0] != scale[1] || skipped[0] != skipped[1]))
+                note(w, "step %d rank %d: loss scale %g, %ld skipped; flat %g, %ld", step, r, (double)scale[1],
+                     skipped[1], (double)scale[0], skipped[0]);
+            for (u = 0, t0 = 0; u < FU; t0 += f_ut[u], u++) { /* forward: s_u = mean of p x */
+                float acc = 0;
+                if (form) expect_ok(w, dpar_fsdp_gather16_tensors(f, u, views), "gather16_tensors", r);
+                else expect_ok(w, dpar_fsdp_gather16(f, u, &hp), "gather16", r);
+                for (i = 0; i < f_uc[u]; i++) acc += w16(form ? *hel(views, t0, i) : hp[i], ct) * fx(r, step, u, i);
+                s[form][u] = acc / (float)f_uc[u];
+                if (form && memcmp(&s[0][u], &s[1][u], 4))
+                    note(w, "step %d rank %d unit %d: forward %g, flat %g", step, r, u, (double)s[1][u],
+                         (double)s[0][u]);
+                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+            }
+            for (u = FU - 1, t0 = FT; u >= 0; u--) { /* backward: the 16-bit gradients of the scaled loss */
+                size_t n = f_uc[u];
+                t0 -= f_ut[u];
+                if (form) expect_ok(w, dpar_fsdp_gather16_tensors(f, u, views), "gather16_tensors", r);
+                else expect_ok(w, dpar_fsdp_gather16(f, u, &hp), "gather16", r);
+                for (i = 0; i < n; i++) a[i] = w16(form ? *hel(views, t0, i) : hp[i], ct);
+                for (i = 0; i < n; i++)
+                    b[i] = (a[i] - fx(r, step, u, i)) * 0.5f + 0.25f * a[(i * 7 + 3) % n] + s[form][u] * 0.1f;
+                if (step == j->inject && r == w->n - 1 && u == 0) b[0] = INFINITY;
+                /* flat: release, then the gradients in the released buffer. Tensors reduced in f32: reduce, then
+                   release (widened from the arrays: no unit buffer needed); in the compute type: release, reduce */
+                if (form) {
+                    for (i = 0; i < n; i++) *hel(tg + t0, t0, i) = n16(b[i] * scale[form], ct);
+                    if (j->reduce == DPAR_F32) expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+                    expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+                    if (j->reduce != DPAR_F32) expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+                } else {
+                    expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+                    expect_ok(w, dpar_fsdp_grads16(f, u, &hg), "grads16", r);
+                    for (i = 0; hg && i < n; i++) hg[i] = n16(b[i] * scale[form], ct);
+                    expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+                }
+            }
+            expect_ok(w, dpar_fsdp_step(f), "step", r);
+        }
+    for (u = 0, t0 = 0; u < FU && ff && ft; t0 += f_ut[u], u++) { /* the master weights and the 16-bit copies */
+        expect_ok(w, dpar_fsdp_get_params(ff, u, a), "get_params (flat)", r);
+        expect_ok(w, dpar_fsdp_get_params(ft, u, b), "get_params (tensors)", r);
+        if (memcmp(a, b, f_uc[u] * 4))
+            note(w, "%s stage %d N=%d rank %d unit %d: tensors differ from flat", dpar_dtype_name(ct), j->stage, w->n,
+                 r, u);
+        for (i = 0; i < f_uc[u]; i++) moved += a[i] != init[u][i];
+        expect_ok(w, dpar_fsdp_gather16(ff, u, &hp), "gather16", r);
+        expect_ok(w, dpar_fsdp_gather16_tensors(ft, u, views), "gather16_tensors", r);
+        for (i = 0; hp && i < f_uc[u]; i++)
+            if (*hel(views, t0, i) != hp[i] || hp[i] != n16(a[i], ct)) {
+                note(w, "%s stage %d rank %d unit %d element %zu: 16-bit copy %04x, flat %04x, master rounded %04x",
+                     dpar_dtype_name(ct), j->stage, r, u, i, *hel(views, t0, i), hp[i], n16(a[i], ct));
+                break;
+            }
+        for (k = 0; j->stage == 2 && k < f_ut[u]; k++) /* stage 2: the views are the model's own arrays */
+            if (views[k] != tp[t0 + k]) note(w, "stage 2 rank %d: view %d of unit %d is not the array", r, k, u);
+        expect_ok(w, dpar_fsdp_release(ff, u), "release", r);
+        expect_ok(w, dpar_fsdp_release(ft, u), "release", r);
+    }
+    if (ff && ft && moved < (f_uc[0] + f_uc[1] + f_uc[2]) / 2) note(w, "rank %d: only %zu parameters moved", r, moved);
+    if (ff && ft) { /* memory: stage 2 holds no 16-bit full copy (2 bytes a parameter less); stage 3 the flat form's
+                       (no third buffer, though the tensors were reduced before the release); both plus the lists */
+        size_t bf = 0, bt = 0, total = f_uc[0] + f_uc[1] + f_uc[2];
+        dpar_fsdp_memory(ff, &bf, NULL), dpar_fsdp_memory(ft, &bt, NULL);
+        if (bt + (j->stage == 2 ? 2 * total : 0) > bf + 512)
+            note(w, "%s stage %d: the tensor form holds %zu bytes, the flat form %zu", dpar_dtype_name(ct), j->stage,
+                 bt, bf);
+    }
+    dpar_fsdp_scale(ft, NULL, &skipped[1]);
+    if (ft && j->inject >= 0 && skipped[1] < 1) note(w, "rank %d: the step with an inf was not skipped", r);
+    dpar_fsdp_destroy(ff), dpar_fsdp_destroy(ft);
+    for (k = 0; k < FT; k++) free(tp[k]), free(tg[k]);
+    for (u = 0; u < FU; u++) free(init[u]);
     free(a), free(b);
 }
 

@@ -814,8 +814,8 @@ static void test_fsdp_over_mpi(void)
         }
 }
 
-/* the tensor form across processes: buckets, ZeRO-1 and FSDP over separate arrays, bitwise the flat form
-   (tests/tensors_case.h) */
+/* the tensor form across processes: buckets, ZeRO-1 and FSDP (f32 and 16-bit) over separate arrays, bitwise the flat
+   form (tests/tensors_case.h) */
 static void test_tensors_over_mpi(void)
 {
     int stage, kind;
@@ -834,6 +834,14 @@ static void test_tensors_over_mpi(void)
             CHECK_MSG(run_proc(NULL, fsdp_tensor_rank, &f) == 0, "fsdp stage %d %s over %d processes", stage,
                       kind ? "adam" : "sgd", nprocs);
         }
+    }
+    for (stage = 2; stage <= 3; stage++) { /* 16-bit compute: bf16 reduced in f32, f16 in f16 (an inf skipped) */
+        f16job h;
+        h.stage = stage, h.compute = DPAR_BF16, h.reduce = DPAR_F32, h.kind = DPAR_OPTIM_ADAM, h.loss_scale = 0;
+        h.inject = -1;
+        CHECK_MSG(run_proc(NULL, fsdp16_tensor_rank, &h) == 0, "fsdp bf16 stage %d over %d processes", stage, nprocs);
+        h.compute = h.reduce = DPAR_F16, h.kind = DPAR_OPTIM_SGD, h.loss_scale = 1024, h.inject = 3;
+        CHECK_MSG(run_proc(NULL, fsdp16_tensor_rank, &h) == 0, "fsdp f16 stage %d over %d processes", stage, nprocs);
     }
 }
 /* checkpoints that reshard across processes (tests/ckpt_case.h): saved by every process as a tp x dp mesh, loaded by
