@@ -12359,6 +12359,8 @@ static dpar_status dpar__m_poison(dpar_comm *c, dpar_status why, const char *msg
             }
         }
         if (m->local) dpar__tp_poison(m->local, why, msg);
+        /* hybrid, a process leader: the other leaders may be waiting in their comm, not in this one */
+        if (m->leaders) (void)dpar__m_poison(m->leaders, why, msg);
     }
     return dpar__m_poisoned(c);
 }
@@ -12817,6 +12819,22 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
    deterministic mode); thread 0 allreduces that over MPI with the other processes' thread 0; every
    thread copies the result. World rank = process * T + thread, so in the deterministic mode the
    tree over threads and then over processes is the tree over world ranks: the bits of a flat comm. */
+/* an inner comm's call failed: poison the hybrid comm (every process, every thread: those waiting among the leaders
+   too) with its text; a timeout's story names the inner comm's ranks, so it is told with their world ranks */
+static dpar_status dpar__h_fail(dpar_comm *c, dpar_status st, int leaders)
+{
+    dpar__mpi *m = DPAR__M(c);
+    char msg[2 * DPAR__ERROR_TEXT];                                        /* (the poison keeps what fits) */
+    if (DPAR__LOAD(&m->poison, DPAR__ACQUIRE)) return dpar__m_poisoned(c); /* told already */
+    if (st != DPAR_ETIMEDOUT || strstr(dpar_last_error(), "where rank k is world rank")) /* world ranks already */
+        return dpar__m_poison(c, st, dpar_last_error());
+    snprintf(msg, sizeof msg, "%s rank %d (process %d, thread %d), in %s, where rank k is world rank %s%d: %.600s",
+             c->name, c->rank, c->rank / m->T, m->t,
+             leaders ? "the comm of the process leaders" : "its process's threads", leaders ? "k x " : "k + ",
+             leaders ? m->T : c->rank - m->t, dpar_last_error());
+    return dpar__m_poison(c, st, msg);
+}
+
 static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call)
 {
     dpar_comm *c = x->c;
@@ -12835,7 +12853,7 @@ static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call
     ptrs[2 * t] = (int64_t)(uintptr_t)call->send;
     ptrs[2 * t + 1] = (int64_t)(uintptr_t)call->recv;
     st = dpar_allgather_at(lc, ptrs + 2 * t, ptrs, 2 * (size_t)T, DPAR_I64, call->file, call->line);
-    if (st != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if (st != DPAR_OK) return dpar__h_fail(c, st, 0);
     root = (char *)(uintptr_t)ptrs[1];
     dpar_block_range(call->count, T, t, &off, &len);
     if (len) {
@@ -12849,10 +12867,10 @@ static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call
         }
         x->received += (uint64_t)(T - 1) * len * es;
     }
-    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__h_fail(c, st, 0);
     if (t == 0) {
         st = dpar_allreduce_at(m->leaders, root, root, call->count, call->dtype, op, call->file, call->line);
-        if (st != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+        if (st != DPAR_OK) return dpar__h_fail(c, st, 1);
         if (call->op == DPAR_AVG) dpar__divide(root, root, call->count, call->dtype, c->size);
         {
             dpar_comm_stats ls;
@@ -12861,12 +12879,12 @@ static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call
             x->received += ls.last.bytes_received;
         }
     }
-    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__h_fail(c, st, 0);
     if (t != 0) {
         memcpy(call->recv, root, call->count * es);
         x->received += call->count * es;
     }
-    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__h_fail(c, st, 0);
     return DPAR_OK;
 }
 
@@ -12900,6 +12918,8 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
                          "needs MPI_THREAD_MULTIPLE, but MPI_Init_thread gave %s",
                          dpar__m_level_name(level));
     DPAR__TRY(dpar_group_join(local, local_rank, &lc));
+    dpar__fault_detach(lc->fault); /* DPAR_FAULT's ranks are the hybrid comm's: none on its inner comms */
+    lc->fault = NULL;
     if (lc->desc.memory.reduce) {
         dpar_comm_destroy(lc);
         return dpar__err(DPAR_EUNSUPPORTED, "dpar_group_join_mpi: the local group has dpar_comm_memory, which the "
@@ -12923,6 +12943,7 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
             d.deterministic = 0; /* checked below against the world size */
             st = dpar_comm_from_mpi(mpi_comm, &d, &ld);
             d.deterministic = lc->desc.deterministic;
+            if (st == DPAR_OK) dpar__fault_detach(ld->fault), ld->fault = NULL;
         }
         if (st == DPAR_OK) { /* every process must have the same number of threads */
             tmax = T;
