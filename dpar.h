@@ -72,9 +72,7 @@
                            streaming stores apply (then by slice again)
      DPAR_SHM_ONESHOT_MAX_BYTES  MPI, all processes on one node: allreduce one-shot through a block they
                            share up to this many bytes (default 65536)
-     DPAR_SHM_TWO_MAX_BYTES  the same for a comm of two processes (default: every size)
-     DPAR_SHM_STAGE_BYTES  that block's staging buffers, two per process (default 262144): larger messages
-                           go through them in pieces
+     DPAR_SHM_TWO_MAX_BYTES  the same for a comm of two processes (default 262144)
      DPAR_MSG_ONESHOT_MAX_BYTES  MPI otherwise: allreduce one-shot over messages up to this many bytes
                            (default 16384)
      DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
@@ -806,7 +804,7 @@ typedef struct dpar_comm_memory {
             than 2 ranks), reduce-by-slice
             from DPAR_SLICE_MIN_BYTES, the ring between, and on 2 ranks the ring from DPAR_RING_MIN_BYTES
             until streaming stores apply; MPI: all processes on one node, one-shot through the block they
-            share up to DPAR_SHM_ONESHOT_MAX_BYTES (on 2 processes up to DPAR_SHM_TWO_MAX_BYTES: every size),
+            share up to DPAR_SHM_ONESHOT_MAX_BYTES (on 2 processes up to DPAR_SHM_TWO_MAX_BYTES, 256 KiB),
             else one-shot over messages up to DPAR_MSG_ONESHOT_MAX_BYTES; the ring above (or MPI's own with
             dpar_comm_desc.native)
    RING     reduce-scatter then all-gather around the ring, 2(N-1) steps (every transport)
@@ -5121,11 +5119,14 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 #define DPAR_SHM_ONESHOT_MAX_BYTES 65536 /* MPI, processes of one node: one-shot through their block up to this */
 #endif
 #ifndef DPAR_SHM_TWO_MAX_BYTES /* MPI, two processes of one node: one-shot through their block up to this */
-#define DPAR_SHM_TWO_MAX_BYTES (~(size_t)0)
+#define DPAR_SHM_TWO_MAX_BYTES 262144
 #endif
-#ifndef DPAR_SHM_STAGE_BYTES
-#define DPAR_SHM_STAGE_BYTES 262144 /* MPI, processes of one node: each one's two staging buffers in the block */
-#endif
+/* the staging buffers of the block of `procs` processes: the largest one-shot message, at most 1 MiB (larger ones go
+   through in pieces) */
+#define DPAR__SHM_STAGE(procs)                                                                                       \
+    ((procs) == 2 && (size_t)DPAR_SHM_TWO_MAX_BYTES > (size_t)DPAR_SHM_ONESHOT_MAX_BYTES                             \
+         ? ((size_t)DPAR_SHM_TWO_MAX_BYTES < ((size_t)1 << 20) ? (size_t)DPAR_SHM_TWO_MAX_BYTES : ((size_t)1 << 20)) \
+         : (size_t)DPAR_SHM_ONESHOT_MAX_BYTES)
 #define DPAR__MSG_PIECE 2048 /* one-shot over messages sends pieces of this size (below MPI's eager limits) */
 #ifndef DPAR_STREAM_MIN_BYTES
 #define DPAR_STREAM_MIN_BYTES 0 /* 0: the last-level cache's size */
@@ -12593,7 +12594,7 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     int made; /* every allocation of this rank's comm succeeded */
     MPI_Comm_size(mc, &procs);
     MPI_Comm_rank(mc, &prank);
-    shm_bytes = dpar__sm_bytes((size_t)procs, DPAR_SHM_STAGE_BYTES);
+    shm_bytes = dpar__sm_bytes((size_t)procs, DPAR__SHM_STAGE(procs));
     c = (dpar_comm *)dpar__calloc(&desc->allocator, 1, sizeof *c);
     m = (dpar__mpi *)dpar__calloc(&desc->allocator, 1, sizeof *m);
     if (!c || !m) {
@@ -12635,7 +12636,7 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
     shm_env = getenv("DPAR_MPI_SHM"); /* 0: small allreduce over messages even on one node */
     if ((m->shm = dpar__m_shm_map(mc, T, procs, node_procs, made && !(shm_env && !strcmp(shm_env, "0")), shm_bytes))) {
         m->shm_bytes = shm_bytes;
-        dpar__sm_init_in(sh, c, (char *)m->shm, DPAR_SHM_STAGE_BYTES);
+        dpar__sm_init_in(sh, c, (char *)m->shm, DPAR__SHM_STAGE(procs));
     } else {
         dpar__free(&c->allocator, sh);
     }
