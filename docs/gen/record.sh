@@ -1,6 +1,6 @@
 #!/bin/sh
 # docs/gen/record.sh [--bench] - records again the sources that docs/gen/svg.c draws (make docs-record, make docs-bench):
-#   docs/img/src/dp_step.trace.json   a DPAR_TRACE file of docs/gen/dp_record.c (4 thread ranks, buckets)
+#   docs/img/src/dp_step.trace.json   a DPAR_TRACE file of docs/gen/dp_record.c (2 thread ranks, buckets)
 #   docs/img/src/memory.txt           examples/fsdp.c (ZeRO-2 and ZeRO-3 on 4 thread ranks) and examples/zero.c (4 ranks)
 #   docs/img/src/bench.txt            with --bench only: the machine (date, lscpu, load), then a whole make bench (minutes)
 # Run from the repository's root on a quiet machine, then make docs, and commit the sources with the pictures.
