@@ -18,6 +18,18 @@ filter=${1:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 killed=0 survived=0 broken=0
+# judge WHAT COMMAND...: run the command in the scratch copy; the mutation is killed when it fails
+judge() {
+    what=$1
+    shift
+    if (cd "$tmp/t" && "$@" </dev/null) >"$tmp/out.txt" 2>&1; then
+        survived=$((survived + 1))
+        echo "SURVIVED $what: $why"
+    else
+        killed=$((killed + 1))
+        echo "killed   $what: $why"
+    fi
+}
 while IFS= read -r line; do
     case "$line" in '' | '#'*) continue ;; esac
     [ -n "$filter" ] && case "$line" in *"$filter"*) ;; *) continue ;; esac
@@ -44,24 +56,12 @@ PY
     why=$(echo "$line" | awk -F' [|] ' '{print $5}')
     if [ "$prog" = sh ]; then # a shell command in the scratch copy
         cmd=$(echo "$line" | awk -F' [|] ' '{print $4}' | sed 's/^ *sh //')
-        if (cd "$tmp/t" && DPAR_TIMEOUT_MS=10000 timeout 300 sh -c "$cmd" </dev/null) >"$tmp/out.txt" 2>&1; then
-            survived=$((survived + 1))
-            echo "SURVIVED sh $cmd: $why"
-        else
-            killed=$((killed + 1))
-            echo "killed   sh $cmd: $why"
-        fi
+        judge "sh $cmd" env DPAR_TIMEOUT_MS=10000 timeout 300 sh -c "$cmd"
         continue
     fi
     cc=$CC run=
     if [ "${prog%.sh}" != "$prog" ]; then # a shell check: no build
-        if (cd "$tmp/t" && timeout 300 "tests/$prog" $name </dev/null) >"$tmp/out.txt" 2>&1; then
-            survived=$((survived + 1))
-            echo "SURVIVED $prog $name: $why"
-        else
-            killed=$((killed + 1))
-            echo "killed   $prog $name: $why"
-        fi
+        judge "$prog $name" timeout 300 "tests/$prog" $name
         continue
     fi
     if [ "$prog" = test_mpi ]; then # the MPI tests: built with mpicc, run on 2 processes
