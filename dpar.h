@@ -11863,6 +11863,7 @@ typedef struct dpar__mpi {
     pthread_mutex_t lock;
     dpar_comm *local;            /* hybrid: this thread's comm in its process's group */
     dpar_comm *leaders;          /* hybrid, thread 0: the comm of the process leaders */
+    dpar_comm *parent;           /* the comm of the process leaders: thread 0's hybrid comm, watched by its waits */
     struct dpar__hybrid *shared; /* hybrid: the process's MPI comm, shared by its threads */
     dpar__wire where;            /* the call this rank is in (under lock), for the answers to ASK */
     const char *where_from;      /* the file name where.file was copied from */
@@ -11964,6 +11965,10 @@ static dpar_status dpar__m_watch(dpar_comm *c)
     }
     dpar__m_answer(m);
     if (m->local) return dpar__tp_poisoned(m->local); /* hybrid: a thread of ours saw it */
+    if (m->parent) { /* the leaders' comm: news and questions that came to the hybrid comm it serves */
+        dpar_status st = dpar__m_watch(m->parent);
+        if (st != DPAR_OK) return dpar__m_poison(c, st, dpar_last_error());
+    }
     return DPAR_OK;
 }
 
@@ -12360,8 +12365,7 @@ static dpar_status dpar__m_poison(dpar_comm *c, dpar_status why, const char *msg
             }
         }
         if (m->local) dpar__tp_poison(m->local, why, msg);
-        /* hybrid, a process leader: the other leaders may be waiting in their comm, not in this one */
-        if (m->leaders) (void)dpar__m_poison(m->leaders, why, msg);
+        /* (the other processes' leaders, when they wait among the leaders, hear this news there: dpar__m_watch) */
     }
     return dpar__m_poisoned(c);
 }
@@ -12821,18 +12825,32 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
    thread copies the result. World rank = process * T + thread, so in the deterministic mode the
    tree over threads and then over processes is the tree over world ranks: the bits of a flat comm. */
 /* an inner comm's call failed: poison the hybrid comm (every process, every thread: those waiting among the leaders
-   too) with its text; a timeout's story names the inner comm's ranks, so it is told with their world ranks */
+   too) with its text; a timeout's story names the inner comm's ranks, so it is told with their world ranks: the
+   rule, and each rank the story names (the first four) written out */
 static dpar_status dpar__h_fail(dpar_comm *c, dpar_status st, int leaders)
 {
     dpar__mpi *m = DPAR__M(c);
-    char msg[2 * DPAR__ERROR_TEXT];                                        /* (the poison keeps what fits) */
-    if (DPAR__LOAD(&m->poison, DPAR__ACQUIRE)) return dpar__m_poisoned(c); /* told already */
+    char msg[2 * DPAR__ERROR_TEXT], story[DPAR__ERROR_TEXT]; /* (the poison keeps what fits) */
+    const char *s;
+    int k, named[4], n = 0, i, base = leaders ? 0 : c->rank - m->t, mul = leaders ? m->T : 1;
+    if (DPAR__LOAD(&m->poison, DPAR__ACQUIRE)) return dpar__m_poisoned(c);               /* told already */
     if (st != DPAR_ETIMEDOUT || strstr(dpar_last_error(), "where rank k is world rank")) /* world ranks already */
         return dpar__m_poison(c, st, dpar_last_error());
-    snprintf(msg, sizeof msg, "%s rank %d (process %d, thread %d), in %s, where rank k is world rank %s%d: %.600s",
-             c->name, c->rank, c->rank / m->T, m->t,
-             leaders ? "the comm of the process leaders" : "its process's threads", leaders ? "k x " : "k + ",
-             leaders ? m->T : c->rank - m->t, dpar_last_error());
+    snprintf(story, sizeof story, "%s", dpar_last_error());
+    k = snprintf(msg, sizeof msg, "%s rank %d (process %d, thread %d), in %s, where rank k is world rank %s%d", c->name,
+                 c->rank, c->rank / m->T, m->t, leaders ? "the comm of the process leaders" : "its process's threads",
+                 leaders ? "k x " : "k + ", leaders ? m->T : base);
+    for (s = strstr(story, "rank "); s && n < 4; s = strstr(s + 5, "rank ")) {
+        int r;
+        if ((s != story && s[-1] != ' ') || s[5] < '0' || s[5] > '9') continue;
+        r = atoi(s + 5);
+        for (i = 0; i < n && named[i] != r; i++) {}
+        if (i == n) named[n++] = r;
+    }
+    for (i = 0; i < n; i++)
+        k += snprintf(msg + k, sizeof msg - (size_t)k, "%s rank %d is world rank %d", i ? "," : " (here", named[i],
+                      base + named[i] * mul);
+    snprintf(msg + k, sizeof msg - (size_t)k, "%s: %.600s", n ? ")" : "", story);
     return dpar__m_poison(c, st, msg);
 }
 
@@ -12880,7 +12898,15 @@ static dpar_status dpar__h_allreduce(dpar__ctx *x, const struct dpar__call *call
             x->received += ls.last.bytes_received;
         }
     }
-    if ((st = dpar_barrier_at(lc, call->file, call->line)) != DPAR_OK) return dpar__h_fail(c, st, 0);
+    if (t != 0) { /* waiting for thread 0 among the leaders, whose own wait there ends first and tells why */
+        uint64_t keep = lc->timeout_ns;
+        if (keep) lc->timeout_ns = 2 * keep + 1000000000u;
+        st = dpar_barrier_at(lc, call->file, call->line);
+        lc->timeout_ns = keep;
+    } else {
+        st = dpar_barrier_at(lc, call->file, call->line);
+    }
+    if (st != DPAR_OK) return dpar__h_fail(c, st, 0);
     if (t != 0) {
         memcpy(call->recv, root, call->count * es);
         x->received += call->count * es;
@@ -13007,6 +13033,14 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
     }
     DPAR__M(c)->local = lc;
     DPAR__M(c)->leaders = ld;
+    if (ld) {
+        /* A leader waiting among the leaders hears the hybrid comm's news (a rank of another process that timed
+           out among its own threads), and waits a quarter longer than the threads do: a late or vanished thread is
+           first noticed by the threads of its own process, whose story names it, not by the other processes'
+           leaders, who would name its process's leader. */
+        DPAR__M(ld)->parent = c;
+        ld->timeout_ns += ld->timeout_ns / 4;
+    }
     DPAR__M(c)->shared = h;
     *out = c;
     return DPAR_OK;

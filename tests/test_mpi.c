@@ -451,7 +451,8 @@ typedef struct fm_case {
     int module, F, vanish, timeout_ms;
     const char *spec, *op; /* the fault; the operation a failure's message names */
     int unnamed; /* 1 (a vanished rank of a hybrid comm): every survivor's error is one inner comm's timeout, told once
-                    with the world ranks of that comm's ranks; 0, every survivor's names the faulty rank */
+                    with the world ranks of the ranks it names, the vanished one among them; 0, every survivor's
+                    names the faulty rank */
 } fm_case;
 typedef struct fm_rank {
     const fm_case *fc;
@@ -563,19 +564,22 @@ static void fm_check(const fm_rank *f, const char *where)
         CHECK_MSG(f->st == want, "%s (the faulty rank): %s: %s (%s)", where, fc->spec, dpar_status_string(f->st),
                   f->msg);
     } else if (fc->unnamed == 1) {
-        /* hybrid, a vanished rank: the first survivor to time out (in its process's threads, or among the process
-           leaders) tells every rank its story once, with the world ranks of that comm's ranks (each survivor's own
-           deadline decides who is first, so the story need not name the vanished rank) */
+        /* hybrid, a vanished rank: the threads of its own process time out first (the leaders' comm waits a quarter
+           longer, the threads that wait for their leader longer still) and tell every rank their story once, with
+           the world rank of each rank it names: the vanished one among them, as the one that never arrived */
         const char *w = strstr(f->msg, " (process "),
-                   *g = w ? strstr(w, "), in its process's threads, where rank k is world rank k + ") : NULL,
-                   *l = w ? strstr(w, "), in the comm of the process leaders, where rank k is world rank k x ") : NULL;
-        int P = -1, th = -1, base = -1;
+                   *g = w ? strstr(w, "), in its process's threads, where rank k is world rank k + ") : NULL;
+        int P = -1, th = -1, base = -1, X, named = 0;
         if (w) sscanf(w, " (process %d, thread %d)", &P, &th);
         if (g) sscanf(strstr(g, "k + ") + 4, "%d", &base);
-        if (l) sscanf(strstr(l, "k x ") + 4, "%d", &base);
-        CHECK_MSG(f->st == DPAR_ETIMEDOUT && strstr(f->msg, "never arrived") && P >= 0 &&
-                      ((g && base == P * hybrid_threads) || (l && th == 0 && base == hybrid_threads)) &&
-                      !strstr(strstr(f->msg, "world rank") + 1, "world rank"),
+        for (X = 0; X < hybrid_threads; X++) {
+            char a[64], b[64];
+            snprintf(a, sizeof a, "rank %d is world rank %d", X, fc->F);
+            snprintf(b, sizeof b, "; rank %d never arrived", X);
+            named |= strstr(f->msg, a) && strstr(f->msg, b);
+        }
+        CHECK_MSG(f->st == DPAR_ETIMEDOUT && named && P == fc->F / hybrid_threads && base == P * hybrid_threads &&
+                      !strstr(strstr(f->msg, "where rank k") + 1, "where rank k"),
                   "%s: %s: %s (%s)", where, fc->spec, dpar_status_string(f->st), f->msg);
     } else if (fc->vanish) {
         CHECK_MSG(f->st == DPAR_ETIMEDOUT && strstr(f->msg, name), "%s: %s: %s (%s)", where, fc->spec,
@@ -631,16 +635,14 @@ static void test_faults_in_modules_over_mpi(void)
     for (k = 0; k < 4; k++) dpar_comm_destroy(keep[k]);
 }
 
-/* hybrid: T threads per process; the faulty rank is the last (N - 1: the last thread of the last process, beside
-   the other threads of its process). Two gaps of the hybrid comm (docs/reliability.md, 'Known gaps'): a fault's
-   rank= also matches its inner comms (the process's thread group, the comm of the process leaders) by their own
-   ranks, so a rank below T or below the process count would be hit in dpar_group_join_mpi's set-up; N - 1 is
-   neither. A failed allreduce poisons the faulty rank's process only: the other processes time out (their story
-   names a process leader, not the faulty rank), where a failed bucket update reaches every rank by name. And a
-   vanished rank's survivors time out inside those inner comms, whose story names their ranks (process 1,
-   thread 0), not the world rank. Those cases check an error (DPAR_ETIMEDOUT) within 2 x the timeout, no hang. */
+/* hybrid: T threads per process. The faulty rank is the last (N - 1: the last thread of the last process, beside
+   the other threads of its process), the leader of the last process (thread 0, waited for by the other processes'
+   leaders), or rank 1 (thread 1 of process 0, whose number the process's thread group also has: DPAR_FAULT's ranks
+   are the hybrid comm's alone, so the group's own calls must not fail). A failure reaches every rank by name; a
+   vanished rank is first noticed by the threads of its own process, whose story every survivor gets with the world
+   ranks of the ranks it names. */
 static fm_rank hy_ranks[8];
-static dpar_comm *hy_keep[4][8];
+static dpar_comm *hy_keep[5][8];
 static int hy_k;
 static dpar_status hy_thread(void *user, int t, int T)
 {
@@ -662,25 +664,25 @@ static dpar_status hy_thread(void *user, int t, int T)
 }
 static void test_hybrid_faults(void)
 {
-    int T = hybrid_threads, k, t, F = nprocs * hybrid_threads - 1;
-    /* the last rank (no inner comm has its number), and rank 1: thread 1 of process 0, as the process's thread group
-       numbers it too (DPAR_FAULT's ranks are the hybrid comm's alone: the group's own calls must not fail) */
-    fm_case cases[4] = {{FM_ALLREDUCE, 0, 0, 1000, NULL, "allreduce #2 failed", 0},
+    int T = hybrid_threads, k, t, F = nprocs * hybrid_threads - 1, L = (nprocs - 1) * hybrid_threads;
+    fm_case cases[5] = {{FM_ALLREDUCE, 0, 0, 1000, NULL, "allreduce #2 failed", 0},
                         {FM_ALLREDUCE, 0, 1, 1000, NULL, "", 1},
                         {FM_BUCKET, 0, 0, 2000, NULL, "bucket #6 failed", 0},
-                        {FM_ALLREDUCE, 0, 0, 1000, NULL, "allreduce #2 failed", 0}};
-    char specs[4][64];
+                        {FM_ALLREDUCE, 0, 0, 1000, NULL, "allreduce #2 failed", 0},
+                        {FM_ALLREDUCE, 0, 1, 1000, NULL, "", 1}};
+    char specs[5][64];
     pthread_t wd;
     if (nprocs < 2 || T < 2 || T > 8) SKIP("needs 2 processes or more of 2 to 8 threads");
     snprintf(specs[0], sizeof specs[0], "rank=%d,op=allreduce,at=2,kind=fail", F);
     snprintf(specs[1], sizeof specs[1], "rank=%d,op=allreduce,at=2,kind=vanish", F);
     snprintf(specs[2], sizeof specs[2], "rank=%d,op=bucket,at=6,kind=fail", F);
     snprintf(specs[3], sizeof specs[3], "rank=1,op=allreduce,at=2,kind=fail");
-    for (k = 0; k < 4; k++) cases[k].F = k == 3 ? 1 : F, cases[k].spec = specs[k];
+    snprintf(specs[4], sizeof specs[4], "rank=%d,op=allreduce,at=2,kind=vanish", L);
+    for (k = 0; k < 5; k++) cases[k].F = k == 3 ? 1 : k == 4 ? L : F, cases[k].spec = specs[k];
     memset(hy_keep, 0, sizeof hy_keep);
     fm_arm(0);
     pthread_create(&wd, NULL, fault_watchdog, NULL);
-    for (k = 0; k < 4; k++) {
+    for (k = 0; k < 5; k++) {
         dpar_pool *pool = NULL;
         dpar_pool_desc pd;
         dpar_group *local = NULL;
