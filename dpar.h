@@ -1929,9 +1929,11 @@ DPAR_API uint32_t dpar_crc32(uint32_t crc, const void *data, size_t bytes);
    mpi_comm: dpar works on a duplicate, so its messages never meet the program's. MPI must be initialised.
    desc:     may be NULL; its size is ignored.
    Remarks:  async requests need MPI_THREAD_MULTIPLE.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, MPI_COMM_NULL, bad timeout_ms or spin_us, half an allocator),
-             DPAR_ESTATE (MPI is not initialised), DPAR_EUNSUPPORTED (deterministic on a number of processes that
-             is not a power of two), DPAR_ESYSTEM (MPI_Comm_dup failed), DPAR_ENOMEM.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, MPI_COMM_NULL, bad timeout_ms or spin_us, half an allocator; a
+             malformed DPAR_FAULT, DPAR_TIMEOUT_MS, DPAR_LOG or DPAR_TRACE on any process: every process fails,
+             the others naming that process), DPAR_ESTATE (MPI is not initialised), DPAR_EUNSUPPORTED
+             (deterministic on a number of processes that is not a power of two), DPAR_ESYSTEM (MPI_Comm_dup
+             failed), DPAR_ENOMEM.
    Thread safety: the rank's thread; collective over mpi_comm.
    See:      docs/mpi.md. */
 DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc *desc, dpar_comm **out);
@@ -12660,6 +12662,7 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
     MPI_Comm dup;
     int inited = 0, finalized = 0, rc;
     dpar_status st;
+    char why[DPAR__ERROR_TEXT] = "";
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: out is NULL");
     *out = NULL;
     memset(&d, 0, sizeof d);
@@ -12676,7 +12679,8 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
         return dpar__err(DPAR_ESTATE, "dpar_comm_from_mpi: MPI is not initialised (call MPI_Init_thread first)");
     if (mpi_comm == MPI_COMM_NULL)
         return dpar__err(DPAR_EINVAL, "dpar_comm_from_mpi: the communicator is MPI_COMM_NULL");
-    if ((st = dpar__env_check("dpar_comm_from_mpi")) != DPAR_OK) return st;
+    st = dpar__env_check("dpar_comm_from_mpi");
+    if (st != DPAR_OK) snprintf(why, sizeof why, "%s", dpar_last_error());
     rc = MPI_Comm_dup(mpi_comm, &dup); /* dpar's traffic never meets the program's */
     if (rc != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING];
@@ -12685,6 +12689,20 @@ DPAR_API dpar_status dpar_comm_from_mpi(MPI_Comm mpi_comm, const dpar_comm_desc 
         return dpar__err(DPAR_ESYSTEM, "dpar_comm_from_mpi: MPI_Comm_dup failed: %s", text);
     }
     MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    { /* a process that refused its environment says so to all: every process fails, none waits in MPI */
+        int bad = -1;
+        if (st != DPAR_OK) MPI_Comm_rank(dup, &bad);
+        rc = MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, dup);
+        if (rc != MPI_SUCCESS || bad >= 0) {
+            MPI_Comm_free(&dup);
+            if (st != DPAR_OK) return dpar__err(st, "%s", why);
+            if (rc != MPI_SUCCESS) return dpar__err(DPAR_ESYSTEM, "dpar_comm_from_mpi: MPI_Allreduce failed");
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_comm_from_mpi: process %d (its rank in the MPI communicator) refused its "
+                             "environment (DPAR_FAULT, DPAR_TIMEOUT_MS, DPAR_LOG or DPAR_TRACE; its error says which)",
+                             bad);
+        }
+    }
     {
         int size = 0;
         MPI_Comm_size(dup, &size);

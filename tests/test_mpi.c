@@ -1170,6 +1170,32 @@ static void test_hybrid_uneven_threads_refused(void)
     dpar_group_destroy(uneven.g);
 }
 
+/* a malformed variable on one process only (the last): that process gets its own error, every other one an error
+   naming it, and nobody waits in MPI (the watchdog ends the test at 10 s otherwise) */
+static void test_env_refused_on_one_process(void)
+{
+    dpar_comm *c = NULL;
+    dpar_status st;
+    pthread_t wd;
+    char want[64];
+    if (nprocs < 2) SKIP("needs 2 processes or more");
+    fm_arm(5000);
+    pthread_create(&wd, NULL, fault_watchdog, NULL);
+    if (me == nprocs - 1) setenv("DPAR_TIMEOUT_MS", "soon", 1);
+    st = dpar_comm_from_mpi(MPI_COMM_WORLD, NULL, &c);
+    if (me == nprocs - 1) unsetenv("DPAR_TIMEOUT_MS");
+    snprintf(want, sizeof want, "process %d (its rank in the MPI communicator) refused", nprocs - 1);
+    CHECK_MSG(st == DPAR_EINVAL && !c &&
+                  strstr(dpar_last_error(), me == nprocs - 1 ? "DPAR_TIMEOUT_MS=\"soon\" is not a number" : want),
+              "process %d: %s: %s", me, dpar_status_string(st), dpar_last_error());
+    dpar_comm_destroy(c);
+    st = dpar_comm_from_mpi(MPI_COMM_WORLD, NULL, &c); /* and the next comm is made as usual */
+    CHECK_MSG(st == DPAR_OK, "%s", dpar_last_error());
+    dpar_comm_destroy(c);
+    fm_arm(-1);
+    pthread_join(wd, NULL);
+}
+
 /* ---- MPI_THREAD_FUNNELED: what needs more says so ---- */
 static void test_thread_level_is_checked(void)
 {
@@ -1288,6 +1314,7 @@ int main(int argc, char **argv)
         MRUN(test_async_split_mesh_over_mpi);
         MRUN(test_pipeline_over_mpi);
         MRUN(test_stress_over_mpi);
+        MRUN(test_env_refused_on_one_process);
         /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
            MPI_Comm_split_type (mca_pml_ob1_add_comm) in some runs (docs/mpi.md) */
         MRUN(test_mismatch_timeout_abort_over_mpi);

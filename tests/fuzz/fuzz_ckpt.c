@@ -83,6 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     snprintf(shard, sizeof shard, "%s.g%llu.r0", path, (unsigned long long)(mn >= 20 ? le64(m + 12) : 0));
     fuzz_write(path, m, mn);
     fuzz_write(shard, s, sn);
+    memset(items, 0, sizeof items); /* whole items: no shard plan (a found crash: the plan was stack garbage) */
     for (i = 0; i < 4; i++) {
         memset(buf[i], 0xA5, sizeof buf[i]);
         items[i].name = names[i];
