@@ -62,7 +62,7 @@ int main(int argc, char **argv)
     }
     for (bytes = 4; bytes <= max_bytes; bytes *= 4) {
         size_t count = bytes / sizeof(float);
-        int reps = bytes <= 65536 ? 500 : bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 5 : 2;
+        int reps = bytes <= 65536 ? 500 : bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 20 : 2;
         double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES], t_msg[SAMPLES];
         for (s = -1; s < SAMPLES; s++) { /* sample -1 warms both up */
             double t0;
