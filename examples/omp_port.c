@@ -376,20 +376,22 @@ int main(int argc, char **argv)
     same &= !memcmp(mo->logits, md->logits, BT * V * sizeof(float)) && !memcmp(mo->dx, md->dx, BT * C * sizeof(float));
     printf("%s after %d steps on %d threads: losses, parameters, gradients, logits and dx\n",
            same ? "bitwise equal" : "DIFFERENT", steps, threads);
-    if (bench) { /* medians of interleaved samples, each runtime idle before the other's sample */
-        enum { SAMPLES = 11, REPS = 5 };
+    if (bench) { /* medians of paired samples, each runtime idle before its sample, which goes first alternating */
+        enum { SAMPLES = 21, REPS = 5 };
         double td[SAMPLES], to[SAMPLES], t0;
+        int side;
         for (k = 0; k < 3; k++) step_omp(mo), step_dpar(md);
-        for (k = 0; k < SAMPLES; k++) {
-            settle();
-            t0 = now_ms();
-            for (i = 0; i < REPS; i++) step_dpar(md);
-            td[k] = (now_ms() - t0) / REPS;
-            settle();
-            t0 = now_ms();
-            for (i = 0; i < REPS; i++) step_omp(mo);
-            to[k] = (now_ms() - t0) / REPS;
-        }
+        for (k = 0; k < SAMPLES; k++)
+            for (side = 0; side < 2; side++) {
+                int omp = side != (k & 1); /* dpar first in even pairs, OpenMP first in odd ones */
+                settle();
+                t0 = now_ms();
+                for (i = 0; i < REPS; i++) {
+                    if (omp) step_omp(mo);
+                    else step_dpar(md);
+                }
+                (omp ? to : td)[k] = (now_ms() - t0) / REPS;
+            }
         qsort(td, SAMPLES, sizeof td[0], cmp_double);
         qsort(to, SAMPLES, sizeof to[0], cmp_double);
         printf("bench=omp_port threads=%d dpar_ms=%.3f omp_ms=%.3f ratio=%.2f\n", threads, td[SAMPLES / 2],
