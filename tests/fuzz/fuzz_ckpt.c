@@ -6,7 +6,8 @@
              the rest the shard, written as path.g<the manifest's generation>.r0.
    Property: never a crash; an error is DPAR_EIO or DPAR_ECORRUPT with a message, and leaves the items as they
              were; DPAR_OK only when an independent reading of the files (manifest CRC and size, shard size and
-             CRC, item names, sizes and CRCs) says they are whole, and then every item holds its bytes. Asked for
+             CRC, item names, sizes and CRCs) says they are whole and hold the asked items (by name: a shard may hold
+             more), and then every item holds its bytes. Asked for
              no item, dpar_ckpt_load reads no shard (it reads only the shards holding what is asked): DPAR_OK then
              needs only a manifest whose magic and CRC hold (make fuzz found the stricter property wrong). */
 #define DPAR_IMPLEMENTATION
@@ -29,32 +30,48 @@ static void put64(uint8_t *p, uint64_t v)
     put32(p + 4, (uint32_t)(v >> 32));
 }
 
-/* the independent reading: 1 when the files are a whole checkpoint of these items */
-static int whole(const uint8_t *m, size_t mn, const uint8_t *s, size_t sn, const dpar_ckpt_item *items, int count)
+/* the independent reading: 1 when the files are a whole checkpoint holding these items (the shard may hold more: a
+   load asks for a subset by name, and the loader checks only those: their CRCs and that they lie inside the shard,
+   beside the whole shard's CRC); at[i] is where item i's bytes lie in the shard */
+static int whole_at(const uint8_t *m, size_t mn, const uint8_t *s, size_t sn, const dpar_ckpt_item *items, int count,
+                    size_t *at)
 {
-    size_t at = 32, data;
+    size_t pos = 32, data, tab[64][4]; /* per shard entry: name offset, name length, bytes, crc offset */
+    uint32_t k, nk;
     int i;
     if (mn != 20 + 12 + 4 || memcmp(m, "DPARMAN1", 8) || le32(m + 8) != 1) return 0;
     if (dpar_crc32(0, m, mn - 4) != le32(m + mn - 4)) return 0;
     if (le64(m + 20) != sn || le32(m + 28) != dpar_crc32(0, s, sn)) return 0;
     if (sn < 32 || memcmp(s, "DPARCKP1", 8) || le32(s + 12) != 0 || le32(s + 16) != 1) return 0;
-    if (le64(s + 24) != le64(m + 12) || le32(s + 20) != (uint32_t)count) return 0;
+    nk = le32(s + 20);
+    if (le64(s + 24) != le64(m + 12) || nk > 64) return 0;
+    for (k = 0; k < nk; k++) {
+        size_t ln;
+        if (pos + 16 > sn || (ln = le32(s + pos)) > sn - pos - 16) return 0;
+        tab[k][0] = pos + 4, tab[k][1] = ln, tab[k][2] = (size_t)le64(s + pos + 4 + ln), tab[k][3] = pos + 12 + ln;
+        pos += 16 + ln;
+    }
+    data = pos;
+    for (k = 0; k < nk; k++) {
+        uint32_t crc;
+        if (tab[k][2] > sn - data) break; /* this one and those after it lie outside: they must not be asked */
+        crc = le32(s + tab[k][3]);
+        tab[k][3] = data; /* now: where its bytes lie; its CRC is checked for the asked items below */
+        tab[k][1] |= (size_t)(dpar_crc32(0, s + data, tab[k][2]) != crc) << 62;
+        data += tab[k][2];
+    }
+    nk = k;
     for (i = 0; i < count; i++) {
         size_t ln = strlen(items[i].name);
-        if (at + 16 + ln > sn || le32(s + at) != ln || memcmp(s + at + 4, items[i].name, ln) ||
-            le64(s + at + 4 + ln) != items[i].bytes)
-            return 0;
-        at += 16 + ln;
+        for (k = 0; k < nk && !(tab[k][1] == ln && !memcmp(s + tab[k][0], items[i].name, ln)); k++) continue;
+        if (k == nk || tab[k][2] != items[i].bytes) return 0;
+        if (at) at[i] = tab[k][3];
     }
-    data = at;
-    at = 32;
-    for (i = 0; i < count; i++) {
-        size_t ln = strlen(items[i].name);
-        if (data + items[i].bytes > sn || dpar_crc32(0, s + data, items[i].bytes) != le32(s + at + 12 + ln)) return 0;
-        data += items[i].bytes;
-        at += 16 + ln;
-    }
-    return data == sn;
+    return 1;
+}
+static int whole(const uint8_t *m, size_t mn, const uint8_t *s, size_t sn, const dpar_ckpt_item *items, int count)
+{
+    return whole_at(m, mn, s, sn, items, count, NULL);
 }
 
 /* what a load of no item reads: the manifest, its magic (v1 or v2) and its CRC */
@@ -102,13 +119,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     st = dpar_ckpt_load(NULL, path, items, count);
     if (getenv("FUZZ_VERBOSE")) fprintf(stderr, "load: %s\n", st == DPAR_OK ? "ok" : dpar_last_error());
     if (st == DPAR_OK) {
-        size_t at = 32;
-        FUZZ_ASSERT(count ? whole(m, mn, s, sn, items, count) : manifest_sound(m, mn), "accepted a damaged checkpoint");
-        for (i = 0; i < count; i++) at += 16 + strlen(names[i]);
-        for (i = 0; i < count; i++) {
-            FUZZ_ASSERT(!memcmp(buf[i], s + at, sizes[i]), "item %s", names[i]);
-            at += sizes[i];
-        }
+        size_t at[4];
+        FUZZ_ASSERT(count ? whole_at(m, mn, s, sn, items, count, at) : manifest_sound(m, mn),
+                    "accepted a damaged checkpoint");
+        for (i = 0; i < count; i++) FUZZ_ASSERT(!memcmp(buf[i], s + at[i], sizes[i]), "item %s", names[i]);
     } else {
         FUZZ_ASSERT(st == DPAR_EIO || st == DPAR_ECORRUPT, "status %d: %s", st, dpar_last_error());
         FUZZ_ASSERT(dpar_last_error()[0], "no message");
