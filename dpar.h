@@ -11479,7 +11479,9 @@ static const unsigned char *dpar__ckpt_find(const unsigned char *file, size_t si
     const unsigned char *p = file + 32, *data;
     size_t ln = strlen(name);
     for (i = 0, data = p; i < count; i++) { /* the data starts after the header */
-        if (p + 16 > file + size || dpar__get32(p) > 63) return NULL;
+        /* the whole entry inside the file (its name too: else the data would start past the end) */
+        if (p + 16 > file + size || dpar__get32(p) > 63 || (size_t)(file + size - p) < 16 + (size_t)dpar__get32(p))
+            return NULL;
         data += 16 + dpar__get32(p);
         p += 16 + dpar__get32(p);
     }
