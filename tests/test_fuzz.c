@@ -85,10 +85,65 @@ static void env_timeout_too_large(void)
     CHECK(timeout_with_env("") == (uint64_t)DPAR_TIMEOUT_MS_DEFAULT * 1000000u); /* empty: the default */
 }
 
+/* fuzz_ckpt, tests/fuzz/corpus_ckpt/regress-entry-past-end: a shard whose item table's last entry has its name
+   running past the end of the file (shard and manifest CRCs right). dpar__ckpt_find checked only the entry's fixed
+   16 bytes, so the item's data began past the end and its CRC was read out of bounds (ASan: heap-buffer-overflow).
+   Now the load is refused as damaged. */
+static uint32_t g32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void p32(unsigned char *p, uint32_t v)
+{
+    int i;
+    for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void ckpt_entry_name_past_end(void)
+{
+    char path[256], shard[300];
+    unsigned char w[16], man[4096], sh[50];
+    dpar_ckpt_item it;
+    FILE *f;
+    size_t mn, k;
+    unsigned long long gen;
+    memset(w, 7, sizeof w);
+    snprintf(path, sizeof path, "/tmp/dpar_test_fuzz_%d.ckpt", (int)getpid());
+    it = dpar_ckpt_own("w", w, sizeof w);
+    CHECK(dpar_ckpt_save(NULL, path, &it, 1) == DPAR_OK);
+    f = fopen(path, "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    mn = fread(man, 1, sizeof man, f);
+    fclose(f);
+    gen = (unsigned long long)g32(man + 12) | (unsigned long long)g32(man + 16) << 32;
+    /* the shard: the header (one item), then an entry of 16 + 10 bytes (a 10-byte name), of which 18 are there */
+    memset(sh, 0, sizeof sh);
+    memcpy(sh, "DPARCKP1", 8);
+    p32(sh + 8, 1), p32(sh + 16, 1), p32(sh + 20, 1), p32(sh + 24, g32(man + 12)), p32(sh + 28, g32(man + 16));
+    p32(sh + 32, 10);
+    memcpy(sh + 36, "wwwww", 5);
+    snprintf(shard, sizeof shard, "%s.g%llu.r0", path, gen);
+    f = fopen(shard, "wb");
+    CHECK(f && fwrite(sh, 1, sizeof sh, f) == sizeof sh);
+    if (f) fclose(f);
+    /* the manifest's entry for shard 0 (size, CRC), then its own CRC */
+    p32(man + 20, (uint32_t)sizeof sh), p32(man + 24, 0), p32(man + 28, dpar_crc32(0, sh, sizeof sh));
+    p32(man + mn - 4, dpar_crc32(0, man, mn - 4));
+    f = fopen(path, "wb");
+    CHECK(f && fwrite(man, 1, mn, f) == mn);
+    if (f) fclose(f);
+    it = dpar_ckpt_own("wwwwwwwwww", w, sizeof w);
+    CHECK_MSG(dpar_ckpt_load(NULL, path, &it, 1) == DPAR_ECORRUPT, "%s", dpar_last_error());
+    for (k = 0; k < sizeof w; k++) CHECK(w[k] == 7);
+    remove(shard);
+    remove(path);
+}
+
 int main(int argc, char **argv)
 {
     DT_MAIN_BEGIN(argc, argv);
     RUN(pipe_format_of_a_refused_schedule);
     RUN(env_timeout_too_large);
+    RUN(ckpt_entry_name_past_end);
     return dt_summary();
 }
