@@ -12867,10 +12867,10 @@ static dpar_status dpar__h_fail(dpar_comm *c, dpar_status st, int leaders)
         for (i = 0; i < n && named[i] != r; i++) {}
         if (i == n) named[n++] = r;
     }
-    for (i = 0; i < n; i++)
+    for (i = 0; i < n && (size_t)k < sizeof msg / 2; i++) /* (the story keeps the other half) */
         k += snprintf(msg + k, sizeof msg - (size_t)k, "%s rank %d is world rank %d", i ? "," : " (here", named[i],
                       base + named[i] * mul);
-    snprintf(msg + k, sizeof msg - (size_t)k, "%s: %.600s", n ? ")" : "", story);
+    if ((size_t)k < sizeof msg) snprintf(msg + k, sizeof msg - (size_t)k, "%s: %.600s", n ? ")" : "", story);
     return dpar__m_poison(c, st, msg);
 }
 
