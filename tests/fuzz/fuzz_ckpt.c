@@ -7,7 +7,8 @@
    Property: never a crash; an error is DPAR_EIO or DPAR_ECORRUPT with a message, and leaves the items as they
              were; DPAR_OK only when an independent reading of the files (manifest CRC and size, shard size and
              CRC, item names, sizes and CRCs) says they are whole and hold the asked items (by name: a shard may hold
-             more), and then every item holds its bytes. Asked for no item, dpar_ckpt_load reads no shard (it
+             more; a table with a name longer than 63 bytes, which no writer makes, is not whole), and then every
+             item holds its bytes. Asked for no item, dpar_ckpt_load reads no shard (it
              reads only the shards holding what is asked): DPAR_OK then needs only a manifest whose magic and CRC
              hold (make fuzz found the stricter property wrong). */
 #define DPAR_IMPLEMENTATION
@@ -47,7 +48,7 @@ static int whole_at(const uint8_t *m, size_t mn, const uint8_t *s, size_t sn, co
     if (le64(s + 24) != le64(m + 12) || nk > 64) return 0;
     for (k = 0; k < nk; k++) {
         size_t ln;
-        if (pos + 16 > sn || (ln = le32(s + pos)) > sn - pos - 16) return 0;
+        if (pos + 16 > sn || (ln = le32(s + pos)) > 63 || ln > sn - pos - 16) return 0; /* names: 1..63 bytes */
         tab[k][0] = pos + 4, tab[k][1] = ln, tab[k][2] = (size_t)le64(s + pos + 4 + ln), tab[k][3] = pos + 12 + ln;
         pos += 16 + ln;
     }
