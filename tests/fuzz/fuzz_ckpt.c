@@ -48,7 +48,7 @@ static int whole_at(const uint8_t *m, size_t mn, const uint8_t *s, size_t sn, co
     if (le64(s + 24) != le64(m + 12) || nk > 64) return 0;
     for (k = 0; k < nk; k++) {
         size_t ln;
-        if (pos + 16 > sn || (ln = le32(s + pos)) > 63 || ln > sn - pos - 16) return 0; /* names: 1..63 bytes */
+        if (pos + 16 > sn || (ln = le32(s + pos)) > 63 || ln > sn - pos - 16) return 0; /* names of at most 63 */
         tab[k][0] = pos + 4, tab[k][1] = ln, tab[k][2] = (size_t)le64(s + pos + 4 + ln), tab[k][3] = pos + 12 + ln;
         pos += 16 + ln;
     }
