@@ -8,9 +8,9 @@
              were; DPAR_OK only when an independent reading of the files (manifest CRC and size, shard size and
              CRC, item names, sizes and CRCs) says they are whole and hold the asked items (by name: a shard may hold
              more; a table with a name longer than 63 bytes, which no writer makes, is not whole), and then every
-             item holds its bytes. Asked for no item, dpar_ckpt_load reads no shard (it
-             reads only the shards holding what is asked): DPAR_OK then needs only a manifest whose magic and CRC
-             hold (make fuzz found the stricter property wrong). */
+             item holds its bytes. Asked for no item, dpar_ckpt_load reads no shard (it reads only the shards
+             holding what is asked): DPAR_OK then needs only a manifest whose magic and CRC hold (make fuzz found
+             the stricter property wrong). */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 #include "fuzz_common.h"
