@@ -75,6 +75,8 @@
      DPAR_SHM_TWO_MAX_BYTES  the same for a comm of two processes (default 262144)
      DPAR_MSG_ONESHOT_MAX_BYTES  MPI otherwise: allreduce one-shot over messages up to this many bytes
                            (default 16384)
+     DPAR_MPI_SEGMENT_BYTES  MPI: the ring's segment when dpar_comm_desc.segment_bytes is 0 (default
+                           1 MiB; each segment is an MPI message, and 128 KiB ones measured 7-30% slower)
      DPAR_STREAM_MIN_BYTES streaming stores when N x bytes reaches this (default 0: the LLC's size)
      DPAR_NO_STREAM        no streaming (non-temporal) stores: ordinary stores everywhere
      DPAR_MAX_THREADS      largest pool or thread group (default 1024)
@@ -841,7 +843,7 @@ typedef struct dpar_comm_desc {
                              DPAR_TIMEOUT_MS_DEFAULT (30000); -1: never */
     int no_check;             /* 1: skip the contract checker's fingerprints */
     int deterministic;        /* 1: allreduce in the fixed tree order (N must be a power of two) */
-    size_t segment_bytes;     /* pipeline segment of the ring algorithms (0: 128 KiB) */
+    size_t segment_bytes;     /* pipeline segment of the ring algorithms (0: 128 KiB; MPI: 1 MiB) */
     int spin_us;              /* waits spin this long before sleeping; 0: DPAR_SPIN_US, -1: no spin */
     const char *name;         /* trace and error prefix (copied; default "comm") */
     int native;               /* MPI: use MPI's own collectives for the dtypes MPI has (not bf16/f16) */
@@ -4366,6 +4368,11 @@ DPAR_API dpar_status dpar_tree_reduce(void *out, const void *const *leaves, int 
 #define DPAR__LANE_COLL 1 /* collectives */
 #define DPAR__LANES 2
 #define DPAR__SEGMENT_DEFAULT (128u * 1024u)
+/* over MPI each segment is a message of its own: on 2 processes 128 KiB ones took 1.07-1.30 times as long as
+   1 MiB ones at 1, 16 and 64 MiB, 512 KiB ones 0.94-1.07 times (docs/mpi.md, 'The default segment') */
+#ifndef DPAR_MPI_SEGMENT_BYTES
+#define DPAR_MPI_SEGMENT_BYTES (1u << 20)
+#endif
 
 /* ---- fingerprints ---- */
 typedef struct dpar__fp {
@@ -12612,6 +12619,7 @@ static dpar_status dpar__m_make(MPI_Comm mc, int own, const dpar_comm_desc *desc
         return dpar__err(DPAR_ENOMEM, "dpar_comm_from_mpi: out of memory");
     }
     dpar__comm_init(c, desc, prank * T + t, procs * T);
+    if (!desc->segment_bytes) c->segment_bytes = (size_t)DPAR_MPI_SEGMENT_BYTES;
     c->tp = &dpar__mpi_transport;
     c->tp_data = m;
     m->comm = mc;

@@ -105,6 +105,12 @@ static void test_collectives_matrix_over_mpi(void)
                             fails += run_proc(&da, allreduce_rank, &m);
                             unsetenv("DPAR_MPI_SHM");
                         }
+                        if (ci == 5) { /* the ring in many segments (the default's are 1 MiB over MPI) */
+                            da.algo = DPAR_ALGO_RING;
+                            da.segment_bytes = 12288;
+                            allreduce_want = DPAR_ALGO_RING;
+                            fails += run_proc(&da, allreduce_rank, &m);
+                        }
                     }
                 }
                 m.op = DPAR_SUM;
@@ -148,6 +154,12 @@ static void bytes_proc(world *w, dpar_comm *c, int r)
     float *x = (float *)calloc(n, sizeof(float));
     dpar_comm_stats s;
     uint64_t want = 4 * (uint64_t)n * 2 * (uint64_t)(w->n - 1) / (uint64_t)w->n;
+    dpar_comm_desc used;
+    memset(&used, 0, sizeof used);
+    /* made with segment_bytes 0: over MPI the default is DPAR_MPI_SEGMENT_BYTES, not the threads' 128 KiB */
+    if (dpar_comm_query(c, &used) != DPAR_OK || used.segment_bytes != (size_t)DPAR_MPI_SEGMENT_BYTES)
+        note(w, "rank %d: default segment %zu bytes over MPI, want %zu", r, used.segment_bytes,
+             (size_t)DPAR_MPI_SEGMENT_BYTES);
     expect_ok(w, dpar_allreduce(c, x, x, n, DPAR_F32, DPAR_SUM), "allreduce", r);
     dpar_comm_stats_get(c, &s);
     if (s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent != want || s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received != want)
@@ -178,6 +190,10 @@ static void det_proc(world *w, dpar_comm *c, int r)
 {
     det_job *d = (det_job *)w->user;
     float *x = (float *)malloc(d->n * sizeof(float)), *y = (float *)malloc(d->n * sizeof(float));
+    dpar_comm_desc used;
+    memset(&used, 0, sizeof used);
+    if (dpar_comm_query(c, &used) != DPAR_OK || used.segment_bytes != 8192) /* the desc's segment is kept */
+        note(w, "rank %d: segment %zu bytes, the desc said 8192", r, used.segment_bytes);
     random_floats(x, d->n, (unsigned)r + 7);
     expect_ok(w, dpar_allreduce(c, x, y, d->n, DPAR_F32, DPAR_SUM), "allreduce", r);
     if (d->rep == 0) memcpy(d->first, y, d->n * sizeof(float));
