@@ -11478,33 +11478,36 @@ static dpar_status dpar__ckpt_parse(const char *path, const unsigned char *m, si
     return DPAR_OK;
 }
 
-/* find `name` among a shard's items: its data and size (the header was checked against the file's size) */
-static const unsigned char *dpar__ckpt_find(const unsigned char *file, size_t size, const char *name, uint64_t *bytes,
-                                            uint32_t *crc)
+/* find `name` among a shard's items (the header was checked against the file's size): 1 and its data, size
+   and CRC in *data, *bytes, *crc; 0 where the shard has no such item; -1 where its item table is malformed (an
+   entry or its data past the end of the file, a name over 63 bytes) before the item is found */
+static int dpar__ckpt_find(const unsigned char *file, size_t size, const char *name, const unsigned char **data,
+                           uint64_t *bytes, uint32_t *crc)
 {
     uint32_t count = dpar__get32(file + 20), i;
-    const unsigned char *p = file + 32, *data;
+    const unsigned char *p = file + 32, *d;
     size_t ln = strlen(name);
-    for (i = 0, data = p; i < count; i++) { /* the data starts after the header */
+    for (i = 0, d = p; i < count; i++) { /* the data starts after the header */
         /* the whole entry inside the file (its name too: else the data would start past the end) */
         if (p + 16 > file + size || dpar__get32(p) > 63 || (size_t)(file + size - p) < 16 + (size_t)dpar__get32(p))
-            return NULL;
-        data += 16 + dpar__get32(p);
+            return -1;
+        d += 16 + dpar__get32(p);
         p += 16 + dpar__get32(p);
     }
     for (i = 0, p = file + 32; i < count; i++) {
         uint32_t l = dpar__get32(p);
         uint64_t b = dpar__get64(p + 4 + l);
-        if (b > (uint64_t)(file + size - data)) return NULL;
+        if (b > (uint64_t)(file + size - d)) return -1;
         if (l == ln && !memcmp(p + 4, name, ln)) {
+            *data = d;
             *bytes = b;
             *crc = dpar__get32(p + 12 + l);
-            return data;
+            return 1;
         }
-        data += b;
+        d += b;
         p += 16 + l;
     }
-    return NULL;
+    return 0;
 }
 
 /* the rows and columns a saved block shares with an asked one, copied */
@@ -11642,9 +11645,10 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
         for (pass = 0; pass < 2 && st == DPAR_OK; pass++)
             for (i = 0; i < count && st == DPAR_OK; i++) {
                 const dpar_ckpt_item *t = &items[i];
-                const unsigned char *data, *blk = NULL;
+                const unsigned char *data = NULL, *blk = NULL;
                 uint64_t bytes = 0, want = t->bytes;
                 uint32_t crc = 0;
+                int found;
                 dpar_ckpt_item whole = *t;
                 if (which[i] >= 0) { /* the block this shard holds, if it meets the asked one */
                     const dpar__ckpt_ten *x = &tens[which[i]];
@@ -11658,8 +11662,13 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
                 } else if (s != (uint32_t)rank) {
                     continue;
                 }
-                data = dpar__ckpt_find(file, size, t->name, &bytes, &crc);
-                if (!data)
+                found = dpar__ckpt_find(file, size, t->name, &data, &bytes, &crc);
+                if (found < 0)
+                    st = dpar__err(DPAR_ECORRUPT,
+                                   "'%s' is damaged: its item table is malformed (an entry or its data past the "
+                                   "end of the file, or a name over 63 bytes) before item '%s'",
+                                   shard, t->name);
+                else if (!found)
                     st = dpar__err(DPAR_ECORRUPT, "'%s' has no item '%s' (the program asks for '%s'; missing tensor)",
                                    shard, t->name, t->name);
                 else if (bytes != want)

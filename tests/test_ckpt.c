@@ -231,6 +231,73 @@ static void test_old_manifest_loads(void)
     rmdir_all(dir);
 }
 
+/* a shard whose item table is malformed, with CRCs that match (as a writer with a bug would leave it): the
+   load says the table is damaged, not that the item is missing */
+static int rewrite_crcs(const char *path, const char *shard, unsigned char *sh, size_t shn)
+{
+    unsigned char man[64];
+    size_t n;
+    uint32_t crc;
+    int i;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    n = fread(man, 1, sizeof man, f);
+    fclose(f);
+    if (n != 40) return 0; /* one shard, no planned tensor */
+    crc = dpar_crc32(0, sh, shn);
+    for (i = 0; i < 4; i++) man[28 + i] = (unsigned char)(crc >> (8 * i)); /* the shard's CRC */
+    crc = dpar_crc32(0, man, 36);
+    for (i = 0; i < 4; i++) man[36 + i] = (unsigned char)(crc >> (8 * i)); /* the manifest's own */
+    if (!(f = fopen(path, "wb")) || fwrite(man, 1, 40, f) != 40 || fclose(f)) return 0;
+    if (!(f = fopen(shard, "wb")) || fwrite(sh, 1, shn, f) != shn || fclose(f)) return 0;
+    return 1;
+}
+
+static void test_damaged_item_table(void)
+{
+    char dir[] = "/tmp/dpar_ckpt_XXXXXX", path[256], shard[300];
+    unsigned char sh[256], keep[256];
+    float a[3] = {1, 2, 3}, w[5] = {4, 5, 6, 7, 8}, back[5];
+    dpar_ckpt_item it[2];
+    size_t shn;
+    int kind;
+    FILE *f;
+    it[0] = dpar_ckpt_own("a", a, sizeof a);
+    it[1] = dpar_ckpt_own("w", w, sizeof w);
+    tmpdir_path(dir, path, sizeof path, "table");
+    CHECK(dpar_ckpt_save(NULL, path, it, 2) == DPAR_OK);
+    snprintf(shard, sizeof shard, "%s.g1.r0", path);
+    f = fopen(shard, "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    shn = fread(keep, 1, sizeof keep, f);
+    fclose(f);
+    /* header 32 bytes; then per item: name length (4), name, bytes (8), CRC (4); then the data */
+    CHECK(shn == 32 + 2 * (16 + 1) + sizeof a + sizeof w && keep[32] == 1 && keep[36] == 'a');
+    it[1].data = back;
+    for (kind = 0; kind < 3; kind++) {
+        memcpy(sh, keep, shn);
+        if (kind == 0) sh[32] = 64;            /* item 'a's name is 64 bytes long: over 63 */
+        else if (kind == 1) sh[37 + 7] = 0x7f; /* item 'a' has more bytes than the file */
+        else memcpy(sh + 32 + 17 + 4, "v", 1); /* the second item is 'v': intact, no 'w' (control) */
+        CHECK(rewrite_crcs(path, shard, sh, shn));
+        memset(back, 0, sizeof back);
+        if (kind < 2)
+            CHECK_MSG(dpar_ckpt_load(NULL, path, &it[1], 1) == DPAR_ECORRUPT &&
+                          strstr(dpar_last_error(), "item table is malformed") &&
+                          strstr(dpar_last_error(), "item 'w'") && !strstr(dpar_last_error(), "missing"),
+                      "kind %d: %s", kind, dpar_last_error());
+        else
+            CHECK_MSG(dpar_ckpt_load(NULL, path, &it[1], 1) == DPAR_ECORRUPT &&
+                          strstr(dpar_last_error(), "has no item 'w'") && strstr(dpar_last_error(), "missing tensor"),
+                      "kind %d: %s", kind, dpar_last_error());
+        CHECK(back[0] == 0); /* nothing loaded */
+    }
+    CHECK(rewrite_crcs(path, shard, keep, shn)); /* as saved: loads */
+    CHECK(dpar_ckpt_load(NULL, path, &it[1], 1) == DPAR_OK && !memcmp(back, w, sizeof w));
+    rmdir_all(dir);
+}
+
 /* ---- the sampler across a 4 -> 3 restart ---- */
 typedef struct {
     char path[256];
@@ -548,6 +615,7 @@ int main(int argc, char **argv)
     RUN(test_reshard_any_layout);
     RUN(test_reshard_refusals);
     RUN(test_old_manifest_loads);
+    RUN(test_damaged_item_table);
     RUN(test_sampler_resume_4_to_3);
     RUN(test_fsdp_resumes_on_other_rank_counts);
     RUN(test_zero_resumes_on_other_rank_counts);
