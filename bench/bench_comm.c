@@ -14,7 +14,8 @@
    that size the caches, not the model, decide).
 
    Build: cc -std=c99 -O3 -I. bench/bench_comm.c -o bench_comm -pthread
-   Run:   ./bench_comm [max_bytes]      (default 256 MiB; prints one bench= line per case) */
+   Run:   ./bench_comm [max_bytes]      (default 256 MiB; prints one bench= line per case, and
+          bench=line_roundtrip before and after each rank count: the machine's price of a message) */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -113,6 +114,49 @@ static dpar_status touch(void *user, int r, int n)
     return DPAR_OK;
 }
 
+/* The machine's own cost of a message: a cache line passed from thread 0 to thread 1 and back,
+   PROBE_TRIPS times (the pool's threads, where the ranks run). A small allreduce cannot take less
+   than about one of these; on a virtual machine it moves with where the host puts the virtual CPUs
+   (the development machine gave 55, 120 and 500 ns in the same hour), so make bench prints it before
+   and after each rank count, to read the small sizes' figures against. */
+#define PROBE_TRIPS 100000
+static struct {
+    int ball[16]; /* a line of its own (64 bytes) */
+    int back[16];
+    int base; /* the values of the previous probe end here */
+    double ns;
+} probe;
+static dpar_status roundtrip(void *user, int r, int n)
+{
+    bench *b = (bench *)user;
+    int i, base = probe.base; /* read before the barrier: rank 0 moves it after the second */
+    uint64_t t0;
+    (void)n;
+    dpar_pool_barrier(b->pool);
+    if (r == 0) {
+        t0 = dpar_time_ns();
+        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
+            __atomic_store_n(&probe.ball[0], i, __ATOMIC_RELEASE);
+            while (__atomic_load_n(&probe.back[0], __ATOMIC_ACQUIRE) != i) continue;
+        }
+        probe.ns = (double)(dpar_time_ns() - t0) / PROBE_TRIPS;
+    } else if (r == 1) {
+        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
+            while (__atomic_load_n(&probe.ball[0], __ATOMIC_ACQUIRE) != i) continue;
+            __atomic_store_n(&probe.back[0], i, __ATOMIC_RELEASE);
+        }
+    }
+    dpar_pool_barrier(b->pool);
+    if (r == 0) probe.base = base + PROBE_TRIPS;
+    return DPAR_OK;
+}
+static void print_roundtrip(bench *b, const char *when)
+{
+    dpar_pool_run(b->pool, roundtrip, b);
+    printf("bench=line_roundtrip threads=%d when=%s ns=%.1f\n", b->n, when, probe.ns);
+    fflush(stdout);
+}
+
 /* The traffic model (docs/comm.md, 'Traffic'): bytes through memory per rank, in units of the
    message, reads + writes + the read of every ordinary store to a line not cached (write-allocate).
    The reference out = x + y: 2 + 1 + 1 = 4. */
@@ -162,6 +206,7 @@ int main(int argc, char **argv)
             if (dpar_group_create(&d, &b.group[m]) != DPAR_OK) return 1;
         }
         if (dpar_pool_run(b.pool, join, &b) != DPAR_OK) return 1;
+        print_roundtrip(&b, "before");
         int ns = 0, k;
         size_t sizes[32];
         double forced[32][COMMS]; /* us of each comm at each size */
@@ -209,6 +254,7 @@ int main(int argc, char **argv)
                    (int)DPAR_RING_MIN_BYTES);
             fflush(stdout);
         }
+        print_roundtrip(&b, "after");
         dpar_pool_run(b.pool, leave, &b);
         for (m = 0; m < COMMS; m++) dpar_group_destroy(b.group[m]);
         for (r = 0; r < n; r++) {
