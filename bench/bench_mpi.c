@@ -20,6 +20,37 @@
 
 #define SAMPLES 7
 
+/* The machine's price of a message between ranks 0 and 1: one cache line passed 0 -> 1 -> 0 through an MPI-3
+   shared window, PROBE_TRIPS times, right before each size (rt_ns in its line; 0 where the processes are not all
+   on one node). The host of a virtual machine moves its virtual CPUs, and this price with them (55 to 500 ns
+   within an hour on the development machine): it tells a small size's figure measured in the slow state. */
+#define PROBE_TRIPS 5000
+static int *probe_ball; /* [0]: the ball (rank 0 throws), [16]: the answer (rank 1), lines of their own */
+static int probe_base;
+static double roundtrip_ns(int me)
+{
+    int i, base = probe_base;
+    double t0, ns = 0;
+    probe_base += PROBE_TRIPS;
+    if (!probe_ball) return 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) {
+        t0 = MPI_Wtime();
+        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
+            __atomic_store_n(&probe_ball[0], i, __ATOMIC_RELEASE);
+            while (__atomic_load_n(&probe_ball[16], __ATOMIC_ACQUIRE) != i) continue;
+        }
+        ns = (MPI_Wtime() - t0) * 1e9 / PROBE_TRIPS;
+    } else if (me == 1) {
+        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
+            while (__atomic_load_n(&probe_ball[0], __ATOMIC_ACQUIRE) != i) continue;
+            __atomic_store_n(&probe_ball[16], i, __ATOMIC_RELEASE);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return ns;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -34,9 +65,26 @@ int main(int argc, char **argv)
     dpar_comm *c, *cr, *cm;
     dpar_comm_desc d;
     dpar_comm_stats st;
+    MPI_Comm node;
+    MPI_Win win = MPI_WIN_NULL;
+    int node_size, one_node;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &node_size);
+    one_node = node_size == n;
+    MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (one_node && n > 1) { /* the probe's two lines, in rank 0's part of a shared window */
+        MPI_Aint size;
+        int unit;
+        void *mine, *at;
+        MPI_Win_allocate_shared(me == 0 ? 128 : 0, 1, MPI_INFO_NULL, node, &mine, &win);
+        MPI_Win_shared_query(win, 0, &size, &unit, &at);
+        probe_ball = (int *)at;
+        if (me == 0) memset(at, 0, 128);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
     max_bytes = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : (size_t)64 << 20;
     memset(&d, 0, sizeof d); /* the defaults, as a program gets them (segments of DPAR_MPI_SEGMENT_BYTES) */
     if (dpar_comm_from_mpi(MPI_COMM_WORLD, &d, &c) != DPAR_OK) {
@@ -63,7 +111,7 @@ int main(int argc, char **argv)
     for (bytes = 4; bytes <= max_bytes; bytes *= 4) {
         size_t count = bytes / sizeof(float);
         int reps = bytes <= 65536 ? 500 : bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 20 : 2;
-        double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES], t_msg[SAMPLES];
+        double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES], t_msg[SAMPLES], rt = roundtrip_ns(me);
         for (s = -1; s < SAMPLES; s++) { /* sample -1 warms both up */
             double t0;
             MPI_Barrier(MPI_COMM_WORLD);
@@ -94,11 +142,11 @@ int main(int argc, char **argv)
         dpar_comm_stats_get(c, &st);
         if (me == 0) {
             printf("bench=allreduce transport=mpi ranks=%d bytes=%zu algo=%s dpar_us=%.2f mpi_us=%.2f ratio=%.2f "
-                   "msg_us=%.2f msg_ratio=%.2f ring_us=%.2f ring_ratio=%.2f\n",
+                   "msg_us=%.2f msg_ratio=%.2f ring_us=%.2f ring_ratio=%.2f rt_ns=%.0f\n",
                    n, bytes, dpar_algo_name(st.last_algo), t_dpar[SAMPLES / 2], t_mpi[SAMPLES / 2],
                    t_mpi[SAMPLES / 2] / t_dpar[SAMPLES / 2], t_msg[SAMPLES / 2],
                    t_mpi[SAMPLES / 2] / t_msg[SAMPLES / 2], t_ring[SAMPLES / 2],
-                   t_mpi[SAMPLES / 2] / t_ring[SAMPLES / 2]);
+                   t_mpi[SAMPLES / 2] / t_ring[SAMPLES / 2], rt);
             fflush(stdout);
         }
     }
@@ -107,6 +155,8 @@ int main(int argc, char **argv)
     dpar_comm_destroy(cm);
     free(x);
     free(y);
+    if (win != MPI_WIN_NULL) MPI_Win_free(&win);
+    MPI_Comm_free(&node);
     MPI_Finalize();
     return 0;
 }
