@@ -109,11 +109,11 @@ $(BUILD)/bench_gemm: bench/bench_gemm.c dpar.h | $(BUILD)
 $(BUILD)/mpi_data_parallel: examples/mpi_data_parallel.c dpar.h | $(BUILD)
 	$(MPICC) -std=c99 -O2 $(WARN) -I. $< -o $@ -lm
 
-$(BUILD)/bench_mpi: bench/bench_mpi.c dpar.h | $(BUILD)
+$(BUILD)/bench_mpi: bench/bench_mpi.c bench/line_probe.h dpar.h | $(BUILD)
 	$(MPICC) -std=c99 -O2 -I. $< -o $@ $(LDLIBS)
 
 # -O3 so that the reference pass out = x + y is vectorised too
-$(BUILD)/bench_comm: bench/bench_comm.c dpar.h | $(BUILD)
+$(BUILD)/bench_comm: bench/bench_comm.c bench/line_probe.h dpar.h | $(BUILD)
 	$(CC) -std=c99 -O3 -I. $< -o $@ $(LDLIBS)
 
 # the trainer demo: about 20 s on 2 cores; its checkpoint goes to build/

@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "line_probe.h"
+
 #define SAMPLES 5
 
 #define COMMS 5 /* auto, ring, oneshot, slice, deterministic */
@@ -114,10 +116,8 @@ static dpar_status touch(void *user, int r, int n)
     return DPAR_OK;
 }
 
-/* The machine's own cost of a message: a cache line passed from thread 0 to thread 1 and back,
-   PROBE_TRIPS times (the pool's threads, where the ranks run). A small allreduce cannot take less
-   than about one of these; on a virtual machine it moves with where the host puts the virtual CPUs
-   (the development machine gave 55, 120 and 500 ns in the same hour), so make bench prints it before
+/* The machine's own cost of a message (bench/line_probe.h) between the pool's threads 0 and 1, where the
+   ranks run: a small allreduce cannot take less than about one round trip, so make bench prints it before
    and after each rank count, to read the small sizes' figures against. */
 #define PROBE_TRIPS 100000
 static struct {
@@ -129,22 +129,12 @@ static struct {
 static dpar_status roundtrip(void *user, int r, int n)
 {
     bench *b = (bench *)user;
-    int i, base = probe.base; /* read before the barrier: rank 0 moves it after the second */
-    uint64_t t0;
+    int base = probe.base; /* read before the barrier: rank 0 moves it after the second */
     (void)n;
     dpar_pool_barrier(b->pool);
-    if (r == 0) {
-        t0 = dpar_time_ns();
-        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
-            __atomic_store_n(&probe.ball[0], i, __ATOMIC_RELEASE);
-            while (__atomic_load_n(&probe.back[0], __ATOMIC_ACQUIRE) != i) continue;
-        }
-        probe.ns = (double)(dpar_time_ns() - t0) / PROBE_TRIPS;
-    } else if (r == 1) {
-        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
-            while (__atomic_load_n(&probe.ball[0], __ATOMIC_ACQUIRE) != i) continue;
-            __atomic_store_n(&probe.back[0], i, __ATOMIC_RELEASE);
-        }
+    if (r < 2) {
+        double ns = line_pingpong(probe.ball, probe.back, r, base, PROBE_TRIPS);
+        if (r == 0) probe.ns = ns;
     }
     dpar_pool_barrier(b->pool);
     if (r == 0) probe.base = base + PROBE_TRIPS;

@@ -18,35 +18,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "line_probe.h"
+
 #define SAMPLES 7
 
-/* The machine's price of a message between ranks 0 and 1: one cache line passed 0 -> 1 -> 0 through an MPI-3
-   shared window, PROBE_TRIPS times, right before each size (rt_ns in its line; 0 where the processes are not all
-   on one node). The host of a virtual machine moves its virtual CPUs, and this price with them (55 to 500 ns
-   within an hour on the development machine): it tells a small size's figure measured in the slow state. */
+/* The machine's price of a message between ranks 0 and 1 (bench/line_probe.h), through an MPI-3 shared window,
+   right before each size: rt_ns in its line (0 where the processes are not all on one node). It tells a small
+   size's figure measured while the host had the two virtual CPUs far apart. */
 #define PROBE_TRIPS 5000
 static int *probe_ball; /* [0]: the ball (rank 0 throws), [16]: the answer (rank 1), lines of their own */
 static int probe_base;
 static double roundtrip_ns(int me)
 {
-    int i, base = probe_base;
-    double t0, ns = 0;
+    int base = probe_base;
+    double ns = 0;
     probe_base += PROBE_TRIPS;
     if (!probe_ball) return 0;
     MPI_Barrier(MPI_COMM_WORLD);
-    if (me == 0) {
-        t0 = MPI_Wtime();
-        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
-            __atomic_store_n(&probe_ball[0], i, __ATOMIC_RELEASE);
-            while (__atomic_load_n(&probe_ball[16], __ATOMIC_ACQUIRE) != i) continue;
-        }
-        ns = (MPI_Wtime() - t0) * 1e9 / PROBE_TRIPS;
-    } else if (me == 1) {
-        for (i = base + 1; i <= base + PROBE_TRIPS; i++) {
-            while (__atomic_load_n(&probe_ball[0], __ATOMIC_ACQUIRE) != i) continue;
-            __atomic_store_n(&probe_ball[16], i, __ATOMIC_RELEASE);
-        }
-    }
+    if (me < 2) ns = line_pingpong(&probe_ball[0], &probe_ball[16], me, base, PROBE_TRIPS);
     MPI_Barrier(MPI_COMM_WORLD);
     return ns;
 }

@@ -189,6 +189,13 @@ static void test_reshard_refusals(void)
     }
 }
 
+/* v at p, little-endian (the checkpoint files' byte order) */
+static void put_le32(unsigned char *p, uint32_t v)
+{
+    int i;
+    for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
 /* a checkpoint of the format before plans (manifest DPARMAN1) still loads in its own layout */
 static void test_old_manifest_loads(void)
 {
@@ -197,7 +204,6 @@ static void test_old_manifest_loads(void)
     float p[50], back[50];
     dpar_ckpt_item it = dpar_ckpt_own("params", p, sizeof p);
     size_t n;
-    uint32_t crc;
     int i;
     FILE *f;
     for (i = 0; i < 50; i++) p[i] = (float)i / 3.0f;
@@ -209,8 +215,7 @@ static void test_old_manifest_loads(void)
     CHECK(n == 40 && !memcmp(man, "DPARMAN2", 8));
     /* version 1: the same without the tensor count */
     memcpy(man, "DPARMAN1", 8);
-    crc = dpar_crc32(0, man, 32);
-    for (i = 0; i < 4; i++) man[32 + i] = (unsigned char)(crc >> (8 * i));
+    put_le32(man + 32, dpar_crc32(0, man, 32));
     f = fopen(path, "wb");
     fwrite(man, 1, 36, f);
     fclose(f);
@@ -237,17 +242,13 @@ static int rewrite_crcs(const char *path, const char *shard, unsigned char *sh, 
 {
     unsigned char man[64];
     size_t n;
-    uint32_t crc;
-    int i;
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
     n = fread(man, 1, sizeof man, f);
     fclose(f);
-    if (n != 40) return 0; /* one shard, no planned tensor */
-    crc = dpar_crc32(0, sh, shn);
-    for (i = 0; i < 4; i++) man[28 + i] = (unsigned char)(crc >> (8 * i)); /* the shard's CRC */
-    crc = dpar_crc32(0, man, 36);
-    for (i = 0; i < 4; i++) man[36 + i] = (unsigned char)(crc >> (8 * i)); /* the manifest's own */
+    if (n != 40) return 0;                      /* one shard, no planned tensor */
+    put_le32(man + 28, dpar_crc32(0, sh, shn)); /* the shard's CRC */
+    put_le32(man + 36, dpar_crc32(0, man, 36)); /* the manifest's own */
     if (!(f = fopen(path, "wb")) || fwrite(man, 1, 40, f) != 40 || fclose(f)) return 0;
     if (!(f = fopen(shard, "wb")) || fwrite(sh, 1, shn, f) != shn || fclose(f)) return 0;
     return 1;
