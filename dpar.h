@@ -5016,6 +5016,7 @@ static dpar_status dpar__reduce_chain(dpar__ctx *x, const char *send, char *recv
     size_t es = dpar__dtype_sizes[t], seg = c->segment_bytes / es, o, slot = 0;
     char *scr = NULL;
     if (seg < 1) seg = 1;
+    if (seg > count) seg = count; /* the scratch: no more slots' worth than the message */
     if (pos > 0 && pos < N - 1) DPAR__TRY(dpar__scratch(c, DPAR__QDEPTH * seg * es, &scr));
     for (o = 0; o < count; o += seg, slot++) { /* count >= 1 here */
         size_t l = count - o < seg ? count - o : seg;
@@ -5528,7 +5529,10 @@ static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, c
     dpar_comm *c = x->c;
     int N = c->size, r = c->rank, k;
     size_t es = dpar__dtype_sizes[t], bytes = count * es, slot = (bytes + 63) / 64 * 64, o;
-    size_t piece = DPAR__MSG_PIECE / es * es;
+    /* pieces an MPI library sends eagerly, no handshake; a transport that copies through callbacks (device
+       memory) pays a launch and a wait per piece instead: one piece (2 KiB pieces made a 1 MiB allreduce of
+       two workers on an H200 take 7.2 ms, against 0.03 ms for the ring) */
+    size_t piece = c->tp->copy ? bytes : DPAR__MSG_PIECE / es * es;
     const char *small[64], **in = small; /* host pointers: the scratch may be device memory (dpar_comm_memory) */
     char *scr = NULL;
     dpar_status st = DPAR_OK;
@@ -5541,7 +5545,7 @@ static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, c
         in[r] = scr + (size_t)r * slot;
     }
     for (k = 1; k < N; k++) in[(r + N - k) % N] = scr + (size_t)((r + N - k) % N) * slot;
-    for (o = 0; o < bytes && st == DPAR_OK; o += piece) { /* pieces an MPI library sends eagerly, no handshake */
+    for (o = 0; o < bytes && st == DPAR_OK; o += piece) {
         size_t l = bytes - o < piece ? bytes - o : piece;
         for (k = 1; k < N && st == DPAR_OK; k++) st = dpar__post(x, (r + k) % N, in[r] + o, l);
         for (k = 1; k < N && st == DPAR_OK; k++)

@@ -51,6 +51,8 @@
      DPAR_CUDA_IMPLEMENTATION   emit the implementation (nvcc only)
      DPAR_NCCL                  the NCCL comms (nccl.h; link -lnccl); without it those calls return
                                 DPAR_EUNSUPPORTED
+     DPAR_CUDA_SEGMENT_BYTES    the pool comm's ring segment when dpar_cuda_pool_desc.comm.segment_bytes is
+                                0 (default 64 MiB: each segment costs a launch and a stream synchronisation)
 
    THREAD SAFETY
      Every function may be called from any thread; kernels run on the stream given.
@@ -287,7 +289,7 @@ typedef struct dpar_cuda_pool_desc {
     const char *name;         /* prefix of the trace tracks and the comm's name (copied; default "gpu") */
     dpar_allocator allocator; /* the pool's host memory (zero: malloc/free) */
     dpar_comm_desc comm;      /* the workers' comm: timeout, checks, deterministic, name...; size 0 or the number of
-                                 workers, memory zero (the pool's); segment_bytes 0: 4 MiB */
+                                 workers, memory zero (the pool's); segment_bytes 0: 64 MiB */
     dpar_cuda_path path;      /* how the ring comm moves bytes between workers (0: AUTO) */
     int nccl;                 /* 1: also make an NCCL comm over the workers (ncclCommInitAll; one worker per device;
                                  the implementation built with DPAR_NCCL), which worker->comm then is */
@@ -1847,6 +1849,12 @@ struct dpar_cuda_pool {
     void **bounce;           /* [n]: pinned host memory of the HOST path (made on first use) */
 };
 #define DPAR_CUDA__BOUNCE ((size_t)4 << 20) /* the HOST path's pinned buffer per worker */
+/* each segment of the ring costs a launch and a stream synchronisation (some 15 us under a VM): on an H200, 2 workers
+   on one device, a 256 MiB allreduce took 3863 us with 1 MiB segments, 1172 with 4 MiB, 536 with 16 MiB, 367 with
+   64 MiB; 16 MiB messages 66 us with 4 MiB, 42 with 16 or 64 MiB (docs/cuda.md, 'Speed') */
+#ifndef DPAR_CUDA_SEGMENT_BYTES
+#define DPAR_CUDA_SEGMENT_BYTES ((size_t)64 << 20)
+#endif
 
 /* a CUDA error of worker w: "what (worker r, device d): cudaErrorX (code): text" */
 static dpar_status dpar_cuda__worker_error(const dpar_cuda_worker *w, cudaError_t e, const char *what)
@@ -2198,7 +2206,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         dpar_comm_desc cd = d.comm;
         cd.size = p->n;
         cd.name = cd.name && *cd.name ? cd.name : p->name;
-        if (!cd.segment_bytes) cd.segment_bytes = (size_t)4 << 20;
+        if (!cd.segment_bytes) cd.segment_bytes = (size_t)DPAR_CUDA_SEGMENT_BYTES;
         cd.memory.user = p;
         cd.memory.enter = dpar_cuda__c_enter;
         cd.memory.reduce = dpar_cuda__c_reduce;

@@ -9,14 +9,17 @@
 
    Then the allreduce of a GPU pool's comm (f32 sum, in place), the median of 9 calls on every worker
    (host clock, a barrier before each), busbw = bytes / time x 2(N-1)/N as nccl-tests count it:
-       bench=allreduce transport=cuda ranks=N bytes=B us=T busbw_GBps=G      dpar.h's ring on device buffers
+       bench=allreduce transport=cuda ranks=N bytes=B segment=S us=T busbw_GBps=G   dpar.h's ring on device buffers
        bench=allreduce transport=nccl ranks=N bytes=B us=T busbw_GBps=G      the same pool's NCCL comm (-DDPAR_NCCL)
    on every visible device, one worker each, or 2 workers on one device when there is only one (NCCL runs one
    rank per GPU: then its line has ranks=1). The goal: cuda >= 0.9 of nccl's busbw at 64 MiB and above on the
    same GPUs.
 
    Build: nvcc -std=c++14 -O2 -arch=sm_90 -I. bench/bench_cuda.cu -o bench_cuda -lcublas   (+ -DDPAR_NCCL -lnccl)
-   Run:   ./bench_cuda [max_mib]      (default 256; one bench= line per kernel and size, then the allreduces) */
+   Run:   ./bench_cuda [max_mib] [--segment B] [--allreduce-only]
+          max_mib: default 256; one bench= line per kernel and size, then the allreduces. --segment: the
+          pool comm's segment_bytes (default 0: DPAR_CUDA_SEGMENT_BYTES, 64 MiB), printed as segment= in each
+          allreduce line; DPAR_ALGO=ring|oneshot chooses the comm's algorithm as for any comm. */
 #define DPAR_IMPLEMENTATION
 #define DPAR_CUDA_IMPLEMENTATION
 #include "dpar_cuda.h"
@@ -123,7 +126,7 @@ static dpar_status ar_free(void *user, const dpar_cuda_worker *w)
     cudaFree(((ar_job *)user)->buf[w->rank]);
     return DPAR_OK;
 }
-static void bench_allreduce(size_t max_mib, int gpus, int nccl)
+static void bench_allreduce(size_t max_mib, int gpus, int nccl, size_t segment)
 {
     dpar_cuda_pool_desc d;
     dpar_cuda_pool *p = NULL;
@@ -133,6 +136,7 @@ static void bench_allreduce(size_t max_mib, int gpus, int nccl)
     if (gpus == 1 && !nccl) d.workers_per_device = 2;
     d.nccl = nccl;
     d.comm.no_check = 1; /* nccl-tests' conditions: the call alone */
+    d.comm.segment_bytes = segment;
     if (dpar_cuda_pool_create(&d, &p) != DPAR_OK) {
         printf("bench=allreduce transport=%s skipped: %s\n", nccl ? "nccl" : "cuda", dpar_last_error());
         free(j);
@@ -153,8 +157,12 @@ static void bench_allreduce(size_t max_mib, int gpus, int nccl)
                 qsort(j->us[r], REPS, sizeof(double), cmp_double);
                 if (j->us[r][REPS / 2] > med) med = j->us[r][REPS / 2];
             }
-            printf("bench=allreduce transport=%s ranks=%d bytes=%zu us=%.1f busbw_GBps=%.1f\n", nccl ? "nccl" : "cuda",
-                   N, ar_bytes, med, (double)ar_bytes / (med * 1e3) * (N > 1 ? 2.0 * (N - 1) / N : 1.0));
+            if (nccl) printf("bench=allreduce transport=nccl ranks=%d bytes=%zu", N, ar_bytes);
+            else
+                printf("bench=allreduce transport=cuda ranks=%d bytes=%zu segment=%zu", N, ar_bytes,
+                       segment ? segment : (size_t)DPAR_CUDA_SEGMENT_BYTES);
+            printf(" us=%.1f busbw_GBps=%.1f\n", med,
+                   (double)ar_bytes / (med * 1e3) * (N > 1 ? 2.0 * (N - 1) / N : 1.0));
         }
     dpar_cuda_pool_run(p, ar_free, j);
     dpar_cuda_pool_destroy(p);
@@ -163,9 +171,18 @@ static void bench_allreduce(size_t max_mib, int gpus, int nccl)
 
 int main(int argc, char **argv)
 {
-    size_t max_mib = argc > 1 ? (size_t)atol(argv[1]) : 256, mib, n, i;
-    int gpus = 0, k;
+    size_t max_mib = 256, segment = 0, mib, n, i;
+    int gpus = 0, k, a, kernels_too = 1;
     float *x, *y, *z, *w;
+    for (a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--segment") && a + 1 < argc) segment = (size_t)atol(argv[++a]);
+        else if (!strcmp(argv[a], "--allreduce-only")) kernels_too = 0;
+        else if (atol(argv[a]) > 0) max_mib = (size_t)atol(argv[a]);
+        else {
+            fprintf(stderr, "usage: %s [max_mib] [--segment BYTES] [--allreduce-only]\n", argv[0]);
+            return 2;
+        }
+    }
     if (dpar_cuda_device_count(&gpus) != DPAR_OK || gpus == 0) {
         printf("bench_cuda: skipped: no usable CUDA device (%s)\n", dpar_last_error());
         return 0;
@@ -177,7 +194,7 @@ int main(int argc, char **argv)
         return 1;
     }
     for (i = 0; i < 4; i++) cudaMemset(i == 0 ? x : i == 1 ? y : i == 2 ? z : w, 0, n * 4);
-    for (mib = 1; mib <= max_mib; mib *= 4) {
+    for (mib = 1; kernels_too && mib <= max_mib; mib *= 4) {
         size_t count = mib << 18;
         double bytes = (double)count * 4, copy = 2 * bytes / (time_ms(-1, x, y, z, w, count) * 1e6);
         for (k = 0; k < (int)(sizeof kernels / sizeof kernels[0]); k++) {
@@ -187,9 +204,9 @@ int main(int argc, char **argv)
         }
     }
     cudaFree(x), cudaFree(y), cudaFree(z), cudaFree(w);
-    bench_allreduce(max_mib, gpus, 0);
+    bench_allreduce(max_mib, gpus, 0, segment);
 #ifdef DPAR_NCCL
-    bench_allreduce(max_mib, gpus, 1);
+    bench_allreduce(max_mib, gpus, 1, segment);
 #else
     printf("bench=allreduce transport=nccl skipped: built without DPAR_NCCL\n");
 #endif

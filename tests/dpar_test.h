@@ -2,7 +2,8 @@
 
    A test is a `static void name(void)` that calls CHECK(...) and may SKIP("reason"). main() lists
    them with RUN(name) and returns dt_summary(), which prints `N passed, N failed[, N skipped]` and
-   gives the exit status. A name given on the command line runs only the tests containing it. */
+   gives the exit status. A name given on the command line runs only the tests containing it; -name leaves out
+   the tests containing name. */
 #ifndef DPAR_TEST_H
 #define DPAR_TEST_H
 #include <stdio.h>
@@ -60,10 +61,14 @@ static double dt_now(void)
 DT_UNUSED static void dt_run(const char *name, void (*fn)(void))
 {
     double t0;
-    int i, selected = dt_argc <= 1;
-    for (i = 1; i < dt_argc; i++)
-        if (strstr(name, dt_argv[i])) selected = 1;
-    if (!selected) return;
+    int i, selected = 1, excluded = 0;
+    for (i = 1; i < dt_argc; i++) /* any name given: only the tests it names */
+        if (dt_argv[i][0] != '-') selected = 0;
+    for (i = 1; i < dt_argc; i++) {
+        if (dt_argv[i][0] == '-' && dt_argv[i][1] && strstr(name, dt_argv[i] + 1)) excluded = 1;
+        if (dt_argv[i][0] != '-' && strstr(name, dt_argv[i])) selected = 1;
+    }
+    if (!selected || excluded) return;
     dt_test_failed = 0;
     dt_test_skipped = 0;
     printf("  %s ...\n", name);

@@ -438,7 +438,7 @@ static dpar_status pool_body(void *user, const dpar_cuda_worker *w)
     j->device[w->rank] = dev;
     if (w->rank == j->fail_rank) return dpar_set_error(DPAR_EUSER, "worker %d says no", w->rank);
     if (w->rank == j->bad_launch_rank) { /* a failed launch that fn does not look at: the run must */
-        no_op_kernel<<<1, 4096, 0, (cudaStream_t)w->stream>>>(); /* 4096 threads: cudaErrorInvalidConfiguration */
+        no_op_kernel<<<1, 4096, 0, (cudaStream_t)w->stream>>>(); /* 4096 threads: more than a block may have */
         return DPAR_OK;
     }
     /* the worker's own stream and scratch: fill, then read back */
@@ -457,6 +457,7 @@ static void test_pool_runs_every_worker(void)
     dpar_cuda_pool *p = NULL;
     pool_job j;
     int r, n, dev0 = 0;
+    char want[64];
     NEED_GPU();
     memset(&d, 0, sizeof d);
     d.devices = &dev0; /* device 0 ... */
@@ -476,10 +477,15 @@ static void test_pool_runs_every_worker(void)
     j.fail_rank = n - 1; /* a failing worker's status and text reach the caller */
     CHECK(dpar_cuda_pool_run(p, pool_body, &j) == DPAR_EUSER && strstr(dpar_last_error(), "says no"));
     j.fail_rank = -1;
-    j.bad_launch_rank = n - 1; /* a CUDA error after fn: DPAR_ESYSTEM naming the worker and CUDA's error */
-    CHECK_MSG(dpar_cuda_pool_run(p, pool_body, &j) == DPAR_ESYSTEM &&
-                  strstr(dpar_last_error(), "cudaErrorInvalidConfiguration") && strstr(dpar_last_error(), "worker 1"),
-              "%s", dpar_last_error());
+    /* a CUDA error after fn: DPAR_ESYSTEM naming the worker and the error CUDA gives for that launch here (CUDA
+       13.0 on an H200 says cudaErrorInvalidValue, older toolkits cudaErrorInvalidConfiguration) */
+    no_op_kernel<<<1, 4096>>>();
+    snprintf(want, sizeof want, "%s", cudaGetErrorName(cudaGetLastError()));
+    CHECK_MSG(strcmp(want, "cudaSuccess") != 0, "a launch of 4096 threads per block succeeded");
+    j.bad_launch_rank = n - 1;
+    CHECK_MSG(dpar_cuda_pool_run(p, pool_body, &j) == DPAR_ESYSTEM && strstr(dpar_last_error(), want) &&
+                  strstr(dpar_last_error(), "worker 1"),
+              "want %s: %s", want, dpar_last_error());
     j.bad_launch_rank = -1; /* not sticky: the pool works on */
     CHECK(dpar_cuda_pool_run(p, pool_body, &j) == DPAR_OK);
     CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
@@ -649,12 +655,13 @@ static void test_pool_comm_collectives(void)
     static const dpar_cuda_path paths[] = {DPAR_CUDA_PATH_AUTO, DPAR_CUDA_PATH_PEER, DPAR_CUDA_PATH_MEMCPY,
                                            DPAR_CUDA_PATH_HOST};
     static const char *names[] = {"auto", "peer", "memcpy", "host"};
-    static const size_t ns[] = {5, ((size_t)3 << 20) + 7}; /* several 4 MiB segments per chunk */
+    /* 12 MiB: one segment of the default size, then several 1 MiB segments per chunk */
+    static const size_t ns[] = {5, ((size_t)3 << 20) + 7, ((size_t)3 << 20) + 7}, segs[] = {0, 0, (size_t)1 << 20};
     int pi, ni, layout;
     NEED_GPU();
     for (layout = 0; layout < 2; layout++) /* 3 workers on device 0; then 2 on every device */
         for (pi = 0; pi < 4; pi++)
-            for (ni = 0; ni < 2; ni++) {
+            for (ni = 0; ni < 3; ni++) {
                 dpar_cuda_pool_desc d;
                 dpar_cuda_pool *p = NULL;
                 int dev0 = 0, r;
@@ -664,6 +671,7 @@ static void test_pool_comm_collectives(void)
                 else d.workers_per_device = 2;
                 d.path = paths[pi];
                 d.comm.timeout_ms = 20000;
+                d.comm.segment_bytes = segs[ni];
                 if (dpar_cuda_pool_create(&d, &p) != DPAR_OK) {
                     CHECK_MSG(paths[pi] == DPAR_CUDA_PATH_PEER && strstr(dpar_last_error(), "cannot read"), "%s",
                               dpar_last_error());
@@ -674,8 +682,8 @@ static void test_pool_comm_collectives(void)
                 j->fail_rank = -1;
                 CHECK_MSG(dpar_cuda_pool_run(p, comm_body, j) == DPAR_OK, "%s", dpar_last_error());
                 for (r = 0; r < dpar_cuda_pool_size(p); r++)
-                    CHECK_MSG(!j->first[r][0], "layout %d path %s n=%zu worker %d: %s", layout, names[pi], ns[ni], r,
-                              j->first[r]);
+                    CHECK_MSG(!j->first[r][0], "layout %d path %s n=%zu segment %zu worker %d: %s", layout, names[pi],
+                              ns[ni], segs[ni], r, j->first[r]);
                 CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
                 free(j);
             }
