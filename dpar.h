@@ -2260,7 +2260,7 @@ static uint64_t dpar__monotonic_ns(void)
 enum { DPAR__TSC_UNSEEN, DPAR__TSC_FIRST, DPAR__TSC_BUSY, DPAR__TSC_READY, DPAR__TSC_OFF };
 #define DPAR__TSC_BASELINE_NS 20000000u /* the calibration's baseline */
 static int dpar__tsc_state;             /* DPAR__TSC_*: READY is stored (release) after the scale below */
-static uint64_t dpar__tsc_t1, dpar__tsc_n1, dpar__tsc_w1; /* the first reading: ticks, ns, width */
+static uint64_t dpar__tsc_t1, dpar__tsc_n1, dpar__tsc_w1;   /* the first reading: ticks, ns, width */
 static uint64_t dpar__tsc_t0, dpar__tsc_n0, dpar__tsc_mult; /* ns = n0 + (ticks - t0) x mult / 2^32 */
 
 /* rdtsc may read the counter before earlier loads complete: 10 ns a call here, but a reading taken after another

@@ -1042,8 +1042,7 @@ static void *clock_thread(void *arg)
         uint64_t seen = __atomic_load_n(&clock_max, __ATOMIC_ACQUIRE), v = dpar_time_ns();
         if (v < seen) clock_early[id]++;
         if (v >= end) break;
-        while (v > seen && !__atomic_compare_exchange_n(&clock_max, &seen, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        }
+        while (v > seen && !__atomic_compare_exchange_n(&clock_max, &seen, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {}
     }
     return NULL;
 }
