@@ -692,13 +692,22 @@ static void algo_mismatch_rank(world *w, dpar_comm *c, int r)
         if (r != 2) st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, DPAR_SUM);
         else usleep(600000);
         break;
-    default: /* abort while two ranks wait in a slice meeting */
+    case 5: /* abort while two ranks wait in a slice meeting */
         if (r == 0) {
             usleep(100000);
             st = dpar_comm_abort(c);
         } else {
             st = dpar_allreduce(c, x[r], y[r], 5000, DPAR_F32, DPAR_SUM);
         }
+        break;
+    case 6: /* count, both a few bytes (8 and 12): one-shot's smallest messages */
+        st = dpar_allreduce(c, x[r], y[r], r == 2 ? 2 : 3, DPAR_F32, DPAR_SUM);
+        break;
+    case 7: /* op, 16 bytes each */
+        st = dpar_allreduce(c, x[r], y[r], 4, DPAR_F32, r == 1 ? DPAR_MAX : DPAR_SUM);
+        break;
+    default: /* count: 32 bytes against 36 */
+        st = dpar_allreduce(c, x[r], y[r], r == 1 ? 8 : 9, DPAR_F32, DPAR_SUM);
         break;
     }
     m->st[r] = st;
@@ -719,6 +728,9 @@ static void test_algo_mismatches_are_caught_on_every_rank(void)
         {DPAR_ETIMEDOUT, "timed out after 300 ms in allreduce(count=5000, dtype=f32, op=sum) #2",
          "rank 2 never arrived (its last call: allreduce #1"},
         {DPAR_EABORTED, "aborted by dpar_comm_abort", "rank 0"},
+        {DPAR_EMISMATCH, "allreduce(count=2, dtype=f32, op=sum) #2", "allreduce(count=3, dtype=f32, op=sum) #2"},
+        {DPAR_EMISMATCH, "count=4, dtype=f32, op=max) #2", "count=4, dtype=f32, op=sum) #2"},
+        {DPAR_EMISMATCH, "allreduce(count=8, dtype=f32, op=sum) #2", "allreduce(count=9, dtype=f32, op=sum) #2"},
     };
     int kind, r;
     for (kind = 0; kind < (int)(sizeof want / sizeof want[0]); kind++) {
@@ -737,7 +749,7 @@ static void test_algo_mismatches_are_caught_on_every_rank(void)
                       r, m.msg[r]);
             CHECK_MSG(m.seconds[r] < (kind == 4 ? 2.0 : 1.5), "kind %d rank %d took %.2f s", kind, r, m.seconds[r]);
         }
-        if (kind == 1 || kind == 4) printf("    e.g. %s\n", m.msg[0]);
+        if (kind == 1 || kind == 4 || kind == 6) printf("    e.g. %s\n", m.msg[0]);
     }
 }
 
