@@ -2362,27 +2362,21 @@ static uint64_t dpar__tsc_ns(uint64_t ticks)
 }
 #endif
 
-DPAR_API uint64_t dpar_time_ns(void)
+/* the clock: fenced (dpar_time_ns), or not (dpar__now_ns: the library's own durations, deadlines and spin budgets,
+   where a reading up to 0.2 us early against another thread's does not matter; 10 ns instead of 20 here) */
+static uint64_t dpar__clock_ns(int fenced)
 {
 #if DPAR__TSC
     int s = DPAR__LOAD(&dpar__tsc_state, DPAR__ACQUIRE);
-    return s == DPAR__TSC_READY ? dpar__tsc_ns(dpar__rdtsc_ordered()) : dpar__tsc_slow(s);
+    if (s == DPAR__TSC_READY) return dpar__tsc_ns(fenced ? dpar__rdtsc_ordered() : dpar__rdtsc());
+    return dpar__tsc_slow(s);
 #else
+    (void)fenced;
     return dpar__monotonic_ns();
 #endif
 }
-
-/* dpar_time_ns for the library's own durations, deadlines and spin budgets, where a reading up to 0.2 us early
-   against another thread's does not matter: without the fence (10 ns instead of 20 here) */
-static uint64_t dpar__now_ns(void)
-{
-#if DPAR__TSC
-    int s = DPAR__LOAD(&dpar__tsc_state, DPAR__ACQUIRE);
-    return s == DPAR__TSC_READY ? dpar__tsc_ns(dpar__rdtsc()) : dpar__tsc_slow(s);
-#else
-    return dpar__monotonic_ns();
-#endif
-}
+DPAR_API uint64_t dpar_time_ns(void) { return dpar__clock_ns(1); }
+static uint64_t dpar__now_ns(void) { return dpar__clock_ns(0); }
 /* nanoseconds since t0 (a dpar__now_ns reading), never below 0 (a thread moved to a CPU whose counter is behind) */
 static uint64_t dpar__since(uint64_t t0)
 {
