@@ -2242,8 +2242,8 @@ static uint64_t dpar__monotonic_ns(void)
 
 /* The clock every call reads twice (its deadline and its counters) and every wait reads as it spins. On
    x86-64 Linux with an invariant time-stamp counter, and a kernel that keeps time by it (clocksource tsc,
-   or kvm-clock, which scales the host's TSC), it is the TSC scaled to nanoseconds: rdtsc costs a few ns
-   where clock_gettime cost 20-45 ns on the development VM (47% of a 4-byte allreduce on one rank). The
+   or kvm-clock, which scales the host's TSC), it is the TSC scaled to nanoseconds: rdtsc costs about 10 ns
+   (20 fenced) where clock_gettime cost 25 on the development VM (47% of a 4-byte allreduce on one rank). The
    scale is measured against CLOCK_MONOTONIC between the first call and the first call at least 20 ms
    later (each end the narrowest of 5 readings); until then, and where the TSC does not qualify, the clock
    is CLOCK_MONOTONIC. DPAR_NO_TSC (compile time) or DPAR_CLOCK=monotonic (at the first call) keep
