@@ -478,7 +478,7 @@ static void test_pool_runs_every_worker(void)
     CHECK(dpar_cuda_pool_run(p, pool_body, &j) == DPAR_EUSER && strstr(dpar_last_error(), "says no"));
     j.fail_rank = -1;
     /* a CUDA error after fn: DPAR_ESYSTEM naming the worker and the error CUDA gives for that launch here (CUDA
-       13.0 on an H200 says cudaErrorInvalidValue, older toolkits cudaErrorInvalidConfiguration) */
+       13.0 on an H200 said cudaErrorInvalidValue, where this test used to expect cudaErrorInvalidConfiguration) */
     no_op_kernel<<<1, 4096>>>();
     snprintf(want, sizeof want, "%s", cudaGetErrorName(cudaGetLastError()));
     CHECK_MSG(strcmp(want, "cudaSuccess") != 0, "a launch of 4096 threads per block succeeded");
