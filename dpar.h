@@ -73,7 +73,7 @@
                            streaming stores apply (then by slice again)
      DPAR_SHM_ONESHOT_MAX_BYTES  MPI, all processes on one node: allreduce one-shot through a block they
                            share up to this many bytes (default 65536)
-     DPAR_SHM_TWO_MAX_BYTES  the same for a comm of two processes (default 262144)
+     DPAR_SHM_TWO_MAX_BYTES  the same for a comm of two processes (default 16 MiB, in pieces of 256 KiB)
      DPAR_MSG_ONESHOT_MAX_BYTES  MPI otherwise: allreduce one-shot over messages up to this many bytes
                            (default 16384)
      DPAR_MPI_SEGMENT_BYTES  MPI: the ring's segment when dpar_comm_desc.segment_bytes is 0 (default
@@ -813,7 +813,7 @@ typedef struct dpar_comm_memory {
             than 2 ranks), reduce-by-slice
             from DPAR_SLICE_MIN_BYTES, the ring between, and on 2 ranks the ring from DPAR_RING_MIN_BYTES
             until streaming stores apply; MPI: all processes on one node, one-shot through the block they
-            share up to DPAR_SHM_ONESHOT_MAX_BYTES (on 2 processes up to DPAR_SHM_TWO_MAX_BYTES, 256 KiB),
+            share up to DPAR_SHM_ONESHOT_MAX_BYTES (on 2 processes up to DPAR_SHM_TWO_MAX_BYTES, 16 MiB),
             else one-shot over messages up to DPAR_MSG_ONESHOT_MAX_BYTES; the ring above (or MPI's own with
             dpar_comm_desc.native)
    RING     reduce-scatter then all-gather around the ring, 2(N-1) steps (every transport)
@@ -5280,13 +5280,17 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 #define DPAR_SHM_ONESHOT_MAX_BYTES 65536 /* MPI, processes of one node: one-shot through their block up to this */
 #endif
 #ifndef DPAR_SHM_TWO_MAX_BYTES /* MPI, two processes of one node: one-shot through their block up to this */
-#define DPAR_SHM_TWO_MAX_BYTES 262144
+#define DPAR_SHM_TWO_MAX_BYTES (16u << 20)
 #endif
-/* the staging buffers of the block of `procs` processes: the largest one-shot message, at most 1 MiB (larger ones go
-   through in pieces) */
-#define DPAR__SHM_STAGE(procs)                                                                                       \
-    ((procs) == 2 && (size_t)DPAR_SHM_TWO_MAX_BYTES > (size_t)DPAR_SHM_ONESHOT_MAX_BYTES                             \
-         ? ((size_t)DPAR_SHM_TWO_MAX_BYTES < ((size_t)1 << 20) ? (size_t)DPAR_SHM_TWO_MAX_BYTES : ((size_t)1 << 20)) \
+/* the staging buffers of the block of `procs` processes: the largest one-shot message, at most 256 KiB on two
+   processes (larger ones go through in pieces of one buffer). The pieces must stay in the cache: on 2 processes
+   one-shot in 256 KiB pieces took 100-102 us at 1 MiB and 439-447 at 4 MiB, in 1 MiB pieces 220-236 and 917-949
+   (the ring: 187-194 and 653-716; docs/mpi.md, 'One-shot through the block against the ring from 1 MiB') */
+#define DPAR__SHM_TWO_STAGE ((size_t)256 << 10)
+#define DPAR__SHM_TWO_MAX ((size_t)DPAR_SHM_TWO_MAX_BYTES)
+#define DPAR__SHM_STAGE(procs)                                                                 \
+    ((procs) == 2 && DPAR__SHM_TWO_MAX > (size_t)DPAR_SHM_ONESHOT_MAX_BYTES                    \
+         ? (DPAR__SHM_TWO_MAX < DPAR__SHM_TWO_STAGE ? DPAR__SHM_TWO_MAX : DPAR__SHM_TWO_STAGE) \
          : (size_t)DPAR_SHM_ONESHOT_MAX_BYTES)
 #define DPAR__MSG_PIECE 2048 /* one-shot over messages sends pieces of this size (below MPI's eager limits) */
 #ifndef DPAR_STREAM_MIN_BYTES
