@@ -5376,7 +5376,14 @@ static size_t dpar__llc_bytes(void)
         fclose(f);
     }
 #ifdef _SC_LEVEL3_CACHE_SIZE
-    if (v <= 0) v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    /* without sysfs's entry (a VM that shows no cache topology) sysconf reads CPUID, which there can give a whole
+       package's L3: 508 MiB on a 2-vCPU AMD EPYC VM, where streaming from N x bytes = 32 MiB made 2 ranks' 16 MiB
+       allreduce 1.56-1.86 times the add pass against 0.78-0.88, 64 MiB 1.22-1.24 against 0.98 (bench_comm, two runs
+       each). More than 64 MiB from there is taken as 32 MiB, one AMD CCD's L3. */
+    if (v <= 0) {
+        v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (v > (64L << 20)) v = 32L << 20;
+    }
 #endif
     return v > 0 ? (size_t)v : (size_t)32 << 20;
 }
