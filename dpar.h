@@ -2292,7 +2292,7 @@ static uint64_t dpar__tsc_reading(uint64_t *ns, uint64_t *width)
 /* an invariant TSC (CPUID 0x80000007, EDX bit 8) that the kernel keeps time by, and no DPAR_CLOCK=monotonic */
 static int dpar__tsc_qualifies(void)
 {
-    uint32_t a, b, c, d;
+    uint32_t r[4]; /* eax, ebx, ecx, edx */
     char src[32] = {0};
     const char *env = getenv("DPAR_CLOCK");
     FILE *f;
@@ -2300,10 +2300,10 @@ static int dpar__tsc_qualifies(void)
         if (strcmp(env, "monotonic") != 0) DPAR__LOG(DPAR_LOG_WARN, "DPAR_CLOCK=%s is not tsc or monotonic", env);
         return 0;
     }
-    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000000u), "c"(0u));
-    if (a < 0x80000007u) return 0;
-    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000007u), "c"(0u));
-    if (!(d & (1u << 8))) return 0;
+    __asm__ __volatile__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(0x80000000u), "c"(0u));
+    if (r[0] < 0x80000007u) return 0;
+    __asm__ __volatile__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(0x80000007u), "c"(0u));
+    if (!(r[3] & (1u << 8))) return 0;
     if (!(f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r"))) return 0;
     if (!fgets(src, sizeof src, f)) src[0] = 0;
     fclose(f);

@@ -88,6 +88,7 @@ static float time_ms(int k, float *x, float *y, float *z, float *w, size_t n)
 /* ---- the allreduce of a pool's comm ---- */
 typedef struct {
     size_t max_bytes;
+    size_t segment; /* the segment rank 0's comm uses (dpar_comm_query) */
     int nccl;
     double us[64][REPS];
     float *buf[64];
@@ -100,6 +101,8 @@ static int cmp_double(const void *a, const void *b)
 static dpar_status ar_alloc(void *user, const dpar_cuda_worker *w)
 {
     ar_job *j = (ar_job *)user;
+    dpar_comm_desc used;
+    if (w->rank == 0 && dpar_comm_query(w->comm, &used) == DPAR_OK) j->segment = used.segment_bytes;
     if (cudaMalloc((void **)&j->buf[w->rank], j->max_bytes) != cudaSuccess)
         return dpar_set_error(DPAR_ENOMEM, "cudaMalloc");
     return cudaMemset(j->buf[w->rank], 0, j->max_bytes) == cudaSuccess ? DPAR_OK
@@ -158,9 +161,7 @@ static void bench_allreduce(size_t max_mib, int gpus, int nccl, size_t segment)
                 if (j->us[r][REPS / 2] > med) med = j->us[r][REPS / 2];
             }
             if (nccl) printf("bench=allreduce transport=nccl ranks=%d bytes=%zu", N, ar_bytes);
-            else
-                printf("bench=allreduce transport=cuda ranks=%d bytes=%zu segment=%zu", N, ar_bytes,
-                       segment ? segment : (size_t)DPAR_CUDA_SEGMENT_BYTES);
+            else printf("bench=allreduce transport=cuda ranks=%d bytes=%zu segment=%zu", N, ar_bytes, j->segment);
             printf(" us=%.1f busbw_GBps=%.1f\n", med,
                    (double)ar_bytes / (med * 1e3) * (N > 1 ? 2.0 * (N - 1) / N : 1.0));
         }
