@@ -7,7 +7,9 @@
    size, printed as algo=: one-shot for small ones, through the block the processes of a node share,
    the ring over MPI point-to-point above, in segments of DPAR_MPI_SEGMENT_BYTES, 1 MiB), the same on
    a comm made with DPAR_MPI_SHM=0 (msg_us: one-shot over messages, as between nodes), dpar_allreduce
-   forced to the ring (ring_us: the state before the choice by size) and MPI_Allreduce; medians of 7.
+   forced to the ring (ring_us: the state before the choice by size) and MPI_Allreduce; medians of 7. The
+   order changes from sample to sample so that none always follows the same one (a balanced Latin square):
+   the call right after an MPI_Allreduce of 64 MiB took 33-228 ms where the same ring otherwise took 17-27.
    Every comm has the default options, as a program that sets none gets them.
    ratio = mpi_us / dpar_us, msg_ratio = mpi_us / msg_us, ring_ratio = mpi_us / ring_us: above 1
    means dpar is faster. rt_ns: the machine's round trip of a cache line between ranks 0 and 1 (below). */
@@ -49,7 +51,9 @@ static int cmp_double(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     size_t max_bytes, bytes, i;
-    int me, n, provided, s, k;
+    int me, n, provided, s, k, j;
+    /* 0 dpar (auto), 1 ring, 2 over messages, 3 MPI_Allreduce */
+    static const int order[4][4] = {{0, 1, 3, 2}, {1, 2, 0, 3}, {2, 3, 1, 0}, {3, 0, 2, 1}};
     float *x, *y;
     dpar_comm *c, *cr, *cm;
     dpar_comm_desc d;
@@ -101,29 +105,20 @@ int main(int argc, char **argv)
         size_t count = bytes / sizeof(float);
         int reps = bytes <= 65536 ? 500 : bytes <= (1u << 20) ? 50 : bytes <= (16u << 20) ? 20 : 2;
         double t_dpar[SAMPLES], t_mpi[SAMPLES], t_ring[SAMPLES], t_msg[SAMPLES], rt = roundtrip_ns(me);
-        for (s = -1; s < SAMPLES; s++) { /* sample -1 warms both up */
-            double t0;
-            MPI_Barrier(MPI_COMM_WORLD);
-            t0 = MPI_Wtime();
-            for (k = 0; k < reps; k++) dpar_allreduce(c, x, y, count, DPAR_F32, DPAR_SUM);
-            MPI_Barrier(MPI_COMM_WORLD);
-            if (s >= 0) t_dpar[s] = (MPI_Wtime() - t0) * 1e6 / reps;
-            MPI_Barrier(MPI_COMM_WORLD);
-            t0 = MPI_Wtime();
-            for (k = 0; k < reps; k++) dpar_allreduce(cr, x, y, count, DPAR_F32, DPAR_SUM);
-            MPI_Barrier(MPI_COMM_WORLD);
-            if (s >= 0) t_ring[s] = (MPI_Wtime() - t0) * 1e6 / reps;
-            MPI_Barrier(MPI_COMM_WORLD);
-            t0 = MPI_Wtime();
-            for (k = 0; k < reps; k++) dpar_allreduce(cm, x, y, count, DPAR_F32, DPAR_SUM);
-            MPI_Barrier(MPI_COMM_WORLD);
-            if (s >= 0) t_msg[s] = (MPI_Wtime() - t0) * 1e6 / reps;
-            MPI_Barrier(MPI_COMM_WORLD);
-            t0 = MPI_Wtime();
-            for (k = 0; k < reps; k++) MPI_Allreduce(x, y, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            MPI_Barrier(MPI_COMM_WORLD);
-            if (s >= 0) t_mpi[s] = (MPI_Wtime() - t0) * 1e6 / reps;
-        }
+        for (s = -1; s < SAMPLES; s++) /* sample -1 warms them up */
+            for (j = 0; j < 4; j++) {  /* row s mod 4 of a balanced Latin square: in 4 rows each follows each once */
+                int which = order[(s + 4) % 4][j];
+                dpar_comm *on = which == 0 ? c : which == 1 ? cr : cm;
+                double t0, *into = which == 0 ? t_dpar : which == 1 ? t_ring : which == 2 ? t_msg : t_mpi;
+                MPI_Barrier(MPI_COMM_WORLD);
+                t0 = MPI_Wtime();
+                for (k = 0; k < reps; k++) {
+                    if (which == 3) MPI_Allreduce(x, y, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                    else dpar_allreduce(on, x, y, count, DPAR_F32, DPAR_SUM);
+                }
+                MPI_Barrier(MPI_COMM_WORLD);
+                if (s >= 0) into[s] = (MPI_Wtime() - t0) * 1e6 / reps;
+            }
         qsort(t_dpar, SAMPLES, sizeof(double), cmp_double);
         qsort(t_mpi, SAMPLES, sizeof(double), cmp_double);
         qsort(t_ring, SAMPLES, sizeof(double), cmp_double);
