@@ -526,7 +526,10 @@ typedef struct dpar_share {
    Remarks:  every thread of the run must take the same sequence of dynamic and guided shares (as every thread meets
              every `omp for`); a thread may run ahead into later shares without a barrier (nowait): a dynamic share
              is handed out from one shared word tagged with the share's number, so no share waits for another.
-             No allocation, no lock. Static shares give each thread the same iterations as dpar_pool_for does.
+             The tag has 24 bits: no thread may begin 2^23 (8,388,608) or more dynamic and guided shares more than
+             another thread of the run has (a barrier brings them level), or the one behind takes chunks of the
+             wrong share. No allocation, no lock. Static shares give each thread the same iterations as
+             dpar_pool_for does.
    Thread safety: the threads of the current run, each with its own dpar_share.
    See:      docs/openmp.md. */
 DPAR_API dpar_share dpar_pool_share(dpar_pool *pool, int64_t n, dpar_schedule schedule, int64_t grain);
