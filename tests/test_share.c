@@ -294,6 +294,38 @@ static void test_collapsed_2d_and_3d(void)
     }
 }
 
+/* inside a dpar_pool_for body (on a thread of the pool, but not in a run of it) or in another pool's run: a team
+   of one for every schedule, and a reduction leaves the value alone */
+typedef struct outside {
+    dpar_pool *pool; /* the pool whose shares are taken */
+    int wrong;
+} outside;
+
+static void take_whole_shares(outside *o, int thread)
+{
+    int sched;
+    double v = 1.5 + thread;
+    for (sched = 0; sched < 3; sched++) {
+        dpar_share s = dpar_pool_share(o->pool, 10, (dpar_schedule)sched, 3);
+        if (!dpar_share_next(&s) || s.i != 0 || s.end != 10 || dpar_share_next(&s))
+            __atomic_fetch_add(&o->wrong, 1, __ATOMIC_RELAXED);
+    }
+    if (dpar_pool_reduce_f64(o->pool, &v, 1, DPAR_POOL_SUM) != DPAR_OK || v != 1.5 + thread)
+        __atomic_fetch_add(&o->wrong, 1, __ATOMIC_RELAXED);
+}
+
+static void outside_in_for(void *user, int64_t begin, int64_t end, int thread)
+{
+    for (; begin < end; begin++) take_whole_shares((outside *)user, thread);
+}
+
+static dpar_status outside_in_other_run(void *user, int thread, int nthreads)
+{
+    (void)nthreads;
+    take_whole_shares((outside *)user, thread);
+    return DPAR_OK;
+}
+
 static void test_outside_a_run_is_a_team_of_one(void)
 {
     dpar_pool *pool = make_pool(4);
@@ -311,6 +343,18 @@ static void test_outside_a_run_is_a_team_of_one(void)
     CHECK(!dpar_share_next(&s));
     CHECK(dpar_pool_reduce_f64(pool, &v, 1, DPAR_POOL_SUM) == DPAR_OK && v == 2.5);
     CHECK(dpar_pool_reduce_f64(NULL, &v, 1, DPAR_POOL_MAX) == DPAR_OK && v == 2.5);
+    {
+        dpar_pool *other = make_pool(3);
+        outside o;
+        o.pool = pool;
+        o.wrong = 0;
+        CHECK(dpar_pool_for(pool, 8, outside_in_for, &o) == DPAR_OK);
+        CHECK_MSG(o.wrong == 0, "inside dpar_pool_for: %d shares or reductions not a team of one", o.wrong);
+        o.wrong = 0;
+        CHECK(dpar_pool_run(other, outside_in_other_run, &o) == DPAR_OK);
+        CHECK_MSG(o.wrong == 0, "in another pool's run: %d shares or reductions not a team of one", o.wrong);
+        dpar_pool_destroy(other);
+    }
     dpar_pool_destroy(pool);
 }
 
