@@ -270,6 +270,19 @@ static void test_layer_gradient_by_finite_differences(void)
     bad = fd_count_bad(&f, l.w, l.dw, IN * OUT, 3) + fd_count_bad(&f, l.b, l.db, OUT, 1) +
           fd_count_bad(&f, x, dx, BATCH * IN, 2);
     CHECK_MSG(bad == 0, "%d gradients differ from finite differences", bad);
+    { /* a second backward adds to dW and db (gradient accumulation); dpar_linear_zero_grad clears them */
+        float dw1[IN * OUT], db1[OUT];
+        int i, wrong = 0;
+        memcpy(dw1, l.dw, sizeof dw1);
+        memcpy(db1, l.db, sizeof db1);
+        CHECK(dpar_linear_backward(&l, x, R, NULL, BATCH) == DPAR_OK);
+        for (i = 0; i < IN * OUT; i++) wrong += !(fabsf(l.dw[i] - 2.0f * dw1[i]) <= 1e-6f * (1.0f + fabsf(dw1[i])));
+        for (i = 0; i < OUT; i++) wrong += !(fabsf(l.db[i] - 2.0f * db1[i]) <= 1e-6f * (1.0f + fabsf(db1[i])));
+        dpar_linear_zero_grad(&l);
+        for (i = 0; i < IN * OUT; i++) wrong += l.dw[i] != 0.0f;
+        for (i = 0; i < OUT; i++) wrong += l.db[i] != 0.0f;
+        CHECK_MSG(wrong == 0, "%d gradients not accumulated over two backward calls, or not cleared", wrong);
+    }
     dpar_linear_destroy(&l);
 }
 
