@@ -329,6 +329,7 @@ typedef struct {
     size_t n;
     float *leaf[LEAVES];
     float *out[8];
+    dpar_op op; /* of the allreduce: DPAR_SUM, or DPAR_AVG (the sum's bits divided by N) */
 } leaves_job;
 static void leaves_rank(world *w, dpar_comm *c, int r)
 {
@@ -336,7 +337,7 @@ static void leaves_rank(world *w, dpar_comm *c, int r)
     int per = LEAVES / w->n;
     expect_ok(w, dpar_tree_reduce(j->out[r], (const void *const *)(j->leaf + r * per), per, j->n, DPAR_F32, DPAR_SUM),
               "tree_reduce", r);
-    expect_ok(w, dpar_allreduce(c, j->out[r], j->out[r], j->n, DPAR_F32, DPAR_SUM), "det allreduce", r);
+    expect_ok(w, dpar_allreduce(c, j->out[r], j->out[r], j->n, DPAR_F32, j->op), "det allreduce", r);
 }
 static void ring_leaves_rank(world *w, dpar_comm *c, int r)
 {
@@ -357,6 +358,7 @@ static void test_deterministic_mode_same_bits_for_any_n(void)
     desc.deterministic = 1;
     desc.segment_bytes = 8192;
     j.n = 10007;
+    j.op = DPAR_SUM;
     for (k = 0; k < LEAVES; k++) {
         j.leaf[k] = (float *)malloc(j.n * sizeof(float));
         random_floats(j.leaf[k], j.n);
@@ -371,6 +373,15 @@ static void test_deterministic_mode_same_bits_for_any_n(void)
         CHECK(run_world_desc(N, &desc, leaves_rank, &j, NULL, 0) == 0);
         __atomic_store_n(&hook_on, 0, __ATOMIC_RELAXED);
         for (q = 0; q < N; q++) CHECK(!memcmp(j.out[q], one, j.n * sizeof(float)));
+        j.op = DPAR_AVG; /* the same tree, then divided by N (a power of two: exact) */
+        CHECK(run_world_desc(N, &desc, leaves_rank, &j, NULL, 0) == 0);
+        j.op = DPAR_SUM;
+        for (q = 0; q < N; q++) {
+            size_t i;
+            int bad = 0;
+            for (i = 0; i < j.n; i++) bad += j.out[q][i] != one[i] / (float)N;
+            CHECK_MSG(bad == 0, "N=%d rank %d: AVG differs from the sum over N in %d elements", N, q, bad);
+        }
     }
     /* the test can fail: the plain ring on 4 ranks combines in another order and differs */
     CHECK(run_world(4, ring_leaves_rank, &j) == 0);
