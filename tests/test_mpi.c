@@ -1234,8 +1234,13 @@ static void test_thread_level_is_checked(void)
     dpar_group_destroy(g);
     /* blocking calls still work at this level */
     c = world_comm(NULL);
-    CHECK(c && dpar_allreduce(c, x, x, 4, DPAR_F32, DPAR_SUM) == DPAR_OK && x[3] == 4.0f * (float)nprocs);
-    if (c) dpar_comm_destroy(c);
+    CHECK(c != NULL);
+    if (c) { /* (failed once in a make test, not in 180 runs alone: the status and text say why next time) */
+        dpar_status st = dpar_allreduce(c, x, x, 4, DPAR_F32, DPAR_SUM);
+        CHECK_MSG(st == DPAR_OK && x[3] == 4.0f * (float)nprocs, "rank %d: allreduce %s (%s), x[3] = %g", me,
+                  dpar_status_string(st), st == DPAR_OK ? "" : dpar_last_error(), (double)x[3]);
+        dpar_comm_destroy(c);
+    }
 }
 
 /* ---- mixed collectives of random kinds, sizes, dtypes and ops (tests/stress.h): DPAR_STRESS_ITERS calls (make
