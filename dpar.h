@@ -882,7 +882,9 @@ DPAR_API dpar_status dpar_group_destroy(dpar_group *group);
              joined), DPAR_ENOMEM. On error *out is NULL.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_group_join(dpar_group *group, int rank, dpar_comm **out);
-/* dpar_comm_destroy: leave the group, after waiting for this rank's async requests (not collective).
+/* dpar_comm_destroy: leave the group, after waiting for this rank's async requests (not collective). A
+   poisoned comm over MPI keeps its MPI communicator, unused, until MPI_Finalize: messages of the calls
+   it gave up on may be in flight, and a freed communicator's context id goes to the next one made.
    Returns:  DPAR_OK (also for NULL).
    Thread safety: the comm's thread, with nothing of this comm in flight. */
 DPAR_API dpar_status dpar_comm_destroy(dpar_comm *comm);
@@ -12064,9 +12066,21 @@ typedef struct dpar__mpi {
 
 typedef struct dpar__hybrid {
     MPI_Comm comm;
-    int refs; /* threads of the process still using it; the last frees it */
+    int refs;    /* threads of the process still using it; the last frees it */
+    int retired; /* atomic: a thread's comm was poisoned: the last keeps comm (dpar__m_free) */
     dpar_allocator allocator;
 } dpar__hybrid;
+
+/* Free the MPI communicator of a comm being destroyed, unless the comm was poisoned. A poisoned comm
+   gave up on calls whose messages may still be in flight (poison news, a freed send, a fragment no
+   receive took), and MPI hands a freed communicator's context id to the next one it makes: a late
+   message would then be taken as that comm's (poison news, say, failing a fresh comm's first
+   allreduce; 4 processes re-making a comm after a refused call 300 times saw it 50 times). So a
+   poisoned comm's MPI communicator is kept, unused, until MPI_Finalize: late messages land there. */
+static void dpar__m_free(MPI_Comm *mc, int poisoned)
+{
+    if (!poisoned) MPI_Comm_free(mc);
+}
 
 #define DPAR__M(c) ((dpar__mpi *)(c)->tp_data)
 
@@ -12603,9 +12617,12 @@ static void dpar__m_destroy(dpar_comm *c)
 {
     dpar__mpi *m = DPAR__M(c);
     size_t k, n = (size_t)DPAR__LANES * (size_t)c->size;
+    int poisoned;
     if (!m) return;
+    poisoned = DPAR__LOAD(&m->poison, DPAR__ACQUIRE) || DPAR__LOAD(&m->abort, DPAR__ACQUIRE) ||
+               (m->local && dpar__tp_is_poisoned(m->local)); /* (hybrid: the threads may have heard it first) */
     dpar__m_prefetch_cancel(m);
-    if (!DPAR__LOAD(&m->poison, DPAR__ACQUIRE)) { /* let sends finish (they are matched: all calls ended) */
+    if (!poisoned) { /* let sends finish (they are matched: all calls ended) */
         for (k = 0; k < n; k++)
             while (m->send_n[k]) {
                 MPI_Wait(&m->sends[k * DPAR__QDEPTH + m->send_first[k] % DPAR__QDEPTH], MPI_STATUS_IGNORE);
@@ -12620,13 +12637,17 @@ static void dpar__m_destroy(dpar_comm *c)
                 m->send_n[k]--;
             }
     }
+    /* (the leaders' comm: a call of theirs that the hybrid comm's poison cut short poisoned it too) */
     if (m->leaders) dpar_comm_destroy(m->leaders);
     if (m->local) dpar_comm_destroy(m->local);
-    if (m->own_comm) MPI_Comm_free(&m->comm);
-    if (m->shared && DPAR__SUB(&m->shared->refs, 1, DPAR__ACQ_REL) == 1) {
-        dpar_allocator a = m->shared->allocator;
-        MPI_Comm_free(&m->shared->comm);
-        dpar__free(&a, m->shared);
+    if (m->own_comm) dpar__m_free(&m->comm, poisoned);
+    if (m->shared) {
+        if (poisoned) DPAR__STORE(&m->shared->retired, 1, DPAR__RELEASE);
+        if (DPAR__SUB(&m->shared->refs, 1, DPAR__ACQ_REL) == 1) { /* (acquires the others' retired) */
+            dpar_allocator a = m->shared->allocator;
+            dpar__m_free(&m->shared->comm, DPAR__LOAD(&m->shared->retired, DPAR__RELAXED));
+            dpar__free(&a, m->shared);
+        }
     }
     dpar__free(&c->allocator, m->staging);
     dpar__free(&c->allocator, m->staging2);

@@ -273,7 +273,7 @@ mpi_tests() {
     if [ -z "${MPIRUN:-}" ] || [ -z "${MPITEST:-}" ]; then skip "MPI tests" "mpicc or mpirun not found"; return; fi
     [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
     for np in 2 3 4; do program "mpirun -np $np $MPITEST" "$MPIRUN" $flags -np $np "$MPITEST"; done
-    program "mpirun -np 2 $MPITEST --hybrid 2" "$MPIRUN" $flags -np 2 "$MPITEST" --hybrid 2
+    for np in 2 4; do program "mpirun -np $np $MPITEST --hybrid 2" "$MPIRUN" $flags -np $np "$MPITEST" --hybrid 2; done
     program "mpirun -np 2 $MPITEST --funneled" "$MPIRUN" $flags -np 2 "$MPITEST" --funneled
     [ -n "${MPIASAN:-}" ] && return # the two below build plain programs: make test runs them, make check has no more to see
     mpi_elastic "$flags"

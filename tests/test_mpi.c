@@ -268,7 +268,6 @@ static void test_mismatch_timeout_abort_over_mpi(void)
 {
     int kind;
     float x[2048], y[2048];
-    dpar_comm *keep[5] = {NULL, NULL, NULL, NULL, NULL};
     memset(x, 0, sizeof x);
     for (kind = 0; kind < 5; kind++) {
         dpar_comm_desc d;
@@ -338,13 +337,11 @@ static void test_mismatch_timeout_abort_over_mpi(void)
         }
         CHECK_MSG(secs < 2.0, "rank %d took %.2f s", me, secs);
         if (kind == 1 && me == nprocs - 1) usleep(400000); /* the news has arrived */
-        /* kept until the end: a poisoned comm's messages may still be in flight, and Open MPI may give a freed
-           communicator's context to the next MPI_Comm_dup, where they would be read as the next kind's (seen:
-           4 oversubscribed processes, kind 1 returning kind 0's mismatch) */
-        keep[kind] = c;
+        /* destroyed at once: the next kind's comm must not read this one's late messages (it did, before
+           dpar__m_free kept a poisoned comm's MPI communicator: kind 1 returned kind 0's mismatch) */
+        dpar_comm_destroy(c);
         MPI_Barrier(MPI_COMM_WORLD);
     }
-    for (kind = 0; kind < 5; kind++) dpar_comm_destroy(keep[kind]);
 }
 
 /* fault injection over MPI (DPAR_FAULT's grammar through dpar_fault_set): a delay changes nothing but the time;
@@ -352,6 +349,7 @@ static void test_mismatch_timeout_abort_over_mpi(void)
    operation, within the timeout; a watchdog thread fails the program if a case runs past twice its timeout. */
 static double fault_deadline;
 static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *fault_what = "a fault case over MPI"; /* what the watchdog's failure names */
 static void *fault_watchdog(void *arg)
 {
     (void)arg;
@@ -363,7 +361,7 @@ static void *fault_watchdog(void *arg)
         pthread_mutex_unlock(&fault_lock);
         if (d < 0) return NULL;
         if (d > 0 && dt_now() > d) {
-            printf("FAIL a fault case over MPI: rank %d still running 2 x the timeout after the case began\n", me);
+            printf("FAIL %s: rank %d still running 2 x the timeout after the case began\n", fault_what, me);
             fflush(stdout);
             _exit(1);
         }
@@ -377,7 +375,6 @@ static void test_faults_over_mpi(void)
     /* the vanish case: a timeout waits up to 300 ms more for the processes' answers (dpar__m_survey); the
        vanished one never answers, so its story comes at 1.3 s */
     static const int timeouts[4] = {5000, 2000, 1000, 2000};
-    dpar_comm *keep[4] = {NULL, NULL, NULL, NULL};
     pthread_t wd;
     int kind, i;
     pthread_create(&wd, NULL, fault_watchdog, NULL);
@@ -443,7 +440,7 @@ static void test_faults_over_mpi(void)
             CHECK_MSG(secs < 2e-3 * timeouts[kind], "rank %d took %.2f s", me, secs);
             if (me == 0 && kind == 2) printf("    e.g. %s\n", msg);
         }
-        keep[kind] = c; /* as in test_mismatch_timeout_abort_over_mpi: messages of a poisoned comm may linger */
+        dpar_comm_destroy(c); /* at once, as in test_mismatch_timeout_abort_over_mpi */
         MPI_Barrier(MPI_COMM_WORLD);
         pthread_mutex_lock(&fault_lock);
         fault_deadline = 0;
@@ -453,7 +450,6 @@ static void test_faults_over_mpi(void)
     fault_deadline = -1; /* the watchdog ends */
     pthread_mutex_unlock(&fault_lock);
     pthread_join(wd, NULL);
-    for (kind = 0; kind < 4; kind++) dpar_comm_destroy(keep[kind]);
 }
 
 /* faults in the modules over MPI: gradient buckets (the update on the progress thread), the pipeline runner, and
@@ -621,7 +617,7 @@ static void test_faults_in_modules_over_mpi(void)
                                      {FM_STAGE, 1, 0, 2000, "rank=1,op=stage,at=10,kind=fail", "stage #10 failed", 0},
                                      {FM_STAGE, 1, 1, 1000, "rank=1,op=stage,at=10,kind=vanish", "", 0}};
     static fm_rank f;
-    dpar_comm *keep[4] = {NULL, NULL, NULL, NULL};
+    dpar_comm *c;
     pthread_t wd;
     int k;
     if (nprocs < 2) SKIP("needs 2 processes or more");
@@ -635,20 +631,20 @@ static void test_faults_in_modules_over_mpi(void)
         d.timeout_ms = cases[k].timeout_ms;
         f.fc = &cases[k], f.r = me, f.N = nprocs;
         CHECK(dpar_fault_set(cases[k].spec) == DPAR_OK);
-        keep[k] = world_comm(&d); /* kept to the end, as in test_faults_over_mpi */
+        c = world_comm(&d);
         CHECK(dpar_fault_set(NULL) == DPAR_OK);
-        if (!keep[k]) continue;
+        if (!c) continue;
         MPI_Barrier(MPI_COMM_WORLD);
         fm_arm(cases[k].timeout_ms);
-        fm_run(&f, keep[k]);
+        fm_run(&f, c);
         snprintf(where, sizeof where, "rank %d", me);
         fm_check(&f, where);
+        dpar_comm_destroy(c); /* at once, as in test_faults_over_mpi */
         MPI_Barrier(MPI_COMM_WORLD);
         fm_arm(0);
     }
     fm_arm(-1); /* the watchdog ends */
     pthread_join(wd, NULL);
-    for (k = 0; k < 4; k++) dpar_comm_destroy(keep[k]);
 }
 
 /* hybrid: T threads per process. The faulty rank is the last (N - 1: the last thread of the last process, beside
@@ -1146,6 +1142,75 @@ static void test_hybrid_deterministic_equals_flat(void)
     CHECK(run_hybrid(1, NULL, 30011) == 0);
 }
 
+/* ---- hybrid comms made after poisoned ones (test_fresh_comms_after_poisoned_ones, for the MPI communicator the
+   threads of a process share): every rank refuses a call, every thread destroys its comm, all join again and
+   allreduce. ---- */
+typedef struct {
+    dpar_group *local[200]; /* two a round: a group is joined once */
+    int rounds, done[8], bad[8];
+    char first[8][DPAR__ERROR_TEXT + 128];
+} hy_fresh_job;
+static dpar_status hy_fresh_thread(void *user, int t, int T)
+{
+    hy_fresh_job *j = (hy_fresh_job *)user;
+    float x[64], y[64];
+    int it, i, N = nprocs * T, want = N * (N + 1) / 2;
+    for (it = 0; it < j->rounds; it++) {
+        dpar_comm *c = NULL;
+        dpar_status st;
+        if ((st = dpar_group_join_mpi(j->local[2 * it], t, MPI_COMM_WORLD, &c)) != DPAR_OK) break;
+        st = dpar_allreduce(c, NULL, y, 4, DPAR_F32, DPAR_SUM); /* refused by every rank: poisons */
+        if (st != DPAR_EINVAL && !j->bad[t]++)
+            snprintf(j->first[t], sizeof j->first[t], "round %d, the poisoning call: %s", it, dpar_status_string(st));
+        dpar_comm_destroy(c);
+        if ((st = dpar_group_join_mpi(j->local[2 * it + 1], t, MPI_COMM_WORLD, &c)) != DPAR_OK) break;
+        for (i = 0; i < 64; i++) x[i] = (float)(dpar_comm_rank(c) + 1), y[i] = -1;
+        st = dpar_allreduce(c, x, y, 64, DPAR_F32, DPAR_SUM);
+        if ((st != DPAR_OK || y[0] != (float)want || y[63] != (float)want) && !j->bad[t]++)
+            snprintf(j->first[t], sizeof j->first[t], "round %d, the fresh comm's allreduce: %s (%s), y[0] = %g", it,
+                     dpar_status_string(st), st == DPAR_OK ? "" : dpar_last_error(), (double)y[0]);
+        dpar_comm_destroy(c);
+    }
+    if (it < j->rounds && !j->bad[t]++)
+        snprintf(j->first[t], sizeof j->first[t], "round %d, dpar_group_join_mpi: %s", it, dpar_last_error());
+    j->done[t] = it;
+    return DPAR_OK;
+}
+static void test_hybrid_fresh_comms_after_poisoned_ones(void)
+{
+    static hy_fresh_job j;
+    dpar_pool *pool = NULL;
+    dpar_pool_desc pd;
+    dpar_comm_desc d;
+    pthread_t wd;
+    int t, k, made = 0, T = hybrid_threads;
+    if (T > 8) SKIP("needs at most 8 threads");
+    memset(&j, 0, sizeof j);
+    memset(&pd, 0, sizeof pd);
+    memset(&d, 0, sizeof d);
+    pd.num_threads = d.size = T;
+    j.rounds = 100;
+    for (k = 0; k < 2 * j.rounds; k++) made += dpar_group_create(&d, &j.local[k]) == DPAR_OK;
+    if (dpar_pool_create(&pd, &pool) != DPAR_OK || made < 2 * j.rounds) {
+        CHECK_MSG(0, "%s", dpar_last_error());
+        for (k = 0; k < 2 * j.rounds; k++) dpar_group_destroy(j.local[k]);
+        dpar_pool_destroy(pool);
+        return;
+    }
+    fault_what = "test_hybrid_fresh_comms_after_poisoned_ones (a hang)";
+    fm_arm(30000);
+    pthread_create(&wd, NULL, fault_watchdog, NULL);
+    dpar_pool_run(pool, hy_fresh_thread, &j);
+    fm_arm(-1);
+    pthread_join(wd, NULL);
+    for (t = 0; t < T; t++)
+        CHECK_MSG(j.done[t] == j.rounds && j.bad[t] == 0,
+                  "process %d thread %d: %d rounds of %d, %d failed; the first: %s", me, t, j.done[t], j.rounds,
+                  j.bad[t], j.first[t]);
+    for (k = 0; k < 2 * j.rounds; k++) dpar_group_destroy(j.local[k]);
+    dpar_pool_destroy(pool);
+}
+
 /* ---- processes with different numbers of threads: every thread of every process gets DPAR_EINVAL ---- */
 typedef struct {
     dpar_group *g;
@@ -1184,6 +1249,56 @@ static void test_hybrid_uneven_threads_refused(void)
                   "process %d thread %d: %s: %s", me, t, dpar_status_string(uneven.st[t]), uneven.msg[t]);
     }
     dpar_group_destroy(uneven.g);
+}
+
+/* ---- comms made after poisoned ones: a poisoned comm's late messages (poison news, data of the call it gave up on)
+   never reach them. MPI gives a freed communicator's context id to the next one it makes, so dpar keeps a poisoned
+   comm's MPI communicator (dpar__m_free); freeing it, 4 processes saw a fresh comm's first allreduce fail with the
+   last comm's poison in 50 of 300 rounds. Every rank refuses a call (and poisons) in 9 rounds of 10; in the tenth,
+   the last rank aborts while the others are inside a 16 KiB allreduce. Open MPI itself can hang then (in
+   MPI_Comm_dup: seen on 4 processes), so a watchdog ends a process still here after 60 s (0.7 s as a rule). ---- */
+static void test_fresh_comms_after_poisoned_ones(void)
+{
+    static float x[4096], y[4096];
+    int it, i, bad = 0, rounds = 300;
+    char first[DPAR__ERROR_TEXT + 96] = "";
+    pthread_t wd;
+    for (i = 0; i < 4096; i++) x[i] = (float)(me + 1);
+    fault_what = "test_fresh_comms_after_poisoned_ones (a hang)";
+    fm_arm(30000);
+    pthread_create(&wd, NULL, fault_watchdog, NULL);
+    for (it = 0; it < rounds; it++) {
+        dpar_comm *c = world_comm(NULL);
+        dpar_status st, want;
+        if (!c) break;
+        if (it % 10 != 9) {
+            want = DPAR_EINVAL;
+            st = dpar_allreduce(c, NULL, y, 4, DPAR_F32, DPAR_SUM); /* refused on every rank */
+        } else if (me == nprocs - 1) {
+            want = DPAR_EABORTED;
+            dpar_comm_abort(c);
+            st = dpar_barrier(c); /* spreads the flag */
+        } else {
+            want = DPAR_EABORTED;
+            st = dpar_allreduce(c, x, y, 4096, DPAR_F32, DPAR_SUM);
+        }
+        if (st != want && !bad++)
+            snprintf(first, sizeof first, "round %d, the poisoning call: %s (%s)", it, dpar_status_string(st),
+                     dpar_last_error());
+        dpar_comm_destroy(c);
+        c = world_comm(NULL);
+        if (!c) break;
+        y[0] = y[4095] = -1;
+        st = dpar_allreduce(c, x, y, 4096, DPAR_F32, DPAR_SUM);
+        if ((st != DPAR_OK || y[0] != (float)(nprocs * (nprocs + 1) / 2) || y[4095] != y[0]) && !bad++)
+            snprintf(first, sizeof first, "round %d, the fresh comm's allreduce: %s (%s), y[0] = %g", it,
+                     dpar_status_string(st), st == DPAR_OK ? "" : dpar_last_error(), (double)y[0]);
+        dpar_comm_destroy(c);
+    }
+    fm_arm(-1);
+    pthread_join(wd, NULL);
+    CHECK_MSG(it == rounds && bad == 0, "rank %d: %d rounds of %d, %d failed; the first: %s", me, it, rounds, bad,
+              first);
 }
 
 /* a malformed variable on one process only (the last): that process gets its own error, every other one an error
@@ -1321,7 +1436,8 @@ int main(int argc, char **argv)
         MRUN(test_hybrid_collectives);
         MRUN(test_hybrid_deterministic_equals_flat);
         MRUN(test_hybrid_uneven_threads_refused);
-        MRUN(test_hybrid_faults); /* last: the comms it poisons leave messages in flight */
+        MRUN(test_hybrid_faults);
+        MRUN(test_hybrid_fresh_comms_after_poisoned_ones);
     } else {
         MRUN(test_point_to_point_over_mpi);
         MRUN(test_collectives_matrix_over_mpi);
@@ -1336,11 +1452,10 @@ int main(int argc, char **argv)
         MRUN(test_pipeline_over_mpi);
         MRUN(test_stress_over_mpi);
         MRUN(test_env_refused_on_one_process);
-        /* last: the comms it poisons leave messages in flight, and Open MPI 4.1 crashed in a later
-           MPI_Comm_split_type (mca_pml_ob1_add_comm) in some runs (docs/mpi.md) */
         MRUN(test_mismatch_timeout_abort_over_mpi);
-        MRUN(test_faults_over_mpi); /* after it, for the same reason */
+        MRUN(test_faults_over_mpi);
         MRUN(test_faults_in_modules_over_mpi);
+        MRUN(test_fresh_comms_after_poisoned_ones); /* (after the comms the three above poisoned) */
     }
     if (me == 0) {
         if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
