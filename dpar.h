@@ -12619,8 +12619,9 @@ static void dpar__m_destroy(dpar_comm *c)
     size_t k, n = (size_t)DPAR__LANES * (size_t)c->size;
     int poisoned;
     if (!m) return;
-    poisoned = DPAR__LOAD(&m->poison, DPAR__ACQUIRE) || DPAR__LOAD(&m->abort, DPAR__ACQUIRE) ||
-               (m->local && dpar__tp_is_poisoned(m->local)); /* (hybrid: the threads may have heard it first) */
+    /* (every poison of this comm went through dpar__m_poison or news in dpar__m_watch, which set m->poison; of a
+       hybrid comm, on at least one thread of the process: the one whose shared->retired keeps the communicator) */
+    poisoned = DPAR__LOAD(&m->poison, DPAR__ACQUIRE) != 0;
     dpar__m_prefetch_cancel(m);
     if (!poisoned) { /* let sends finish (they are matched: all calls ended) */
         for (k = 0; k < n; k++)
