@@ -496,11 +496,19 @@ DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool);
                           (and OpenMP's schedule(static)); grain g: chunks of g handed round-robin (static, g)
    DPAR_SCHEDULE_DYNAMIC  chunks of grain iterations in order to whichever thread asks (grain 0: n / (16 T), at
                           least 1), as dpar_pool_for_dynamic; one atomic compare-and-swap per chunk, no lock
-   DPAR_SCHEDULE_GUIDED   chunks of ceil(remaining / T) iterations, never below grain (0: 1), as OpenMP's guided */
+   DPAR_SCHEDULE_GUIDED   chunks of ceil(remaining / T) iterations, never below grain (0: 1), as OpenMP's guided
+   DPAR_SCHEDULE_STEAL    static blocks that even out: thread t starts on the t-th of T near-equal blocks and runs it
+                          from the front in chunks of grain (0: a sixteenth of the block); a thread done with its
+                          own takes the back half of what is left of the block with the most left, and so on. As
+                          fast as static when the threads keep pace, as balanced as dynamic when one falls behind
+                          (another job on its core, a slower loop before a nowait). One compare-and-swap per chunk
+                          on the thread's own word. Which thread runs an iteration is not fixed: for loops whose
+                          result does not depend on it (not a reduction's partial sums). */
 typedef enum dpar_schedule {
     DPAR_SCHEDULE_STATIC = 0,
     DPAR_SCHEDULE_DYNAMIC = 1,
-    DPAR_SCHEDULE_GUIDED = 2
+    DPAR_SCHEDULE_GUIDED = 2,
+    DPAR_SCHEDULE_STEAL = 3
 } dpar_schedule;
 
 /* dpar_share: this thread's share of a 1-, 2- or 3-dimensional range, read one piece at a time by dpar_share_next.
@@ -523,13 +531,14 @@ typedef struct dpar_share {
              team of one that gets the whole range (as OpenMP's orphaned `omp for`).
    grain:    see dpar_schedule; it counts iterations of the collapsed range. Negative: 0.
    Returns:  the share; a range with a dimension of 0 or less is empty. The collapsed size must fit in int64_t.
-   Remarks:  every thread of the run must take the same sequence of dynamic and guided shares (as every thread meets
-             every `omp for`); a thread may run ahead into later shares without a barrier (nowait): a dynamic share
-             is handed out from one shared word tagged with the share's number, so no share waits for another.
-             The tag has 24 bits: no thread may begin 2^23 (8,388,608) or more dynamic and guided shares more than
-             another thread of the run has (a barrier brings them level), or the one behind takes chunks of the
-             wrong share. No allocation, no lock. Static shares give each thread the same iterations as
-             dpar_pool_for does.
+   Remarks:  every thread of the run must take the same sequence of dynamic, guided and steal shares (as every
+             thread meets every `omp for`); a thread may run ahead into later shares without a barrier (nowait): a
+             dynamic share is handed out from one shared word tagged with the share's number, a steal share from
+             one word per thread tagged alike, so no share waits for another. The tag has 24 bits: no thread may
+             begin 2^23 (8,388,608) or more such shares more than another thread of the run has (a barrier brings
+             them level), or the one behind takes chunks of the wrong share. A thread that leaves a steal share's
+             loop early leaves the rest of its block to the others, which take it only while they are in that
+             share. No allocation, no lock. Static shares give each thread the same iterations as dpar_pool_for does.
    Thread safety: the threads of the current run, each with its own dpar_share.
    See:      docs/openmp.md. */
 DPAR_API dpar_share dpar_pool_share(dpar_pool *pool, int64_t n, dpar_schedule schedule, int64_t grain);
@@ -3022,9 +3031,10 @@ typedef struct dpar__thread {
     pthread_t handle;
     int cpu;             /* the CPU it last ran on, or -1 (see dpar__unshare) */
     uint64_t moved_ns;   /* when it last moved */
-    uint32_t share_seq;  /* dynamic and guided shares this thread began in the current run */
+    uint32_t share_seq;  /* dynamic, guided and steal shares this thread began in the current run */
     uint32_t reduce_seq; /* dpar_pool_reduce_* calls of this thread in the current run; its parity picks the buffer */
     uint64_t reduce_buf[2][DPAR_POOL_REDUCE_MAX]; /* this thread's contribution, read by all after the barrier */
+    uint64_t steal_word; /* its steal share: the share's tag (24 bits), the units [lo, hi) left (20 bits each) */
     char pad[DPAR__CACHE_LINE];
 } dpar__thread;
 
@@ -3304,6 +3314,8 @@ DPAR_API dpar_status dpar_pool_run(dpar_pool *pool, dpar_pool_run_fn fn, void *u
     pool->job_run = fn;
     pool->job_user = user;
     DPAR__STORE(&pool->share_word, 0, DPAR__RELAXED); /* tag 0: older than the run's first share (tag 1) */
+    for (i = 0; i < pool->nthreads; i++) /* and no units left over from a share an earlier run's thread left early */
+        DPAR__STORE(&pool->threads[i].steal_word, 0, DPAR__RELAXED);
     DPAR__STORE(&pool->in_run, 1, DPAR__RELAXED);
     dpar__fork(pool);
     DPAR__STORE(&pool->in_run, 0, DPAR__RELAXED);
@@ -3357,7 +3369,15 @@ DPAR_API dpar_status dpar_pool_barrier(dpar_pool *pool)
    iteration unless the range has 2^40 or more). A compare-and-swap takes a chunk only while the tag is the share's
    own, so a thread that arrives late never takes from a later share. The first thread to reach share k finds an
    older tag and swaps in (k, 0): it has left every earlier share because that share had nothing left, so nothing
-   is lost. A thread that finds a newer tag knows share k is spent. */
+   is lost. A thread that finds a newer tag knows share k is spent.
+   A steal share keeps one word per thread, threads[t].steal_word: the share's tag, then the units [lo, hi) of the
+   thread's block not yet handed out (20 bits each: a unit is one iteration unless the range has 2^19 or more). The
+   thread writes its block there when it begins the share and takes chunks from lo; when lo reaches hi it takes
+   the back half of the fullest word with its own tag (lowering that hi by compare-and-swap) and runs it as its
+   own. A word with another tag belongs to a thread that is not in this share (behind, or ahead, which means its
+   block is done), so it is left alone; a thread leaves the share when no word with its tag has units left. */
+#define DPAR__SHARE_STEAL_BITS 20
+#define DPAR__SHARE_STEAL_MASK ((UINT64_C(1) << DPAR__SHARE_STEAL_BITS) - 1)
 #define DPAR__SHARE_BITS 40
 #define DPAR__SHARE_MASK ((UINT64_C(1) << DPAR__SHARE_BITS) - 1)
 #define DPAR__SHARE_TAGS 0xffffffu
@@ -3389,6 +3409,24 @@ static dpar_share dpar__share_begin(dpar_pool *pool, int dims, int64_t n0, int64
         t->share_seq = (t->share_seq + 1) & DPAR__SHARE_TAGS;
         s.dpar__state.tag = t->share_seq;
         s.dpar__state.unit = unit;
+        if (schedule == DPAR_SCHEDULE_STEAL) { /* block t of T, in units, as a static share's */
+            int64_t T = s.dpar__state.nthreads, th = s.dpar__state.thread, units, q, r, lo, hi;
+            unit = (total >> (DPAR__SHARE_STEAL_BITS - 1)) + 1;
+            units = total / unit + (total % unit != 0); /* at most 2^19 */
+            q = units / T;
+            r = units % T;
+            lo = th * q + (th < r ? th : r);
+            hi = lo + q + (th < r ? 1 : 0);
+            s.dpar__state.unit = unit;
+            if (g == 0) g = units / (T * 16) * unit;
+            g = g / unit + (g % unit != 0);
+            s.dpar__state.grain = g < 1 ? 1 : g;
+            DPAR__STORE(&t->steal_word,
+                        ((uint64_t)s.dpar__state.tag << (2 * DPAR__SHARE_STEAL_BITS)) |
+                            ((uint64_t)lo << DPAR__SHARE_STEAL_BITS) | (uint64_t)hi,
+                        DPAR__RELEASE);
+            return s;
+        }
         if (schedule == DPAR_SCHEDULE_DYNAMIC && g == 0) g = total / ((int64_t)s.dpar__state.nthreads * 16);
         g = g / unit + (g % unit != 0); /* in units */
         s.dpar__state.grain = g < 1 ? 1 : g;
@@ -3424,6 +3462,41 @@ static int dpar__share_chunk(dpar_share *share)
         share->dpar__state.pos = c * g;
         share->dpar__state.stop = total - c * g < g ? total : c * g + g;
         return 1;
+    }
+    if (share->dpar__state.schedule == DPAR_SCHEDULE_STEAL) {
+        uint64_t *own = &pool->threads[t].steal_word, tag = share->dpar__state.tag, M = DPAR__SHARE_STEAL_MASK;
+        uint64_t unit = (uint64_t)share->dpar__state.unit;
+        for (;;) {
+            uint64_t w = DPAR__LOAD(own, DPAR__ACQUIRE), lo = (w >> DPAR__SHARE_STEAL_BITS) & M, hi = w & M;
+            uint64_t most = 0, vw = 0;
+            int64_t v, victim = -1;
+            if (lo < hi) { /* a chunk of my own from the front */
+                uint64_t take = (uint64_t)g < hi - lo ? (uint64_t)g : hi - lo;
+                if (!__atomic_compare_exchange_n(own, &w, w + (take << DPAR__SHARE_STEAL_BITS), 0, DPAR__ACQ_REL,
+                                                 DPAR__ACQUIRE))
+                    continue; /* a thief lowered hi: look again */
+                share->dpar__state.pos = (int64_t)(lo * unit);
+                share->dpar__state.stop = (lo + take) * unit > (uint64_t)total ? total : (int64_t)((lo + take) * unit);
+                return 1;
+            }
+            for (v = 0; v < T; v++) { /* mine is empty: the fullest word of this share */
+                uint64_t x = DPAR__LOAD(&pool->threads[v].steal_word, DPAR__ACQUIRE);
+                uint64_t xl = (x >> DPAR__SHARE_STEAL_BITS) & M, xh = x & M;
+                if (v != t && x >> (2 * DPAR__SHARE_STEAL_BITS) == tag && xh > xl && xh - xl > most) {
+                    most = xh - xl;
+                    victim = v;
+                    vw = x;
+                }
+            }
+            if (victim < 0) return 0;
+            {
+                uint64_t hi_v = vw & M, cut = hi_v - (most + 1) / 2; /* the back half, rounded up: at least one */
+                if (__atomic_compare_exchange_n(&pool->threads[victim].steal_word, &vw, (vw & ~M) | cut, 0,
+                                                DPAR__ACQ_REL, DPAR__ACQUIRE))
+                    DPAR__STORE(own, (tag << (2 * DPAR__SHARE_STEAL_BITS)) | (cut << DPAR__SHARE_STEAL_BITS) | hi_v,
+                                DPAR__RELEASE); /* empty until now, so no thief was at it */
+            }
+        }
     }
     {
         uint64_t units = (uint64_t)(total / share->dpar__state.unit + (total % share->dpar__state.unit != 0));

@@ -11,10 +11,14 @@
    step_region() the dpar port of the same loops: each `#pragma omp for` became a share line, the loop header
    reads its start and end (same index type; the headers of a collapsed nest become one), and the implicit
    barrier became dpar_pool_barrier (none for nowait, nor before the end of the region). The bodies are identical,
-   so the results are bitwise identical. The loss is a reduction, which OpenMP adds in an unspecified order and
-   dpar in thread order; static shares give both the same per-thread partial sums, and at 2 threads (the default)
-   the two orders give the same bits (a + b = b + a); the other results do not depend on the thread count at all.
-   The lines each loop cost are counted in the note at the end; docs/openmp.md lists every construct. */
+   so the results are bitwise identical. Where OpenMP has schedule(static), the port takes DPAR_SCHEDULE_STEAL:
+   the same blocks, but a thread done with its own takes the back half of what a slower thread has left (libgomp
+   has no such schedule), so a thread whose core another job takes for a while no longer holds up the barrier
+   (docs/openmp.md, 'Speed'). The loss is a reduction, which OpenMP adds in an unspecified order and dpar in
+   thread order; its loop keeps DPAR_SCHEDULE_STATIC, which gives both the same per-thread partial sums, and at 2
+   threads (the default) the two orders give the same bits (a + b = b + a); the other results depend neither on
+   the thread count nor on which thread runs an iteration. The lines each loop cost are counted in the note at
+   the end; docs/openmp.md lists every construct. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -172,11 +176,11 @@ static dpar_status step_region(void *user, int thread, int nthreads)
     float *p = m->param, *g = m->grad;
     double loss = 0;
     (void)nthreads;
-    for (dpar_share s = dpar_pool_share_3d(pool, B, T, C, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share_3d(pool, B, T, C, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int b = s.i, t = s.j, c = s.k; c < s.end; c++)
             m->x[(b * T + t) * C + c] = p[WTE + m->tok[b * T + t] * C + c] + p[WPE + t * C + c];
     dpar_pool_barrier(pool);
-    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int b = s.i, t = s.j; t < s.end; t++) {
             const float *x = m->x + (b * T + t) * C;
             for (int o = 0; o < H; o++) {
@@ -186,10 +190,10 @@ static dpar_status step_region(void *user, int thread, int nthreads)
             }
         }
     dpar_pool_barrier(pool);
-    for (dpar_share s = dpar_pool_share(pool, BT * H, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share(pool, BT * H, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int i = s.i; i < s.end; i++) m->a[i] = gelu(m->h[i]);
     dpar_pool_barrier(pool);
-    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int b = s.i, t = s.j; t < s.end; t++) {
             const float *a = m->a + (b * T + t) * H;
             for (int v = 0; v < V; v++) {
@@ -219,7 +223,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
             }
             g[B2 + v] = db;
         }
-    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int b = s.i, t = s.j; t < s.end; t++) {
             float *da = m->da + (b * T + t) * H;
             for (int k = 0; k < H; k++) da[k] = 0;
@@ -229,7 +233,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
             }
         }
     dpar_pool_barrier(pool);
-    for (dpar_share s = dpar_pool_share(pool, BT * H, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share(pool, BT * H, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int i = s.i; i < s.end; i++) m->dh[i] = m->da[i] * gelu_grad(m->h[i]);
     dpar_pool_barrier(pool);
     for (dpar_share s = dpar_pool_share(pool, H, DPAR_SCHEDULE_GUIDED, 0); dpar_share_next(&s);)
@@ -243,7 +247,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
             }
             g[B1 + o] = db;
         }
-    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share_2d(pool, B, T, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int b = s.i, t = s.j; t < s.end; t++) {
             float *dx = m->dx + (b * T + t) * C;
             for (int c = 0; c < C; c++) dx[c] = 0;
@@ -253,7 +257,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
             }
         }
     dpar_pool_barrier(pool);
-    for (dpar_share s = dpar_pool_share_2d(pool, T, C, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share_2d(pool, T, C, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int t = s.i, c = s.j; c < s.end; c++) {
             float acc = 0;
             for (int b = 0; b < B; b++) acc += m->dx[(b * T + t) * C + c];
@@ -268,7 +272,7 @@ static dpar_status step_region(void *user, int thread, int nthreads)
                     for (int c = 0; c < C; c++) dw[c] += m->dx[r * C + c];
         }
     dpar_pool_barrier(pool);
-    for (dpar_share s = dpar_pool_share(pool, NPARAM, DPAR_SCHEDULE_STATIC, 0); dpar_share_next(&s);)
+    for (dpar_share s = dpar_pool_share(pool, NPARAM, DPAR_SCHEDULE_STEAL, 0); dpar_share_next(&s);)
         for (int i = s.i; i < s.end; i++) p[i] -= LR * g[i];
     if (thread == 0) m->loss = loss / BT;
     return DPAR_OK;

@@ -1,5 +1,5 @@
 /* test_share.c - the parallel-region form of the pool (issue 21): shares of 1-, 2- and 3-D ranges with static,
-   dynamic and guided schedules, reductions across a run's threads, and a comm that lives across runs. Checked
+   dynamic, guided and steal schedules, reductions across a run's threads, and a comm that lives across runs. Checked
    against serial references and closed forms.
    Build and run: make test (or: cc -std=c99 -O1 -g -Wall -I. -Itests tests/test_share.c -pthread -lm && ./a.out) */
 #define DPAR_IMPLEMENTATION
@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <time.h>
 
 #include "dpar_test.h"
 
@@ -119,7 +120,7 @@ static void test_every_schedule_visits_each_index_once(void)
                 seed = seed * 6364136223846793005u + 1442695040888963407u;
                 m->n[l] = (int64_t)((seed >> 33) % MANY_N);
                 if (l % 7 == 0) m->n[l] = l % 2; /* 0 and 1 */
-                m->sched[l] = (int)((seed >> 20) % 3);
+                m->sched[l] = (int)((seed >> 20) % 4);
                 m->grain[l] = (seed >> 40) % 3 == 0 ? 0 : (int64_t)((seed >> 45) % 40);
                 m->barrier[l] = (seed >> 50) % 4 == 0; /* mostly nowait: threads run ahead into later loops */
             }
@@ -211,6 +212,214 @@ static void test_chunk_sizes_of_each_schedule(void)
     }
 }
 
+/* ---- steal: static blocks, the back half of the fullest taken by a thread that is done ---- */
+
+static void sleep_ms(int ms)
+{
+    struct timespec q;
+    q.tv_sec = ms / 1000;
+    q.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&q, NULL);
+}
+
+typedef struct stealer {
+    dpar_pool *pool;
+    int64_t n0, n1, grain;
+    int slow;    /* this thread waits slow_ms between beginning the share and its first piece; */
+    int slow_ms; /* the others begin theirs only after it has begun */
+    int slow_began;
+    int *count, *owner;         /* [n0 * n1] */
+    int64_t longest, bad_piece; /* the longest piece (in iterations of the collapsed range); pieces out of range */
+    int64_t end0, first_taken;  /* thread 0's block ends at end0; the start of its first piece past it (or -1) */
+} stealer;
+
+static dpar_status steal_body(void *user, int thread, int nthreads)
+{
+    stealer *st = (stealer *)user;
+    dpar_share s;
+    (void)nthreads;
+    while (thread != st->slow && !__atomic_load_n(&st->slow_began, __ATOMIC_ACQUIRE)) sleep_ms(1);
+    s = st->n1 > 1 ? dpar_pool_share_2d(st->pool, st->n0, st->n1, DPAR_SCHEDULE_STEAL, st->grain)
+                   : dpar_pool_share(st->pool, st->n0, DPAR_SCHEDULE_STEAL, st->grain);
+    if (thread == st->slow) {
+        __atomic_store_n(&st->slow_began, 1, __ATOMIC_RELEASE);
+        sleep_ms(st->slow_ms);
+    }
+    while (dpar_share_next(&s)) {
+        int64_t i = st->n1 > 1 ? s.i : 0, j = st->n1 > 1 ? s.j : s.i, len = s.end - j, longest;
+        if (i < 0 || i >= st->n0 || j < 0 || s.end > (st->n1 > 1 ? st->n1 : st->n0) || len <= 0) {
+            __atomic_fetch_add(&st->bad_piece, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (thread == 0 && i * st->n1 + j >= st->end0 && st->first_taken < 0) st->first_taken = i * st->n1 + j;
+        for (; j < s.end; j++) {
+            __atomic_fetch_add(&st->count[i * st->n1 + j], 1, __ATOMIC_RELAXED);
+            st->owner[i * st->n1 + j] = thread;
+        }
+        longest = __atomic_load_n(&st->longest, __ATOMIC_RELAXED);
+        while (len > longest &&
+               !__atomic_compare_exchange_n(&st->longest, &longest, len, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    }
+    return DPAR_OK;
+}
+
+/* One thread waits 30 ms between beginning the share and its first piece: the others finish their blocks and take
+   its block, the back half of what is left at a time. Every index runs once; at least half of the slow thread's
+   block runs on others; with 2 threads, thread 0's first piece past its own block begins at the slow block's
+   back half (hi - ceil(len / 2)); no piece is longer than the grain (default: a sixteenth of a block). */
+static void test_steal_evens_out_a_slow_thread(void)
+{
+    static const int64_t shapes[][3] = {{2000, 1, 0}, {2000, 1, 7}, {37, 61, 0}, {37, 61, 5}, {5, 1, 0}};
+    int c, k;
+    for (c = 1; c < NCOUNTS; c++) {
+        int T = thread_counts[c];
+        dpar_pool *pool = make_pool(T);
+        for (k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++) {
+            stealer st;
+            int64_t total = shapes[k][0] * shapes[k][1], q = total / T, r = total % T, i, bad = 0, want_longest;
+            int64_t slow_lo = (T - 1) * q + (T - 1 < r ? T - 1 : r), slow_hi = slow_lo + q + (T - 1 < r ? 1 : 0);
+            int64_t taken = 0, half = slow_hi - (slow_hi - slow_lo + 1) / 2;
+            memset(&st, 0, sizeof st);
+            st.pool = pool;
+            st.n0 = shapes[k][0];
+            st.n1 = shapes[k][1];
+            st.grain = shapes[k][2];
+            st.slow = T - 1;
+            st.slow_ms = 30;
+            st.end0 = q + (r > 0);
+            st.first_taken = -1;
+            st.count = (int *)calloc((size_t)total, sizeof(int));
+            st.owner = (int *)calloc((size_t)total, sizeof(int));
+            CHECK(dpar_pool_run(pool, steal_body, &st) == DPAR_OK);
+            for (i = 0; i < total; i++) bad += st.count[i] != 1;
+            for (i = slow_lo; i < slow_hi; i++) taken += st.owner[i] != T - 1;
+            want_longest = st.grain ? st.grain : total / T / 16;
+            if (want_longest < 1) want_longest = 1;
+            if (st.n1 > 1 && want_longest > st.n1) want_longest = st.n1; /* a piece ends with its row */
+            CHECK_MSG(bad == 0 && st.bad_piece == 0,
+                      "T=%d %lldx%lld grain %lld: %lld indices not run once, %lld bad pieces", T, (long long)st.n0,
+                      (long long)st.n1, (long long)st.grain, (long long)bad, (long long)st.bad_piece);
+            CHECK_MSG(2 * taken >= slow_hi - slow_lo, "T=%d %lldx%lld: others ran %lld of the slow thread's %lld", T,
+                      (long long)st.n0, (long long)st.n1, (long long)taken, (long long)(slow_hi - slow_lo));
+            CHECK_MSG(
+                T > 2 || st.first_taken == half,
+                "T=2 %lldx%lld: thread 0's first piece of the slow block begins at %lld, not at its back half %lld",
+                (long long)st.n0, (long long)st.n1, (long long)st.first_taken, (long long)half);
+            CHECK_MSG(st.longest <= want_longest,
+                      "T=%d %lldx%lld grain %lld: a piece of %lld iterations (at most %lld)", T, (long long)st.n0,
+                      (long long)st.n1, (long long)st.grain, (long long)st.longest, (long long)want_longest);
+            free(st.count);
+            free(st.owner);
+        }
+        dpar_pool_destroy(pool);
+    }
+}
+
+/* A range of 2^19 iterations or more goes in units of several iterations (the word holds 20-bit bounds): every
+   index still runs once, with a slow thread so that units are stolen, and the last unit stops at the end. */
+static void test_steal_large_range(void)
+{
+    static const int64_t sizes[] = {(INT64_C(1) << 19) - 1, INT64_C(1) << 19, (INT64_C(1) << 21) - 1, 3000001};
+    int k;
+    dpar_pool *pool = make_pool(3);
+    for (k = 0; k < (int)(sizeof sizes / sizeof sizes[0]); k++) {
+        stealer st;
+        int64_t i, bad = 0, others = 0, q = sizes[k] / 3, r = sizes[k] % 3, slow_lo = 2 * q + (2 < r ? 2 : r);
+        memset(&st, 0, sizeof st);
+        st.pool = pool;
+        st.n0 = sizes[k];
+        st.n1 = 1;
+        st.slow = 2;
+        st.slow_ms = 30;
+        st.count = (int *)calloc((size_t)st.n0, sizeof(int));
+        st.owner = (int *)calloc((size_t)st.n0, sizeof(int));
+        CHECK(dpar_pool_run(pool, steal_body, &st) == DPAR_OK);
+        for (i = 0; i < st.n0; i++) bad += st.count[i] != 1;
+        for (i = slow_lo; i < st.n0; i++) others += st.owner[i] != 2;
+        CHECK_MSG(bad == 0 && st.bad_piece == 0, "n=%lld: %lld indices not run once, %lld bad pieces", (long long)st.n0,
+                  (long long)bad, (long long)st.bad_piece);
+        CHECK_MSG(others > 0, "n=%lld: nothing was taken from the slow thread", (long long)st.n0);
+        free(st.count);
+        free(st.owner);
+    }
+    dpar_pool_destroy(pool);
+}
+
+/* Units a thread left in its word (it left the loop early) belong to that share: phase 1, in the next run the slow
+   thread has not begun its share when the others look for work, and they must not take the old run's units;
+   phase 2, in one run, the others go on to the next share while the slow thread, which left the earlier one after
+   one piece, has not begun it, and they must not take the earlier share's units either. */
+typedef struct leftover {
+    dpar_pool *pool;
+    int phase, slow_ms, done_first, slow_left;
+    int64_t out_of_range, count[10];
+} leftover;
+
+static void leftover_second_share(leftover *lf)
+{
+    for (dpar_share s = dpar_pool_share(lf->pool, 10, DPAR_SCHEDULE_STEAL, 1); dpar_share_next(&s);) {
+        if (s.i < 0 || s.end > 10 || s.end <= s.i) { /* a piece of another share */
+            __atomic_fetch_add(&lf->out_of_range, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        for (int64_t i = s.i; i < s.end; i++) __atomic_fetch_add(&lf->count[i], 1, __ATOMIC_RELAXED);
+    }
+}
+
+static dpar_status leftover_body(void *user, int thread, int nthreads)
+{
+    leftover *lf = (leftover *)user;
+    (void)nthreads;
+    if (lf->phase == 0) { /* each thread takes one piece of a large share and leaves */
+        dpar_share s = dpar_pool_share(lf->pool, 100000, DPAR_SCHEDULE_STEAL, 1);
+        (void)dpar_share_next(&s);
+        return DPAR_OK;
+    }
+    if (lf->phase == 2) {
+        dpar_share s;
+        if (thread == nthreads - 1) { /* begins the first share after the others have left it, takes one piece */
+            while (__atomic_load_n(&lf->done_first, __ATOMIC_ACQUIRE) < nthreads - 1) sleep_ms(1);
+            s = dpar_pool_share(lf->pool, 100000, DPAR_SCHEDULE_STEAL, 1);
+            (void)dpar_share_next(&s);
+            __atomic_store_n(&lf->slow_left, 1, __ATOMIC_RELEASE);
+        } else {
+            for (s = dpar_pool_share(lf->pool, 100000, DPAR_SCHEDULE_STEAL, 1); dpar_share_next(&s);) {}
+            __atomic_fetch_add(&lf->done_first, 1, __ATOMIC_RELEASE);
+            while (!__atomic_load_n(&lf->slow_left, __ATOMIC_ACQUIRE)) sleep_ms(1);
+        }
+    }
+    if (thread == nthreads - 1) sleep_ms(lf->slow_ms);
+    leftover_second_share(lf);
+    return DPAR_OK;
+}
+
+static void test_steal_leaves_nothing_to_the_next_run(void)
+{
+    int c, i;
+    for (c = 1; c < NCOUNTS; c++) {
+        leftover lf;
+        int64_t bad = 0;
+        memset(&lf, 0, sizeof lf);
+        lf.pool = make_pool(thread_counts[c]);
+        lf.slow_ms = 20;
+        CHECK(dpar_pool_run(lf.pool, leftover_body, &lf) == DPAR_OK);
+        lf.phase = 1;
+        CHECK(dpar_pool_run(lf.pool, leftover_body, &lf) == DPAR_OK);
+        for (i = 0; i < 10; i++) bad += lf.count[i] != 1;
+        CHECK_MSG(lf.out_of_range == 0 && bad == 0,
+                  "T=%d: %lld pieces of the earlier run's share, %lld of 10 not run once", thread_counts[c],
+                  (long long)lf.out_of_range, (long long)bad);
+        lf.phase = 2;
+        memset(lf.count, 0, sizeof lf.count);
+        CHECK(dpar_pool_run(lf.pool, leftover_body, &lf) == DPAR_OK);
+        for (bad = 0, i = 0; i < 10; i++) bad += lf.count[i] != 1;
+        CHECK_MSG(lf.out_of_range == 0 && bad == 0,
+                  "T=%d: %lld pieces of the earlier share of the run, %lld of 10 not run once", thread_counts[c],
+                  (long long)lf.out_of_range, (long long)bad);
+        dpar_pool_destroy(lf.pool);
+    }
+}
+
 /* ---- collapsed ranges: start indices, pieces along the last dimension ---- */
 
 typedef struct grid {
@@ -260,7 +469,7 @@ static void test_collapsed_2d_and_3d(void)
         dpar_pool *pool = make_pool(T);
         for (k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++)
             for (dims = 2; dims <= 3; dims++)
-                for (sched = 0; sched < 3; sched++) {
+                for (sched = 0; sched < 4; sched++) {
                     grid g;
                     int64_t total, i, bad = 0;
                     memset(&g, 0, sizeof g);
@@ -305,7 +514,7 @@ static void take_whole_shares(outside *o, int thread)
 {
     int sched;
     double v = 1.5 + thread;
-    for (sched = 0; sched < 3; sched++) {
+    for (sched = 0; sched < 4; sched++) {
         dpar_share s = dpar_pool_share(o->pool, 10, (dpar_schedule)sched, 3);
         if (!dpar_share_next(&s) || s.i != 0 || s.end != 10 || dpar_share_next(&s))
             __atomic_fetch_add(&o->wrong, 1, __ATOMIC_RELAXED);
@@ -526,6 +735,9 @@ int main(int argc, char **argv)
     RUN(test_static_share_is_pool_for_split);
     RUN(test_every_schedule_visits_each_index_once);
     RUN(test_chunk_sizes_of_each_schedule);
+    RUN(test_steal_evens_out_a_slow_thread);
+    RUN(test_steal_large_range);
+    RUN(test_steal_leaves_nothing_to_the_next_run);
     RUN(test_collapsed_2d_and_3d);
     RUN(test_outside_a_run_is_a_team_of_one);
     RUN(test_reduce_in_thread_order_on_every_thread);
