@@ -3418,8 +3418,7 @@ static dpar_share dpar__share_begin(dpar_pool *pool, int dims, int64_t n0, int64
             lo = th * q + (th < r ? th : r);
             hi = lo + q + (th < r ? 1 : 0);
             s.dpar__state.unit = unit;
-            if (g == 0) g = units / (T * 16) * unit;
-            g = g / unit + (g % unit != 0);
+            g = g == 0 ? units / (T * 16) : g / unit + (g % unit != 0); /* in units; 0: a sixteenth of a block */
             s.dpar__state.grain = g < 1 ? 1 : g;
             DPAR__STORE(&t->steal_word,
                         ((uint64_t)s.dpar__state.tag << (2 * DPAR__SHARE_STEAL_BITS)) |
