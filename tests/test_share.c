@@ -225,12 +225,11 @@ static void sleep_ms(int ms)
 typedef struct stealer {
     dpar_pool *pool;
     int64_t n0, n1, grain;
-    int slow;    /* this thread waits slow_ms between beginning the share and its first piece; */
-    int slow_ms; /* the others begin theirs only after it has begun */
-    int slow_began;
-    int *count, *owner;         /* [n0 * n1] */
-    int64_t longest, bad_piece; /* the longest piece (in iterations of the collapsed range); pieces out of range */
-    int64_t end0, first_taken;  /* thread 0's block ends at end0; the start of its first piece past it (or -1) */
+    int slow;                    /* this thread begins the share, then waits until the others have left it (10 s at */
+    int slow_began, others_left; /* most) before it looks for its first piece; the others begin after it */
+    int *count, *owner;          /* [n0 * n1] */
+    int64_t longest, bad_piece;  /* the longest piece (in iterations of the collapsed range); pieces out of range */
+    int64_t end0, first_taken;   /* thread 0's block ends at end0; the start of its first piece past it (or -1) */
 } stealer;
 
 static dpar_status steal_body(void *user, int thread, int nthreads)
@@ -242,8 +241,10 @@ static dpar_status steal_body(void *user, int thread, int nthreads)
     s = st->n1 > 1 ? dpar_pool_share_2d(st->pool, st->n0, st->n1, DPAR_SCHEDULE_STEAL, st->grain)
                    : dpar_pool_share(st->pool, st->n0, DPAR_SCHEDULE_STEAL, st->grain);
     if (thread == st->slow) {
+        int waited;
         __atomic_store_n(&st->slow_began, 1, __ATOMIC_RELEASE);
-        sleep_ms(st->slow_ms);
+        for (waited = 0; waited < 10000 && __atomic_load_n(&st->others_left, __ATOMIC_ACQUIRE) < nthreads - 1; waited++)
+            sleep_ms(1);
     }
     while (dpar_share_next(&s)) {
         int64_t i = st->n1 > 1 ? s.i : 0, j = st->n1 > 1 ? s.j : s.i, len = s.end - j, longest;
@@ -260,13 +261,15 @@ static dpar_status steal_body(void *user, int thread, int nthreads)
         while (len > longest &&
                !__atomic_compare_exchange_n(&st->longest, &longest, len, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     }
+    if (thread != st->slow) __atomic_fetch_add(&st->others_left, 1, __ATOMIC_RELEASE);
     return DPAR_OK;
 }
 
-/* One thread waits 30 ms between beginning the share and its first piece: the others finish their blocks and take
-   its block, the back half of what is left at a time. Every index runs once; at least half of the slow thread's
-   block runs on others; with 2 threads, thread 0's first piece past its own block begins at the slow block's
-   back half (hi - ceil(len / 2)); no piece is longer than the grain (default: a sixteenth of a block). */
+/* One thread begins the share and then waits until the others have left it: they finish their blocks and take
+   its block, the back half of what is left at a time, until none is left. Every index runs once; the slow
+   thread's whole block runs on others; with 2 threads, thread 0's first piece past its own block begins at the
+   slow block's back half (hi - ceil(len / 2)); no piece is longer than the grain (default: a sixteenth of a
+   block). No timing: the slow thread waits for the others, not for a clock. */
 static void test_steal_evens_out_a_slow_thread(void)
 {
     static const int64_t shapes[][3] = {{2000, 1, 0}, {2000, 1, 7}, {37, 61, 0}, {37, 61, 5}, {5, 1, 0}};
@@ -285,7 +288,6 @@ static void test_steal_evens_out_a_slow_thread(void)
             st.n1 = shapes[k][1];
             st.grain = shapes[k][2];
             st.slow = T - 1;
-            st.slow_ms = 30;
             st.end0 = q + (r > 0);
             st.first_taken = -1;
             st.count = (int *)calloc((size_t)total, sizeof(int));
@@ -299,7 +301,7 @@ static void test_steal_evens_out_a_slow_thread(void)
             CHECK_MSG(bad == 0 && st.bad_piece == 0,
                       "T=%d %lldx%lld grain %lld: %lld indices not run once, %lld bad pieces", T, (long long)st.n0,
                       (long long)st.n1, (long long)st.grain, (long long)bad, (long long)st.bad_piece);
-            CHECK_MSG(2 * taken >= slow_hi - slow_lo, "T=%d %lldx%lld: others ran %lld of the slow thread's %lld", T,
+            CHECK_MSG(taken == slow_hi - slow_lo, "T=%d %lldx%lld: others ran %lld of the slow thread's %lld", T,
                       (long long)st.n0, (long long)st.n1, (long long)taken, (long long)(slow_hi - slow_lo));
             CHECK_MSG(
                 T > 2 || st.first_taken == half,
@@ -316,7 +318,7 @@ static void test_steal_evens_out_a_slow_thread(void)
 }
 
 /* A range of 2^19 iterations or more goes in units of several iterations (the word holds 20-bit bounds): every
-   index still runs once, with a slow thread so that units are stolen, and the last unit stops at the end. */
+   index still runs once, the slow thread's units all run on the other two, and the last unit stops at the end. */
 static void test_steal_large_range(void)
 {
     static const int64_t sizes[] = {(INT64_C(1) << 19) - 1, INT64_C(1) << 19, (INT64_C(1) << 21) - 1, 3000001};
@@ -324,21 +326,21 @@ static void test_steal_large_range(void)
     dpar_pool *pool = make_pool(3);
     for (k = 0; k < (int)(sizeof sizes / sizeof sizes[0]); k++) {
         stealer st;
-        int64_t i, bad = 0, others = 0, q = sizes[k] / 3, r = sizes[k] % 3, slow_lo = 2 * q + (2 < r ? 2 : r);
+        int64_t i, bad = 0, by_slow = 0;
         memset(&st, 0, sizeof st);
         st.pool = pool;
         st.n0 = sizes[k];
         st.n1 = 1;
         st.slow = 2;
-        st.slow_ms = 30;
         st.count = (int *)calloc((size_t)st.n0, sizeof(int));
         st.owner = (int *)calloc((size_t)st.n0, sizeof(int));
         CHECK(dpar_pool_run(pool, steal_body, &st) == DPAR_OK);
         for (i = 0; i < st.n0; i++) bad += st.count[i] != 1;
-        for (i = slow_lo; i < st.n0; i++) others += st.owner[i] != 2;
+        for (i = 0; i < st.n0; i++) by_slow += st.owner[i] == 2;
         CHECK_MSG(bad == 0 && st.bad_piece == 0, "n=%lld: %lld indices not run once, %lld bad pieces", (long long)st.n0,
                   (long long)bad, (long long)st.bad_piece);
-        CHECK_MSG(others > 0, "n=%lld: nothing was taken from the slow thread", (long long)st.n0);
+        CHECK_MSG(by_slow == 0, "n=%lld: the slow thread ran %lld iterations: the others left some of its units",
+                  (long long)st.n0, (long long)by_slow);
         free(st.count);
         free(st.owner);
     }
