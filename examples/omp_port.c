@@ -381,17 +381,20 @@ int main(int argc, char **argv)
     printf("%s after %d steps on %d threads: losses, parameters, gradients, logits and dx\n",
            same ? "bitwise equal" : "DIFFERENT", steps, threads);
     if (bench) { /* medians of paired samples, each runtime idle before its sample, which goes first alternating */
+        /* Both runtimes step the same model (md): the two hold the same bits here (checked above), so each goes on
+           with the other's training, and where the arrays lie in memory, which moves a step's time by a few
+           percent on its own (docs/openmp.md, 'Speed'), is the same for both. */
         enum { SAMPLES = 41, REPS = 5, CI_LO = 13, CI_HI = 27 }; /* CI_*: below */
         double td[SAMPLES], to[SAMPLES], pr[SAMPLES], t0;
         int side;
-        for (k = 0; k < 3; k++) step_omp(mo), step_dpar(md);
+        for (k = 0; k < 3; k++) step_omp(md), step_dpar(md);
         for (k = 0; k < SAMPLES; k++)
             for (side = 0; side < 2; side++) {
                 int omp = side != (k & 1); /* dpar first in even pairs, OpenMP first in odd ones */
                 settle();
                 t0 = now_ms();
                 for (i = 0; i < REPS; i++) {
-                    if (omp) step_omp(mo);
+                    if (omp) step_omp(md);
                     else step_dpar(md);
                 }
                 (omp ? to : td)[k] = (now_ms() - t0) / REPS;
