@@ -529,8 +529,11 @@ typedef struct dpar_share {
    row-major, collapsed into one range as OpenMP's collapse(2) and collapse(3) do).
    pool:     the pool whose dpar_pool_run is running on this thread; NULL, or a thread not inside a run of it, is a
              team of one that gets the whole range (as OpenMP's orphaned `omp for`).
+   schedule: one of the four dpar_schedule values; any other is a programmer error (DPAR_ASSERT; with the check
+             compiled out, the range runs once all the same, as a dynamic share).
    grain:    see dpar_schedule; it counts iterations of the collapsed range. Negative: 0.
-   Returns:  the share; a range with a dimension of 0 or less is empty. The collapsed size must fit in int64_t.
+   Returns:  the share; a range with a dimension of 0 or less is empty. The collapsed size must fit in int64_t
+             (DPAR_ASSERT).
    Remarks:  every thread of the run must take the same sequence of dynamic, guided and steal shares (as every
              thread meets every `omp for`); a thread may run ahead into later shares without a barrier (nowait): a
              dynamic share is handed out from one shared word tagged with the share's number, a steal share from
@@ -3120,15 +3123,23 @@ static void dpar__trace_span(const char *name, const char *cat, uint64_t t0, con
 
 /* ---- fork-join ---- */
 
+/* Block t of the T near-equal contiguous blocks of [0, n), the first n % T of them one longer:
+   [t q + min(t, r), that + q + (t < r)) with q = n / T, r = n % T; t q <= n, so nothing can overflow. The static
+   split of dpar_pool_for and of static and steal shares. */
+static void dpar__block(int64_t n, int64_t T, int64_t t, int64_t *lo, int64_t *hi)
+{
+    int64_t q = n / T, r = n % T;
+    *lo = t * q + (t < r ? t : r);
+    *hi = *lo + q + (t < r ? 1 : 0);
+}
+
 /* Thread `index` runs its part of the current fork. */
 static void dpar__fork_part(dpar_pool *p, int index)
 {
     uint64_t t0 = dpar_trace_enabled() ? dpar_time_ns() : 0;
     if (p->job_kind == DPAR__JOB_FOR_STATIC) {
-        /* block t of T: [t*q + min(t, r), ...): no product that can overflow */
-        int64_t T = p->nthreads, q = p->job_n / T, r = p->job_n % T;
-        int64_t begin = index * q + (index < r ? index : r);
-        int64_t end = begin + q + (index < r ? 1 : 0);
+        int64_t begin, end;
+        dpar__block(p->job_n, p->nthreads, index, &begin, &end);
         if (end > begin) p->job_for(p->job_user, begin, end, index);
     } else if (p->job_kind == DPAR__JOB_FOR_DYNAMIC) {
         for (;;) {
@@ -3386,6 +3397,7 @@ static dpar_share dpar__share_begin(dpar_pool *pool, int dims, int64_t n0, int64
                                     dpar_schedule schedule, int64_t grain)
 {
     dpar_share s;
+    DPAR_ASSERT((unsigned)schedule <= (unsigned)DPAR_SCHEDULE_STEAL); /* one of the four dpar_schedule values */
     memset(&s, 0, sizeof s);
     s.dpar__state.pool = pool;
     s.dpar__state.dims = dims;
@@ -3405,29 +3417,25 @@ static dpar_share dpar__share_begin(dpar_pool *pool, int dims, int64_t n0, int64
     }
     if (s.dpar__state.nthreads > 1 && schedule != DPAR_SCHEDULE_STATIC) {
         dpar__thread *t = &pool->threads[s.dpar__state.thread];
-        int64_t total = s.dpar__state.total, unit = (total >> DPAR__SHARE_BITS) + 1, g = s.dpar__state.grain;
+        int64_t total = s.dpar__state.total, T = s.dpar__state.nthreads, g = s.dpar__state.grain, unit;
         t->share_seq = (t->share_seq + 1) & DPAR__SHARE_TAGS;
         s.dpar__state.tag = t->share_seq;
-        s.dpar__state.unit = unit;
         if (schedule == DPAR_SCHEDULE_STEAL) { /* block t of T, in units, as a static share's */
-            int64_t T = s.dpar__state.nthreads, th = s.dpar__state.thread, units, q, r, lo, hi;
+            int64_t units, lo, hi;
             unit = (total >> (DPAR__SHARE_STEAL_BITS - 1)) + 1;
             units = total / unit + (total % unit != 0); /* at most 2^19 */
-            q = units / T;
-            r = units % T;
-            lo = th * q + (th < r ? th : r);
-            hi = lo + q + (th < r ? 1 : 0);
-            s.dpar__state.unit = unit;
-            g = g == 0 ? units / (T * 16) : g / unit + (g % unit != 0); /* in units; 0: a sixteenth of a block */
-            s.dpar__state.grain = g < 1 ? 1 : g;
+            dpar__block(units, T, s.dpar__state.thread, &lo, &hi);
+            if (g == 0) g = units / (T * 16) * unit; /* a sixteenth of a block */
             DPAR__STORE(&t->steal_word,
                         ((uint64_t)s.dpar__state.tag << (2 * DPAR__SHARE_STEAL_BITS)) |
                             ((uint64_t)lo << DPAR__SHARE_STEAL_BITS) | (uint64_t)hi,
                         DPAR__RELEASE);
-            return s;
+        } else {
+            unit = (total >> DPAR__SHARE_BITS) + 1;
+            if (schedule == DPAR_SCHEDULE_DYNAMIC && g == 0) g = total / (T * 16);
         }
-        if (schedule == DPAR_SCHEDULE_DYNAMIC && g == 0) g = total / ((int64_t)s.dpar__state.nthreads * 16);
         g = g / unit + (g % unit != 0); /* in units */
+        s.dpar__state.unit = unit;
         s.dpar__state.grain = g < 1 ? 1 : g;
     }
     return s;
@@ -3447,11 +3455,9 @@ static int dpar__share_chunk(dpar_share *share)
         return 1;
     }
     if (share->dpar__state.schedule == DPAR_SCHEDULE_STATIC) {
-        if (g == 0) { /* block t of T, as dpar_pool_for: [t*q + min(t, r), ...) */
-            int64_t q = total / T, r = total % T;
+        if (g == 0) { /* block t of T, as dpar_pool_for */
             if (share->dpar__state.next++ > 0) return 0;
-            share->dpar__state.pos = t * q + (t < r ? t : r);
-            share->dpar__state.stop = share->dpar__state.pos + q + (t < r ? 1 : 0);
+            dpar__block(total, T, t, &share->dpar__state.pos, &share->dpar__state.stop);
             return share->dpar__state.stop > share->dpar__state.pos;
         }
         /* chunk c = t + m T of ceil(total / g): round-robin */

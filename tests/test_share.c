@@ -2,6 +2,11 @@
    dynamic, guided and steal schedules, reductions across a run's threads, and a comm that lives across runs. Checked
    against serial references and closed forms.
    Build and run: make test (or: cc -std=c99 -O1 -g -Wall -I. -Itests tests/test_share.c -pthread -lm && ./a.out) */
+/* DPAR_ASSERT, the hook for programmer errors: counted while a test expects them (a schedule that is not one of
+   the four), fatal otherwise */
+static int asserts_expected, asserts_seen; /* atomics */
+static void count_assert(int ok, const char *what, const char *file, int line);
+#define DPAR_ASSERT(c) count_assert(!!(c), #c, __FILE__, __LINE__)
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -10,6 +15,17 @@
 #include <time.h>
 
 #include "dpar_test.h"
+
+static void count_assert(int ok, const char *what, const char *file, int line)
+{
+    if (ok) return;
+    if (__atomic_load_n(&asserts_expected, __ATOMIC_RELAXED)) {
+        __atomic_add_fetch(&asserts_seen, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    fprintf(stderr, "%s:%d: DPAR_ASSERT failed: %s\n", file, line, what);
+    abort();
+}
 
 static const int thread_counts[] = {1, 2, 3, 4, 8};
 #define NCOUNTS ((int)(sizeof thread_counts / sizeof thread_counts[0]))
@@ -69,6 +85,16 @@ static void test_static_share_is_pool_for_split(void)
             for (i = 0; i < o.n; i++) bad += o.by_for[i] != o.by_share[i] || o.count[i] != 1;
             CHECK_MSG(bad == 0, "T=%d n=%lld: %lld indices differ from dpar_pool_for's split", thread_counts[c],
                       (long long)o.n, (long long)bad);
+            { /* and both are the documented split: T blocks in thread order, the first n % T one longer */
+                int64_t T = thread_counts[c], q = o.n / T, r = o.n % T, t, at = 0;
+                for (t = 0; t < T; t++) {
+                    int64_t len = q + (t < r);
+                    for (i = at; i < at + len; i++) bad += o.by_share[i] != t;
+                    at += len;
+                }
+            }
+            CHECK_MSG(bad == 0, "T=%d n=%lld: %lld indices not in the block of thread i n / T + min(i, n %% T)",
+                      thread_counts[c], (long long)o.n, (long long)bad);
             free(o.by_for);
             free(o.by_share);
             free(o.count);
@@ -569,6 +595,65 @@ static void test_outside_a_run_is_a_team_of_one(void)
     dpar_pool_destroy(pool);
 }
 
+/* ---- a schedule that is not one of the four: a programmer error, caught by DPAR_ASSERT ---- */
+
+typedef struct bad_schedule {
+    dpar_pool *pool;
+    int seen[4][10]; /* times each index of each share ran (atomics) */
+} bad_schedule;
+
+static const int bad_schedules[4] = {4, 7, -1, 1 << 30};
+
+static void take_bad_shares(bad_schedule *b)
+{
+    int k;
+    for (k = 0; k < 4; k++) {
+        dpar_share s;
+        for (s = dpar_pool_share(b->pool, 10, (dpar_schedule)bad_schedules[k], 0); dpar_share_next(&s);)
+            for (; s.i < s.end; s.i++) __atomic_add_fetch(&b->seen[k][s.i], 1, __ATOMIC_RELAXED);
+    }
+}
+
+static dpar_status run_bad_shares(void *user, int thread, int nthreads)
+{
+    (void)thread, (void)nthreads;
+    take_bad_shares((bad_schedule *)user);
+    return DPAR_OK;
+}
+
+/* Each share with a bad schedule fails DPAR_ASSERT once on each thread that begins it (4 shares: 4 T failures);
+   with the assertion off (NDEBUG) the range still runs once in all (as a dynamic share), nothing lost. */
+static void test_bad_schedule_is_a_contract_failure(void)
+{
+    int c, k, i, wrong = 0;
+    for (c = 0; c < NCOUNTS; c++) {
+        bad_schedule b;
+        int T = thread_counts[c];
+        memset(&b, 0, sizeof b);
+        b.pool = make_pool(T);
+        __atomic_store_n(&asserts_seen, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&asserts_expected, 1, __ATOMIC_RELAXED);
+        CHECK(dpar_pool_run(b.pool, run_bad_shares, &b) == DPAR_OK);
+        __atomic_store_n(&asserts_expected, 0, __ATOMIC_RELAXED);
+        CHECK_MSG(asserts_seen == 4 * T, "%d threads: %d DPAR_ASSERT failures, expected %d", T, asserts_seen, 4 * T);
+        for (k = 0; k < 4; k++)
+            for (i = 0; i < 10; i++) wrong += b.seen[k][i] != 1;
+        dpar_pool_destroy(b.pool);
+    }
+    CHECK_MSG(wrong == 0, "%d indices not run exactly once", wrong);
+    { /* outside a run: a team of one, checked alike */
+        bad_schedule b;
+        memset(&b, 0, sizeof b);
+        __atomic_store_n(&asserts_seen, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&asserts_expected, 1, __ATOMIC_RELAXED);
+        take_bad_shares(&b);
+        __atomic_store_n(&asserts_expected, 0, __ATOMIC_RELAXED);
+        CHECK(asserts_seen == 4);
+        for (k = 0; k < 4; k++)
+            for (i = 0; i < 10; i++) CHECK(b.seen[k][i] == 1);
+    }
+}
+
 /* ---- reductions ---- */
 
 #define RED_ITERS 300
@@ -742,6 +827,7 @@ int main(int argc, char **argv)
     RUN(test_steal_leaves_nothing_to_the_next_run);
     RUN(test_collapsed_2d_and_3d);
     RUN(test_outside_a_run_is_a_team_of_one);
+    RUN(test_bad_schedule_is_a_contract_failure);
     RUN(test_reduce_in_thread_order_on_every_thread);
     RUN(test_comm_lives_across_runs);
     return dt_summary();
