@@ -93,7 +93,7 @@ static void test_static_share_is_pool_for_split(void)
                     at += len;
                 }
             }
-            CHECK_MSG(bad == 0, "T=%d n=%lld: %lld indices not in the block of thread i n / T + min(i, n %% T)",
+            CHECK_MSG(bad == 0, "T=%d n=%lld: %lld indices outside the closed-form split (t q + min(t, r) on)",
                       thread_counts[c], (long long)o.n, (long long)bad);
             free(o.by_for);
             free(o.by_share);
