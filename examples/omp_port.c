@@ -383,7 +383,7 @@ int main(int argc, char **argv)
     if (bench) { /* medians of paired samples, each runtime idle before its sample, which goes first alternating */
         /* Both runtimes step the same model (md): the two hold the same bits here (checked above), so each goes on
            with the other's training, and where the arrays lie in memory, which moves a step's time by a few
-           percent on its own (docs/openmp.md, 'Speed'), is the same for both. */
+           percent on its own (docs/openmp.md, 'Where the arrays lie'), is the same for both. */
         enum { SAMPLES = 41, REPS = 5, CI_LO = 13, CI_HI = 27 }; /* CI_*: below */
         double td[SAMPLES], to[SAMPLES], pr[SAMPLES], t0;
         int side;
