@@ -12110,6 +12110,7 @@ typedef struct dpar__wire { /* a fingerprint on the wire: only file's first flen
 #define DPAR__M_WIRE_HEAD offsetof(dpar__wire, file)
 #define DPAR__M_PACK 2048 /* data bytes sent with the fingerprint (header + data stay below eager limits) */
 #define DPAR__M_PACK_BYTES (sizeof(dpar__wire) + DPAR__M_PACK)
+enum { DPAR__M_LENT_STAGING = 1, DPAR__M_LENT_STAGING2 = 2, DPAR__M_LENT_PACK = 4 };
 
 typedef struct dpar__mpi {
     MPI_Comm comm; /* ours: a duplicate (flat) or shared by a process's threads (hybrid) */
@@ -12125,8 +12126,9 @@ typedef struct dpar__mpi {
     unsigned bell_looks; /* this call's looks so far */
     int bell_stage;      /* 0: spinning, 1: yielding, 2: napping */
     size_t staging_bytes;
-    MPI_Request pf_req;            /* the receive of the next segment (collective lane), or none */
-    int pf_peer;                   /* its peer, -1: none */
+    MPI_Request pf_req; /* the receive of the next segment (collective lane), or none */
+    int pf_peer;        /* its peer, -1: none */
+    int lent; /* DPAR__M_LENT_*: own buffers a receive given up on may still write (dpar__m_give_up): never freed */
     MPI_Request *sends;            /* [DPAR__LANES][size][DPAR__QDEPTH] */
     uint32_t *send_first, *send_n; /* [DPAR__LANES][size] */
     uint64_t *hdr_sent, *hdr_recv; /* [size]: the collective whose header went to / came from a peer */
@@ -12358,6 +12360,37 @@ static dpar_status dpar__m_wait(dpar__ctx *x, MPI_Request *req, MPI_Status *stat
     }
 }
 
+/* A receive of buf that a failed call leaves behind (a poison or a timeout ended its wait): cancelled and waited
+   for, up to 1 s. MPI may have matched it to a message already; the cancel then fails and MPI writes buf until the
+   message is in (a large one comes in pieces, and a segment of the poisoned call's ring can arrive after the
+   news). Left posted, it took a message that came later: a write after free once destroy had freed the buffer
+   (ASan: 1 run of test_mpi in 24, 3 processes, a failed bucket). Past the second the request is freed, and one of
+   the comm's own buffers is marked lent: never freed or reused (a user's buffer may still be written: docs/mpi.md). */
+static void dpar__m_give_up(dpar__mpi *m, MPI_Request *r, const void *buf)
+{
+    uint64_t until = dpar_time_ns() + 1000000000u;
+    uintptr_t b = (uintptr_t)buf, s1 = (uintptr_t)m->staging, s2 = (uintptr_t)m->staging2, pk = (uintptr_t)m->pack;
+    int flag = 0;
+    MPI_Cancel(r);
+    for (;;) {
+        MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+        if (flag) return;
+        if (dpar_time_ns() >= until) break;
+        sched_yield();
+    }
+    MPI_Request_free(r);
+    if (b - s1 < m->staging_bytes) m->lent |= DPAR__M_LENT_STAGING; /* (unsigned: below the start is far above) */
+    else if (b - s2 < m->staging_bytes) m->lent |= DPAR__M_LENT_STAGING2;
+    else if (b - pk < 2 * DPAR__LANES * DPAR__M_PACK_BYTES) m->lent |= DPAR__M_LENT_PACK;
+}
+/* a receive's wait: a failure gives the receive up (dpar__m_give_up) */
+static dpar_status dpar__m_wait_recv(dpar__ctx *x, MPI_Request *r, MPI_Status *s, int peer, const void *buf)
+{
+    dpar_status st = dpar__m_wait(x, r, s, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive");
+    if (st != DPAR_OK) dpar__m_give_up(DPAR__M(x->c), r, buf);
+    return st;
+}
+
 /* the oldest send to peer on the lane completes */
 static dpar_status dpar__m_retire(dpar__ctx *x, int peer)
 {
@@ -12466,7 +12499,7 @@ static dpar_status dpar__m_header_in(dpar__ctx *x, int peer, void *dst, size_t b
     rc = MPI_Irecv(w, (int)DPAR__M_PACK_BYTES, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 1, peer),
                    m->comm, &r);
     if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
-    DPAR__TRY(dpar__m_wait(x, &r, &s, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
+    DPAR__TRY(dpar__m_wait_recv(x, &r, &s, peer, w));
     MPI_Get_count(&s, MPI_BYTE, &got);
     if (got < (int)DPAR__M_WIRE_HEAD + 1 || w->flen < 1 || w->flen > (int32_t)sizeof w->file ||
         (size_t)got < DPAR__M_WIRE_HEAD + (size_t)w->flen) {
@@ -12516,7 +12549,7 @@ static dpar_status dpar__m_recv_into(dpar__ctx *x, int peer, void *dst, size_t b
     rc =
         MPI_Irecv(dst, (int)bytes, MPI_BYTE, dpar__m_proc(m, peer), dpar__m_tag_from(m, x->lane, 0, peer), m->comm, &r);
     if (rc != MPI_SUCCESS) return dpar__m_poison(x->c, dpar__m_error(x->c, rc, "MPI_Irecv", peer), dpar_last_error());
-    DPAR__TRY(dpar__m_wait(x, &r, &s, peer, x->lane == DPAR__LANE_P2P ? "send" : "arrive"));
+    DPAR__TRY(dpar__m_wait_recv(x, &r, &s, peer, dst));
     return dpar__m_check_count(x, &s, peer, bytes);
 }
 
@@ -12532,9 +12565,13 @@ static void dpar__m_prefetch(dpar__ctx *x, int peer)
 static void dpar__m_prefetch_cancel(dpar__mpi *m)
 {
     if (m->pf_peer < 0) return;
-    MPI_Cancel(&m->pf_req);
-    MPI_Request_free(&m->pf_req);
+    dpar__m_give_up(m, &m->pf_req, m->staging2);
     m->pf_peer = -1;
+}
+/* free one of the comm's staging buffers, unless MPI may still write it */
+static void dpar__m_drop(dpar_comm *c, char *p, int lent)
+{
+    if (!(DPAR__M(c)->lent & lent)) dpar__free(&c->allocator, p);
 }
 
 static dpar_status dpar__m_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
@@ -12544,7 +12581,7 @@ static dpar_status dpar__m_fetch(dpar__ctx *x, int peer, size_t bytes, const voi
         MPI_Status s;
         char *t;
         m->pf_peer = -1;
-        DPAR__TRY(dpar__m_wait(x, &m->pf_req, &s, peer, "arrive"));
+        DPAR__TRY(dpar__m_wait_recv(x, &m->pf_req, &s, peer, m->staging2));
         DPAR__TRY(dpar__m_check_count(x, &s, peer, bytes));
         t = m->staging;
         m->staging = m->staging2;
@@ -12560,11 +12597,12 @@ static dpar_status dpar__m_fetch(dpar__ctx *x, int peer, size_t bytes, const voi
             return dpar__err(DPAR_ENOMEM, "%s: out of memory for staging", x->c->name);
         }
         dpar__m_prefetch_cancel(m);
-        dpar__free(&x->c->allocator, m->staging);
-        dpar__free(&x->c->allocator, m->staging2);
+        dpar__m_drop(x->c, m->staging, DPAR__M_LENT_STAGING);
+        dpar__m_drop(x->c, m->staging2, DPAR__M_LENT_STAGING2);
         m->staging = p;
         m->staging2 = q;
         m->staging_bytes = bytes;
+        m->lent &= ~(DPAR__M_LENT_STAGING | DPAR__M_LENT_STAGING2);
     }
     DPAR__TRY(dpar__m_recv_into(x, peer, m->staging, bytes));
     *data = m->staging;
@@ -12728,9 +12766,9 @@ static void dpar__m_destroy(dpar_comm *c)
             dpar__free(&a, m->shared);
         }
     }
-    dpar__free(&c->allocator, m->staging);
-    dpar__free(&c->allocator, m->staging2);
-    dpar__free(&c->allocator, m->pack);
+    dpar__m_drop(c, m->staging, DPAR__M_LENT_STAGING);
+    dpar__m_drop(c, m->staging2, DPAR__M_LENT_STAGING2);
+    dpar__m_drop(c, m->pack, DPAR__M_LENT_PACK);
     if (m->shm) munmap(m->shm, m->shm_bytes);
     dpar__free(&c->allocator, m->sends);
     dpar__free(&c->allocator, m->send_first);
@@ -13113,9 +13151,12 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
         return dpar__m_poison(c, dpar__m_error(c, rc, dpar_coll_name(call->coll), -1), dpar_last_error());
     }
     rc = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
-    if (rc == DPAR_OK && staged) memcpy(call->recv, staged, (size_t)counts[c->rank] * es);
+    if (rc != DPAR_OK) { /* MPI's collective cannot be cancelled or freed: it keeps counts and the scratch */
+        if (staged) c->scratch = NULL, c->scratch_bytes = 0;
+        return (dpar_status)rc;
+    }
+    if (staged) memcpy(call->recv, staged, (size_t)counts[c->rank] * es);
     dpar__free(&c->allocator, counts);
-    if (rc != DPAR_OK) return (dpar_status)rc;
     if (call->op == DPAR_AVG &&
         (call->coll == DPAR_COLL_ALLREDUCE || (call->coll == DPAR_COLL_REDUCE && c->rank == call->root)))
         dpar__divide(call->recv, call->recv, call->count, call->dtype, N);

@@ -346,26 +346,51 @@ static void test_mismatch_timeout_abort_over_mpi(void)
 
 /* fault injection over MPI (DPAR_FAULT's grammar through dpar_fault_set): a delay changes nothing but the time;
    a failed allreduce or receive, and a vanished rank, end in an error on every other process naming rank 1 and the
-   operation, within the timeout; a watchdog thread fails the program if a case runs past twice its timeout. */
-static double fault_deadline;
+   operation, within twice the timeout (checked: the error's time); a vanished rank's error comes after the timeout.
+   A watchdog thread ends the program if a case hangs: still running FAULT_SLACK_S past twice its timeout, counted
+   from when its ranks met. The slack keeps a host that stalls the processes for a moment (CI once had a case of
+   this test still running at twice its 1 s timeout, where it takes 1.3 s) from reading as a hang; the message says
+   which case and where in it the process was. */
+#define FAULT_SLACK_S 5.0
+static double fault_deadline, fault_began; /* 0: disarmed; -1: the watchdog ends. Under fault_lock */
 static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *fault_what = "a fault case over MPI"; /* what the watchdog's failure names */
+static char fault_case[96];                              /* the case under way (fm_arm) */
+static const char *fault_phase = "";                     /* where this process is in it (fault_at) */
 static void *fault_watchdog(void *arg)
 {
     (void)arg;
     for (;;) {
-        double d;
+        double d, now;
         usleep(20000);
         pthread_mutex_lock(&fault_lock);
-        d = fault_deadline;
-        pthread_mutex_unlock(&fault_lock);
-        if (d < 0) return NULL;
-        if (d > 0 && dt_now() > d) {
-            printf("FAIL %s: rank %d still running 2 x the timeout after the case began\n", fault_what, me);
+        d = fault_deadline, now = dt_now();
+        if (d > 0 && now > d) {
+            printf("FAIL %s: rank %d still running %.1f s after the case began (twice its timeout and %.0f s more), "
+                   "a hang: %s, in %s\n",
+                   fault_what, me, now - fault_began, FAULT_SLACK_S, fault_case, fault_phase);
             fflush(stdout);
             _exit(1);
         }
+        pthread_mutex_unlock(&fault_lock);
+        if (d < 0) return NULL;
     }
+}
+/* the watchdog: timeout_ms > 0, a case (named) begins now; 0, disarmed; -1, it ends */
+static void fm_arm(int timeout_ms, const char *name)
+{
+    pthread_mutex_lock(&fault_lock);
+    fault_began = dt_now();
+    fault_deadline = timeout_ms > 0 ? fault_began + 2e-3 * timeout_ms + FAULT_SLACK_S : timeout_ms;
+    snprintf(fault_case, sizeof fault_case, "%s", name ? name : "");
+    fault_phase = "its calls";
+    pthread_mutex_unlock(&fault_lock);
+}
+static void fault_at(const char *phase)
+{
+    pthread_mutex_lock(&fault_lock);
+    fault_phase = phase;
+    pthread_mutex_unlock(&fault_lock);
 }
 static void test_faults_over_mpi(void)
 {
@@ -373,10 +398,11 @@ static void test_faults_over_mpi(void)
                                          "rank=1,op=allreduce,at=2,kind=fail", "rank=1,op=allreduce,at=2,kind=vanish",
                                          "rank=1,op=recv,kind=fail"};
     /* the vanish case: a timeout waits up to 300 ms more for the processes' answers (dpar__m_survey); the
-       vanished one never answers, so its story comes at 1.3 s */
-    static const int timeouts[4] = {5000, 2000, 1000, 2000};
+       vanished one never answers, so its story comes at 2.3 s, 1.7 s before twice the timeout */
+    static const int timeouts[4] = {5000, 2000, 2000, 2000};
     pthread_t wd;
     int kind, i;
+    fm_arm(0, NULL); /* (the test before ended its watchdog with -1) */
     pthread_create(&wd, NULL, fault_watchdog, NULL);
     for (kind = 0; kind < 4; kind++) {
         dpar_comm_desc d;
@@ -396,9 +422,7 @@ static void test_faults_over_mpi(void)
             continue;
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        pthread_mutex_lock(&fault_lock);
-        fault_deadline = dt_now() + 2e-3 * timeouts[kind];
-        pthread_mutex_unlock(&fault_lock);
+        fm_arm(timeouts[kind], specs[kind]);
         t0 = dt_now();
         for (step = 1; step <= 3 && st == DPAR_OK; step++) {
             double ts = dt_now();
@@ -435,21 +459,118 @@ static void test_faults_over_mpi(void)
                                            : "rank 1: injected fault (DPAR_FAULT \"rank=1,op=recv,kind=fail\"): its "
                                              "recv #1 failed";
             CHECK_MSG(st != DPAR_OK && strstr(msg, want), "rank %d: %s (%s)", me, dpar_status_string(st), msg);
-            if (kind == 2) CHECK_MSG(st == DPAR_ETIMEDOUT && strstr(msg, "allreduce"), "rank %d: %s", me, msg);
+            if (kind == 2) { /* after the timeout, not before it (0.9: the ranks begin their calls a little apart) */
+                CHECK_MSG(st == DPAR_ETIMEDOUT && strstr(msg, "allreduce"), "rank %d: %s", me, msg);
+                CHECK_MSG(secs >= 0.9e-3 * timeouts[kind], "rank %d timed out after %.2f s", me, secs);
+            }
             if (kind < 3) CHECK_MSG(err_step == 2, "rank %d: failed at call %d", me, err_step);
             CHECK_MSG(secs < 2e-3 * timeouts[kind], "rank %d took %.2f s", me, secs);
             if (me == 0 && kind == 2) printf("    e.g. %s\n", msg);
         }
+        fault_at("dpar_comm_destroy");
         dpar_comm_destroy(c); /* at once, as in test_mismatch_timeout_abort_over_mpi */
+        fault_at("MPI_Barrier after the case");
         MPI_Barrier(MPI_COMM_WORLD);
-        pthread_mutex_lock(&fault_lock);
-        fault_deadline = 0;
-        pthread_mutex_unlock(&fault_lock);
+        fm_arm(0, NULL);
     }
-    pthread_mutex_lock(&fault_lock);
-    fault_deadline = -1; /* the watchdog ends */
-    pthread_mutex_unlock(&fault_lock);
+    fm_arm(-1, NULL); /* the watchdog ends */
     pthread_join(wd, NULL);
+}
+
+/* ---- a receive that a failed call gave up on writes nothing after the call has returned ----
+   Before, the receive stayed posted on the poisoned comm's MPI communicator (kept until MPI_Finalize), and a
+   message that came later landed in memory the comm had freed: ASan saw a ring segment written into a freed staging
+   buffer in test_faults_in_modules_over_mpi (3 processes, 1 run of 7). Here rank 0 is delayed 300 ms at its send
+   (DPAR_FAULT); rank 1, waiting in dpar_recv for it, is aborted by a thread of its own after 50 ms and gives up; then
+   rank 0 sends (it has not read the news yet). Once the comm is destroyed and MPI_Barrier has brought rank 0's
+   message in, the buffers the comm freed (kept by the test's allocator, filled with a pattern) must still hold the
+   pattern (before: the message's first 2 KiB and its fingerprint, 2113 bytes, in the fingerprint buffer, on 2
+   processes; with more, rank 0 reads the news before it sends), and so must the user's buffer. */
+#define GY_MAX 64
+static struct {
+    unsigned char *p;
+    size_t n;
+} gy[GY_MAX];
+static int gy_n;
+static pthread_mutex_t gy_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *gy_alloc(void *user, size_t size)
+{
+    size_t *p = (size_t *)malloc(size + 16);
+    (void)user;
+    if (!p) return NULL;
+    p[0] = size;
+    return (char *)p + 16;
+}
+static void gy_free(void *user, void *ptr) /* kept, filled with 0xA5, until gy_check */
+{
+    size_t n;
+    (void)user;
+    if (!ptr) return;
+    memcpy(&n, (char *)ptr - 16, sizeof n);
+    memset(ptr, 0xA5, n);
+    pthread_mutex_lock(&gy_lock);
+    if (gy_n < GY_MAX) gy[gy_n].p = (unsigned char *)ptr, gy[gy_n++].n = n;
+    else free((char *)ptr - 16);
+    pthread_mutex_unlock(&gy_lock);
+}
+static size_t gy_check(void) /* bytes written after they were freed; the blocks are freed now */
+{
+    size_t bad = 0, i;
+    int k;
+    pthread_mutex_lock(&gy_lock);
+    for (k = 0; k < gy_n; k++) {
+        for (i = 0; i < gy[k].n; i++) bad += gy[k].p[i] != 0xA5;
+        free(gy[k].p - 16);
+    }
+    gy_n = 0;
+    pthread_mutex_unlock(&gy_lock);
+    return bad;
+}
+static void *abort_later(void *arg)
+{
+    usleep(50000);
+    dpar_comm_abort((dpar_comm *)arg);
+    return NULL;
+}
+static void test_given_up_receives_write_nothing_later(void)
+{
+    enum { N = 4096 };
+    static float x[N], y[N];
+    dpar_comm_desc d;
+    dpar_comm *c;
+    dpar_status st = DPAR_OK;
+    pthread_t th;
+    size_t after = 0;
+    int i;
+    if (nprocs < 2) SKIP("needs 2 processes or more");
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 5000;
+    d.allocator.alloc = gy_alloc, d.allocator.free = gy_free;
+    CHECK(dpar_fault_set("rank=0,op=send,at=1,kind=delay:300") == DPAR_OK);
+    c = world_comm(&d);
+    CHECK(dpar_fault_set(NULL) == DPAR_OK);
+    if (!c) {
+        CHECK(0);
+        return;
+    }
+    for (i = 0; i < N; i++) x[i] = (float)(me + 1), y[i] = -1.0f;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) {
+        st = dpar_send(c, x, N, DPAR_F32, 1, 5);
+    } else if (me == 1) {
+        pthread_create(&th, NULL, abort_later, c);
+        st = dpar_recv(c, y, N, DPAR_F32, 0, 5);
+        pthread_join(th, NULL);
+        CHECK_MSG(st == DPAR_EABORTED, "rank 1: %s (%s)", dpar_status_string(st), dpar_last_error());
+    }
+    for (i = 0; i < N; i++) y[i] = -2.0f; /* the call has returned: the buffer is the caller's again */
+    dpar_comm_destroy(c);
+    MPI_Barrier(MPI_COMM_WORLD); /* rank 0's message is in before its barrier message */
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (i = 0; i < N; i++) after += y[i] != -2.0f;
+    CHECK_MSG(after == 0, "rank %d: %zu values of the user's buffer written after dpar_recv returned", me, after);
+    after = gy_check();
+    CHECK_MSG(after == 0, "rank %d: %zu bytes of the comm's freed memory written after destroy", me, after);
 }
 
 /* faults in the modules over MPI: gradient buckets (the update on the progress thread), the pipeline runner, and
@@ -601,27 +722,23 @@ static void fm_check(const fm_rank *f, const char *where)
                   dpar_status_string(f->st), f->msg);
     }
     CHECK_MSG(f->secs < 2e-3 * fc->timeout_ms, "%s: %s: the error took %.2f s", where, fc->spec, f->secs);
+    if (fc->vanish && f->r != fc->F) /* a timeout: not before it (0.9: the ranks begin their calls a little apart) */
+        CHECK_MSG(f->secs >= 0.9e-3 * fc->timeout_ms, "%s: %s: timed out after %.2f s", where, fc->spec, f->secs);
     if (getenv("DPAR_TEST_VERBOSE")) printf("    %s: %s: %s: %s\n", where, fc->spec, dpar_status_string(f->st), f->msg);
-}
-static void fm_arm(int timeout_ms)
-{
-    pthread_mutex_lock(&fault_lock);
-    fault_deadline = timeout_ms > 0 ? dt_now() + 2e-3 * timeout_ms : timeout_ms;
-    pthread_mutex_unlock(&fault_lock);
 }
 static void test_faults_in_modules_over_mpi(void)
 {
     /* buckets: 4 updates per step on each rank, so #6 is in the second step; a pipeline stage: 8 callbacks a step */
     static const fm_case cases[4] = {{FM_BUCKET, 1, 0, 2000, "rank=1,op=bucket,at=6,kind=fail", "bucket #6 failed", 0},
-                                     {FM_BUCKET, 1, 1, 1000, "rank=1,op=bucket,at=6,kind=vanish", "", 0},
+                                     {FM_BUCKET, 1, 1, 2000, "rank=1,op=bucket,at=6,kind=vanish", "", 0},
                                      {FM_STAGE, 1, 0, 2000, "rank=1,op=stage,at=10,kind=fail", "stage #10 failed", 0},
-                                     {FM_STAGE, 1, 1, 1000, "rank=1,op=stage,at=10,kind=vanish", "", 0}};
+                                     {FM_STAGE, 1, 1, 2000, "rank=1,op=stage,at=10,kind=vanish", "", 0}};
     static fm_rank f;
     dpar_comm *c;
     pthread_t wd;
     int k;
     if (nprocs < 2) SKIP("needs 2 processes or more");
-    fm_arm(0);
+    fm_arm(0, NULL);
     pthread_create(&wd, NULL, fault_watchdog, NULL);
     for (k = 0; k < 4; k++) {
         dpar_comm_desc d;
@@ -635,15 +752,17 @@ static void test_faults_in_modules_over_mpi(void)
         CHECK(dpar_fault_set(NULL) == DPAR_OK);
         if (!c) continue;
         MPI_Barrier(MPI_COMM_WORLD);
-        fm_arm(cases[k].timeout_ms);
+        fm_arm(cases[k].timeout_ms, cases[k].spec);
         fm_run(&f, c);
         snprintf(where, sizeof where, "rank %d", me);
         fm_check(&f, where);
+        fault_at("dpar_comm_destroy");
         dpar_comm_destroy(c); /* at once, as in test_faults_over_mpi */
+        fault_at("MPI_Barrier after the case");
         MPI_Barrier(MPI_COMM_WORLD);
-        fm_arm(0);
+        fm_arm(0, NULL);
     }
-    fm_arm(-1); /* the watchdog ends */
+    fm_arm(-1, NULL); /* the watchdog ends */
     pthread_join(wd, NULL);
 }
 
@@ -678,10 +797,10 @@ static void test_hybrid_faults(void)
 {
     int T = hybrid_threads, k, t, F = nprocs * hybrid_threads - 1, L = (nprocs - 1) * hybrid_threads;
     fm_case cases[5] = {{FM_ALLREDUCE, 0, 0, 1000, NULL, "allreduce #2 failed", 0},
-                        {FM_ALLREDUCE, 0, 1, 1000, NULL, "", 1},
+                        {FM_ALLREDUCE, 0, 1, 2000, NULL, "", 1},
                         {FM_BUCKET, 0, 0, 2000, NULL, "bucket #6 failed", 0},
                         {FM_ALLREDUCE, 0, 0, 1000, NULL, "allreduce #2 failed", 0},
-                        {FM_ALLREDUCE, 0, 1, 1000, NULL, "", 1}};
+                        {FM_ALLREDUCE, 0, 1, 2000, NULL, "", 1}};
     char specs[5][64];
     pthread_t wd;
     if (nprocs < 2 || T < 2 || T > 8) SKIP("needs 2 processes or more of 2 to 8 threads");
@@ -692,7 +811,7 @@ static void test_hybrid_faults(void)
     snprintf(specs[4], sizeof specs[4], "rank=%d,op=allreduce,at=2,kind=vanish", L);
     for (k = 0; k < 5; k++) cases[k].F = k == 3 ? 1 : k == 4 ? L : F, cases[k].spec = specs[k];
     memset(hy_keep, 0, sizeof hy_keep);
-    fm_arm(0);
+    fm_arm(0, NULL);
     pthread_create(&wd, NULL, fault_watchdog, NULL);
     for (k = 0; k < 5; k++) {
         dpar_pool *pool = NULL;
@@ -711,7 +830,7 @@ static void test_hybrid_faults(void)
             continue;
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        fm_arm(cases[k].timeout_ms);
+        fm_arm(cases[k].timeout_ms, specs[k]);
         dpar_pool_run(pool, hy_thread, local);
         CHECK(dpar_fault_set(NULL) == DPAR_OK);
         for (t = 0; t < T; t++) {
@@ -719,13 +838,14 @@ static void test_hybrid_faults(void)
             snprintf(where, sizeof where, "process %d thread %d (rank %d)", me, t, hy_ranks[t].r);
             fm_check(&hy_ranks[t], where);
         }
+        fault_at("MPI_Barrier after the case");
         MPI_Barrier(MPI_COMM_WORLD);
-        fm_arm(0);
+        fm_arm(0, NULL);
         for (t = 0; t < T; t++) dpar_comm_destroy(hy_keep[k][t]); /* the group outlives its comms */
         dpar_group_destroy(local);
         dpar_pool_destroy(pool);
     }
-    fm_arm(-1);
+    fm_arm(-1, NULL);
     pthread_join(wd, NULL);
 }
 
@@ -1198,10 +1318,10 @@ static void test_hybrid_fresh_comms_after_poisoned_ones(void)
         return;
     }
     fault_what = "test_hybrid_fresh_comms_after_poisoned_ones (a hang)";
-    fm_arm(30000);
+    fm_arm(30000, "100 rounds");
     pthread_create(&wd, NULL, fault_watchdog, NULL);
     dpar_pool_run(pool, hy_fresh_thread, &j);
-    fm_arm(-1);
+    fm_arm(-1, NULL);
     pthread_join(wd, NULL);
     for (t = 0; t < T; t++)
         CHECK_MSG(j.done[t] == j.rounds && j.bad[t] == 0,
@@ -1256,7 +1376,7 @@ static void test_hybrid_uneven_threads_refused(void)
    comm's MPI communicator (dpar__m_free); freeing it, 4 processes saw a fresh comm's first allreduce fail with the
    last comm's poison in 50 of 300 rounds. Every rank refuses a call (and poisons) in 9 rounds of 10; in the tenth,
    the last rank aborts while the others are inside a 16 KiB allreduce. Open MPI itself can hang then (in
-   MPI_Comm_dup: seen on 4 processes), so a watchdog ends a process still here after 60 s (0.7 s as a rule). ---- */
+   MPI_Comm_dup: seen on 4 processes), so a watchdog ends a process still here after 65 s (0.7 s as a rule). ---- */
 static void test_fresh_comms_after_poisoned_ones(void)
 {
     static float x[4096], y[4096];
@@ -1265,7 +1385,7 @@ static void test_fresh_comms_after_poisoned_ones(void)
     pthread_t wd;
     for (i = 0; i < 4096; i++) x[i] = (float)(me + 1);
     fault_what = "test_fresh_comms_after_poisoned_ones (a hang)";
-    fm_arm(30000);
+    fm_arm(30000, "300 rounds");
     pthread_create(&wd, NULL, fault_watchdog, NULL);
     for (it = 0; it < rounds; it++) {
         dpar_comm *c = world_comm(NULL);
@@ -1295,14 +1415,14 @@ static void test_fresh_comms_after_poisoned_ones(void)
                      dpar_status_string(st), st == DPAR_OK ? "" : dpar_last_error(), (double)y[0]);
         dpar_comm_destroy(c);
     }
-    fm_arm(-1);
+    fm_arm(-1, NULL);
     pthread_join(wd, NULL);
     CHECK_MSG(it == rounds && bad == 0, "rank %d: %d rounds of %d, %d failed; the first: %s", me, it, rounds, bad,
               first);
 }
 
 /* a malformed variable on one process only (the last): that process gets its own error, every other one an error
-   naming it, and nobody waits in MPI (the watchdog ends the test at 10 s otherwise) */
+   naming it, and nobody waits in MPI (the watchdog ends the test at 15 s otherwise) */
 static void test_env_refused_on_one_process(void)
 {
     dpar_comm *c = NULL;
@@ -1310,7 +1430,7 @@ static void test_env_refused_on_one_process(void)
     pthread_t wd;
     char want[64];
     if (nprocs < 2) SKIP("needs 2 processes or more");
-    fm_arm(5000);
+    fm_arm(5000, "DPAR_TIMEOUT_MS=soon on the last process");
     pthread_create(&wd, NULL, fault_watchdog, NULL);
     if (me == nprocs - 1) setenv("DPAR_TIMEOUT_MS", "soon", 1);
     st = dpar_comm_from_mpi(MPI_COMM_WORLD, NULL, &c);
@@ -1323,7 +1443,7 @@ static void test_env_refused_on_one_process(void)
     st = dpar_comm_from_mpi(MPI_COMM_WORLD, NULL, &c); /* and the next comm is made as usual */
     CHECK_MSG(st == DPAR_OK, "%s", dpar_last_error());
     dpar_comm_destroy(c);
-    fm_arm(-1);
+    fm_arm(-1, NULL);
     pthread_join(wd, NULL);
 }
 
@@ -1454,6 +1574,7 @@ int main(int argc, char **argv)
         MRUN(test_env_refused_on_one_process);
         MRUN(test_mismatch_timeout_abort_over_mpi);
         MRUN(test_faults_over_mpi);
+        MRUN(test_given_up_receives_write_nothing_later);
         MRUN(test_faults_in_modules_over_mpi);
         MRUN(test_fresh_comms_after_poisoned_ones); /* (after the comms the three above poisoned) */
     }
