@@ -348,9 +348,9 @@ static void test_mismatch_timeout_abort_over_mpi(void)
    a failed allreduce or receive, and a vanished rank, end in an error on every other process naming rank 1 and the
    operation, within twice the timeout (checked: the error's time); a vanished rank's error comes after the timeout.
    A watchdog thread ends the program if a case hangs: still running FAULT_SLACK_S past twice its timeout, counted
-   from when its ranks met. The slack keeps a host that stalls the processes for a moment (CI once had a case of
-   this test still running at twice its 1 s timeout, where it takes 1.3 s) from reading as a hang; the message says
-   which case and where in it the process was. */
+   from when its ranks met. The slack keeps a host that stalls the processes for a moment from reading as a hang
+   (CI once had a case of this test still running at twice its timeout; the tightest then, a vanished rank, took
+   1.3 s of 2); the message says which case and where in it the process was. */
 #define FAULT_SLACK_S 5.0
 static double fault_deadline, fault_began; /* 0: disarmed; -1: the watchdog ends. Under fault_lock */
 static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -479,13 +479,14 @@ static void test_faults_over_mpi(void)
 
 /* ---- a receive that a failed call gave up on writes nothing after the call has returned ----
    Before, the receive stayed posted on the poisoned comm's MPI communicator (kept until MPI_Finalize), and a
-   message that came later landed in memory the comm had freed: ASan saw a ring segment written into a freed staging
-   buffer in test_faults_in_modules_over_mpi (3 processes, 1 run of 7). Here rank 0 is delayed 300 ms at its send
-   (DPAR_FAULT); rank 1, waiting in dpar_recv for it, is aborted by a thread of its own after 50 ms and gives up; then
-   rank 0 sends (it has not read the news yet). Once the comm is destroyed and MPI_Barrier has brought rank 0's
-   message in, the buffers the comm freed (kept by the test's allocator, filled with a pattern) must still hold the
-   pattern (before: the message's first 2 KiB and its fingerprint, 2113 bytes, in the fingerprint buffer, on 2
-   processes; with more, rank 0 reads the news before it sends), and so must the user's buffer. */
+   message that came later landed in memory the comm had freed: ASan saw a ring segment written into a freed
+   staging buffer in test_faults_in_modules_over_mpi (3 processes, 1 run of test_mpi in 24). Here rank 0 is
+   delayed 300 ms at its send (DPAR_FAULT); rank 1, waiting in dpar_recv for it, is aborted by a thread of its own
+   after 50 ms and gives up; then rank 0 sends (it has not read the news yet). Once the comm is destroyed and
+   MPI_Barrier has brought rank 0's message in, the buffers the comm freed (kept by the test's allocator, filled
+   with a pattern) must still hold the pattern (before: the message's first 2 KiB and its fingerprint, 2113 bytes,
+   in the fingerprint buffer, on 2 processes; with more, rank 0 reads the news before it sends), and so must the
+   user's buffer. */
 #define GY_MAX 64
 static struct {
     unsigned char *p;
