@@ -253,7 +253,8 @@ extern "C" {
     X(DPAR_ERANGE, -12, "value out of range")                                     \
     X(DPAR_ESTATE, -13, "object in the wrong state for this call")                \
     X(DPAR_ECORRUPT, -14, "data is damaged")                                      \
-    X(DPAR_EUSER, -15, "error raised by user code")
+    X(DPAR_EUSER, -15, "error raised by user code")                               \
+    X(DPAR_EEXIST, -16, "already exists")
 
 #define DPAR__STATUS_ENUM(name, value, text) name = value,
 typedef enum dpar_status { DPAR_STATUS_LIST(DPAR__STATUS_ENUM) } dpar_status;
@@ -1944,6 +1945,22 @@ DPAR_API dpar_status dpar_ckpt_save_fsdp(dpar_fsdp *fsdp, const char *path, cons
                                          const dpar_ckpt_item *extra, int count);
 DPAR_API dpar_status dpar_ckpt_load_fsdp(dpar_fsdp *fsdp, const char *path, const char *prefix,
                                          const dpar_ckpt_item *extra, int count);
+/* dpar_ckpt_check: before a run's first step, that `path` can take the checkpoint the run will save, and that a
+   fresh run does not replace one by accident (found after the whole run, a bad path loses the run; found never,
+   a fresh run replaces the checkpoint of a long one).
+   flags:    0: a fresh run (path must hold no checkpoint); DPAR_CKPT_RESUME: the run continues from the
+             checkpoint at path (it must be there); DPAR_CKPT_OVERWRITE: a fresh run that may replace the checkpoint
+             at path (any file there: dpar_ckpt_save replaces it).
+   Returns:  DPAR_OK; DPAR_EINVAL (path NULL or empty, ending in '/' or naming a directory; flags not one of the
+             three); DPAR_EIO (path's directory missing or not writable; RESUME and nothing at path);
+             DPAR_EEXIST (a fresh run over a file at path: the message says whether it is a checkpoint; the
+             caller adds how to resume or overwrite in its own words). The message names the path.
+   Remarks:  it reads the file system only, no comm: call it on every rank that will write (each rank writes its
+             shard beside path) or, with a shared file system, on one rank and broadcast the result.
+   Thread safety: any thread. */
+#define DPAR_CKPT_RESUME 1
+#define DPAR_CKPT_OVERWRITE 2
+DPAR_API dpar_status dpar_ckpt_check(const char *path, int flags);
 /* dpar_crc32: the CRC-32 of zlib and PNG (polynomial 0xEDB88320).
    crc:      the CRC so far, to continue from (start with 0).
    Thread safety: any thread. */
@@ -2005,6 +2022,7 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h> /* dpar_ckpt_check */
 #include <time.h>
 #include <unistd.h>
 #if defined(__linux__) && !defined(DPAR_NO_FUTEX)
@@ -2022,7 +2040,6 @@ DPAR_API dpar_status dpar_group_join_mpi(dpar_group *local, int local_rank, MPI_
 #endif
 #ifdef DPAR_MPI
 #include <sys/mman.h> /* the block the processes of a node share (>>mpi) */
-#include <sys/stat.h>
 #endif
 #if !defined(CLOCK_MONOTONIC)
 #error "dpar.h: CLOCK_MONOTONIC is missing: include dpar.h before system headers, or compile with -D_DEFAULT_SOURCE"
@@ -12002,6 +12019,58 @@ static dpar_status dpar__ckpt_zero(dpar_zero *z, float *params, const char *path
     dpar__free(&a, items);
     return st;
 }
+DPAR_API dpar_status dpar_ckpt_check(const char *path, int flags)
+{
+    struct stat sb;
+    char dir[4096], head[8];
+    const char *slash;
+    size_t len;
+    FILE *f;
+    int is_ckpt = 0;
+    if (!path || !*path) return dpar__err(DPAR_EINVAL, "dpar_ckpt_check: path is %s", path ? "empty" : "NULL");
+    if (flags != 0 && flags != DPAR_CKPT_RESUME && flags != DPAR_CKPT_OVERWRITE)
+        return dpar__err(DPAR_EINVAL, "dpar_ckpt_check: flags = %d (0, DPAR_CKPT_RESUME or DPAR_CKPT_OVERWRITE)",
+                         flags);
+    len = strlen(path);
+    if (path[len - 1] == '/' || (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)))
+        return dpar__err(DPAR_EINVAL, "checkpoint '%s' is a directory: name a file in it (such as '%s%sckpt')", path,
+                         path, path[len - 1] == '/' ? "" : "/");
+    slash = strrchr(path, '/');
+    if (slash && (size_t)(slash - path) >= sizeof dir)
+        return dpar__err(DPAR_EINVAL, "dpar_ckpt_check: the path '%.200s...' is too long", path);
+    snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return dpar__err(DPAR_EIO, "checkpoint '%s': its directory '%s' does not exist", path, dir);
+    { /* a file made and removed: access(W_OK) says yes to root where a write fails (a read-only mount, /proc) */
+        char probe[4200];
+        int fd;
+        snprintf(probe, sizeof probe, "%s.check.%ld.tmp", path, (long)getpid());
+        fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0)
+            return dpar__err(DPAR_EIO, "checkpoint '%s': cannot write in its directory '%s': %s", path, dir,
+                             strerror(errno));
+        close(fd);
+        unlink(probe);
+    }
+    if (stat(path, &sb) != 0) {
+        if (flags == DPAR_CKPT_RESUME) return dpar__err(DPAR_EIO, "no checkpoint at '%s' to resume from", path);
+        return DPAR_OK;
+    }
+    if ((f = fopen(path, "rb")) != NULL) {
+        is_ckpt =
+            fread(head, 1, 8, f) == 8 && (memcmp(head, DPAR__MAN_MAGIC, 8) == 0 || memcmp(head, "DPARMAN1", 8) == 0);
+        fclose(f);
+    }
+    if (flags == DPAR_CKPT_RESUME && !is_ckpt)
+        return dpar__err(DPAR_EIO, "'%s' is not a dpar checkpoint: nothing to resume from", path);
+    if (flags == 0)
+        return dpar__err(DPAR_EEXIST,
+                         is_ckpt ? "a checkpoint exists at '%s': a fresh run would replace it"
+                                 : "'%s' exists and is not a dpar checkpoint: a run would replace it",
+                         path);
+    return DPAR_OK;
+}
+
 DPAR_API dpar_status dpar_ckpt_save_zero(dpar_zero *zero, float *params, const char *path, const char *prefix,
                                          const dpar_ckpt_item *extra, int count)
 {

@@ -31,7 +31,7 @@
 
 typedef struct {
     const char *data, *ckpt, *trace;
-    int steps, stop_at, threads, batch, resume, sample, seed;
+    int steps, stop_at, threads, batch, resume, overwrite, sample, seed;
     float lr, temp;
 } options;
 
@@ -41,10 +41,12 @@ typedef struct { /* what every rank shares */
     size_t n, n_train;   /* characters; training uses text[0, n_train), the rest is held out */
     int V;               /* alphabet size */
     unsigned char alphabet[256];
-    size_t np;                   /* parameters */
-    float *params[MAXR];         /* each rank's replica */
-    float *adam_m, *adam_v;      /* rank 0's optimizer state; every rank keeps its own copy below */
-    int64_t step0, step;         /* first step of this run, steps done */
+    uint64_t text_id[2];    /* the text's bytes and CRC-32: a checkpoint resumes on the text it was trained on only */
+    int binary;             /* the text does not look like text: the sample shows its odd bytes as \xNN */
+    size_t np;              /* parameters */
+    float *params[MAXR];    /* each rank's replica */
+    float *adam_m, *adam_v; /* rank 0's optimizer state; every rank keeps its own copy below */
+    int64_t step0, step;    /* first step of this run, steps done */
     float first_loss, last_loss; /* rank 0's view: the first step's loss, a running mean of the last ~50 */
     dpar_group *group;
     double t_start;
@@ -232,27 +234,50 @@ out:
     return st;
 }
 
-/* the checkpoint: what the run needs to continue exactly where it stopped */
+/* the checkpoint: what the run needs to continue exactly where it stopped. Its header (the model's shape, the
+   alphabet, the text's size and CRC) is read first, so that a checkpoint of another text says so before any tensor
+   is compared. */
 static dpar_status checkpoint(trainer *t, int save)
 {
     int64_t shape[4] = {t->V, CTX, EMB, HID};
-    dpar_ckpt_item items[5]; /* replicas: the same on every rank, so they load whatever --threads says */
+    int64_t saved_shape[4];
+    unsigned char saved_alphabet[256];
+    uint64_t saved_text[2];
+    dpar_ckpt_item header[3];
+    dpar_ckpt_item items[6]; /* replicas: the same on every rank, so they load whatever --threads says */
+    dpar_status st;
     items[0] = dpar_ckpt_replica("shape", shape, sizeof shape);
     items[1] = dpar_ckpt_replica("alphabet", t->alphabet, sizeof t->alphabet);
-    items[2] = dpar_ckpt_replica("params", t->params[0], t->np * sizeof(float));
-    items[3] = dpar_ckpt_replica("adam", t->adam_m, 2 * t->np * sizeof(float));
-    items[4] = dpar_ckpt_replica("step", &t->step, sizeof t->step);
-    if (save) return dpar_ckpt_save(NULL, t->o.ckpt, items, 5);
-    {
-        unsigned char alphabet[256];
-        dpar_status st;
-        memcpy(alphabet, t->alphabet, sizeof alphabet);
-        if ((st = dpar_ckpt_load(NULL, t->o.ckpt, items, 5)) != DPAR_OK) return st;
-        if (memcmp(alphabet, t->alphabet, sizeof alphabet) || shape[0] != t->V)
-            return dpar_set_error(DPAR_EINVAL, "the checkpoint '%s' was trained on another text (its alphabet differs)",
-                                  t->o.ckpt);
-        return DPAR_OK;
-    }
+    items[2] = dpar_ckpt_replica("text", t->text_id, sizeof t->text_id);
+    items[3] = dpar_ckpt_replica("params", t->params[0], t->np * sizeof(float));
+    items[4] = dpar_ckpt_replica("adam", t->adam_m, 2 * t->np * sizeof(float));
+    items[5] = dpar_ckpt_replica("step", &t->step, sizeof t->step);
+    if (save) return dpar_ckpt_save(NULL, t->o.ckpt, items, 6);
+
+    header[0] = dpar_ckpt_replica("shape", saved_shape, sizeof saved_shape);
+    header[1] = dpar_ckpt_replica("alphabet", saved_alphabet, sizeof saved_alphabet);
+    header[2] = dpar_ckpt_replica("text", saved_text, sizeof saved_text);
+    st = dpar_ckpt_load(NULL, t->o.ckpt, header, 3);
+    if (st != DPAR_OK) return st;
+    if (saved_shape[0] != t->V || memcmp(saved_alphabet, t->alphabet, sizeof saved_alphabet) != 0)
+        return dpar_set_error(DPAR_EINVAL,
+                              "the checkpoint '%s' was trained on another text (an alphabet of %lld characters, "
+                              "'%s' has %d): resume with the same --data, or start afresh with --overwrite",
+                              t->o.ckpt, (long long)saved_shape[0], t->o.data, t->V);
+    if (saved_text[0] != t->text_id[0] || saved_text[1] != t->text_id[1])
+        return dpar_set_error(
+            DPAR_EINVAL,
+            "the checkpoint '%s' was trained on another text (%llu bytes, crc32 %08llx; '%s' has "
+            "%llu bytes, crc32 %08llx): resume with the same --data, or start afresh with --overwrite",
+            t->o.ckpt, (unsigned long long)saved_text[0], (unsigned long long)saved_text[1], t->o.data,
+            (unsigned long long)t->text_id[0], (unsigned long long)t->text_id[1]);
+    if (saved_shape[1] != CTX || saved_shape[2] != EMB || saved_shape[3] != HID)
+        return dpar_set_error(DPAR_EINVAL,
+                              "the checkpoint '%s' holds another model (context %lld, embedding %lld, hidden %lld; "
+                              "this program: %d, %d, %d)",
+                              t->o.ckpt, (long long)saved_shape[1], (long long)saved_shape[2],
+                              (long long)saved_shape[3], CTX, EMB, HID);
+    return dpar_ckpt_load(NULL, t->o.ckpt, items + 3, 3);
 }
 
 /* the mean loss of rank 0's parameters on 256 fixed contexts of the training text: runs that train on the same
@@ -328,6 +353,35 @@ static double known_words(const trainer *t, const unsigned char *s, size_t n, in
     return *words ? (double)known / *words : 0;
 }
 
+/* a control byte (or, in a file that is not text, any byte but newline outside printable ASCII) as \xNN: a sample
+   of random bytes must not send escape sequences to the terminal */
+static void print_text(const unsigned char *s, size_t n, int binary)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        int c = s[i];
+        int crlf = c == '\r' && i + 1 < n && s[i + 1] == '\n';
+        int printable = c >= 0x20 && c < 0x7f;
+        int plain = c == '\n' || printable || (!binary && (c == '\t' || crlf || c >= 0x80));
+        if (plain) putchar(c);
+        else printf("\\x%02x", c);
+    }
+    putchar('\n');
+}
+
+/* bytes that text does not have: NUL and the control characters other than tab, newline, carriage return and
+   form feed */
+static size_t odd_bytes(const unsigned char *s, size_t n)
+{
+    size_t odd = 0, i;
+    for (i = 0; i < n; i++) {
+        int c = s[i];
+        int whitespace = c == '\t' || c == '\n' || c == '\r' || c == '\f';
+        if ((c < 0x20 && !whitespace) || c == 0x7f) odd++;
+    }
+    return odd;
+}
+
 static void sample(const trainer *t, int count, float temperature)
 {
     size_t pos = 0, i;
@@ -350,7 +404,7 @@ static void sample(const trainer *t, int count, float temperature)
         ctx[CTX + i] = (unsigned char)k;
     }
     for (i = 0; i < CTX + (size_t)count; i++) ctx[i] = t->alphabet[ctx[i]];
-    printf("%.*s\n", (int)(CTX + count), (const char *)ctx);
+    print_text(ctx, CTX + (size_t)count, t->binary);
     {
         int words;
         double share = known_words(t, ctx + CTX, (size_t)count, &words);
@@ -368,8 +422,10 @@ static const char *usage =
     "  --batch N       global batch: contexts per step over all ranks (default 256)\n"
     "  --lr X          Adam learning rate, decayed linearly to 10% (default 0.004)\n"
     "  --seed N        initial weights, batches and sampling (default 1)\n"
-    "  --ckpt PATH     checkpoint written at the end and on Ctrl-C (default char_lm.ckpt)\n"
+    "  --ckpt PATH     checkpoint written at the end and on Ctrl-C (default: the program's path + .ckpt,\n"
+    "                  build/char_lm.ckpt for build/char_lm, the one make demo writes)\n"
     "  --resume        continue from the checkpoint at --ckpt, up to --steps (with any --threads)\n"
+    "  --overwrite     start afresh over an existing checkpoint (without it, a fresh run refuses to)\n"
     "  --stop-at N     stop at step N as Ctrl-C would (save the checkpoint; --resume continues)\n"
     "  --sample N      characters to generate at the end (default 400; 0: none)\n"
     "  --temp X        sampling temperature: lower is safer, higher more varied (default 0.5)\n"
@@ -378,6 +434,17 @@ static const char *usage =
     "Ctrl-C stops after the current step and saves the checkpoint; --resume continues exactly.\n";
 
 static const char *usage_data = "data/fables.txt";
+
+/* the checkpoint's default path: the program's own path + ".ckpt" (build/char_lm.ckpt for build/char_lm, which is
+   what make demo writes), so that a plain `build/char_lm --resume` finds it; "char_lm.ckpt" for a program found
+   through PATH */
+static const char *default_ckpt(const char *argv0)
+{
+    static char path[4096];
+    if (!argv0 || !strchr(argv0, '/') || strlen(argv0) + 6 > sizeof path) return "char_lm.ckpt";
+    snprintf(path, sizeof path, "%s.ckpt", argv0);
+    return path;
+}
 
 static int fail(const char *msg, const char *arg)
 {
@@ -407,18 +474,19 @@ int main(int argc, char **argv)
     dpar_comm_desc cd = {0};
     dpar_status st;
     double secs;
-    o->data = usage_data, o->ckpt = "char_lm.ckpt", o->steps = quick ? 60 : 1500, o->threads = 2;
+    o->data = usage_data, o->ckpt = default_ckpt(argv[0]), o->steps = quick ? 60 : 1500, o->threads = 2;
     o->batch = 256, o->lr = 0.004f, o->seed = 1, o->sample = quick ? 80 : 400, o->temp = 0.5f;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = strcmp(a, "--help") && strcmp(a, "-h") && strcmp(a, "--resume");
-        if (strncmp(a, "--", 2) || !strstr(" --help --resume --data --ckpt --trace --steps --stop-at --threads --batch "
-                                           "--seed --sample --lr --temp ",
+        int takes = strcmp(a, "--help") && strcmp(a, "-h") && strcmp(a, "--resume") && strcmp(a, "--overwrite");
+        if (strncmp(a, "--", 2) || !strstr(" --help --resume --overwrite --data --ckpt --trace --steps --stop-at "
+                                           "--threads --batch --seed --sample --lr --temp ",
                                            a))
             if (strcmp(a, "-h")) return fail("unknown option", a);
         if (takes && !v) return fail("missing value after", a);
         if (!takes) {
             if (strcmp(a, "--resume") == 0) o->resume = 1;
+            else if (strcmp(a, "--overwrite") == 0) o->overwrite = 1;
             else return printf("%s", usage), 0;
             continue;
         }
@@ -449,13 +517,18 @@ int main(int argc, char **argv)
         } else return fail("unknown option", a);
     }
     if (o->batch % o->threads) return fail("--batch must be a multiple of --threads", NULL);
-    { /* find out now, not after training, that the checkpoint cannot be written */
-        char dir[4096];
-        const char *slash = strrchr(o->ckpt, '/');
-        int len = slash ? (int)(slash - o->ckpt) : 1;
-        snprintf(dir, sizeof dir, "%.*s", len ? len : 1, slash ? o->ckpt : ".");
-        if (access(dir, W_OK))
-            return fprintf(stderr, "char_lm: --ckpt %s: cannot write in '%s': %s\n", o->ckpt, dir, strerror(errno)), 1;
+    if (o->resume && o->overwrite)
+        return fail("--resume continues a checkpoint, --overwrite replaces it: give one", NULL);
+    { /* find out now, not after training, that the checkpoint cannot be written or would replace another run's */
+        int flags = o->resume ? DPAR_CKPT_RESUME : o->overwrite ? DPAR_CKPT_OVERWRITE : 0;
+        st = dpar_ckpt_check(o->ckpt, flags);
+        if (st == DPAR_EEXIST)
+            return fprintf(stderr,
+                           "char_lm: %s (--resume continues it, --overwrite replaces it, --ckpt PATH writes "
+                           "elsewhere)\n",
+                           dpar_last_error()),
+                   1;
+        if (st != DPAR_OK) return fprintf(stderr, "char_lm: --ckpt: %s\n", dpar_last_error()), 1;
     }
 
     /* the text, as indices into its sorted alphabet */
@@ -472,6 +545,17 @@ int main(int argc, char **argv)
     }
     fclose(f);
     t.n = t.n_train = (size_t)size;
+    t.text_id[0] = (uint64_t)size;
+    t.text_id[1] = dpar_crc32(0, t.text, (size_t)size);
+    {
+        size_t odd = odd_bytes(t.text, t.n);
+        t.binary = odd * 100 > t.n; /* more than 1%: not text */
+        if (t.binary)
+            fprintf(stderr,
+                    "char_lm: warning: '%s' does not look like text (%zu of its %zu bytes are NUL or control bytes); "
+                    "training on it anyway, the sample shows such bytes as \\xNN\n",
+                    o->data, odd, t.n);
+    }
     if (t.n < CTX + 2)
         return fprintf(stderr, "char_lm: '%s' has %zu bytes; it needs at least %d\n", o->data, t.n, CTX + 2), 1;
     memset(map, -1, sizeof map);

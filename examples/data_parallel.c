@@ -422,7 +422,8 @@ static int usage(const char *why)
     fprintf(
         stderr,
         "data_parallel: %s\nusage: data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] [--threads 2]"
-        " [--lr 0.05] [--replicas] [--images FILE --labels FILE] [--ckpt PATH [--ckpt-every K] [--resume]]"
+        " [--lr 0.05] [--replicas] [--images FILE --labels FILE] [--ckpt PATH [--ckpt-every K] [--resume | "
+        "--overwrite]]"
         " [--params-out FILE] [--deterministic | --bitwise-check]\n",
         why);
     return 2;
@@ -459,13 +460,14 @@ int main(int argc, char **argv)
 {
     static job j;
     const char *layers = "784,1024,1024,10", *params_out = NULL;
-    int a, l, r, same = 1, resume = 0, det = 0, check = 0, trained;
+    int a, l, r, same = 1, resume = 0, overwrite = 0, det = 0, check = 0, trained;
     j.t_main = dpar_time_ns();
     j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 12 : 30, j.threads = 2, j.lr = 0.05f;
     for (a = 1; a < argc; a++) {
         const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
         int *flag = !strcmp(o, "--replicas")        ? &j.replicas
                     : !strcmp(o, "--resume")        ? &resume
+                    : !strcmp(o, "--overwrite")     ? &overwrite
                     : !strcmp(o, "--deterministic") ? &det
                     : !strcmp(o, "--bitwise-check") ? &check
                                                     : NULL;
@@ -497,13 +499,22 @@ int main(int argc, char **argv)
     if (j.threads < 1 || j.threads > 64 || j.batch < j.threads || j.batch % j.threads || j.steps < 1 || !(j.lr > 0))
         return usage("--threads 1..64 dividing --batch, --steps >= 1, --lr > 0");
     if (!!j.images != !!j.labels) return usage("--images and --labels go together");
-    if ((resume || j.ckpt_every) && !j.ckpt) return usage("--resume and --ckpt-every need --ckpt PATH");
+    if ((resume || overwrite || j.ckpt_every) && !j.ckpt)
+        return usage("--resume, --overwrite and --ckpt-every need --ckpt PATH");
+    if (resume && overwrite) return usage("--resume continues the checkpoint, --overwrite replaces it: give one");
     if (j.ckpt_every < 0) return usage("--ckpt-every wants a number of steps >= 0 (0: at the end only)");
     if ((det || check) && (j.ckpt || j.replicas))
         return usage("--deterministic and --bitwise-check go without --ckpt and --replicas (they keep replicas)");
     if ((det || check) && (j.batch % LEAVES || (det && LEAVES % j.threads)))
         return usage("--deterministic cuts the batch into 4 leaves: --batch a multiple of 4, --threads 1, 2 or 4");
     if (det || check) j.replicas = 1, j.threads = check ? 4 : j.threads;
+    if (j.ckpt) { /* before the first step: a path that cannot be written, or a fresh run over another's checkpoint */
+        int flags = resume ? DPAR_CKPT_RESUME : overwrite ? DPAR_CKPT_OVERWRITE : 0;
+        if (dpar_ckpt_check(j.ckpt, flags) != DPAR_OK)
+            return fprintf(stderr, "data_parallel: --ckpt: %s (--resume continues it, --overwrite replaces it)\n",
+                           dpar_last_error()),
+                   1;
+    }
     if (j.images ? !load_idx(&j) : !make_synthetic(&j)) return 1;
     j.t_data = dpar_time_ns();
     if ((size_t)(j.batch / j.threads) > j.n / (size_t)j.threads) return usage("--batch is larger than the data");

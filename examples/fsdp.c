@@ -366,15 +366,17 @@ int main(int argc, char **argv)
     static job j;
     const char *layers = "784,1024,1024,10";
     uint64_t s = 99, t = 12345;
-    int a, l, k, c, r, same = 1, K = 0, batch = 0;
+    int a, l, k, c, r, same = 1, K = 0, batch = 0, overwrite = 0;
     double bf16_most = 0, bf16_bound = 0;
     float *teacher;
     j.batch = 256, j.steps = getenv("DPAR_TEST_QUICK") ? 4 : 10, j.threads = 2, j.stage = 3;
     for (a = 1; a < argc; a++) {
         const char *o = argv[a], *v = a + 1 < argc ? argv[a + 1] : NULL;
-        if (!strcmp(o, "--bench") || !strcmp(o, "--bf16")) { /* the flags without a value */
+        if (!strcmp(o, "--bench") || !strcmp(o, "--bf16") ||
+            !strcmp(o, "--overwrite")) { /* the flags without a value */
             if (!strcmp(o, "--bench")) j.bench = 1;
-            else j.bf16 = 1;
+            else if (!strcmp(o, "--bf16")) j.bf16 = 1;
+            else overwrite = 1;
             continue;
         }
         if (!v) return fprintf(stderr, "fsdp: %s needs a value\n", o), 2;
@@ -404,6 +406,15 @@ int main(int argc, char **argv)
     if (j.leaves && (!(j.save || j.load) || j.leaves < 0 || j.batch % j.leaves || j.leaves % j.threads))
         return fprintf(stderr, "fsdp: --leaves L wants --save or --resume, L dividing --batch, --threads dividing L\n"),
                2;
+    if (overwrite && !j.save) return fprintf(stderr, "fsdp: --overwrite wants --save PATH\n"), 2;
+    if (j.load && dpar_ckpt_check(j.load, DPAR_CKPT_RESUME) != DPAR_OK)
+        return fprintf(stderr, "fsdp: --resume: %s\n", dpar_last_error()), 1;
+    if (j.save) { /* before the first step: a path that cannot be written, or a fresh run over another's checkpoint */
+        int continues = j.load && !strcmp(j.load, j.save);
+        int flags = continues || overwrite ? DPAR_CKPT_OVERWRITE : 0;
+        if (dpar_ckpt_check(j.save, flags) != DPAR_OK)
+            return fprintf(stderr, "fsdp: --save: %s (--overwrite replaces it)\n", dpar_last_error()), 1;
+    }
     if (j.stop && (j.stop < 1 || j.stop > j.steps || !j.save))
         return fprintf(stderr, "fsdp: --stop-at K wants 0 < K <= --steps and --save PATH\n"), 2;
     if (j.nl < 1 || j.nl > MAXL || j.threads < 1 || j.threads > 64 || j.batch % j.threads || j.steps < 1 ||

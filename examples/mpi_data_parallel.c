@@ -78,6 +78,7 @@ int main(int argc, char **argv)
     float centers[K][D], loss = 0, first_loss = 0, wmin[K * (D + 1)], wmax[K * (D + 1)];
     int provided, rank, size, i, j, k, steps = 200, stop = 0, b, same = 1;
     const char *save = NULL, *load = NULL;
+    int overwrite = 0;
     int64_t state[3] = {0, 0, 0}; /* the next step, the epoch, the epoch's samples consumed by all ranks */
     dpar_ckpt_item items[2];
     dpar_sampler sampler;
@@ -92,23 +93,40 @@ int main(int argc, char **argv)
     t_comm = dpar_time_ns();
     rank = dpar_comm_rank(comm);
     size = dpar_comm_size(comm);
-    for (i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--stop-at")) stop = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
-        else if (!strcmp(argv[i], "--resume")) load = argv[i + 1];
+    for (i = 1; i < argc; i++) {
+        const char *option = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(option, "--overwrite")) { /* the one option without a value */
+            overwrite = 1;
+            continue;
+        }
+        if (!value) break;
+        if (!strcmp(option, "--steps")) steps = atoi(value);
+        else if (!strcmp(option, "--stop-at")) stop = atoi(value);
+        else if (!strcmp(option, "--save")) save = value;
+        else if (!strcmp(option, "--resume")) load = value;
         else break;
+        i++;
     }
-    if (i < argc || steps < 1 || stop < 0 || stop > steps || (stop && !save) || BATCH % size) {
+    if (i < argc || steps < 1 || stop < 0 || stop > steps || (stop && !save) || (overwrite && !save) || BATCH % size) {
         if (rank == 0)
-            fprintf(stderr,
-                    "mpi_data_parallel: [--steps S] [--stop-at K --save PATH] [--resume PATH], on a number "
-                    "of processes dividing %d\n",
-                    BATCH);
+            fprintf(
+                stderr,
+                "mpi_data_parallel: [--steps S] [--stop-at K --save PATH [--overwrite]] [--resume PATH], on a number "
+                "of processes dividing %d\n",
+                BATCH);
         MPI_Finalize();
         return 2;
     }
     b = BATCH / size;
+    /* before the first step, on every rank (each writes its shard beside the path): a path that cannot be written,
+       or a fresh run over another run's checkpoint */
+    if (load && dpar_ckpt_check(load, DPAR_CKPT_RESUME) != DPAR_OK) fail(rank, "--resume");
+    if (save) {
+        int continues = load && !strcmp(load, save);
+        if (dpar_ckpt_check(save, continues || overwrite ? DPAR_CKPT_OVERWRITE : 0) != DPAR_OK)
+            fail(rank, "--save (--overwrite replaces it)");
+    }
 
     /* the same data everywhere (a real run reads its samples by index) */
     rng_state = 42;

@@ -219,6 +219,73 @@ demo() {
             cp "$tmp/err" "$tmp/out"; bad "demo: $args must print one error line and exit non-zero (exit $(cat "$tmp/rc"))"
         fi
     done
+    demo_checkpoints "$d"
+}
+
+# the demo never loses a checkpoint (issue 39): a fresh run over one refuses to start and leaves it as it was;
+# --overwrite replaces it; a --ckpt that is a directory or cannot be written fails before the first step; the
+# default path is the program's own + .ckpt, so `build/char_lm --resume` continues what `make demo` wrote; a
+# checkpoint of another text (the same alphabet, or another) says so; a --data that is not text warns and its
+# sample writes no control byte
+demo_checkpoints() {
+    local d=$1 before after out
+    before=$(cat "$d"/a.ckpt "$d"/a.ckpt.g*.r0 | cksum)
+    (cd "$d" && ./char_lm --steps 40 --batch 64 --sample 0 --ckpt a.ckpt) >"$tmp/out" 2>&1
+    rc=$?
+    after=$(cat "$d"/a.ckpt "$d"/a.ckpt.g*.r0 | cksum)
+    if [ $rc != 0 ] && grep -q "^char_lm: a checkpoint exists at 'a.ckpt'.*--resume.*--overwrite" "$tmp/out" &&
+        ! grep -q '^step\|^trained' "$tmp/out" && [ "$before" = "$after" ]; then
+        ok "demo: a fresh run over a checkpoint refuses before the first step; the checkpoint is unchanged"
+    else
+        bad "demo: a fresh run over a checkpoint must refuse and leave it as it was (exit $rc)"
+    fi
+    (cd "$d" && ./char_lm --steps 3 --batch 64 --sample 0 --ckpt a.ckpt --overwrite) >"$tmp/out" 2>&1
+    if [ $? = 0 ] && grep -q '^trained steps 1\.\.3 ' "$tmp/out" && ! cmp -s <(cat "$d"/a.ckpt "$d"/a.ckpt.g*.r0) <(:) &&
+        [ "$(cat "$d"/a.ckpt "$d"/a.ckpt.g*.r0 | cksum)" != "$before" ]; then
+        ok "demo: --overwrite starts afresh over a checkpoint"
+    else
+        bad "demo: --overwrite must replace the checkpoint"
+    fi
+    mkdir -p "$d/ckdir"
+    for args in "--ckpt ckdir" "--ckpt ckdir/" "--ckpt /proc/dpar-test.ckpt" "--resume --overwrite --ckpt a.ckpt"; do
+        (cd "$d" && timeout 60 ./char_lm $args --sample 0) >"$tmp/out" 2>&1
+        rc=$?
+        if [ $rc != 0 ] && [ $rc != 124 ] && [ "$(wc -l <"$tmp/out")" = 1 ] && grep -q '^char_lm: ' "$tmp/out"; then
+            ok "demo: $args fails before the first step: $(cat "$tmp/out")"
+        else
+            bad "demo: $args must fail before training with one line (exit $rc)"
+        fi
+    done
+    # the default path: build/char_lm writes build/char_lm.ckpt, which a plain build/char_lm --resume continues
+    mkdir -p "$d/build" && cp "$d/char_lm" "$d/build/char_lm"
+    (cd "$d" && build/char_lm --steps 3 --batch 64 --sample 0 && build/char_lm --steps 5 --batch 64 --sample 0 --resume) \
+        >"$tmp/out" 2>&1
+    if [ $? = 0 ] && [ -e "$d/build/char_lm.ckpt" ] && grep -q '^trained steps 4\.\.5 .*checkpoint build/char_lm.ckpt$' "$tmp/out"; then
+        ok "demo: the default checkpoint is build/char_lm.ckpt for build/char_lm, and --resume finds it"
+    else
+        bad "demo: build/char_lm --resume must continue build/char_lm.ckpt"
+    fi
+    # another text: the same alphabet (the lines reversed) and another alphabet
+    tac "$d/data/fables.txt" >"$d/rev.txt"
+    for data in rev.txt abc.txt; do
+        (cd "$d" && ./char_lm --data $data --resume --ckpt a.ckpt --steps 9 --sample 0) >"$tmp/out" 2>&1
+        rc=$?
+        if [ $rc != 0 ] && [ "$(wc -l <"$tmp/out")" = 1 ] && grep -q "was trained on another text" "$tmp/out"; then
+            ok "demo: --resume on $data: $(cat "$tmp/out")"
+        else
+            bad "demo: --resume on another text ($data) must say so (exit $rc)"
+        fi
+    done
+    # not text: random bytes; the warning on stderr, and no control byte but newlines in what the sample printed
+    head -c 4000 /dev/urandom >"$d/rnd.bin"
+    (cd "$d" && ./char_lm --data rnd.bin --steps 3 --batch 64 --sample 300 --ckpt rnd.ckpt) >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    out=$(sed -n '/^sample (/,$p' "$tmp/out" | LC_ALL=C tr -d '\n\40-\176' | wc -c)
+    if [ $rc = 0 ] && grep -q "does not look like text" "$tmp/err" && grep -q '\\x' "$tmp/out" && [ "$out" = 0 ]; then
+        ok "demo: random bytes as --data: a warning, and the sample shows odd bytes as \\xNN"
+    else
+        cat "$tmp/err" >>"$tmp/out"; bad "demo: random bytes as --data (exit $rc, $out raw bytes outside printable ASCII)"
+    fi
 }
 
 # examples/data_parallel.c on IDX files (the MNIST format) that this test writes: 256 images of 8 x 8

@@ -1001,6 +1001,63 @@ static void test_checkpoint_over_ranks(void)
     }
 }
 
+/* dpar_ckpt_check: what a run learns before its first step, each case against the file system as the test made it */
+static void test_checkpoint_check(void)
+{
+    char dir[] = "/tmp/dpar_ckchk_XXXXXX", path[256], other[256], missing[256], slashed[256];
+    float params[16] = {1, 2, 3};
+    dpar_ckpt_item item = dpar_ckpt_replica("params", params, sizeof params);
+    FILE *f;
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/run.ckpt", dir);
+    snprintf(other, sizeof other, "%s/notes.txt", dir);
+    snprintf(missing, sizeof missing, "%s/no/such/dir/run.ckpt", dir);
+    snprintf(slashed, sizeof slashed, "%s/", dir);
+    /* nothing there yet: a fresh run is fine, a resume is not */
+    CHECK(dpar_ckpt_check(path, 0) == DPAR_OK);
+    CHECK(dpar_ckpt_check(path, DPAR_CKPT_OVERWRITE) == DPAR_OK);
+    CHECK(dpar_ckpt_check(path, DPAR_CKPT_RESUME) == DPAR_EIO);
+    CHECK(strstr(dpar_last_error(), "no checkpoint at") != NULL);
+    /* a checkpoint there: a fresh run must not replace it unasked */
+    CHECK(dpar_ckpt_save(NULL, path, &item, 1) == DPAR_OK);
+    CHECK(dpar_ckpt_check(path, 0) == DPAR_EEXIST);
+    CHECK_MSG(strstr(dpar_last_error(), "a checkpoint exists at") && strstr(dpar_last_error(), path), "%s",
+              dpar_last_error());
+    CHECK(dpar_ckpt_check(path, DPAR_CKPT_RESUME) == DPAR_OK);
+    CHECK(dpar_ckpt_check(path, DPAR_CKPT_OVERWRITE) == DPAR_OK);
+    /* a file that is not a checkpoint: not replaced unasked, not resumed from */
+    f = fopen(other, "w");
+    CHECK(f != NULL);
+    if (f) fputs("my notes\n", f), fclose(f);
+    CHECK(dpar_ckpt_check(other, 0) == DPAR_EEXIST);
+    CHECK(strstr(dpar_last_error(), "is not a dpar checkpoint") != NULL);
+    CHECK(dpar_ckpt_check(other, DPAR_CKPT_RESUME) == DPAR_EIO);
+    /* paths that cannot take a checkpoint, whatever the flags */
+    CHECK(dpar_ckpt_check(dir, DPAR_CKPT_OVERWRITE) == DPAR_EINVAL);
+    CHECK(strstr(dpar_last_error(), "is a directory") != NULL);
+    CHECK(dpar_ckpt_check(slashed, 0) == DPAR_EINVAL);
+    CHECK(dpar_ckpt_check(missing, 0) == DPAR_EIO);
+    CHECK(strstr(dpar_last_error(), "does not exist") != NULL);
+    CHECK(dpar_ckpt_check("/proc/dpar_ckpt_check_test", 0) == DPAR_EIO); /* no file can be made there, even by root */
+    CHECK(dpar_ckpt_check(NULL, 0) == DPAR_EINVAL);
+    CHECK(dpar_ckpt_check("", 0) == DPAR_EINVAL);
+    CHECK(dpar_ckpt_check(path, DPAR_CKPT_RESUME | DPAR_CKPT_OVERWRITE) == DPAR_EINVAL);
+    /* the probe it writes is gone: the directory holds the checkpoint's two files and the notes */
+    {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) = 3", dir);
+        CHECK(system(cmd) == 0);
+    }
+    remove(other);
+    remove(path);
+    {
+        char shard[300];
+        snprintf(shard, sizeof shard, "%s.g1.r0", path);
+        remove(shard);
+    }
+    rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     DT_MAIN_BEGIN(argc, argv);
@@ -1014,6 +1071,7 @@ int main(int argc, char **argv)
     RUN(test_idx_reader);
     RUN(test_checkpoint_single);
     RUN(test_checkpoint_over_ranks);
+    RUN(test_checkpoint_check);
     pools_free();
     return dt_summary();
 }

@@ -27,14 +27,14 @@ static dpar_pool *make_pool(int threads)
 
 static void test_status_strings(void)
 {
-    static const dpar_status all[] = {DPAR_OK,        DPAR_EINVAL,  DPAR_ENOMEM,    DPAR_EBUSY,
-                                      DPAR_ECANCELED, DPAR_EDEADLK, DPAR_ETIMEDOUT, DPAR_EMISMATCH,
-                                      DPAR_EABORTED,  DPAR_EIO,     DPAR_ESYSTEM,   DPAR_EUNSUPPORTED,
-                                      DPAR_ERANGE,    DPAR_ESTATE,  DPAR_ECORRUPT,  DPAR_EUSER};
-    static const char *names[] = {"DPAR_OK",        "DPAR_EINVAL",  "DPAR_ENOMEM",    "DPAR_EBUSY",
-                                  "DPAR_ECANCELED", "DPAR_EDEADLK", "DPAR_ETIMEDOUT", "DPAR_EMISMATCH",
-                                  "DPAR_EABORTED",  "DPAR_EIO",     "DPAR_ESYSTEM",   "DPAR_EUNSUPPORTED",
-                                  "DPAR_ERANGE",    "DPAR_ESTATE",  "DPAR_ECORRUPT",  "DPAR_EUSER"};
+    static const dpar_status all[] = {DPAR_OK,      DPAR_EINVAL,       DPAR_ENOMEM,    DPAR_EBUSY,    DPAR_ECANCELED,
+                                      DPAR_EDEADLK, DPAR_ETIMEDOUT,    DPAR_EMISMATCH, DPAR_EABORTED, DPAR_EIO,
+                                      DPAR_ESYSTEM, DPAR_EUNSUPPORTED, DPAR_ERANGE,    DPAR_ESTATE,   DPAR_ECORRUPT,
+                                      DPAR_EUSER,   DPAR_EEXIST};
+    static const char *names[] = {
+        "DPAR_OK",        "DPAR_EINVAL",    "DPAR_ENOMEM",   "DPAR_EBUSY", "DPAR_ECANCELED", "DPAR_EDEADLK",
+        "DPAR_ETIMEDOUT", "DPAR_EMISMATCH", "DPAR_EABORTED", "DPAR_EIO",   "DPAR_ESYSTEM",   "DPAR_EUNSUPPORTED",
+        "DPAR_ERANGE",    "DPAR_ESTATE",    "DPAR_ECORRUPT", "DPAR_EUSER", "DPAR_EEXIST"};
     size_t i, j;
     for (i = 0; i < sizeof all / sizeof all[0]; i++) {
         const char *s = dpar_status_string(all[i]);
