@@ -76,6 +76,8 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
     CU(cudaMalloc((void **)&p, j->np * 4));
     CU(cudaMalloc((void **)&g, j->np * 4));
     CU(cudaMalloc((void **)&mom, j->np * 4));
+    CU(cudaMemsetAsync(mom, 0, j->np * 4, s)); /* cudaMalloc's bytes are garbage: with momentum 0, m = 0 m + g
+                                                  still reads them (0 x NaN is NaN) */
     for (l = 0; l <= L; l++) {
         CU(cudaMalloc((void **)&act[l], (size_t)b * j->width[l] * 4));
         CU(cudaMalloc((void **)&delta[l], (size_t)b * j->width[l] * 4));
