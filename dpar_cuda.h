@@ -982,12 +982,19 @@ template <class K> static unsigned dpar_cuda__blocks(const K &k)
     return (unsigned)(blocks > DPAR_CUDA__MAX_BLOCKS ? DPAR_CUDA__MAX_BLOCKS : blocks);
 }
 
+/* cudaLaunchKernel returns this launch's own status (cudaGetLastError after <<<>>> would also return an earlier
+   error of this thread that its caller had already handled); a failed launch's error is then cleared from the
+   thread's last error, as it is reported here */
 template <class K> static dpar_status dpar_cuda__launch(const K &k, void *stream, const char *what)
 {
     unsigned blocks = dpar_cuda__blocks(k);
+    K arg = k;
+    void *args[1] = {&arg};
+    cudaError_t e;
     if (blocks == 0) return DPAR_OK;
-    dpar_cuda__kernel<K><<<blocks, DPAR_CUDA__THREADS, 0, (cudaStream_t)stream>>>(k);
-    return dpar_cuda__check(cudaGetLastError(), what, "kernel launch (cudaGetLastError)");
+    e = cudaLaunchKernel(dpar_cuda__kernel<K>, dim3(blocks), dim3(DPAR_CUDA__THREADS), args, 0, (cudaStream_t)stream);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return dpar_cuda__check(e, what, "kernel launch (cudaLaunchKernel)");
 }
 
 static dpar_status dpar_cuda__null(const char *what, size_t n, const void *a, const void *b, const void *c,

@@ -96,6 +96,22 @@ static void fill_random(float *x, size_t n)
 static const size_t sizes[] = {1, 5, 1000, 65537, (1u << 20) + 3};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
+/* a launch reports its own status: an error of an earlier call that its caller handled (here a failed cudaMalloc,
+   which CUDA also keeps as the thread's last error) is not the launch's */
+static void test_launch_reports_its_own_status(void)
+{
+    float *d = NULL, got[4] = {0, 0, 0, 0};
+    void *huge = NULL;
+    NEED_GPU();
+    CHECK(cudaMalloc((void **)&d, sizeof got) == cudaSuccess);
+    CHECK(cudaMalloc(&huge, (size_t)1 << 62) != cudaSuccess); /* handled here, by its return value */
+    CHECK_MSG(dpar_cuda_fill_f32(d, 1.5f, 4, NULL) == DPAR_OK, "%s", dpar_last_error());
+    (void)cudaGetLastError();
+    to_host(got, d, sizeof got);
+    CHECK(got[0] == 1.5f && got[3] == 1.5f);
+    cudaFree(d);
+}
+
 static void test_axpy_matches_reference(void)
 {
     size_t sizes_[] = {1, 255, 256, 257, 1000003}, k, i;
@@ -889,6 +905,7 @@ int main(int argc, char **argv)
     }
     RUN(test_device_query);
     RUN(test_launch_error_names_cuda_error);
+    RUN(test_launch_reports_its_own_status);
     RUN(test_axpy_matches_reference);
     RUN(test_elementwise_kernels);
     RUN(test_reduce_and_divide);
