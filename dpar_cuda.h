@@ -133,8 +133,8 @@ DPAR_API void dpar_cuda_add_f32_ref(float *out, const float *a, const float *b, 
    dpar's reductions, on the device.
    dtype:    every dpar_dtype, bitwise what dpar.h's CPU reductions give: 16-bit floats are widened to float,
              combined, and rounded to nearest even; f32 and f64 combine in their own type; integers wrap (sum and
-             product) and the average truncates. A NaN result is a NaN there too, but its payload may differ, as the
-             GPU's float arithmetic returns one canonical NaN.
+             product) and the average truncates (divided in int or wider: div may be any group size). A NaN result
+             is a NaN there too, but its payload may differ, as the GPU's float arithmetic returns one canonical NaN.
    out:      may be a or b.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL pointers, a bad op or dtype), DPAR_ESYSTEM.
    Thread safety: any thread. */
@@ -652,12 +652,13 @@ DPAR_CUDA__HD double dpar_cuda__reduce_f64_elem(double x, double y, int op, int 
     }
 }
 /* integers, as dpar.h's: the sum and product wrap (computed on U, the unsigned type of T's width or wider), the
-   average divides the wrapped sum, truncating */
+   average divides the wrapped sum, truncating. The division is in T promoted (int, or int64_t for I64), never in T:
+   div as a u8 is 0 for 256 ranks and wraps above */
 template <class T, class U> DPAR_CUDA__HD T dpar_cuda__reduce_int_elem(T x, T y, int op, int div)
 {
     switch (op) {
     case DPAR_SUM: return (T)((U)x + (U)y);
-    case DPAR_AVG: return div > 1 ? (T)((T)((U)x + (U)y) / (T)div) : (T)((U)x + (U)y);
+    case DPAR_AVG: return div > 1 ? (T)((T)((U)x + (U)y) / div) : (T)((U)x + (U)y);
     case DPAR_MIN: return y < x ? y : x;
     case DPAR_MAX: return y > x ? y : x;
     default: return (T)((U)x * (U)y);
@@ -1284,7 +1285,8 @@ static void dpar_cuda__ref_put(void *p, dpar_dtype t, size_t i, float f)
     else ((uint16_t *)p)[i] = dpar_f32_to_f16(f);
 }
 
-/* the other dtypes: the naive loop on each type (integers wrap through their unsigned type; u8 through unsigned) */
+/* the other dtypes: the naive loop on each type (integers wrap through their unsigned type; u8 through unsigned; the
+   average divides in T promoted, never by (T)div) */
 #define DPAR_CUDA__REF_RED(T, U)                                    \
     for (i = 0; i < n; i++) {                                       \
         T x = ((const T *)a)[i], y = ((const T *)b)[i], r;          \
@@ -1292,7 +1294,7 @@ static void dpar_cuda__ref_put(void *p, dpar_dtype t, size_t i, float f)
         else if (op == DPAR_MIN) r = y < x ? y : x;                 \
         else if (op == DPAR_MAX) r = y > x ? y : x;                 \
         else r = (T)((U)x * (U)y);                                  \
-        if (op == DPAR_AVG && div > 1) r = (T)(r / (T)div);         \
+        if (op == DPAR_AVG && div > 1) r = (T)(r / div);            \
         ((T *)out)[i] = r;                                          \
     }
 extern "C" DPAR_API void dpar_cuda_reduce_ref(void *out, const void *a, const void *b, size_t n, dpar_dtype dtype,

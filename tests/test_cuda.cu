@@ -273,6 +273,40 @@ static void test_reduce_and_divide(void)
     }
 }
 
+/* the integer average for any group size: u8 over every pair (a, b) is ((a + b) mod 256) / div, 0 for every pair
+   once div >= 256 (the divisor was once (uint8_t)div: 0 for 256 ranks, 44 for 300); the device against that formula
+   and the reference, on the vector path and one element off; dpar_cuda_divide too */
+static void test_integer_average_any_group_size(void)
+{
+    static const int divs[] = {255, 256, 257, 300, 1000, 1 << 20};
+    size_t n = 65536, i, d;
+    uint8_t *a, *b, *want, *ref, *got, *da, *db, *dout;
+    NEED_GPU();
+    a = (uint8_t *)malloc(n), b = (uint8_t *)malloc(n), want = (uint8_t *)malloc(n), ref = (uint8_t *)malloc(n);
+    got = (uint8_t *)malloc(n);
+    for (i = 0; i < n; i++) a[i] = (uint8_t)(i >> 8), b[i] = (uint8_t)i;
+    da = (uint8_t *)dev_copy(a, n), db = (uint8_t *)dev_copy(b, n), dout = (uint8_t *)dev_copy(NULL, n);
+    for (d = 0; d < sizeof divs / sizeof divs[0]; d++) {
+        size_t off;
+        for (i = 0; i < n; i++) want[i] = (uint8_t)(((unsigned)a[i] + b[i]) % 256u / (unsigned)divs[d]);
+        dpar_cuda_reduce_ref(ref, a, b, n, DPAR_U8, DPAR_AVG, divs[d]);
+        CHECK_MSG(memcmp(ref, want, n) == 0, "reference, u8 avg div %d", divs[d]);
+        for (off = 0; off < 2; off++) { /* 0: 16-byte vectors; 1: one element off, the scalar path */
+            CHECK(dpar_cuda_reduce(dout + off, da + off, db + off, n - off, DPAR_U8, DPAR_AVG, divs[d], NULL) ==
+                  DPAR_OK);
+            to_host(got, dout + off, n - off);
+            CHECK_MSG(memcmp(got, want + off, n - off) == 0, "u8 avg div %d off %zu: %zu differ", divs[d], off,
+                      count_diff(got, want + off, n - off, 1, -1));
+        }
+        for (i = 0; i < n; i++) want[i] = (uint8_t)(a[i] / (unsigned)divs[d]);
+        CHECK(dpar_cuda_divide(dout, da, n, DPAR_U8, divs[d], NULL) == DPAR_OK);
+        to_host(got, dout, n);
+        CHECK_MSG(memcmp(got, want, n) == 0, "u8 divide div %d", divs[d]);
+    }
+    cudaFree(da), cudaFree(db), cudaFree(dout);
+    free(a), free(b), free(want), free(ref), free(got);
+}
+
 /* casts between f32, bf16 and f16: every 16-bit pattern; floats around every bf16 pattern */
 static void test_casts(void)
 {
@@ -909,6 +943,7 @@ int main(int argc, char **argv)
     RUN(test_axpy_matches_reference);
     RUN(test_elementwise_kernels);
     RUN(test_reduce_and_divide);
+    RUN(test_integer_average_any_group_size);
     RUN(test_casts);
     RUN(test_optimizers);
     RUN(test_softmax_xent);

@@ -386,6 +386,59 @@ static void test_reduce_and_divide_other_dtypes(void)
                 }
 }
 
+/* the integer average for any group size, against a closed formula in wide arithmetic: u8 over every pair (a, b)
+   is ((a + b) mod 256) / div, so 0 for every pair once div >= 256; i32 and i64 wrap their sum the same way. The
+   divisor was once (T)div: (uint8_t)256 is 0 (a division by zero: SIGFPE here, garbage on a GPU), (uint8_t)300 is 44.
+   The reference and the element function over the simulated grids; not dpar.h's dpar__reduce, which still divides
+   by (T)div. */
+template <class T, class U> static void int_average_case(dpar_dtype t, int kind, size_t n, int div)
+{
+    size_t i;
+    buf a = buf_make(n, kind, 0), b = buf_make(n, kind, 0), out = buf_make(n, kind, 0), *outs[1] = {&out};
+    T *expect = (T *)malloc(n * sizeof(T) + 1), *ref = (T *)malloc(n * sizeof(T) + 1);
+    const void *exps[1] = {expect};
+    dpar_cuda__reduce_int_f<T, U> f;
+    char what[96];
+    for (i = 0; i < n; i++) {
+        T x, y;
+        if (t == DPAR_U8) { /* every pair of bytes */
+            x = (T)(i >> 8), y = (T)i;
+            expect[i] = (T)(((unsigned)x + (unsigned)y) % 256u / (unsigned)div);
+        } else {
+            uint64_t r = rand64(), q = rand64();
+            memcpy(&x, &r, sizeof x), memcpy(&y, &q, sizeof y);
+            expect[i] = (T)((long long)(T)((U)x + (U)y) / (long long)div); /* C's division truncates toward 0 */
+        }
+        ((T *)a.p)[i] = x, ((T *)b.p)[i] = y;
+    }
+    snprintf(what, sizeof what, "avg %s div %d", dpar_dtype_name(t), div);
+    dpar_cuda_reduce_ref(ref, a.p, b.p, n, t, DPAR_AVG, div);
+    CHECK_MSG(first_diff(ref, expect, n, kind) < 0, "%s: the reference is not ((a + b) wrapped) / div", what);
+    if (t == DPAR_U8 && div >= 256) { /* 256 ranks or more: every u8 average is 0 */
+        size_t nonzero = 0;
+        for (i = 0; i < n; i++) nonzero += expect[i] != 0;
+        CHECK_MSG(nonzero == 0, "%s: %zu averages are not 0", what, nonzero);
+    }
+    f.op = DPAR_AVG, f.div = div;
+    {
+        auto k = dpar_cuda__make_map2((T *)out.p, (const T *)a.p, (const T *)b.p, n, f);
+        RUN_GRIDS(k, memset(out.p, 0xEE, n * sizeof(T)), outs, 1, exps, what);
+    }
+    free(expect), free(ref);
+    buf_free(&a), buf_free(&b), buf_free(&out);
+}
+
+static void test_integer_average_any_group_size(void)
+{
+    static const int divs[] = {2, 255, 256, 257, 300, 512, 1000, 65536, 1 << 30};
+    size_t d;
+    for (d = 0; d < sizeof divs / sizeof divs[0]; d++) {
+        int_average_case<uint8_t, uint32_t>(DPAR_U8, U8, 65536, divs[d]);
+        int_average_case<int32_t, uint32_t>(DPAR_I32, I32, 4099, divs[d]);
+        int_average_case<int64_t, uint64_t>(DPAR_I64, I64, 4099, divs[d]);
+    }
+}
+
 static void test_divide_kernel(void)
 {
     static const int divs[] = {2, 3, 7, 64};
@@ -686,6 +739,7 @@ int main(int argc, char **argv)
     RUN(test_reduce_kernel);
     RUN(test_divide_kernel);
     RUN(test_reduce_and_divide_other_dtypes);
+    RUN(test_integer_average_any_group_size);
     RUN(test_elementwise_kernels);
     RUN(test_bias_add_kernel);
     RUN(test_bias_backward_kernel);
