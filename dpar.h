@@ -807,6 +807,21 @@ typedef struct dpar_request dpar_request;
                                          this rank's staging memory with copy (optional; NULL: 1)
      alloc(user, worker, bytes), free(user, worker, p)   this rank's scratch and staging memory, kept until the comm
                                          is destroyed (grown on demand: no allocation per call once warm)
+   Stream-ordered (record and wait set, both or neither): reduce, divide and copy may return as soon as their work
+             is queued on the worker's stream (a CUDA stream: in order, later), as NCCL does; dpar then orders the
+             streams with events instead of the host waiting for each step:
+     record(user, worker, &ticket)       a point in the worker's stream after everything queued so far (a CUDA event
+                                         recorded there); ticket, nonzero, names it. Called before each offer of a
+                                         buffer to a peer (its bytes are written once the ticket's point is reached)
+                                         and each time this rank is done reading a peer's buffer (its "read done")
+     wait(user, worker, peer, ticket)    the worker's stream waits for peer's ticket (cudaStreamWaitEvent): before
+                                         this rank reads an offer, and before it writes again into a buffer that a
+                                         peer's stream read (the peer's "read done", seen when dpar waits for it).
+                                         A later ticket of the same stream may stand in for an earlier one.
+             A comm call then returns with its work queued: the results are the stream's, like ncclAllReduce's; every
+             peer's reads of this rank's buffers are behind this rank's stream too, so synchronising it (or an event
+             after the call) is all a caller needs before the host or another stream touches the buffers. Errors
+             that the callbacks see later (a queued kernel that failed) come back from the next callback.
    Required: reduce, divide, copy, alloc and free, all or none (none: host memory, the default).
    Remarks:  such a group has none of the shared-memory speed-ups (direct buckets and dpar_steal return
              DPAR_EUNSUPPORTED on it), and only thread groups take one (MPI comms return DPAR_EUNSUPPORTED). dpar's
@@ -823,6 +838,8 @@ typedef struct dpar_comm_memory {
     int (*peer_access)(void *user, int worker, int peer);
     void *(*alloc)(void *user, int worker, size_t bytes);
     void (*free)(void *user, int worker, void *p);
+    dpar_status (*record)(void *user, int worker, uint64_t *ticket); /* stream-ordered: both or neither */
+    dpar_status (*wait)(void *user, int worker, int peer, uint64_t ticket);
 } dpar_comm_memory;
 /* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
    AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES (twice that on more
@@ -6895,14 +6912,17 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done)
 
 typedef struct dpar__chan {
     uint32_t posted;
-    char pad0[DPAR__CACHE_LINE - sizeof(uint32_t)];
+    uint64_t rel_waited; /* stream-ordered memory: the newest read-done ticket the sender's stream waits for */
+    char pad0[DPAR__CACHE_LINE - sizeof(uint32_t) - sizeof(uint64_t)];
     uint32_t released;
-    uint32_t fetched; /* messages the receiver has started to read (fetched - released: reading now) */
-    char pad1[DPAR__CACHE_LINE - 2 * sizeof(uint32_t)];
+    uint32_t fetched;    /* messages the receiver has started to read (fetched - released: reading now) */
+    uint64_t rel_ticket; /* stream-ordered memory: the receiver's newest read-done ticket (before released) */
+    char pad1[DPAR__CACHE_LINE - 2 * sizeof(uint32_t) - sizeof(uint64_t)];
     struct {
         const void *ptr;
         size_t bytes;
         dpar__fp fp;
+        uint64_t ticket; /* stream-ordered memory: the sender's stream has written the bytes at this ticket */
     } q[DPAR__QDEPTH];
 } dpar__chan;
 
@@ -7076,7 +7096,7 @@ static dpar_status dpar__t_chan(dpar__ctx *x, int src, int dst, dpar__chan **out
     return *out ? DPAR_OK : dpar__err(DPAR_ENOMEM, "%s: out of memory for a channel", x->c->name);
 }
 
-static dpar_status dpar__t_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+static dpar_status dpar__t_post_ticket(dpar__ctx *x, int peer, const void *buf, size_t bytes, uint64_t ticket)
 {
     dpar__chan *ch;
     uint32_t n;
@@ -7086,12 +7106,18 @@ static dpar_status dpar__t_post(dpar__ctx *x, int peer, const void *buf, size_t 
     ch->q[n % DPAR__QDEPTH].ptr = buf;
     ch->q[n % DPAR__QDEPTH].bytes = bytes;
     ch->q[n % DPAR__QDEPTH].fp = x->fp;
+    ch->q[n % DPAR__QDEPTH].ticket = ticket;
     DPAR__STORE(&ch->posted, n + 1, DPAR__RELEASE);
     dpar__ring_bell(DPAR__TG(x->c), peer);
     return DPAR_OK;
 }
 
-static dpar_status dpar__t_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
+static dpar_status dpar__t_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+{
+    return dpar__t_post_ticket(x, peer, buf, bytes, 0);
+}
+
+static dpar_status dpar__t_fetch_ticket(dpar__ctx *x, int peer, size_t bytes, const void **data, uint64_t *ticket)
 {
     dpar__chan *ch;
     uint32_t n;
@@ -7111,7 +7137,13 @@ static dpar_status dpar__t_fetch(dpar__ctx *x, int peer, size_t bytes, const voi
         return dpar__t_poison(x->c, DPAR_EMISMATCH, msg);
     }
     *data = ch->q[n % DPAR__QDEPTH].ptr;
+    if (ticket) *ticket = ch->q[n % DPAR__QDEPTH].ticket;
     return DPAR_OK;
+}
+
+static dpar_status dpar__t_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
+{
+    return dpar__t_fetch_ticket(x, peer, bytes, data, NULL);
 }
 
 static dpar_status dpar__t_release(dpar__ctx *x, int peer)
@@ -7282,6 +7314,79 @@ static dpar_status dpar__tm_copy(dpar__ctx *x, void *dst, const void *src, size_
     return dpar__tm_failed(x->c, m->copy(m->user, x->c->worker, dst, src, bytes));
 }
 
+/* ---- stream-ordered memory (record and wait set): tickets order the workers' streams ----
+   The host protocol is the one above; each of its edges gets a ticket. An offer carries the sender's ticket after
+   the bytes' writes, and the receiver's stream waits for it before reading. A release carries the receiver's
+   "read done" ticket (written before `released`), and the sender's stream waits for the newest one whenever the
+   sender's host sees releases (posting, draining), so whatever the sender's stream writes next comes after the
+   peer's reads. The algorithms end by draining: a call returns with every peer's reads of this rank's buffers
+   behind this rank's stream. Host buffers (x->host: split's words) have no tickets. */
+#define DPAR__ASYNC(x) (DPAR__MEM((x)->c)->record != NULL && !(x)->host)
+
+/* the sender's stream waits for the newest read-done ticket of `peer` on this lane, if it has not yet */
+static dpar_status dpar__tm_reads_done(dpar__ctx *x, int peer)
+{
+    dpar_comm *c = x->c;
+    dpar_group *g = DPAR__TG(c);
+    const dpar_comm_memory *m = DPAR__MEM(c);
+    dpar__chan *ch;
+    uint64_t ticket;
+    if (!DPAR__ASYNC(x)) return DPAR_OK;
+    DPAR__TRY(dpar__t_chan(x, c->rank, peer, &ch));
+    ticket = DPAR__LOAD(&ch->rel_ticket, DPAR__ACQUIRE);
+    if (ticket <= ch->rel_waited) return DPAR_OK; /* rel_waited: this rank's alone */
+    ch->rel_waited = ticket;
+    return dpar__tm_failed(c, m->wait(m->user, c->worker, g->slots[peer].worker, ticket));
+}
+
+static dpar_status dpar__tm_post(dpar__ctx *x, int peer, const void *buf, size_t bytes)
+{
+    const dpar_comm_memory *m = DPAR__MEM(x->c);
+    uint64_t ticket = 0;
+    if (DPAR__ASYNC(x)) DPAR__TRY(dpar__tm_failed(x->c, m->record(m->user, x->c->worker, &ticket)));
+    DPAR__TRY(dpar__t_post_ticket(x, peer, buf, bytes, ticket));
+    return dpar__tm_reads_done(x, peer);
+}
+
+static dpar_status dpar__tm_drain(dpar__ctx *x, int peer, int max)
+{
+    DPAR__TRY(dpar__t_drain(x, peer, max));
+    return dpar__tm_reads_done(x, peer);
+}
+
+/* a fetched offer: this rank's stream waits for the sender's ticket before anything reads the bytes */
+static dpar_status dpar__tm_fetch_ordered(dpar__ctx *x, int peer, size_t bytes, const void **data)
+{
+    dpar_comm *c = x->c;
+    const dpar_comm_memory *m = DPAR__MEM(c);
+    uint64_t ticket = 0;
+    dpar_status st;
+    DPAR__TRY(dpar__t_fetch_ticket(x, peer, bytes, data, &ticket));
+    if (!DPAR__ASYNC(x) || !ticket) return DPAR_OK;
+    st = m->wait(m->user, c->worker, DPAR__TG(c)->slots[peer].worker, ticket);
+    if (st == DPAR_OK) return DPAR_OK;
+    dpar__t_release(x, peer);
+    return dpar__tm_failed(c, st);
+}
+
+static dpar_status dpar__tm_release(dpar__ctx *x, int peer)
+{
+    dpar_comm *c = x->c;
+    const dpar_comm_memory *m = DPAR__MEM(c);
+    if (DPAR__ASYNC(x)) {
+        dpar__chan *ch;
+        uint64_t ticket = 0;
+        dpar_status st = m->record(m->user, c->worker, &ticket);
+        DPAR__TRY(dpar__t_chan(x, peer, c->rank, &ch));
+        if (st != DPAR_OK) {
+            dpar__t_release(x, peer);
+            return dpar__tm_failed(c, st);
+        }
+        DPAR__STORE(&ch->rel_ticket, ticket, DPAR__RELEASE); /* before `released`: the sender sees it with it */
+    }
+    return dpar__t_release(x, peer);
+}
+
 /* a peer's offer that this rank's reduce cannot read where it is: copied into the rank's staging memory
    (at most one fetched offer is unreleased at a time on a rank, so one staging area suffices) */
 static dpar_status dpar__tm_fetch(dpar__ctx *x, int peer, size_t bytes, const void **data)
@@ -7290,7 +7395,7 @@ static dpar_status dpar__tm_fetch(dpar__ctx *x, int peer, size_t bytes, const vo
     dpar_group *g = DPAR__TG(c);
     const dpar_comm_memory *m = DPAR__MEM(c);
     dpar__slot *me = &g->slots[c->rank];
-    DPAR__TRY(dpar__t_fetch(x, peer, bytes, data));
+    DPAR__TRY(dpar__tm_fetch_ordered(x, peer, bytes, data));
     if (x->host || !bytes || !m->peer_access || m->peer_access(m->user, c->worker, g->slots[peer].worker))
         return DPAR_OK;
     if (bytes > me->stage_bytes) {
@@ -7316,11 +7421,11 @@ static dpar_status dpar__tm_fetch(dpar__ctx *x, int peer, size_t bytes, const vo
 static dpar_status dpar__tm_recv_into(dpar__ctx *x, int peer, void *dst, size_t bytes)
 {
     const void *p;
-    dpar_status st;
-    DPAR__TRY(dpar__t_fetch(x, peer, bytes, &p));
+    dpar_status st, rel;
+    DPAR__TRY(dpar__tm_fetch_ordered(x, peer, bytes, &p));
     st = p != dst ? dpar__tp_copy(x, dst, p, bytes) : DPAR_OK;
-    dpar__t_release(x, peer);
-    return st;
+    rel = dpar__tm_release(x, peer);
+    return st != DPAR_OK ? st : rel;
 }
 
 static void dpar__tm_destroy(dpar_comm *c)
@@ -7336,7 +7441,7 @@ static void dpar__tm_destroy(dpar_comm *c)
 /* clang-format off */
 static const dpar__transport dpar__threads_memory_transport = {
     "threads+memory",
-    dpar__t_post, dpar__tm_fetch, dpar__t_release, dpar__t_drain, /* moving bytes */
+    dpar__tm_post, dpar__tm_fetch, dpar__tm_release, dpar__tm_drain, /* moving bytes */
     dpar__tm_reduce, dpar__tm_divide, dpar__tm_copy,                /* local arithmetic: the callbacks */
     dpar__tm_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__tm_destroy,
     dpar__tm_recv_into, NULL, NULL,
@@ -7380,9 +7485,14 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
                              "dpar_group_create: the memory callbacks reduce, divide, copy, alloc and "
                              "free are all or none (%d of 5 set)",
                              set);
-        if (!set && (m->enter || m->peer_access))
-            return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter or memory.peer_access without the "
-                                          "memory callbacks");
+        if (!m->record != !m->wait)
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_group_create: memory.record and memory.wait go together (stream-"
+                             "ordered memory), %s is missing",
+                             m->record ? "wait" : "record");
+        if (!set && (m->enter || m->peer_access || m->record))
+            return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter, memory.peer_access or memory.record "
+                                          "without the memory callbacks");
     }
     if (desc->algo < DPAR_ALGO_AUTO || desc->algo > DPAR_ALGO_SLICE)
         return dpar__err(DPAR_EINVAL, "dpar_group_create: algo = %d (auto, ring, oneshot or slice)", desc->algo);

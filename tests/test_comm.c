@@ -1421,6 +1421,369 @@ static void test_memory_callbacks_split_and_refusals(void)
     }
 }
 
+/* ---- stream-ordered memory: a fake asynchronous device ----
+   The fake device above, made asynchronous as a GPU is: each worker has a stream, a thread that runs the work
+   queued on it later, in order, after a random pause of up to 60 us (a quarter of the ops), so that a step that
+   reads before a peer's stream has written, or writes before a peer's stream has read, comes out wrong (the
+   memory is still XOR-keyed: nothing but the callbacks may touch it). reduce, divide and copy queue their work and
+   return; record returns a ticket (the stream's op count so far, + 1); wait queues an op that blocks the stream
+   until the peer's stream has run up to the ticket. An op that fails (fdev.fail_worker) fails on the stream; the
+   worker's next callback returns the error, as CUDA reports a kernel's fault at a later call. */
+enum { FAS_REDUCE, FAS_DIVIDE, FAS_COPY, FAS_WAIT };
+typedef struct {
+    int kind, div, peer;
+    void *out;
+    const void *a, *b;
+    size_t n;
+    dpar_dtype t;
+    dpar_op op;
+    uint64_t ticket;
+} fas_op;
+typedef struct {
+    fas_op q[256]; /* a ring: queued - done ops, at most 256 (the callback waits for room) */
+    uint64_t queued, done;
+    dpar_status error; /* an op failed: the next callback returns it */
+    char error_msg[600];
+    uint64_t rng;
+    pthread_t thread;
+} fas_stream;
+static struct {
+    fas_stream s[8];
+    int n, stop, hold; /* hold: the streams run nothing (a device busy with earlier work) */
+    long records, waits, queued_ops;
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* any change: an op queued or done, stop */
+} fas;
+
+static void *fas_main(void *arg)
+{
+    fas_stream *s = (fas_stream *)arg;
+    int worker = (int)(s - fas.s);
+    for (;;) {
+        fas_op op;
+        uint64_t r;
+        dpar_status st = DPAR_OK;
+        pthread_mutex_lock(&fas.lock);
+        while ((s->done == s->queued || fas.hold) && !fas.stop) pthread_cond_wait(&fas.cond, &fas.lock);
+        if (s->done == s->queued) {
+            pthread_mutex_unlock(&fas.lock);
+            return NULL;
+        }
+        op = s->q[s->done % 256];
+        pthread_mutex_unlock(&fas.lock);
+        s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
+        r = s->rng >> 33;
+        if (r % 4 == 0) {
+            struct timespec pause = {0, (long)(r / 4 % 60) * 1000};
+            nanosleep(&pause, NULL);
+        }
+        if (op.kind == FAS_WAIT) {
+            pthread_mutex_lock(&fas.lock);
+            while (fas.s[op.peer].done + 1 < op.ticket) pthread_cond_wait(&fas.cond, &fas.lock);
+            pthread_mutex_unlock(&fas.lock);
+        } else if (op.kind == FAS_REDUCE) st = fake_reduce(NULL, worker, op.out, op.a, op.b, op.n, op.t, op.op, op.div);
+        else if (op.kind == FAS_DIVIDE) st = fake_divide(NULL, worker, op.out, op.a, op.n, op.t, op.div);
+        else st = fake_copy(NULL, worker, op.out, op.a, op.n);
+        pthread_mutex_lock(&fas.lock);
+        if (st != DPAR_OK && s->error == DPAR_OK) {
+            s->error = st;
+            snprintf(s->error_msg, sizeof s->error_msg, "%s", dpar_last_error());
+        }
+        s->done++;
+        pthread_cond_broadcast(&fas.cond);
+        pthread_mutex_unlock(&fas.lock);
+    }
+}
+
+/* the stream's earlier failure, as the next callback reports it */
+static dpar_status fas_error(int worker)
+{
+    dpar_status st;
+    pthread_mutex_lock(&fas.lock);
+    st = fas.s[worker].error;
+    pthread_mutex_unlock(&fas.lock);
+    return st == DPAR_OK ? st : dpar_set_error(st, "%s (an earlier op on the stream)", fas.s[worker].error_msg);
+}
+static dpar_status fas_queue(int worker, const fas_op *op)
+{
+    fas_stream *s = &fas.s[worker];
+    dpar_status st = fas_error(worker);
+    if (st != DPAR_OK) return st;
+    pthread_mutex_lock(&fas.lock);
+    while (s->queued - s->done >= 256) pthread_cond_wait(&fas.cond, &fas.lock);
+    s->q[s->queued % 256] = *op;
+    s->queued++;
+    fas.queued_ops++;
+    pthread_cond_broadcast(&fas.cond);
+    pthread_mutex_unlock(&fas.lock);
+    return DPAR_OK;
+}
+static dpar_status fas_reduce(void *user, int worker, void *out, const void *a, const void *b, size_t n, dpar_dtype t,
+                              dpar_op op, int div)
+{
+    fas_op o;
+    (void)user;
+    memset(&o, 0, sizeof o);
+    o.kind = FAS_REDUCE, o.out = out, o.a = a, o.b = b, o.n = n, o.t = t, o.op = op, o.div = div;
+    return fas_queue(worker, &o);
+}
+static dpar_status fas_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t, int div)
+{
+    fas_op o;
+    (void)user;
+    memset(&o, 0, sizeof o);
+    o.kind = FAS_DIVIDE, o.out = out, o.a = in, o.n = n, o.t = t, o.div = div;
+    return fas_queue(worker, &o);
+}
+static dpar_status fas_copy(void *user, int worker, void *dst, const void *src, size_t bytes)
+{
+    fas_op o;
+    (void)user;
+    memset(&o, 0, sizeof o);
+    o.kind = FAS_COPY, o.out = dst, o.a = src, o.n = bytes;
+    return fas_queue(worker, &o);
+}
+static dpar_status fas_record(void *user, int worker, uint64_t *ticket)
+{
+    dpar_status st = fas_error(worker);
+    (void)user;
+    if (st != DPAR_OK) return st;
+    pthread_mutex_lock(&fas.lock);
+    *ticket = fas.s[worker].queued + 1;
+    fas.records++;
+    pthread_mutex_unlock(&fas.lock);
+    return DPAR_OK;
+}
+static dpar_status fas_wait(void *user, int worker, int peer, uint64_t ticket)
+{
+    fas_op o;
+    (void)user;
+    memset(&o, 0, sizeof o);
+    o.kind = FAS_WAIT, o.peer = peer, o.ticket = ticket;
+    if (peer < 0 || peer >= fas.n || ticket == 0) __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&fas.lock);
+    fas.waits++;
+    pthread_mutex_unlock(&fas.lock);
+    return fas_queue(worker, &o);
+}
+/* the host waits for the worker's stream (cudaStreamSynchronize) */
+static void fas_sync(int worker)
+{
+    pthread_mutex_lock(&fas.lock);
+    while (fas.s[worker].done < fas.s[worker].queued) pthread_cond_wait(&fas.cond, &fas.lock);
+    pthread_mutex_unlock(&fas.lock);
+}
+/* freeing device memory waits for the stream first, as cudaFree does */
+static void fas_free(void *user, int worker, void *p)
+{
+    fas_sync(worker);
+    fake_free(user, worker, p);
+}
+/* the matrix's host <-> device conversion: the host may touch a worker's buffer once that worker's stream is done
+   (its own stream only: the peers' reads of it must be behind that stream already) */
+static void fas_code(void *buf, size_t bytes)
+{
+    int q, owner = -1;
+    for (q = 0; q < fas.n; q++)
+        if (fdev.own[q] && (const char *)buf >= fdev.own[q] && (const char *)buf < fdev.own[q] + fdev.own_bytes)
+            owner = q;
+    if (owner >= 0) fas_sync(owner);
+    else
+        for (q = 0; q < fas.n; q++) fas_sync(q);
+    fake_code(buf, bytes);
+}
+static dpar_comm_desc fas_desc(int n, int peer_access)
+{
+    dpar_comm_desc d = fake_desc(n, peer_access);
+    int q;
+    memset(&fas, 0, sizeof fas);
+    pthread_mutex_init(&fas.lock, NULL);
+    pthread_cond_init(&fas.cond, NULL);
+    fas.n = n;
+    for (q = 0; q < n; q++) {
+        fas.s[q].rng = 0x9e3779b97f4a7c15ull * (uint64_t)(q + 1);
+        pthread_create(&fas.s[q].thread, NULL, fas_main, &fas.s[q]);
+    }
+    d.memory.reduce = fas_reduce;
+    d.memory.divide = fas_divide;
+    d.memory.copy = fas_copy;
+    d.memory.free = fas_free;
+    d.memory.record = fas_record;
+    d.memory.wait = fas_wait;
+    return d;
+}
+static void fas_stop(void)
+{
+    int q;
+    pthread_mutex_lock(&fas.lock);
+    fas.stop = 1;
+    pthread_cond_broadcast(&fas.cond);
+    pthread_mutex_unlock(&fas.lock);
+    for (q = 0; q < fas.n; q++) pthread_join(fas.s[q].thread, NULL);
+    pthread_mutex_destroy(&fas.lock);
+    pthread_cond_destroy(&fas.cond);
+}
+
+/* every collective, dtype and op over the asynchronous device, peers read directly and through staging: the
+   results as the serial reference's, with the host never waiting inside a call (the streams run behind it) */
+static void test_memory_async_matrix(void)
+{
+    static const int ns[] = {2, 3, 4};
+    static const dpar_algo algos[] = {DPAR_ALGO_AUTO, DPAR_ALGO_RING, DPAR_ALGO_ONESHOT};
+    char *bufs[8];
+    int ni, pa, q, t, op, ci, ai;
+    char *block = (char *)malloc(8 * 5000 * 8);
+    for (q = 0; q < 8; q++) bufs[q] = block + (size_t)q * 5000 * 8;
+    for (pa = 1; pa >= 0; pa--)
+        for (ni = 0; ni < 3; ni++)
+            for (ai = 0; ai < 3; ai++) {
+                int N = ns[ni], fails = 0;
+                size_t counts[3];
+                dpar_comm_desc d = fas_desc(N, pa);
+                d.algo = algos[ai];
+                for (q = 0; q < N; q++) fdev.own[q] = bufs[2 * q]; /* send and recv of worker q: one block */
+                fdev.own_bytes = 2 * 5000 * 8;
+                counts[0] = 1;
+                counts[1] = (size_t)N + 1;
+                counts[2] = 5000;
+                for (ci = 0; ci < 3; ci++) {
+                    matrix_case m;
+                    memset(&m, 0, sizeof m);
+                    m.count = counts[ci];
+                    m.device = fas_code;
+                    for (q = 0; q < N; q++) {
+                        m.send[q] = bufs[2 * q];
+                        m.recv[q] = bufs[2 * q + 1];
+                    }
+                    for (t = 0; t < DPAR_DTYPE_COUNT; t++) {
+                        m.t = (dpar_dtype)t;
+                        m.root = (int)(counts[ci] % (size_t)N);
+                        for (op = 0; op < DPAR_OP_COUNT; op += ci == 2 ? 1 : 2) {
+                            m.op = (dpar_op)op;
+                            fails += run_world_desc(N, &d, matrix_rank, &m, NULL, 0);
+                        }
+                        m.op = DPAR_SUM;
+                        fails += run_world_desc(N, &d, movement_rank, &m, NULL, 0);
+                    }
+                }
+                fas_stop();
+                CHECK_MSG(fails == 0, "N=%d peer_access=%d algo=%s: %d failures", N, pa, dpar_algo_name(algos[ai]),
+                          fails);
+                CHECK(!fdev.bad_worker);
+                CHECK(!fdev.peer_read);
+                CHECK(fas.records > 0 && fas.waits > 0 && fas.queued_ops > 0);
+                CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
+            }
+    free(block);
+}
+
+/* the host does not wait for the device inside a call: every stream is held (runs nothing) for 1 s; each rank's
+   allreduce must return within it, its stream having run nothing yet, and the results are right once it has */
+static void async_host_rank(world *w, dpar_comm *c, int r)
+{
+    enum { n = 12000 }; /* 48 KB: the ring, a few segments per chunk */
+    float *x = (float *)w->user + (size_t)r * n;
+    uint64_t ran;
+    int i, held;
+    for (i = 0; i < n; i++) x[i] = (float)(r + 1) * (float)(i % 13);
+    fake_code(x, n * sizeof(float));
+    expect_ok(w, dpar_allreduce(c, x, x, n, DPAR_F32, DPAR_SUM), "allreduce", r);
+    pthread_mutex_lock(&fas.lock);
+    ran = fas.s[r].done;
+    held = fas.hold;
+    pthread_mutex_unlock(&fas.lock);
+    if (!held || ran != 0)
+        note(w, "rank %d: the call returned %s, its stream having run %llu ops", r,
+             held ? "while the streams were held" : "after the streams' hold (1 s)", (unsigned long long)ran);
+    fas_sync(r);
+    fake_code(x, n * sizeof(float));
+    for (i = 0; i < n; i++)
+        if (x[i] != (float)(w->n * (w->n + 1) / 2) * (float)(i % 13)) {
+            note(w, "rank %d element %d: %g, want %g", r, i, x[i], (double)(w->n * (w->n + 1) / 2) * (i % 13));
+            break;
+        }
+}
+static void *fas_release_hold(void *arg)
+{
+    struct timespec hold = {1, 0};
+    (void)arg;
+    nanosleep(&hold, NULL);
+    pthread_mutex_lock(&fas.lock);
+    fas.hold = 0;
+    pthread_cond_broadcast(&fas.cond);
+    pthread_mutex_unlock(&fas.lock);
+    return NULL;
+}
+static void test_memory_async_host_does_not_wait(void)
+{
+    enum { N = 3, n = 12000 };
+    float *x = (float *)malloc(sizeof(float) * N * n);
+    dpar_comm_desc d = fas_desc(N, 1);
+    pthread_t timer;
+    dpar_group *g = NULL;
+    { /* record and wait go together */
+        dpar_comm_desc half = d;
+        half.memory.wait = NULL;
+        CHECK(dpar_group_create(&half, &g) == DPAR_EINVAL && g == NULL);
+        CHECK(strstr(dpar_last_error(), "go together") != NULL);
+        half = d;
+        memset(&half.memory, 0, sizeof half.memory);
+        half.memory.record = fas_record;
+        half.memory.wait = fas_wait;
+        CHECK(dpar_group_create(&half, &g) == DPAR_EINVAL && g == NULL);
+    }
+    d.algo = DPAR_ALGO_RING;
+    d.timeout_ms = 20000;
+    pthread_mutex_lock(&fas.lock);
+    fas.hold = 1;
+    pthread_mutex_unlock(&fas.lock);
+    pthread_create(&timer, NULL, fas_release_hold, NULL);
+    CHECK(run_world_desc(N, &d, async_host_rank, x, NULL, 0) == 0);
+    pthread_join(timer, NULL);
+    CHECK(fas.queued_ops > 0 && fas.waits > 0);
+    fas_stop();
+    free(x);
+}
+
+/* a queued op fails on worker 1's stream (a kernel's fault, found later): that worker's next callback returns it,
+   and every rank's call returns it with its text, at once. Each step ends as a training step does, with the host
+   waiting for its stream. After an error a peer's stream may still read a rank's buffer (the calls gave up on the
+   host): the buffers are freed once every stream has run out (fas_stop), as a program would synchronise every
+   worker's stream before freeing. */
+static void async_fail_rank(world *w, dpar_comm *c, int r)
+{
+    float *x = (float *)w->user + (size_t)r * 8192;
+    double t0 = dt_now();
+    int i;
+    for (i = 0; i < 50 && mem_fail.st[r] == DPAR_OK; i++) {
+        mem_fail.st[r] = dpar_allreduce(c, x, x, 8192, DPAR_F32, DPAR_SUM);
+        fas_sync(r);
+    }
+    snprintf(mem_fail.msg[r], sizeof mem_fail.msg[r], "%s", dpar_last_error());
+    mem_fail.seconds[r] = dt_now() - t0;
+}
+static void test_memory_async_failure_reaches_every_rank(void)
+{
+    dpar_comm_desc d = fas_desc(4, 1);
+    float *x = (float *)calloc(4 * 8192, sizeof(float));
+    int r;
+    memset(&mem_fail, 0, sizeof mem_fail);
+    d.timeout_ms = 10000;
+    fdev.fail_worker = 1;
+    fdev.fail_at = 30;
+    fake_code(x, 4 * 8192 * sizeof(float));
+    run_world_desc(4, &d, async_fail_rank, x, NULL, 0);
+    fas_stop();
+    free(x);
+    for (r = 0; r < 4; r++) {
+        CHECK_MSG(mem_fail.st[r] == DPAR_ESYSTEM && mem_fail.seconds[r] < 5.0, "rank %d: %s after %.2f s", r,
+                  dpar_status_string(mem_fail.st[r]), mem_fail.seconds[r]);
+        CHECK_MSG(strstr(mem_fail.msg[r], "fake device fault on worker 1") != NULL, "rank %d: '%s'", r,
+                  mem_fail.msg[r]);
+    }
+    CHECK_MSG(strstr(mem_fail.msg[0], "rank 1") != NULL, "'%s' does not name rank 1", mem_fail.msg[0]);
+}
+
 /* ---- dpar_comm_from_ops: a comm whose collectives another library runs; the "library" here is an inner
    threads comm, so the whole matrix can check it against the serial references ---- */
 typedef struct {
@@ -1770,6 +2133,9 @@ int main(int argc, char **argv)
     RUN(test_memory_callbacks_split_and_refusals);
     RUN(test_memory_callbacks_oneshot_in_one_piece);
     RUN(test_memory_callbacks_small_scratch);
+    RUN(test_memory_async_matrix);
+    RUN(test_memory_async_host_does_not_wait);
+    RUN(test_memory_async_failure_reaches_every_rank);
     RUN(test_ops_comm_runs_the_matrix);
     RUN(test_ops_comm_errors);
     RUN(test_trace_has_collectives_with_bytes);
