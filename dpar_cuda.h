@@ -1455,6 +1455,9 @@ extern "C" DPAR_API void dpar_cuda_softmax_xent_backward_f32_ref(float *dlogits,
 #include <nccl.h>
 #include <sched.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h> /* the wait's timer slack */
+#endif
 
 typedef struct dpar_cuda__nc {
     ncclComm_t nc;
@@ -1518,11 +1521,15 @@ static void dpar_cuda__nc_abort(dpar_cuda__nc *k)
     k->aborted = 1;
 }
 
-/* wait for the stream without blocking in CUDA: NCCL's own errors and the deadline are seen while waiting; the
-   wait spins briefly, then sleeps 20 us to 1 ms at a time (no core is starved) */
-static dpar_status dpar_cuda__nc_wait(dpar_cuda__nc *k, uint64_t deadline, const char *what)
+/* wait for the stream without blocking in CUDA: NCCL's own errors and the deadline are seen while waiting. The wait
+   notices completion within some 25 us: it yields for the first 50 us, then sleeps 20 us at a time (a wake-up every
+   20 us, not a spinning core). Linux adds a thread's timer slack (50 us by default) to every sleep, so the slack is
+   1 us while this wait sleeps, and the caller's is put back after. */
+#define DPAR_CUDA__NC_SPIN_NS 50000u
+#define DPAR_CUDA__NC_SLEEP_NS 20000L
+static dpar_status dpar_cuda__nc_wait_loop(dpar_cuda__nc *k, uint64_t deadline, const char *what, int *slack)
 {
-    uint64_t t0 = dpar_time_ns(), sleep_ns = 20000;
+    uint64_t t0 = dpar_time_ns();
     for (;;) {
         cudaError_t e = cudaStreamQuery(k->stream);
         ncclResult_t ar = ncclSuccess;
@@ -1545,14 +1552,29 @@ static dpar_status dpar_cuda__nc_wait(dpar_cuda__nc *k, uint64_t deadline, const
                                   k->own_comm ? "the NCCL comm is aborted"
                                               : "abort your NCCL comm (ncclCommAbort), then destroy this dpar_comm");
         }
-        if (dpar_time_ns() - t0 < 50000u) {
+        if (dpar_time_ns() - t0 < DPAR_CUDA__NC_SPIN_NS) {
             sched_yield();
         } else {
-            struct timespec ts = {0, (long)sleep_ns};
+            struct timespec ts = {0, DPAR_CUDA__NC_SLEEP_NS};
+#ifdef __linux__
+            if (*slack < 0) { /* the first sleep: 1 us of slack (0: nothing to put back) */
+                *slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+                if (*slack > 1000) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+                else *slack = 0;
+            }
+#endif
             nanosleep(&ts, NULL);
-            if (sleep_ns < 1000000u) sleep_ns *= 2;
         }
     }
+}
+static dpar_status dpar_cuda__nc_wait(dpar_cuda__nc *k, uint64_t deadline, const char *what)
+{
+    int slack = -1; /* the caller's timer slack, once this wait has lowered it */
+    dpar_status st = dpar_cuda__nc_wait_loop(k, deadline, what, &slack);
+#ifdef __linux__
+    if (slack > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+#endif
+    return st;
 }
 
 static dpar_status dpar_cuda__nc_dead(const dpar_cuda__nc *k)

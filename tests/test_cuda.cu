@@ -868,6 +868,57 @@ static void test_nccl_create_over_a_host_comm(void)
     CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
     free(m), free(j);
 }
+
+/* the NCCL wait notices the end of its call within tens of microseconds: a kernel of 2 ms ahead of a 1-float
+   allreduce on the comm's stream (1 rank, no checker), and the call's time past 2 ms is the wait's overshoot plus a
+   launch; the back-off it replaced (sleeps doubling to 1.3 ms) was 0.4-1.2 ms late. The bound is loose (a VM's
+   timers); the figure is printed */
+static __global__ void busy_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < ns);
+}
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+static void test_nccl_wait_notices_completion(void)
+{
+    ncclComm_t nc = NULL;
+    cudaStream_t s = NULL;
+    dpar_comm *c = NULL;
+    dpar_comm_desc cd;
+    float *x = NULL;
+    uint64_t over[9];
+    int dev = 0, i;
+    NEED_GPU();
+    memset(&cd, 0, sizeof cd);
+    cd.no_check = 1; /* the checker's exchange would wait once more */
+    CHECK(cudaSetDevice(0) == cudaSuccess && cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMalloc((void **)&x, sizeof *x) == cudaSuccess && cudaMemset(x, 0, sizeof *x) == cudaSuccess);
+    CHECK(ncclCommInitAll(&nc, 1, &dev) == ncclSuccess);
+    CHECK_MSG(dpar_cuda_comm_from_nccl(nc, s, &cd, &c) == DPAR_OK, "%s", dpar_last_error());
+    if (!c) return;
+    CHECK(dpar_allreduce(c, x, x, 1, DPAR_F32, DPAR_SUM) == DPAR_OK); /* warm-up */
+    for (i = 0; i < 9; i++) {
+        uint64_t t0 = dpar_time_ns(), t;
+        busy_kernel<<<1, 1, 0, s>>>(2000000ull);
+        CHECK_MSG(dpar_allreduce(c, x, x, 1, DPAR_F32, DPAR_SUM) == DPAR_OK, "%s", dpar_last_error());
+        t = dpar_time_ns() - t0;
+        over[i] = t > 2000000u ? t - 2000000u : 0;
+    }
+    qsort(over, 9, sizeof over[0], cmp_u64);
+    printf("    NCCL wait: %.1f us past a 2 ms kernel (median of 9; min %.1f, max %.1f)\n", over[4] / 1e3,
+           over[0] / 1e3, over[8] / 1e3);
+    CHECK_MSG(over[4] < 200000u, "the wait noticed the end %.1f us late (median)", over[4] / 1e3);
+    dpar_comm_destroy(c);
+    ncclCommDestroy(nc);
+    cudaStreamDestroy(s);
+    cudaFree(x);
+}
 #endif
 
 static void test_tasks_without_a_pool(void) /* runs without a device */
@@ -958,6 +1009,7 @@ int main(int argc, char **argv)
 #ifdef DPAR_NCCL
     RUN(test_nccl_pool_collectives);
     RUN(test_nccl_create_over_a_host_comm);
+    RUN(test_nccl_wait_notices_completion);
 #endif
     return dt_summary();
 }
