@@ -379,8 +379,9 @@ DPAR_API dpar_status dpar_cuda_task_wait_all(dpar_cuda_pool *pool);
    buffers, with dpar's contract checker (each call's fingerprint is allgathered through NCCL first: one small
    ncclAllGather per call; no_check turns it off), counters, trace spans and async requests. Each call is enqueued on
    the comm's stream, after the work already there, and returns when it is done; the wait polls NCCL's errors and the
-   comm's timeout (then ncclCommAbort and DPAR_ETIMEDOUT: NCCL does not say which rank is missing). AVG is NCCL's
-   sum, then dpar_cuda_divide by N (dpar's rule); reduce_scatter and allgather of counts that N does not divide use
+   comm's timeout (then ncclCommAbort and DPAR_ETIMEDOUT: NCCL does not say which rank is missing). AVG is ncclAvg
+   (NCCL 2.10 and later; its float rounding is not dpar's: docs/cuda.md, 'NCCL'), before that NCCL's sum, then
+   dpar_cuda_divide by N; reduce_scatter and allgather of counts that N does not divide use
    dpar's uneven blocks (grouped ncclReduce / ncclBroadcast). Point-to-point calls and dpar_comm_split return
    DPAR_EUNSUPPORTED. Without DPAR_NCCL these calls return DPAR_EUNSUPPORTED.
    See:      docs/cuda.md, 'NCCL'. */
@@ -1490,11 +1491,25 @@ static int dpar_cuda__nccl_type(dpar_dtype t, ncclDataType_t *out)
     default: return 0;
     }
 }
-/* dpar's average is the sum, then one division by N (dpar_cuda_divide): the same rule as the ring's */
+/* AVG: NCCL's ncclAvg where NCCL has it (2.10 and later): one pass, no dpar_cuda_divide over the result. Floats:
+   NCCL multiplies each rank's input by 1/N rounded to the dtype, then sums (dpar divides the sum once; the bits differ
+   unless N is a power of two, and in bf16/f16 1/N itself is rounded to 16 bits); integers: the wrapped sum divided
+   once, truncating, as dpar does. dpar's sum-then-divide is kept only for older NCCL: a deterministic comm would keep
+   it too, but no NCCL comm is one (dpar_comm_from_ops refuses deterministic) */
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21000
+#define DPAR_CUDA__NCCL_AVG 1
+#else
+#define DPAR_CUDA__NCCL_AVG 0
+#endif
 static ncclRedOp_t dpar_cuda__nccl_op(dpar_op op)
 {
+#if DPAR_CUDA__NCCL_AVG
+    if (op == DPAR_AVG) return ncclAvg;
+#endif
     return op == DPAR_PROD ? ncclProd : op == DPAR_MIN ? ncclMin : op == DPAR_MAX ? ncclMax : ncclSum;
 }
+/* an average NCCL summed: divide it by N on the stream after */
+static int dpar_cuda__nc_divides(dpar_op op) { return op == DPAR_AVG && !DPAR_CUDA__NCCL_AVG; }
 
 static dpar_status dpar_cuda__nc_scratch(dpar_cuda__nc *k, size_t bytes)
 {
@@ -1632,12 +1647,12 @@ static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
         break;
     case DPAR_COLL_REDUCE:
         r = ncclReduce(send, k->rank == c->root ? recv : (void *)send, c->count, nt, op, c->root, k->nc, k->stream);
-        if (r == ncclSuccess && c->op == DPAR_AVG && k->rank == c->root)
+        if (r == ncclSuccess && dpar_cuda__nc_divides(c->op) && k->rank == c->root)
             st = dpar_cuda_divide(recv, recv, c->count, c->dtype, k->size, k->stream);
         break;
     case DPAR_COLL_ALLREDUCE:
         r = ncclAllReduce(send, recv, c->count, nt, op, k->nc, k->stream);
-        if (r == ncclSuccess && c->op == DPAR_AVG)
+        if (r == ncclSuccess && dpar_cuda__nc_divides(c->op))
             st = dpar_cuda_divide(recv, recv, c->count, c->dtype, k->size, k->stream);
         break;
     case DPAR_COLL_REDUCE_SCATTER:
@@ -1658,7 +1673,7 @@ static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
                 if (r == ncclSuccess) r = ge;
             }
         }
-        if (r == ncclSuccess && c->op == DPAR_AVG && l)
+        if (r == ncclSuccess && dpar_cuda__nc_divides(c->op) && l)
             st = dpar_cuda_divide(recv, recv, l, c->dtype, k->size, k->stream);
         break;
     case DPAR_COLL_ALLGATHER:
