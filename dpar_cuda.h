@@ -1460,10 +1460,21 @@ extern "C" DPAR_API void dpar_cuda_softmax_xent_backward_f32_ref(float *dlogits,
 #include <sys/prctl.h> /* the wait's timer slack */
 #endif
 
+/* the NCCL comms of one pool share a fate: a worker whose run fails sets it, and every other worker's comm, at its
+   next look (each poll of a wait, the start of a call), aborts itself and returns that worker's error. NCCL alone
+   would keep them waiting for the failed worker until their deadline. */
+typedef struct dpar_cuda__nc_fate {
+    pthread_mutex_t lock;
+    dpar_status status; /* DPAR_OK, or the first failing worker's error */
+    int rank;           /* that worker */
+    char msg[512];      /* its text */
+} dpar_cuda__nc_fate;
+
 typedef struct dpar_cuda__nc {
     ncclComm_t nc;
     cudaStream_t stream;
     int own_comm, own_stream, aborted; /* aborted: a call failed or timed out; no more calls go to NCCL */
+    dpar_cuda__nc_fate *fate;          /* the pool's (dpar_cuda_pool_desc.nccl), else NULL */
     int device, rank, size;
     void *scratch; /* device memory: the checker's exchange, the barrier's word, an in-place alltoall's copy */
     size_t scratch_bytes;
@@ -1536,6 +1547,39 @@ static void dpar_cuda__nc_abort(dpar_cuda__nc *k)
     k->aborted = 1;
 }
 
+/* the pool's failure, or DPAR_OK (also without a pool); the failed worker in *rank, its text in msg (may be NULL) */
+static dpar_status dpar_cuda__nc_fate_get(dpar_cuda__nc_fate *f, int *rank, char *msg, size_t cap)
+{
+    dpar_status st;
+    if (!f) return DPAR_OK;
+    pthread_mutex_lock(&f->lock);
+    st = f->status, *rank = f->rank;
+    if (st != DPAR_OK && msg) snprintf(msg, cap, "%s", f->msg);
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+/* the fate of the comm's pool: when another worker has failed, this comm aborts (its work in flight, waiting for that
+   worker, ends) and returns that worker's error */
+static dpar_status dpar_cuda__nc_fated(dpar_cuda__nc *k)
+{
+    char msg[512];
+    int rank = -1;
+    dpar_status st = dpar_cuda__nc_fate_get(k->fate, &rank, msg, sizeof msg);
+    if (st == DPAR_OK) return DPAR_OK;
+    dpar_cuda__nc_abort(k);
+    return dpar_set_error(st, "NCCL rank %d (device %d): aborted, as worker %d of the pool failed: %s", k->rank,
+                          k->device, rank, msg);
+}
+static void dpar_cuda__nc_fate_set(dpar_cuda__nc_fate *f, dpar_status why, int rank, const char *msg)
+{
+    pthread_mutex_lock(&f->lock);
+    if (f->status == DPAR_OK) { /* the first failure wins */
+        f->status = why, f->rank = rank;
+        snprintf(f->msg, sizeof f->msg, "%s", msg);
+    }
+    pthread_mutex_unlock(&f->lock);
+}
+
 /* wait for the stream without blocking in CUDA: NCCL's own errors and the deadline are seen while waiting. The wait
    notices completion within some 25 us: it yields for the first 50 us, then sleeps 20 us at a time (a wake-up every
    20 us, not a spinning core). Linux adds a thread's timer slack (50 us by default) to every sleep, so the slack is
@@ -1557,6 +1601,7 @@ static dpar_status dpar_cuda__nc_wait_loop(dpar_cuda__nc *k, uint64_t deadline, 
             dpar_cuda__nc_abort(k); /* the comm cannot go on; the stream's work ends with it */
             return st;
         }
+        DPAR_CUDA__TRY(dpar_cuda__nc_fated(k)); /* another worker of the pool failed */
         if (deadline && dpar_time_ns() >= deadline) {
             dpar_cuda__nc_abort(k);
             return dpar_set_error(DPAR_ETIMEDOUT,
@@ -1592,8 +1637,9 @@ static dpar_status dpar_cuda__nc_wait(dpar_cuda__nc *k, uint64_t deadline, const
     return st;
 }
 
-static dpar_status dpar_cuda__nc_dead(const dpar_cuda__nc *k)
+static dpar_status dpar_cuda__nc_dead(dpar_cuda__nc *k)
 {
+    DPAR_CUDA__TRY(dpar_cuda__nc_fated(k));
     return k->aborted ? dpar_set_error(DPAR_EABORTED,
                                        "NCCL rank %d (device %d): the NCCL comm was aborted by an earlier "
                                        "error or timeout",
@@ -1747,7 +1793,12 @@ static void dpar_cuda__nc_destroy(void *user)
     int before = -1;
     cudaGetDevice(&before);
     cudaSetDevice(k->device);
-    if (k->own_comm && !k->aborted) ncclCommDestroy(k->nc); /* aborted ones are freed already */
+    if (k->own_comm && !k->aborted) { /* aborted ones are freed already */
+        int rank;
+        if (dpar_cuda__nc_fate_get(k->fate, &rank, NULL, 0) != DPAR_OK)
+            ncclCommAbort(k->nc); /* the pool failed: the other ranks' comms may be aborted; never wait for them */
+        else ncclCommDestroy(k->nc);
+    }
     if (k->own_stream) cudaStreamDestroy(k->stream);
     if (k->scratch) cudaFree(k->scratch);
     if (before >= 0) cudaSetDevice(before);
@@ -1755,7 +1806,7 @@ static void dpar_cuda__nc_destroy(void *user)
 }
 
 static dpar_status dpar_cuda__nccl_wrap(ncclComm_t nc, cudaStream_t stream, int own_comm, int own_stream,
-                                        const dpar_comm_desc *desc, dpar_comm **out)
+                                        dpar_cuda__nc_fate *fate, const dpar_comm_desc *desc, dpar_comm **out)
 {
     dpar_cuda__nc *k = (dpar_cuda__nc *)calloc(1, sizeof *k);
     dpar_comm_ops ops;
@@ -1764,6 +1815,7 @@ static dpar_status dpar_cuda__nccl_wrap(ncclComm_t nc, cudaStream_t stream, int 
     if (!k) return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_comm_from_nccl: out of memory");
     k->nc = nc;
     k->stream = stream;
+    k->fate = fate;
     if ((st = dpar_cuda__nccl_check(ncclCommCount(nc, &k->size), k, "ncclCommCount")) != DPAR_OK ||
         (st = dpar_cuda__nccl_check(ncclCommUserRank(nc, &k->rank), k, "ncclCommUserRank")) != DPAR_OK ||
         (st = dpar_cuda__nccl_check(ncclCommCuDevice(nc, &k->device), k, "ncclCommCuDevice")) != DPAR_OK) {
@@ -1797,7 +1849,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_comm_from_nccl(void *nccl_comm, void *
     *out = NULL;
     if (!nccl_comm) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_from_nccl: nccl_comm is NULL");
 #ifdef DPAR_NCCL
-    return dpar_cuda__nccl_wrap((ncclComm_t)nccl_comm, (cudaStream_t)stream, 0, 0, desc, out);
+    return dpar_cuda__nccl_wrap((ncclComm_t)nccl_comm, (cudaStream_t)stream, 0, 0, NULL, desc, out);
 #else
     (void)stream, (void)desc;
     return dpar_set_error(DPAR_EUNSUPPORTED, "dpar_cuda_comm_from_nccl: dpar_cuda.h's implementation was built "
@@ -1846,7 +1898,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_nccl_create(const dpar_cuda_nccl_desc 
         else if (st == DPAR_OK && failed) st = DPAR_ESYSTEM;
         if (st == DPAR_OK)
             st = dpar_cuda__nccl_check(ncclCommInitRank(&nc, size, msg.id, rank), NULL, "ncclCommInitRank");
-        if (st == DPAR_OK) st = dpar_cuda__nccl_wrap(nc, s, 1, !desc->stream, &desc->comm, out);
+        if (st == DPAR_OK) st = dpar_cuda__nccl_wrap(nc, s, 1, !desc->stream, NULL, &desc->comm, out);
         if (st != DPAR_OK) {
             if (nc) ncclCommAbort(nc); /* never waits for the other ranks, as destroy would */
             if (!desc->stream && s) cudaStreamDestroy(s);
@@ -1893,6 +1945,9 @@ struct dpar_cuda_pool {
     unsigned char *peer;     /* [n * n]: worker i's kernels may read worker j's memory */
     pthread_mutex_t *blocks; /* [n]: a worker's bounce buffer is used by one copy at a time */
     void **bounce;           /* [n]: pinned host memory of the HOST path (made on first use) */
+#ifdef DPAR_NCCL
+    dpar_cuda__nc_fate *fate; /* the NCCL comms' shared failure (desc.nccl), else NULL */
+#endif
 };
 #define DPAR_CUDA__BOUNCE ((size_t)4 << 20) /* the HOST path's pinned buffer per worker */
 /* each segment of the ring costs a launch and a stream synchronisation (some 15 us under a VM): on an H200, 2 workers
@@ -2006,6 +2061,12 @@ static void dpar_cuda__pool_free(dpar_cuda_pool *p)
         dpar_pool_run(p->threads, dpar_cuda__worker_stop, p);
         dpar_pool_destroy(p->threads);
     }
+#ifdef DPAR_NCCL
+    if (p->fate) { /* after the workers' NCCL comms, which read it */
+        pthread_mutex_destroy(&p->fate->lock);
+        dpar_cuda__free(&a, p->fate);
+    }
+#endif
     if (p->wlocks) {
         for (i = 0; i < p->n; i++) pthread_mutex_destroy(&p->wlocks[i]);
         dpar_cuda__free(&a, p->wlocks);
@@ -2132,14 +2193,16 @@ static dpar_status dpar_cuda__pool_nccl(dpar_cuda_pool *p, const dpar_comm_desc 
     dpar_comm_desc d = *cd;
     dpar_status st = DPAR_OK;
     int i;
-    if (!ncs || !devs) st = dpar_set_error(DPAR_ENOMEM, "out of memory");
+    p->fate = (dpar_cuda__nc_fate *)dpar_cuda__calloc(&p->allocator, 1, sizeof *p->fate);
+    if (p->fate) pthread_mutex_init(&p->fate->lock, NULL);
+    if (!ncs || !devs || !p->fate) st = dpar_set_error(DPAR_ENOMEM, "out of memory");
     for (i = 0; st == DPAR_OK && i < p->n; i++) devs[i] = p->w[i].device;
     if (st == DPAR_OK) st = dpar_cuda__nccl_check(ncclCommInitAll(ncs, p->n, devs), NULL, "ncclCommInitAll");
     d.size = 0;
     if (!d.name || !*d.name) d.name = "nccl";
     for (i = 0; st == DPAR_OK && i < p->n; i++) {
         /* on the worker's own stream: each call follows the work already enqueued there (backward) */
-        st = dpar_cuda__nccl_wrap(ncs[i], (cudaStream_t)p->w[i].stream, 1, 0, &d, &p->w[i].nccl);
+        st = dpar_cuda__nccl_wrap(ncs[i], (cudaStream_t)p->w[i].stream, 1, 0, p->fate, &d, &p->w[i].nccl);
         if (st == DPAR_OK) p->w[i].comm = p->w[i].nccl, ncs[i] = NULL;
     }
     for (i = 0; ncs && i < p->n; i++)      /* those not wrapped (after a failure) */
@@ -2349,11 +2412,14 @@ static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
     if (st != DPAR_OK && w->comm) { /* the others must not wait for this worker in a collective */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", dpar_last_error());
-        dpar_comm_fail(w->ring, st, msg); /* the ring's ranks return at once; an NCCL comm's */
-        if (w->nccl)
-            dpar_comm_fail(w->nccl, st, msg); /* poison is this worker's: the others' calls end at their
-                                                          deadline */
-        dpar_set_error(st, "%s", msg);        /* this worker's own error stays its text */
+        dpar_comm_fail(w->ring, st, msg); /* the ring's ranks return at once */
+#ifdef DPAR_NCCL
+        if (w->nccl) { /* an NCCL comm's poison is this worker's own: the pool's fate reaches the others */
+            dpar_comm_fail(w->nccl, st, msg);
+            dpar_cuda__nc_fate_set(r->pool->fate, st, w->rank, msg);
+        }
+#endif
+        dpar_set_error(st, "%s", msg); /* this worker's own error stays its text */
     }
     return st;
 }

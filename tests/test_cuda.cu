@@ -873,6 +873,40 @@ static void test_nccl_create_over_a_host_comm(void)
     free(m), free(j);
 }
 
+/* a failing worker reaches the others' NCCL comms at once (the pool's NCCL comms share its failure), not at their
+   deadline (20 s here): one worker per GPU, so it needs two GPUs or more */
+static void test_nccl_failure_reaches_every_worker(void)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    comm_job *j;
+    int r, n;
+    NEED_GPU();
+    if (gpus < 2) SKIP("needs two GPUs or more (NCCL takes one worker per GPU)");
+    j = (comm_job *)calloc(1, sizeof *j);
+    memset(&d, 0, sizeof d);
+    d.nccl = 1;
+    d.comm.timeout_ms = 20000;
+    CHECK_MSG(dpar_cuda_pool_create(&d, &p) == DPAR_OK, "%s", dpar_last_error());
+    if (!p) {
+        free(j);
+        return;
+    }
+    n = dpar_cuda_pool_size(p);
+    j->fail_rank = 1;
+    CHECK(dpar_cuda_pool_run(p, fail_body, j) == DPAR_EUSER);
+    for (r = 0; r < n && r < 64; r++) {
+        if (r == 1) continue;
+        CHECK_MSG(j->st[r] == DPAR_EUSER && j->seconds[r] < 5.0 && strstr(j->first[r], "ran out of patience") &&
+                      strstr(j->first[r], "worker 1"),
+                  "worker %d: %s after %.2f s: %s", r, dpar_status_string(j->st[r]), j->seconds[r], j->first[r]);
+    }
+    j->fail_rank = -1; /* the failure stays: the next run's calls return it at once */
+    CHECK(dpar_cuda_pool_run(p, fail_body, j) == DPAR_EUSER && strstr(dpar_last_error(), "ran out of patience"));
+    CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+    free(j);
+}
+
 /* the NCCL wait notices the end of its call within tens of microseconds: a kernel of 2 ms ahead of a 1-float
    allreduce on the comm's stream (1 rank, no checker), and the call's time past 2 ms is the wait's overshoot plus a
    launch; the back-off it replaced (sleeps doubling to 1.3 ms) was 0.4-1.2 ms late. The bound is loose (a VM's
@@ -1013,6 +1047,7 @@ int main(int argc, char **argv)
 #ifdef DPAR_NCCL
     RUN(test_nccl_pool_collectives);
     RUN(test_nccl_create_over_a_host_comm);
+    RUN(test_nccl_failure_reaches_every_worker);
     RUN(test_nccl_wait_notices_completion);
 #endif
     return dt_summary();
