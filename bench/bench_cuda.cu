@@ -12,8 +12,9 @@
        bench=allreduce transport=cuda ranks=N bytes=B segment=S us=T busbw_GBps=G   dpar.h's ring on device buffers
        bench=allreduce transport=nccl ranks=N bytes=B us=T busbw_GBps=G      the same pool's NCCL comm (-DDPAR_NCCL)
    on every visible device, one worker each, or 2 workers on one device when there is only one (NCCL runs one
-   rank per GPU: then its line has ranks=1). The goal: cuda >= 0.9 of nccl's busbw at 64 MiB and above on the
-   same GPUs.
+   rank per GPU: then its line has ranks=1). With workers that share a device, busbw is that device's memory (HBM)
+   bandwidth, not a link's: nothing crosses NVLink or PCIe. The goal: cuda >= 0.9 of nccl's busbw at 64 MiB and
+   above on the same GPUs.
 
    Build: nvcc -std=c++14 -O2 -arch=sm_90 -I. bench/bench_cuda.cu -o bench_cuda -lcublas   (+ -DDPAR_NCCL -lnccl)
    Run:   ./bench_cuda [max_mib] [--segment B] [--allreduce-only]
