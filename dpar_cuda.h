@@ -53,6 +53,8 @@
                                 DPAR_EUNSUPPORTED
      DPAR_CUDA_SEGMENT_BYTES    the pool comm's ring segment when dpar_cuda_pool_desc.comm.segment_bytes is
                                 0 (default 64 MiB: each segment costs a launch and a stream synchronisation)
+     DPAR_CUDA_ORDERED_SEGMENT_BYTES   the same for a stream-ordered pool (default 4 MiB: a launch per segment, no
+                                synchronisation, segments overlapping across the workers' streams)
 
    THREAD SAFETY
      Every function may be called from any thread; kernels run on the stream given.
@@ -246,7 +248,8 @@ DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N,
              call of dpar.h's comm API (collectives, point-to-point, async requests, split, mesh) on pointers from
              cudaMalloc. dpar.h's ring drives it; the reductions and copies run as this header's kernels on the
              worker's comm_stream. A call first waits for the worker's `stream` (the work that wrote its inputs),
-             and returns with its results complete. It waits for that stream only: `stream` is non-blocking, so
+             and returns with its results complete; in a stream-ordered pool (desc.stream_ordered) it queues its
+             work on the worker's `stream` instead and returns at once, as ncclAllReduce does. It waits for that stream only: `stream` is non-blocking, so
              inputs written on the legacy default stream (or another of yours) race with the call unless you order
              them (cudaStreamWaitEvent). A worker whose run fails poisons the comm with its error, so the others
              return from their calls instead of waiting; the poison stays: destroy the pool and make a new one,
@@ -298,6 +301,11 @@ typedef struct dpar_cuda_pool_desc {
     dpar_cuda_path path;      /* how the ring comm moves bytes between workers (0: AUTO) */
     int nccl;                 /* 1: also make an NCCL comm over the workers (ncclCommInitAll; one worker per device;
                                  the implementation built with DPAR_NCCL), which worker->comm then is */
+    int stream_ordered;       /* 1: the ring comm's calls queue their work on the worker's stream (or the one that
+                                 dpar_cuda_comm_set_stream names) and return without waiting for the device, the
+                                 workers' streams ordered by events, as NCCL's calls are; 0 (the default until this
+                                 mode has run on a GPU): each call waits for the worker's stream and returns with its
+                                 results complete. docs/cuda.md, 'Stream-ordered calls' */
 } dpar_cuda_pool_desc;
 
 /* dpar_cuda_pool_run_fn: the body of a run: worker `worker->rank` of `worker->size`, on its own thread
@@ -328,6 +336,25 @@ DPAR_API int dpar_cuda_pool_size(const dpar_cuda_pool *pool);
    Returns:  DPAR_OK; DPAR_EINVAL (NULL pool or out, rank outside 0..size-1).
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_cuda_pool_worker(const dpar_cuda_pool *pool, int rank, dpar_cuda_worker *out);
+
+/* dpar_cuda_comm_set_stream: in a stream-ordered pool, the stream on which worker `rank`'s ring comm queues its work
+   (NULL: the worker's own stream, the default). A call comes after the work already queued there and before the
+   work queued after it; work on other streams is ordered by the caller's events (cudaEventRecord and
+   cudaStreamWaitEvent), as with ncclAllReduce's stream: a comm stream beside the compute stream lets gradients
+   travel while backward goes on.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pool, rank outside 0..size-1); DPAR_ESTATE (the pool is not stream-ordered).
+   Thread safety: worker `rank`'s thread (or one thread acting for it), between its comm calls. */
+DPAR_API dpar_status dpar_cuda_comm_set_stream(dpar_cuda_pool *pool, int rank, void *stream);
+
+/* dpar_cuda_comm_sync: wait until worker `rank`'s comm stream has run what is queued on it, within the comm's
+   timeout, and report what it found there: a queued kernel or copy that failed, or a stream still running at the
+   deadline (a peer's stream it waits for is stuck, or the peer never made its call). Either poisons the comm
+   (dpar_comm_fail), so every worker's next call returns the error: ncclCommGetAsyncError and ncclCommAbort in one.
+   In a pool that is not stream-ordered, the comm's own stream.
+   Returns:  DPAR_OK; DPAR_ESYSTEM (a CUDA error, named with the worker, its device and CUDA's error name),
+             DPAR_ETIMEDOUT, DPAR_EINVAL (NULL pool, rank outside 0..size-1).
+   Thread safety: worker `rank`'s thread (or one thread acting for it). */
+DPAR_API dpar_status dpar_cuda_comm_sync(dpar_cuda_pool *pool, int rank);
 
 /* dpar_cuda_pool_run: run fn on every worker at once (SPMD), each on its thread with its device current,
    and wait for all, their streams included.
@@ -1950,14 +1977,30 @@ struct dpar_cuda_pool {
     unsigned char *peer;     /* [n * n]: worker i's kernels may read worker j's memory */
     pthread_mutex_t *blocks; /* [n]: a worker's bounce buffer is used by one copy at a time */
     void **bounce;           /* [n]: pinned host memory of the HOST path (made on first use) */
+    /* stream-ordered (desc.stream_ordered): worker i's tickets are a ring of DPAR_CUDA__EVENTS events; a ticket's
+       event is recorded again only once its point has run (cudaEventSynchronize), so a wait that finds its event
+       holding a later ticket has nothing left to wait for (waiting on the later point could deadlock two streams) */
+    int stream_ordered;
+    int timeout_ms;           /* dpar_cuda_comm_sync's deadline (-1: none) */
+    void **order;             /* [n]: where worker i's comm queues its work (NULL: its stream) */
+    cudaEvent_t *ev;          /* [n * DPAR_CUDA__EVENTS] */
+    uint64_t *ev_ticket;      /* [n * DPAR_CUDA__EVENTS]: the ticket the event holds (0: never recorded) */
+    uint64_t *ev_seq;         /* [n]: worker i's last ticket */
+    pthread_mutex_t *ev_lock; /* [n]: a record of worker i's against a wait on its events */
 #ifdef DPAR_NCCL
     dpar_cuda__nc_fate *fate; /* the NCCL comms' shared failure (desc.nccl), else NULL */
 #endif
 };
+#define DPAR_CUDA__EVENTS 64
 #define DPAR_CUDA__BOUNCE ((size_t)4 << 20) /* the HOST path's pinned buffer per worker */
 /* each segment of the ring costs a launch and a stream synchronisation (some 15 us under a VM): on an H200, 2 workers
    on one device, a 256 MiB allreduce took 3863 us with 1 MiB segments, 1172 with 4 MiB, 536 with 16 MiB, 367 with
    64 MiB; 16 MiB messages 66 us with 4 MiB, 42 with 16 or 64 MiB (docs/cuda.md, 'Speed') */
+/* a stream-ordered pool's ring pays a launch per segment, no synchronisation, and its segments overlap across the
+   workers' streams: smaller ones pipeline (4 MiB: not yet measured on a GPU; docs/cuda.md, 'Stream-ordered calls') */
+#ifndef DPAR_CUDA_ORDERED_SEGMENT_BYTES
+#define DPAR_CUDA_ORDERED_SEGMENT_BYTES ((size_t)4 << 20)
+#endif
 #ifndef DPAR_CUDA_SEGMENT_BYTES
 #define DPAR_CUDA_SEGMENT_BYTES ((size_t)64 << 20)
 #endif
@@ -1996,6 +2039,15 @@ static dpar_status dpar_cuda__worker_start_on(void *user, int t, int n)
     if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
         return dpar_cuda__worker_error(w, e, "cudaStreamCreateWithFlags (the comm's stream)");
     w->comm_stream = s;
+    if (p->stream_ordered) {
+        int k;
+        for (k = 0; k < DPAR_CUDA__EVENTS; k++)
+            if ((e = cudaEventCreateWithFlags(&p->ev[(size_t)t * DPAR_CUDA__EVENTS + k], cudaEventDisableTiming)) !=
+                cudaSuccess) {
+                p->ev[(size_t)t * DPAR_CUDA__EVENTS + k] = NULL;
+                return dpar_cuda__worker_error(w, e, "cudaEventCreateWithFlags (the comm's tickets)");
+            }
+    }
     {
         int q;
         for (q = 0; q < p->n; q++) { /* read the devices this worker may read directly */
@@ -2027,6 +2079,14 @@ static dpar_status dpar_cuda__worker_stop_on(void *user, int t, int n)
         st = dpar_cuda__worker_error(w, e, "cudaStreamSynchronize");
     if (w->comm_stream) cudaStreamDestroy((cudaStream_t)w->comm_stream);
     w->comm_stream = NULL;
+    if (p->ev) {
+        int k;
+        for (k = 0; k < DPAR_CUDA__EVENTS; k++) {
+            cudaEvent_t *ev = &p->ev[(size_t)t * DPAR_CUDA__EVENTS + k];
+            if (*ev) cudaEventDestroy(*ev);
+            *ev = NULL;
+        }
+    }
     if (p->bounce && p->bounce[t]) cudaFreeHost(p->bounce[t]);
     if (p->bounce) p->bounce[t] = NULL;
     if (w->cublas) cublasDestroy((cublasHandle_t)w->cublas);
@@ -2081,6 +2141,14 @@ static void dpar_cuda__pool_free(dpar_cuda_pool *p)
         dpar_cuda__free(&a, p->blocks);
     }
     dpar_group_destroy(p->group);
+    if (p->ev_lock) {
+        for (i = 0; i < p->n; i++) pthread_mutex_destroy(&p->ev_lock[i]);
+        dpar_cuda__free(&a, p->ev_lock);
+    }
+    dpar_cuda__free(&a, p->order);
+    dpar_cuda__free(&a, p->ev);
+    dpar_cuda__free(&a, p->ev_ticket);
+    dpar_cuda__free(&a, p->ev_seq);
     dpar_cuda__free(&a, p->bounce);
     dpar_cuda__free(&a, p->peer);
     dpar_cuda__free(&a, p->w);
@@ -2088,13 +2156,26 @@ static void dpar_cuda__pool_free(dpar_cuda_pool *p)
 }
 
 /* ---- the comm's callbacks (dpar_comm_memory): the worker's device current, kernels on its comm stream, each
-   finished before it returns ---- */
+   finished before it returns; in a stream-ordered pool, queued on the worker's order stream and left to run ---- */
+/* where worker w's comm work goes */
+static cudaStream_t dpar_cuda__c_stream(const dpar_cuda_pool *p, const dpar_cuda_worker *w)
+{
+    if (!p->stream_ordered) return (cudaStream_t)w->comm_stream;
+    return (cudaStream_t)(p->order[w->rank] ? p->order[w->rank] : w->stream);
+}
 static dpar_status dpar_cuda__c_sync(const dpar_cuda_worker *w, dpar_status st, const char *what)
 {
     cudaError_t e;
-    if (st != DPAR_OK) return st; /* a launch that failed: its text names the kernel and CUDA's error */
+    if (st != DPAR_OK) return st;               /* a launch that failed: its text names the kernel and CUDA's error */
+    if (w->comm_stream == NULL) return DPAR_OK; /* never: a started worker has its comm stream */
     e = cudaStreamSynchronize((cudaStream_t)w->comm_stream);
     return e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, what);
+}
+/* after a launch or copy: host-blocking pools wait for it, stream-ordered ones leave it queued */
+static dpar_status dpar_cuda__c_done(const dpar_cuda_pool *p, const dpar_cuda_worker *w, dpar_status st,
+                                     const char *what)
+{
+    return p->stream_ordered ? st : dpar_cuda__c_sync(w, st, what);
 }
 static const dpar_cuda_worker *dpar_cuda__c_worker(void *user, int worker)
 {
@@ -2102,24 +2183,59 @@ static const dpar_cuda_worker *dpar_cuda__c_worker(void *user, int worker)
     cudaSetDevice(w->device); /* a progress thread acting for the worker has no device of its own */
     return w;
 }
+/* stream-ordered: a ticket, the point of worker's order stream after everything queued on it so far */
+static dpar_status dpar_cuda__c_record(void *user, int worker, uint64_t *ticket)
+{
+    dpar_cuda_pool *p = (dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    uint64_t seq;
+    size_t k;
+    cudaError_t e = cudaSuccess;
+    pthread_mutex_lock(&p->ev_lock[worker]);
+    seq = ++p->ev_seq[worker];
+    k = (size_t)worker * DPAR_CUDA__EVENTS + (size_t)(seq % DPAR_CUDA__EVENTS);
+    if (p->ev_ticket[k]) e = cudaEventSynchronize(p->ev[k]); /* its old point has run: a late wait has none left */
+    if (e == cudaSuccess) e = cudaEventRecord(p->ev[k], dpar_cuda__c_stream(p, w));
+    if (e == cudaSuccess) p->ev_ticket[k] = seq;
+    pthread_mutex_unlock(&p->ev_lock[worker]);
+    *ticket = seq;
+    return e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaEventRecord (a comm ticket)");
+}
+/* stream-ordered: worker's order stream waits for peer's ticket */
+static dpar_status dpar_cuda__c_wait(void *user, int worker, int peer, uint64_t ticket)
+{
+    dpar_cuda_pool *p = (dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    size_t k = (size_t)peer * DPAR_CUDA__EVENTS + (size_t)(ticket % DPAR_CUDA__EVENTS);
+    cudaError_t e = cudaSuccess;
+    pthread_mutex_lock(&p->ev_lock[peer]);
+    if (p->ev_ticket[k] == ticket) e = cudaStreamWaitEvent(dpar_cuda__c_stream(p, w), p->ev[k], 0);
+    pthread_mutex_unlock(&p->ev_lock[peer]); /* else: recorded again, so ticket's point has run */
+    return e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaStreamWaitEvent (a peer's comm ticket)");
+}
 static dpar_status dpar_cuda__c_enter(void *user, int worker)
 {
     const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
-    cudaError_t e = cudaStreamSynchronize((cudaStream_t)w->stream);
+    cudaError_t e;
+    if (((dpar_cuda_pool *)user)->stream_ordered) return DPAR_OK; /* the work queues behind the inputs' writes */
+    e = cudaStreamSynchronize((cudaStream_t)w->stream);
     return e == cudaSuccess ? DPAR_OK
                             : dpar_cuda__worker_error(w, e, "a comm call waiting for the worker's stream (its inputs)");
 }
 static dpar_status dpar_cuda__c_reduce(void *user, int worker, void *out, const void *a, const void *b, size_t n,
                                        dpar_dtype t, dpar_op op, int div)
 {
+    const dpar_cuda_pool *p = (const dpar_cuda_pool *)user;
     const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
-    return dpar_cuda__c_sync(w, dpar_cuda_reduce(out, a, b, n, t, op, div, w->comm_stream), "dpar_cuda_reduce");
+    return dpar_cuda__c_done(p, w, dpar_cuda_reduce(out, a, b, n, t, op, div, dpar_cuda__c_stream(p, w)),
+                             "dpar_cuda_reduce");
 }
 static dpar_status dpar_cuda__c_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t,
                                        int div)
 {
+    const dpar_cuda_pool *p = (const dpar_cuda_pool *)user;
     const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
-    return dpar_cuda__c_sync(w, dpar_cuda_divide(out, in, n, t, div, w->comm_stream), "dpar_cuda_divide");
+    return dpar_cuda__c_done(p, w, dpar_cuda_divide(out, in, n, t, div, dpar_cuda__c_stream(p, w)), "dpar_cuda_divide");
 }
 /* the device a pointer's memory is on, or -1 (host memory) */
 static int dpar_cuda__device_of(const void *ptr)
@@ -2135,7 +2251,7 @@ static dpar_status dpar_cuda__c_copy(void *user, int worker, void *dst, const vo
 {
     dpar_cuda_pool *p = (dpar_cuda_pool *)user;
     const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
-    cudaStream_t s = (cudaStream_t)w->comm_stream;
+    cudaStream_t s = dpar_cuda__c_stream(p, w);
     cudaError_t e = cudaSuccess;
     if (p->path == DPAR_CUDA_PATH_HOST) { /* through this worker's pinned buffer, 4 MiB at a time */
         size_t o;
@@ -2158,13 +2274,13 @@ static dpar_status dpar_cuda__c_copy(void *user, int worker, void *dst, const vo
         int sd = dpar_cuda__device_of(src), dd = dpar_cuda__device_of(dst);
         if (sd >= 0 && dd >= 0 && sd != dd) {
             e = cudaMemcpyPeerAsync(dst, dd, src, sd, bytes, s);
-            return dpar_cuda__c_sync(w,
+            return dpar_cuda__c_done(p, w,
                                      e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaMemcpyPeerAsync"),
                                      "cudaMemcpyPeerAsync");
         }
     }
     e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s); /* unified addressing: any two devices */
-    return dpar_cuda__c_sync(w, e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaMemcpyAsync"),
+    return dpar_cuda__c_done(p, w, e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaMemcpyAsync"),
                              "cudaMemcpyAsync in a comm call");
 }
 static int dpar_cuda__c_peer_access(void *user, int worker, int peer)
@@ -2284,6 +2400,8 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
     pthread_mutex_init(&p->tlock, NULL);
     p->n = ndev * per;
     p->path = d.path;
+    p->stream_ordered = d.stream_ordered != 0;
+    p->timeout_ms = d.comm.timeout_ms ? d.comm.timeout_ms : DPAR_TIMEOUT_MS_DEFAULT;
     snprintf(p->name, sizeof p->name, "%s", d.name && *d.name ? d.name : "gpu");
     p->w = (dpar_cuda_worker *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->w);
     p->wlocks = (pthread_mutex_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->wlocks);
@@ -2294,7 +2412,18 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         for (i = 0; i < p->n; i++) pthread_mutex_init(&p->wlocks[i], NULL);
     if (p->blocks)
         for (i = 0; i < p->n; i++) pthread_mutex_init(&p->blocks[i], NULL);
-    if (!p->w || !p->wlocks || !p->blocks || !p->bounce || !p->peer) {
+    if (p->stream_ordered) {
+        p->order = (void **)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->order);
+        p->ev = (cudaEvent_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n * DPAR_CUDA__EVENTS, sizeof *p->ev);
+        p->ev_ticket =
+            (uint64_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n * DPAR_CUDA__EVENTS, sizeof *p->ev_ticket);
+        p->ev_seq = (uint64_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->ev_seq);
+        p->ev_lock = (pthread_mutex_t *)dpar_cuda__calloc(&d.allocator, (size_t)p->n, sizeof *p->ev_lock);
+        if (p->ev_lock)
+            for (i = 0; i < p->n; i++) pthread_mutex_init(&p->ev_lock[i], NULL);
+    }
+    if (!p->w || !p->wlocks || !p->blocks || !p->bounce || !p->peer ||
+        (p->stream_ordered && (!p->order || !p->ev || !p->ev_ticket || !p->ev_seq || !p->ev_lock))) {
         dpar_cuda__pool_free(p);
         return dpar_set_error(DPAR_ENOMEM, "dpar_cuda_pool_create: out of memory");
     }
@@ -2320,7 +2449,9 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         dpar_comm_desc cd = d.comm;
         cd.size = p->n;
         cd.name = cd.name && *cd.name ? cd.name : p->name;
-        if (!cd.segment_bytes) cd.segment_bytes = (size_t)DPAR_CUDA_SEGMENT_BYTES;
+        if (!cd.segment_bytes)
+            cd.segment_bytes =
+                p->stream_ordered ? (size_t)DPAR_CUDA_ORDERED_SEGMENT_BYTES : (size_t)DPAR_CUDA_SEGMENT_BYTES;
         cd.memory.user = p;
         cd.memory.enter = dpar_cuda__c_enter;
         cd.memory.reduce = dpar_cuda__c_reduce;
@@ -2329,6 +2460,10 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         cd.memory.peer_access = dpar_cuda__c_peer_access;
         cd.memory.alloc = dpar_cuda__c_alloc;
         cd.memory.free = dpar_cuda__c_free;
+        if (p->stream_ordered) {
+            cd.memory.record = dpar_cuda__c_record;
+            cd.memory.wait = dpar_cuda__c_wait;
+        }
         if (!cd.allocator.alloc) cd.allocator = d.allocator;
         if ((st = dpar_group_create(&cd, &p->group)) != DPAR_OK) {
             char msg[512];
@@ -2383,6 +2518,50 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_worker(const dpar_cuda_pool *pool
         return dpar_set_error(DPAR_EINVAL, "dpar_cuda_pool_worker: rank %d is not in 0..%d", rank, pool->n - 1);
     *out = pool->w[rank];
     return DPAR_OK;
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_comm_set_stream(dpar_cuda_pool *pool, int rank, void *stream)
+{
+    if (!pool) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_set_stream: pool is NULL");
+    if (rank < 0 || rank >= pool->n)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_set_stream: rank %d is not in 0..%d", rank, pool->n - 1);
+    if (!pool->stream_ordered)
+        return dpar_set_error(DPAR_ESTATE, "dpar_cuda_comm_set_stream: the pool is not stream-ordered (its calls wait "
+                                           "for the device: dpar_cuda_pool_desc.stream_ordered)");
+    pool->order[rank] = stream;
+    return DPAR_OK;
+}
+
+extern "C" DPAR_API dpar_status dpar_cuda_comm_sync(dpar_cuda_pool *pool, int rank)
+{
+    const dpar_cuda_worker *w;
+    cudaStream_t s;
+    cudaError_t e;
+    uint64_t deadline;
+    char msg[512];
+    if (!pool) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_sync: pool is NULL");
+    if (rank < 0 || rank >= pool->n)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_sync: rank %d is not in 0..%d", rank, pool->n - 1);
+    w = dpar_cuda__c_worker(pool, rank);
+    s = dpar_cuda__c_stream(pool, w);
+    deadline = pool->timeout_ms < 0 ? 0 : dpar_time_ns() + (uint64_t)pool->timeout_ms * 1000000u;
+    while ((e = cudaStreamQuery(s)) == cudaErrorNotReady) { /* noticed within ~20 us; no core spun */
+        struct timespec nap = {0, 20000};
+        if (deadline && dpar_time_ns() >= deadline) {
+            snprintf(msg, sizeof msg,
+                     "worker %d (device %d): its comm stream still runs after %d ms: a peer's stream it waits for is "
+                     "stuck, or the peer never made its call",
+                     rank, w->device, pool->timeout_ms);
+            dpar_comm_fail(w->ring, DPAR_ETIMEDOUT, msg);
+            return dpar_set_error(DPAR_ETIMEDOUT, "dpar_cuda_comm_sync: %s", msg);
+        }
+        nanosleep(&nap, NULL);
+    }
+    if (e == cudaSuccess) return DPAR_OK;
+    dpar_cuda__worker_error(w, e, "a queued comm kernel or copy");
+    snprintf(msg, sizeof msg, "%s", dpar_last_error());
+    dpar_comm_fail(w->ring, DPAR_ESYSTEM, msg);
+    return dpar_set_error(DPAR_ESYSTEM, "dpar_cuda_comm_sync: %s", msg);
 }
 
 typedef struct dpar_cuda__run {

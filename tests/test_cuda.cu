@@ -565,9 +565,10 @@ static dpar_status failing_task(void *user, const dpar_cuda_worker *w)
 /* ---- the pool's comm: dpar.h's collectives on device buffers, every path ---- */
 typedef struct comm_job {
     size_t n;
-    int no_p2p;        /* an NCCL comm: point-to-point is NCCL's own */
-    dpar_comm **comms; /* per worker, instead of worker->comm (NULL: worker->comm) */
-    int fail_rank;     /* this worker fails its run instead of calling the collective (-1: none) */
+    int no_p2p;              /* an NCCL comm: point-to-point is NCCL's own */
+    dpar_comm **comms;       /* per worker, instead of worker->comm (NULL: worker->comm) */
+    int fail_rank;           /* this worker fails its run instead of calling the collective (-1: none) */
+    dpar_cuda_pool *ordered; /* a stream-ordered pool: each call is followed by dpar_cuda_comm_sync (NULL: none) */
     dpar_status st[64];
     double seconds[64];
     char first[64][600]; /* the first wrong result or error of worker r */
@@ -578,6 +579,7 @@ static float cin(int q, size_t i) { return (float)((int)((q * 7 + i * 13) % 17) 
 #define COMM_TRY(what, call)                                                              \
     do {                                                                                  \
         dpar_status st_ = (call);                                                         \
+        if (st_ == DPAR_OK && j->ordered) st_ = dpar_cuda_comm_sync(j->ordered, r);       \
         if (st_ != DPAR_OK && !j->first[r][0])                                            \
             snprintf(j->first[r], sizeof j->first[r], "%s: %s", what, dpar_last_error()); \
     } while (0)
@@ -741,6 +743,120 @@ static void test_pool_comm_collectives(void)
                 CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
                 free(j);
             }
+}
+
+/* stream-ordered pools: the same collectives, each call queued on the worker's stream and its results read once
+   dpar_cuda_comm_sync has waited for that stream; every path, one device and every device */
+static void test_pool_comm_stream_ordered(void)
+{
+    static const dpar_cuda_path paths[] = {DPAR_CUDA_PATH_AUTO, DPAR_CUDA_PATH_MEMCPY, DPAR_CUDA_PATH_HOST};
+    static const size_t ns[] = {5, ((size_t)3 << 20) + 7, ((size_t)3 << 20) + 7}, segs[] = {0, 0, (size_t)1 << 20};
+    int pi, ni, layout;
+    NEED_GPU();
+    for (layout = 0; layout < 2; layout++)
+        for (pi = 0; pi < 3; pi++)
+            for (ni = 0; ni < 3; ni++) {
+                dpar_cuda_pool_desc d;
+                dpar_cuda_pool *p = NULL;
+                int dev0 = 0, r;
+                comm_job *j = (comm_job *)calloc(1, sizeof *j);
+                memset(&d, 0, sizeof d);
+                if (layout == 0) d.devices = &dev0, d.num_devices = 1, d.workers_per_device = 4;
+                else d.workers_per_device = 2;
+                d.path = paths[pi];
+                d.stream_ordered = 1;
+                d.comm.timeout_ms = 20000;
+                d.comm.segment_bytes = segs[ni];
+                CHECK_MSG(dpar_cuda_pool_create(&d, &p) == DPAR_OK, "%s", dpar_last_error());
+                if (!p) {
+                    free(j);
+                    continue;
+                }
+                j->n = ns[ni];
+                j->fail_rank = -1;
+                j->ordered = p;
+                CHECK_MSG(dpar_cuda_pool_run(p, comm_body, j) == DPAR_OK, "%s", dpar_last_error());
+                for (r = 0; r < dpar_cuda_pool_size(p); r++)
+                    CHECK_MSG(!j->first[r][0], "stream-ordered layout %d path %d n=%zu segment %zu worker %d: %s",
+                              layout, (int)paths[pi], ns[ni], segs[ni], r, j->first[r]);
+                CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+                free(j);
+            }
+}
+
+/* the host does not wait for the device: a 100 ms kernel queued first on each worker's stream, then an allreduce
+   of 16 MiB that returns in much less, and is right once the stream has run */
+__global__ static void spin_ns(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+typedef struct {
+    dpar_cuda_pool *pool;
+    double call_s[64];
+    char first[64][600];
+} ordered_job;
+static dpar_status ordered_body(void *user, const dpar_cuda_worker *w)
+{
+    ordered_job *j = (ordered_job *)user;
+    const size_t n = (size_t)4 << 20;
+    float *h = (float *)malloc(n * 4), *dx = NULL;
+    size_t i;
+    double t0;
+    dpar_status st;
+    if (!h || cudaMalloc(&dx, n * 4) != cudaSuccess) return dpar_set_error(DPAR_ENOMEM, "cudaMalloc");
+    for (i = 0; i < n; i++) h[i] = cin(w->rank, i);
+    cudaMemcpy(dx, h, n * 4, cudaMemcpyHostToDevice);
+    spin_ns<<<1, 1, 0, (cudaStream_t)w->stream>>>(100000000ull);
+    t0 = dt_now();
+    st = dpar_allreduce(w->comm, dx, dx, n, DPAR_F32, DPAR_SUM);
+    j->call_s[w->rank] = dt_now() - t0;
+    if (st == DPAR_OK) st = dpar_cuda_comm_sync(j->pool, w->rank);
+    if (st == DPAR_OK) cudaMemcpy(h, dx, n * 4, cudaMemcpyDeviceToHost);
+    for (i = 0; st == DPAR_OK && i < n; i++) {
+        float want = 0;
+        int q;
+        for (q = 0; q < w->size; q++) want += cin(q, i);
+        if (h[i] != want) {
+            snprintf(j->first[w->rank], sizeof j->first[w->rank], "element %zu: %g, want %g", i, h[i], want);
+            break;
+        }
+    }
+    if (st != DPAR_OK) snprintf(j->first[w->rank], sizeof j->first[w->rank], "%s", dpar_last_error());
+    cudaFree(dx);
+    free(h);
+    return st;
+}
+static void test_pool_comm_stream_ordered_does_not_wait(void)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    ordered_job *j = (ordered_job *)calloc(1, sizeof *j);
+    int dev0 = 0, r;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.devices = &dev0, d.num_devices = 1, d.workers_per_device = 2;
+    d.stream_ordered = 1;
+    d.comm.timeout_ms = 20000;
+    CHECK_MSG(dpar_cuda_pool_create(&d, &p) == DPAR_OK, "%s", dpar_last_error());
+    if (p) {
+        j->pool = p;
+        CHECK_MSG(dpar_cuda_pool_run(p, ordered_body, j) == DPAR_OK, "%s", dpar_last_error());
+        for (r = 0; r < 2; r++) {
+            CHECK_MSG(!j->first[r][0], "worker %d: %s", r, j->first[r]);
+            CHECK_MSG(j->call_s[r] < 0.05, "worker %d: the call took %.1f ms behind a 100 ms kernel", r,
+                      j->call_s[r] * 1e3);
+        }
+        printf("    stream-ordered allreduce of 16 MiB behind a 100 ms kernel: the calls returned after %.2f and %.2f "
+               "ms\n",
+               j->call_s[0] * 1e3, j->call_s[1] * 1e3);
+        CHECK(dpar_cuda_comm_set_stream(p, 5, NULL) == DPAR_EINVAL);
+        CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+    }
+    free(j);
 }
 
 /* a worker that fails: the others' collectives return its error at once, not after the timeout */
@@ -1043,6 +1159,8 @@ int main(int argc, char **argv)
     RUN(test_tasks_across_workers);
     RUN(test_pool_comm_collectives);
     RUN(test_pool_comm_failure_reaches_every_worker);
+    RUN(test_pool_comm_stream_ordered);
+    RUN(test_pool_comm_stream_ordered_does_not_wait);
     RUN(test_nccl_without_a_device);
 #ifdef DPAR_NCCL
     RUN(test_nccl_pool_collectives);

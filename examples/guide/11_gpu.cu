@@ -1,6 +1,6 @@
 /* 11_gpu.cu - lesson 11 of the guide (docs/guide/11_gpu.md): a data-parallel step on GPU workers (dpar_cuda.h).
    Build: nvcc -std=c++14 -O2 -arch=sm_90 -I. examples/guide/11_gpu.cu -o 11_gpu -lcublas
-   Run:   ./11_gpu             (./11_gpu 4: four workers per GPU)
+   Run:   ./11_gpu             (./11_gpu 4: four workers per GPU; ./11_gpu 2 ordered: stream-ordered calls)
    Check: ^(every worker's weights = the host reference, bit for bit|11_gpu: skipped: no usable CUDA device.*)$
 
    Each worker of a dpar_cuda pool is a host thread that owns a GPU (or a share of one), a stream and device memory.
@@ -42,7 +42,8 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *wk)
     cudaMemsetAsync(mom, 0, bytes, stream);
     for (step = 0; step < STEPS && st == DPAR_OK; step++) {
         cudaMemcpyAsync(g, grads[step][wk->rank], bytes, cudaMemcpyHostToDevice, stream); /* "backward" */
-        /* the call waits for the worker's stream (the work that wrote g) and returns with g averaged */
+        /* the call waits for the worker's stream (the work that wrote g) and returns with g averaged; in a
+           stream-ordered pool it queues the averaging on the stream, between the copy and the update, and returns */
         st = dpar_allreduce(wk->comm, g, g, P, DPAR_F32, DPAR_AVG);
         if (st == DPAR_OK) st = dpar_cuda_sgd_f32(w, mom, g, P, LR, MOMENTUM, 0, stream);
         cudaMemcpyAsync(averaged[step][wk->rank], g, bytes, cudaMemcpyDeviceToHost, stream);
@@ -66,12 +67,13 @@ int main(int argc, char **argv)
     double diff = 0;
     memset(&pd, 0, sizeof pd);
     pd.workers_per_device = argc > 1 ? atoi(argv[1]) : 2; /* 2: two ranks even on a machine with one GPU */
+    pd.stream_ordered = argc > 2 && strcmp(argv[2], "ordered") == 0;
     if (dpar_cuda_device_count(&gpus) != DPAR_OK || gpus == 0) {
         printf("11_gpu: skipped: no usable CUDA device (%s)\n", dpar_last_error());
         return 0;
     }
     if (pd.workers_per_device < 1 || gpus * pd.workers_per_device > MAXW)
-        return fprintf(stderr, "usage: %s [workers per GPU, at most %d in all]\n", argv[0], MAXW), 2;
+        return fprintf(stderr, "usage: %s [workers per GPU, at most %d in all] [ordered]\n", argv[0], MAXW), 2;
     for (i = 0; i < P; i++) init[i] = sinf(0.01f * i); /* weights, and gradients that differ per worker and step */
     for (s = 0; s < STEPS; s++)
         for (r = 0; r < MAXW; r++)
@@ -84,6 +86,7 @@ int main(int argc, char **argv)
     n = dpar_cuda_pool_size(pool);
     printf("workers: %d on %d GPU%s (device 0: %s, sm_%d%d)\n", n, gpus, gpus > 1 ? "s" : "", info.name, info.major,
            info.minor);
+    if (pd.stream_ordered) printf("calls: stream-ordered (queued on each worker's stream, no host wait)\n");
     memcpy(ref, init, sizeof ref);
     for (s = 0; s < STEPS; s++) {
         for (i = 0; i < P; i++) { /* the serial mean of the workers' gradients, in double */
