@@ -4440,7 +4440,7 @@ DPAR_API uint16_t dpar_f32_to_f16(float f)
     switch (op) {                                                                        \
     case DPAR_SUM: DPAR__RED_LOOP(T, (T)((U)x + (U)y)); break;                           \
     case DPAR_AVG:                                                                       \
-        if (div > 1) DPAR__RED_LOOP(T, (T)((T)((U)x + (U)y) / (T)div));                  \
+        if (div > 1) DPAR__RED_LOOP(T, (T)((int64_t)(T)((U)x + (U)y) / (int64_t)div));  \
         else DPAR__RED_LOOP(T, (T)((U)x + (U)y));                                        \
         break;                                                                           \
     case DPAR_MIN: DPAR__RED_LOOP(T, y < x ? y : x); break;                              \
@@ -6911,9 +6911,9 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done)
    doorbell, and wakes it only if it sleeps. Poisoning the group bumps every doorbell. */
 
 typedef struct dpar__chan {
-    uint32_t posted;
+    uint32_t posted, unused;
     uint64_t rel_waited; /* stream-ordered memory: the newest read-done ticket the sender's stream waits for */
-    char pad0[DPAR__CACHE_LINE - sizeof(uint32_t) - sizeof(uint64_t)];
+    char pad0[DPAR__CACHE_LINE - 2 * sizeof(uint32_t) - sizeof(uint64_t)];
     uint32_t released;
     uint32_t fetched;    /* messages the receiver has started to read (fetched - released: reading now) */
     uint64_t rel_ticket; /* stream-ordered memory: the receiver's newest read-done ticket (before released) */
@@ -7332,7 +7332,8 @@ static dpar_status dpar__tm_reads_done(dpar__ctx *x, int peer)
     dpar__chan *ch;
     uint64_t ticket;
     if (!DPAR__ASYNC(x)) return DPAR_OK;
-    DPAR__TRY(dpar__t_chan(x, c->rank, peer, &ch));
+    ch = dpar__chan_get(g, c->rank, peer, x->lane); /* made by the post this wait follows */
+    if (!ch) return DPAR_OK;
     ticket = DPAR__LOAD(&ch->rel_ticket, DPAR__ACQUIRE);
     if (ticket <= ch->rel_waited) return DPAR_OK; /* rel_waited: this rank's alone */
     ch->rel_waited = ticket;

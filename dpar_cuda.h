@@ -249,12 +249,13 @@ DPAR_API dpar_status dpar_cuda_sgemm(dpar_trans ta, dpar_trans tb, int M, int N,
              cudaMalloc. dpar.h's ring drives it; the reductions and copies run as this header's kernels on the
              worker's comm_stream. A call first waits for the worker's `stream` (the work that wrote its inputs),
              and returns with its results complete; in a stream-ordered pool (desc.stream_ordered) it queues its
-             work on the worker's `stream` instead and returns at once, as ncclAllReduce does. It waits for that stream only: `stream` is non-blocking, so
-             inputs written on the legacy default stream (or another of yours) race with the call unless you order
-             them (cudaStreamWaitEvent). A worker whose run fails poisons the comm with its error, so the others
-             return from their calls instead of waiting; the poison stays: destroy the pool and make a new one,
-             except after a sticky fault (an illegal address, a kernel's trap): the device's CUDA context is then
-             unusable for the rest of the process, which must end. Peer access does not cover memory from
+             work on the worker's `stream` instead and returns at once, as ncclAllReduce does. It waits for that
+             stream only: `stream` is non-blocking, so inputs written on the legacy default stream (or another of
+             yours) race with the call unless you order them (cudaStreamWaitEvent). A worker whose run fails
+             poisons the comm with its error, so the others return from their calls instead of waiting; the poison
+             stays: destroy the pool and make a new one, except after a sticky fault (an illegal address, a
+             kernel's trap): the device's CUDA context is then unusable for the rest of the process, which must
+             end. Peer access does not cover memory from
              cudaMallocAsync pools (cudaMemPoolSetAccess; docs/cuda.md, 'Collectives on device buffers').
    See:      docs/cuda.md, 'The GPU pool' and 'Collectives on device buffers'. */
 typedef struct dpar_cuda_pool dpar_cuda_pool;

@@ -1042,6 +1042,32 @@ static void test_split_and_mesh(void)
     CHECK(run_world(8, mesh_rank, NULL) == 0);
 }
 
+/* an integer average divides the wrapped sum by the rank count as a wide integer: (T)div was 0 for u8 on 256 ranks
+   (a division by zero) and wrapped above it (300 ranks divided by 44) */
+static void test_integer_average_any_group_size(void)
+{
+    static const int divs[] = {2, 3, 255, 256, 300, 1 << 20, 1 << 30};
+    uint8_t a8[256], b8[256], o8[256];
+    int32_t a32[4] = {INT32_MAX, INT32_MIN, -7, 1000000007}, b32[4] = {1, -1, 3, 1000000007}, o32[4];
+    int64_t a64[3] = {INT64_MAX, -5, (int64_t)1 << 40}, b64[3] = {1, -6, (int64_t)1 << 40}, o64[3];
+    int k, i;
+    for (i = 0; i < 256; i++) a8[i] = (uint8_t)i, b8[i] = (uint8_t)(255 - i / 2);
+    for (k = 0; k < (int)(sizeof divs / sizeof divs[0]); k++) {
+        int d = divs[k];
+        dpar__reduce(o8, a8, b8, 256, DPAR_U8, DPAR_AVG, d);
+        for (i = 0; i < 256; i++)
+            CHECK_MSG(o8[i] == (uint8_t)(((a8[i] + b8[i]) & 255) / d), "u8 %d + %d over %d: %d", a8[i], b8[i], d,
+                      o8[i]);
+        dpar__reduce(o32, a32, b32, 4, DPAR_I32, DPAR_AVG, d);
+        for (i = 0; i < 4; i++)
+            CHECK_MSG(o32[i] == (int32_t)((int64_t)(int32_t)((uint32_t)a32[i] + (uint32_t)b32[i]) / d), "i32 over %d",
+                      d);
+        dpar__reduce(o64, a64, b64, 3, DPAR_I64, DPAR_AVG, d);
+        for (i = 0; i < 3; i++)
+            CHECK_MSG(o64[i] == (int64_t)((uint64_t)a64[i] + (uint64_t)b64[i]) / d, "i64 over %d", d);
+    }
+}
+
 /* ---- dpar_comm_memory: buffers the host must not touch ---- */
 /* A fake device: its memory holds every byte XORed with a key of the byte's address, so bytes that dpar copied
    or combined on the host itself (instead of through the callbacks) come out wrong. The callbacks decode,
@@ -2128,6 +2154,7 @@ int main(int argc, char **argv)
     RUN(test_async_on_one_rank_runs_inline);
     RUN(test_split_and_mesh);
     RUN(test_split_out_of_memory_on_one_rank);
+    RUN(test_integer_average_any_group_size);
     RUN(test_memory_callbacks_matrix);
     RUN(test_memory_callback_failure_reaches_every_rank);
     RUN(test_memory_callbacks_split_and_refusals);
