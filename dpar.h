@@ -12155,7 +12155,7 @@ DPAR_API dpar_status dpar_ckpt_check(const char *path, int flags)
     { /* a file made and removed: access(W_OK) says yes to root where a write fails (a read-only mount, /proc) */
         char probe[4200];
         int fd;
-        snprintf(probe, sizeof probe, "%s.check.%ld.tmp", path, (long)getpid());
+        snprintf(probe, sizeof probe, "%s.probe.%ld", path, (long)getpid()); /* not .tmp: kill.sh counts those */
         fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
         if (fd < 0)
             return dpar__err(DPAR_EIO, "checkpoint '%s': cannot write in its directory '%s': %s", path, dir,
