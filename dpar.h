@@ -376,10 +376,10 @@ DPAR_API void dpar_trace_set_thread_name(const char *name);
                kind=delay:MS | vanish | fail    (required) what happens
                rank=R                           the comm rank it happens on (default: every rank)
                op=KIND                          which operations count (default any): barrier, broadcast, reduce,
-                                                reduce_scatter, allgather, allreduce, alltoall, send, recv (of
-                                                dpar_send/recv/sendrecv and the pipeline's messages), bucket (a
-                                                dpar_buckets update callback), stage (a pipeline forward or
-                                                backward callback), steal (a dpar_steal_run round), task (a pool
+                                                reduce_scatter, allgather, allreduce, alltoall, alltoallv, send,
+                                                recv (of dpar_send/recv/sendrecv and the pipeline's messages),
+                                                bucket (a dpar_buckets update callback), stage (a pipeline forward
+                                                or backward callback), steal (a dpar_steal_run round), task (a pool
                                                 task; no rank= then: a pool has none)
                at=N                             the N-th such operation of that rank on each comm (of the pool,
                                                 for tasks), counted from 1 (default 1)
@@ -726,6 +726,7 @@ typedef enum dpar_coll {
     DPAR_COLL_ALLREDUCE,
     DPAR_COLL_ALLTOALL,
     DPAR_COLL_SPLIT,
+    DPAR_COLL_ALLTOALLV, /* after split: the values before it stay what they were */
     DPAR_COLL_COUNT
 } dpar_coll;
 
@@ -950,10 +951,11 @@ DPAR_API dpar_status dpar_comm_fail(dpar_comm *comm, dpar_status why, const char
              library (or their deadline).
    See:      docs/comm.md, 'Comms run by another library'. */
 typedef struct dpar_comm_call {
-    dpar_coll coll; /* DPAR_COLL_BARRIER ... DPAR_COLL_ALLTOALL */
+    dpar_coll coll; /* DPAR_COLL_BARRIER ... DPAR_COLL_ALLTOALL, DPAR_COLL_ALLTOALLV */
     const void *send;
     void *recv;
-    size_t count; /* as the collective's own (total for reduce_scatter and allgather, per peer for alltoall) */
+    size_t count; /* as the collective's own (total for reduce_scatter and allgather, per peer for alltoall);
+                     alltoallv: the elements this rank sends plus those it receives (0: nothing to do here) */
     dpar_dtype dtype;
     dpar_op op;
     int root;
@@ -961,6 +963,9 @@ typedef struct dpar_comm_call {
     uint64_t deadline_ns; /* absolute dpar_time_ns() by which to give up; 0: never */
     const char *file;     /* the caller's source line */
     int line;
+    /* alltoallv: N entries each, in elements; the displacements as resolved (never NULL); host memory, valid
+       during run. Checked already: what rank i sends to j is what j receives from i. Other calls: NULL. */
+    const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
 } dpar_comm_call;
 typedef struct dpar_comm_ops {
     void *user;
@@ -1013,6 +1018,38 @@ DPAR_API dpar_status dpar_allreduce_at(dpar_comm *comm, const void *send, void *
 DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *recv, size_t count, dpar_dtype dtype,
                                       const char *file, int line);
 
+/* dpar_alltoallv / dpar_ialltoallv / dpar_alltoallv_counts: all-to-all with a count per peer (MPI_Alltoallv).
+   Macros:   the names below; they call these _at functions with the caller's file and line.
+   sendcounts[q], sdispls[q]: rank q gets sendcounts[q] elements from send + sdispls[q] (elements);
+   recvcounts[q], rdispls[q]: what rank q sends lands at recv + rdispls[q]. Arrays of N entries, host memory.
+             sdispls / rdispls NULL: packed, each the sum of the counts before it. Send blocks may overlap; recv
+             blocks may not. Not in place: send and recv must not overlap (DPAR_EINVAL).
+   Checked:  what rank i sends to j must be what j expects from i; else every rank returns DPAR_EMISMATCH with
+             "rank i sends 5 elements to rank j in alltoallv #3 at a.c:10 but rank j expects 4 from rank i
+             (alltoallv #3 at a.c:12)". No all-gather: each message carries its pair's count, checked by the
+             receiver before it reads, then a dissemination (log2 N empty rounds) so no rank returns before all
+             have checked (with no_check a byte mismatch is still caught, without the dissemination).
+   counts:   dpar_alltoallv_counts gives recvcounts[q] = rank q's sendcounts[this rank] (an alltoall of one size_t
+             per peer in host memory, counted as an alltoall), for callers that know only what they send.
+   ialltoallv: as dpar_iallreduce; the four arrays are copied at the call (the caller may free them at once),
+             send and recv belong to dpar until the request finishes.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL counts, a NULL buffer where a count is not 0, a count or displacement
+             whose bytes overflow size_t, recv blocks that overlap, send and recv that overlap, sendcounts ==
+             recvcounts for _counts); DPAR_EMISMATCH; the comm's errors (see dpar_comm).
+   Remarks:  every dtype; thread ranks copy straight from the sender's buffer; MPI comms with native use
+             MPI_Alltoallv (dtypes MPI has, counts and displacements that fit an int; else the pairwise rounds).
+   Thread safety: the comm's thread; collective.
+   See:      docs/comm.md, 'Alltoallv'. */
+DPAR_API dpar_status dpar_alltoallv_at(dpar_comm *comm, const void *send, const size_t *sendcounts,
+                                       const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                       const size_t *rdispls, dpar_dtype dtype, const char *file, int line);
+DPAR_API dpar_status dpar_ialltoallv_at(dpar_comm *comm, const void *send, const size_t *sendcounts,
+                                        const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                        const size_t *rdispls, dpar_dtype dtype, dpar_request **req, const char *file,
+                                        int line);
+DPAR_API dpar_status dpar_alltoallv_counts_at(dpar_comm *comm, const size_t *sendcounts, size_t *recvcounts,
+                                              const char *file, int line);
+
 /* dpar_iallreduce / dpar_ireduce_scatter / dpar_iallgather: start an asynchronous collective.
    Macros:   the names below; they call these _at functions with the caller's file and line.
    req:      set at once; finish it with dpar_request_wait or dpar_request_test.
@@ -1059,6 +1096,12 @@ DPAR_API dpar_status dpar_request_test(dpar_request *req, int *done);
     dpar_allreduce_at(comm, send, recv, count, dtype, op, __FILE__, __LINE__)
 #define dpar_alltoall(comm, send, recv, count, dtype) \
     dpar_alltoall_at(comm, send, recv, count, dtype, __FILE__, __LINE__)
+#define dpar_alltoallv(comm, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype) \
+    dpar_alltoallv_at(comm, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype, __FILE__, __LINE__)
+#define dpar_ialltoallv(comm, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype, req) \
+    dpar_ialltoallv_at(comm, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype, req, __FILE__, __LINE__)
+#define dpar_alltoallv_counts(comm, sendcounts, recvcounts) \
+    dpar_alltoallv_counts_at(comm, sendcounts, recvcounts, __FILE__, __LINE__)
 #define dpar_iallreduce(comm, send, recv, count, dtype, op, req) \
     dpar_iallreduce_at(comm, send, recv, count, dtype, op, req, __FILE__, __LINE__)
 #define dpar_ireduce_scatter(comm, send, recv, count, dtype, op, req) \
@@ -1098,8 +1141,9 @@ DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
 
 /* dpar_comm_stats_get / dpar_comm_stats_reset: read / clear this rank's counters: calls, bytes, time, per call.
    busbw:    as nccl-tests: algbw = bytes / time with bytes = count * element size (the total count for
-             reduce_scatter and allgather, count * N for alltoall); busbw = algbw * 2(N-1)/N for allreduce,
-             (N-1)/N for reduce_scatter, allgather and alltoall, 1 otherwise. algo_calls / last_algo: which
+             reduce_scatter and allgather, count * N for alltoall, the elements this rank sends for alltoallv);
+             busbw = algbw * 2(N-1)/N for allreduce, (N-1)/N for reduce_scatter, allgather, alltoall and
+             alltoallv, 1 otherwise. algo_calls / last_algo: which
              allreduce algorithm ran (dpar_algo; one-shot and slice count as sent the bytes of this rank the
              others read, as received those it read of theirs).
    Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out).
@@ -2744,9 +2788,10 @@ DPAR_API void dpar_trace_event(const char *name, const char *cat, uint64_t begin
 }
 
 /* >>fault: DPAR_FAULT and dpar_fault_set: the parser, the schedule, the counting of operations ---- */
-/* Operation kinds: 0..DPAR_COLL_ALLTOALL are dpar_coll's values (the comm's calls), then the callbacks. */
+/* Operation kinds: 0..DPAR_COLL_COUNT - 1 are dpar_coll's values (the comm's calls; split is never one: its name is
+   refused), then the callbacks. */
 enum {
-    DPAR__FOP_BUCKET = DPAR_COLL_ALLTOALL + 1,
+    DPAR__FOP_BUCKET = DPAR_COLL_COUNT,
     DPAR__FOP_STAGE,
     DPAR__FOP_STEAL,
     DPAR__FOP_TASK,
@@ -2754,8 +2799,8 @@ enum {
     DPAR__FOP_COUNT
 };
 static const char *const dpar__fop_names[DPAR__FOP_COUNT] = {
-    "send",      "recv",     "barrier", "broadcast", "reduce", "reduce_scatter", "allgather",
-    "allreduce", "alltoall", "bucket",  "stage",     "steal",  "task",           "any"};
+    "send",     "recv",  "barrier",   "broadcast", "reduce", "reduce_scatter", "allgather", "allreduce",
+    "alltoall", "split", "alltoallv", "bucket",    "stage",  "steal",          "task",      "any"};
 enum { DPAR__FAULT_DELAY = 1, DPAR__FAULT_VANISH = 2, DPAR__FAULT_FAIL = 3 };
 #define DPAR__FAULT_MAX 16
 
@@ -2848,7 +2893,7 @@ static dpar_status dpar__fault_parse(const char *spec, dpar__faults *out, const 
             } else if (DPAR__KEY("op")) {
                 for (k = 0; k < DPAR__FOP_COUNT; k++)
                     if (strlen(dpar__fop_names[k]) == vlen && !memcmp(v, dpar__fop_names[k], vlen)) break;
-                ok = k < DPAR__FOP_COUNT;
+                ok = k < DPAR__FOP_COUNT && k != DPAR_COLL_SPLIT;
                 f->op = k;
             } else if (DPAR__KEY("comm")) {
                 ok = vlen >= 1 && vlen < sizeof f->comm;
@@ -2869,7 +2914,7 @@ static dpar_status dpar__fault_parse(const char *spec, dpar__faults *out, const 
                 return dpar__err(
                     DPAR_EINVAL,
                     "%s: \"%.*s\" in fault %d (\"%s\"): bad value (rank: a number >= 0; at: a number >= 1; "
-                    "op: any, barrier, broadcast, reduce, reduce_scatter, allgather, allreduce, alltoall, "
+                    "op: any, barrier, broadcast, reduce, reduce_scatter, allgather, allreduce, alltoall, alltoallv, "
                     "send, recv, bucket, stage, steal, task; kind: fail, vanish, delay:MS with MS <= "
                     "3600000; comm: 1..31 characters)",
                     who, (int)flen, q, index, f->text);
@@ -4318,8 +4363,9 @@ DPAR_API int dpar_pool_thread_index(const dpar_pool *pool) { return dpar__in_poo
 static const char *const dpar__dtype_names[] = {"f32", "f64", "i32", "i64", "bf16", "f16", "u8"};
 static const size_t dpar__dtype_sizes[] = {4, 8, 4, 8, 2, 2, 1};
 static const char *const dpar__op_names[] = {"sum", "avg", "min", "max", "prod"};
-static const char *const dpar__coll_names[] = {"send",           "recv",      "barrier",   "broadcast", "reduce",
-                                               "reduce_scatter", "allgather", "allreduce", "alltoall",  "split"};
+static const char *const dpar__coll_names[] = {"send",     "recv",           "barrier",   "broadcast",
+                                               "reduce",   "reduce_scatter", "allgather", "allreduce",
+                                               "alltoall", "split",          "alltoallv"};
 
 DPAR_API size_t dpar_dtype_size(dpar_dtype t) { return (unsigned)t < DPAR_DTYPE_COUNT ? dpar__dtype_sizes[t] : 0; }
 DPAR_API const char *dpar_dtype_name(dpar_dtype t)
@@ -4785,6 +4831,8 @@ struct dpar_request {
     dpar_request *next;
     dpar__then then; /* fn NULL: a plain request */
     uint64_t seq2;   /* the chained all-gather's call number */
+    size_t *v;       /* alltoallv: its copy of the counts and displacements (4 N), kept when the request is reused */
+    size_t v_cap, vrecv;
 };
 
 struct dpar_comm {
@@ -4803,6 +4851,8 @@ struct dpar_comm {
     uint64_t seq;             /* collectives issued by this rank */
     void *scratch;            /* grown on demand, kept: no allocation per call once warm */
     size_t scratch_bytes;
+    size_t *vbuf; /* a blocking alltoallv's counts and displacements, resolved (4 N, host memory, kept) */
+    size_t vbuf_cap;
     dpar_comm_stats stats; /* counters, updated with relaxed atomics */
     int last_coll;
     uint64_t last_busbw_bits; /* the double, as bits, so it can be an atomic */
@@ -4865,6 +4915,9 @@ static void dpar__fp_describe(const dpar__fp *f, char *buf, size_t n)
         break;
     case DPAR_COLL_BARRIER:
     case DPAR_COLL_SPLIT: k = snprintf(buf, n, "%s()", name); break;
+    case DPAR_COLL_ALLTOALLV: /* its count is one pair's: the messages about a pair say it */
+        k = snprintf(buf, n, "%s(dtype=%s)", name, dpar_dtype_name((dpar_dtype)f->dtype));
+        break;
     case DPAR_COLL_BROADCAST:
         k = snprintf(buf, n, "%s(count=%llu, dtype=%s, root=%d)", name, (unsigned long long)f->count,
                      dpar_dtype_name((dpar_dtype)f->dtype), f->root);
@@ -4898,6 +4951,20 @@ static void dpar__on_comm(const dpar_comm *c, char *buf, size_t n)
     if (strcmp(c->name, "comm") != 0 && k < n) snprintf(buf + k, n - k, " on %s", c->name);
 }
 
+/* alltoallv's mismatch story: `from` says it sends from->count elements to `to`, which expects to->count */
+static void dpar__v_story(char *msg, size_t n, const dpar__fp *from, const dpar__fp *to, const dpar_comm *c)
+{
+    char where[48];
+    where[0] = 0;
+    dpar__on_comm(c, where, sizeof where);
+    snprintf(msg, n,
+             "rank %d sends %llu elements to rank %d in alltoallv #%llu at %s:%d but rank %d expects %llu from rank %d "
+             "(alltoallv #%llu at %s:%d)%s",
+             from->rank, (unsigned long long)from->count, to->rank, (unsigned long long)from->seq,
+             from->file ? from->file : "?", from->line, to->rank, (unsigned long long)to->count, from->rank,
+             (unsigned long long)to->seq, to->file ? to->file : "?", to->line, where);
+}
+
 /* Does the fingerprint `theirs` (from a message) fit the call `x` makes? Writes the mismatch story. */
 static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t their_bytes, size_t my_bytes, char *msg,
                           size_t n)
@@ -4915,7 +4982,10 @@ static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t the
     dpar__fp_describe(theirs, a, sizeof a);
     dpar__fp_describe(mine, b, sizeof b);
     dpar__on_comm(x->c, b, sizeof b);
-    if (same) /* only possible with no_check, or a bug: never read past the buffer */
+    if (!same && mine->coll == DPAR_COLL_ALLTOALLV && theirs->coll == mine->coll && theirs->seq == mine->seq &&
+        theirs->dtype == mine->dtype && theirs->count != mine->count) /* one pair's counts: the sender's, mine */
+        dpar__v_story(msg, n, theirs, mine, x->c);
+    else if (same) /* only possible with no_check, or a bug: never read past the buffer */
         snprintf(msg, n, "rank %d offered %zu bytes where rank %d expected %zu (%s vs %s)", theirs->rank, their_bytes,
                  mine->rank, my_bytes, a, b);
     else snprintf(msg, n, "rank %d called %s while rank %d called %s", mine->rank, b, theirs->rank, a);
@@ -5362,6 +5432,40 @@ static dpar_status dpar__barrier(dpar__ctx *x)
 {
     if (x->c->check) DPAR__TRY(dpar__ring_check(x));
     return dpar__dissemination(x);
+}
+
+/* alltoallv: alltoall's N-1 pairwise rounds with a count per peer; v: sendcounts, sdispls, recvcounts, rdispls (N
+   each, elements, resolved). Every pair exchanges a message, empty or not: its fingerprint carries the pair's count
+   (what the sender sends), which the receiver's fetch compares with what it expects before it reads a byte. One pair
+   that disagrees is seen by one rank only, so the checker ends with a dissemination: no rank finishes it before every
+   rank has finished its checks, and the rank that saw the mismatch poisons the comm instead of starting it, so every
+   rank fails. fp_only: the messages are empty (the check before MPI's own alltoallv). */
+static dpar_status dpar__alltoallv_pairwise(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es,
+                                            int fp_only)
+{
+    dpar_comm *c = x->c;
+    int N = c->size, r = c->rank, i;
+    const size_t *sc = v, *sd = v + N, *rc = v + 2 * N, *rd = v + 3 * N;
+    if (sc[r] != rc[r]) { /* this rank disagrees with itself: a peer never learns it unless told */
+        char msg[DPAR__ERROR_TEXT];
+        dpar__fp me = x->fp;
+        me.count = sc[r];
+        x->fp.count = rc[r];
+        dpar__v_story(msg, sizeof msg, &me, &x->fp, c);
+        return dpar__tp_fail(c, DPAR_EMISMATCH, msg);
+    }
+    if (!fp_only && sc[r]) DPAR__TRY(dpar__tp_copy(x, recv + rd[r] * es, send + sd[r] * es, sc[r] * es));
+    for (i = 1; i < N; i++) {
+        int dst = (r + i) % N, src = (r + N - i) % N;
+        size_t sb = fp_only ? 0 : sc[dst] * es, rb = fp_only ? 0 : rc[src] * es;
+        x->fp.count = sc[dst];
+        DPAR__TRY(dpar__post(x, dst, sb ? send + sd[dst] * es : NULL, sb));
+        x->fp.count = rc[src];
+        DPAR__TRY(dpar__recv_into(x, src, rb ? recv + rd[src] * es : NULL, rb));
+    }
+    for (i = 1; i < N; i++) DPAR__TRY(dpar__drain(x, (r + i) % N, 0));
+    x->fp.count = 0;
+    return dpar__agree(x);
 }
 
 /* >>algo: one-shot and reduce-by-slice allreduce over shared memory; streaming stores ----------- */
@@ -6013,6 +6117,10 @@ typedef struct dpar__call { /* one collective call, as made */
     const char *file;
     int line;
     const size_t *offs, *lens; /* allgather: rank r's block, when not dpar_block_range's */
+    const size_t *v;           /* alltoallv: sendcounts, sdispls, recvcounts, rdispls (N each, resolved); count is
+                                  the elements this rank sends, vrecv those it receives */
+    size_t vrecv;
+    int host; /* 1: the buffers are host memory whatever the comm's dpar_comm_memory (dpar_alltoallv_counts) */
 } dpar__call;
 
 /* >>fault's hook, where a comm operation starts (only when c->fault is set): the fault due here, if any */
@@ -6061,6 +6169,8 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     x.fp.file = call->file;
     x.fp.line = call->line;
     x.deadline = c->timeout_ns ? t0 + c->timeout_ns : 0;
+    x.host = call->host;
+    if (call->coll == DPAR_COLL_ALLTOALLV) x.fp.count = 0; /* the pairs' counts travel with their messages */
     if ((st = DPAR__FAULT(c, call->coll)) != DPAR_OK) return st;
     if ((st = dpar__tp_poisoned(c)) != DPAR_OK) return st;
     dpar__tp_enter(&x);
@@ -6080,13 +6190,14 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
         case DPAR_COLL_ALLREDUCE:
             if (bytes1) st = dpar__tp_divide(&x, recv, send, call->count, call->dtype, 1);
             break;
+        case DPAR_COLL_ALLTOALLV: st = dpar__alltoallv_pairwise(&x, send, recv, call->v, es, 0); break;
         default: break;
         }
     } else if ((st = dpar__tp_native(&x, call, &native)) != DPAR_OK) {
         /* the transport's own collective failed */
     } else if (native) {
         algo = DPAR_ALGO_NATIVE; /* done by the transport's own collective */
-    } else if (call->count == 0 && call->coll != DPAR_COLL_BARRIER) {
+    } else if (call->count == 0 && call->coll != DPAR_COLL_BARRIER && call->coll != DPAR_COLL_ALLTOALLV) {
         st = x.c->check ? dpar__barrier(&x) : DPAR_OK; /* nothing to move; the fingerprints still meet */
     } else {
         switch (call->coll) {
@@ -6130,6 +6241,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
                         : dpar__allreduce_auto(&x, send, recv, call->count, call->dtype, call->op, &algo);
             break;
         case DPAR_COLL_ALLTOALL: st = dpar__alltoall_pairwise(&x, send, recv, call->count, es); break;
+        case DPAR_COLL_ALLTOALLV: st = dpar__alltoallv_pairwise(&x, send, recv, call->v, es, 0); break;
         default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)call->coll); break;
         }
     }
@@ -6138,7 +6250,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
     bytes = (uint64_t)call->count * es * (call->coll == DPAR_COLL_ALLTOALL ? (uint64_t)N : 1u);
     if (call->coll == DPAR_COLL_ALLREDUCE) factor = 2.0 * (N - 1) / N;
     else if (call->coll == DPAR_COLL_REDUCE_SCATTER || call->coll == DPAR_COLL_ALLGATHER ||
-             call->coll == DPAR_COLL_ALLTOALL)
+             call->coll == DPAR_COLL_ALLTOALL || call->coll == DPAR_COLL_ALLTOALLV)
         factor = (double)(N - 1) / N;
     busbw = dt ? (double)bytes / (double)dt * factor : 0.0;
     {
@@ -6200,6 +6312,7 @@ static dpar_status dpar__validate(dpar_comm *c, const dpar__call *call, const ch
     if ((unsigned)call->op >= DPAR_OP_COUNT)
         return dpar__err(DPAR_EINVAL, "%s at %s:%d: op %d is not a dpar_op", api, call->file, call->line,
                          (int)call->op);
+    if (call->coll == DPAR_COLL_ALLTOALLV) return DPAR_OK; /* dpar__v_prepare has checked the rest */
     if (n > SIZE_MAX / es / (call->coll == DPAR_COLL_ALLTOALL ? (size_t)N : 1u))
         return dpar__err(DPAR_EINVAL, "%s at %s:%d: count %zu is too large", api, call->file, call->line, n);
     if (call->coll == DPAR_COLL_ALLREDUCE && c->det && (N & (N - 1)))
@@ -6335,6 +6448,96 @@ DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *r
 {
     dpar__call call = dpar__call_make(DPAR_COLL_ALLTOALL, send, recv, count, dtype, DPAR_SUM, 0, file, line);
     return dpar__collective(comm, &call, "dpar_alltoall");
+}
+
+/* alltoallv's arguments: checked, and resolved into the comm's kept array (4 N: sendcounts, sdispls, recvcounts,
+   rdispls; NULL displacements become the packed ones); call->v, count (elements sent) and vrecv set */
+static dpar_status dpar__v_prepare(dpar_comm *c, dpar__call *call, const size_t *sc, const size_t *sd, const size_t *rc,
+                                   const size_t *rd, const char *api)
+{
+    size_t es, N, q, *v, send_end = 0, recv_end = 0, sent = 0, got = 0, lim;
+    int sorted = 1;
+    if (!c) return dpar__err(DPAR_EINVAL, "%s: comm is NULL", api);
+    es = dpar_dtype_size(call->dtype);
+    if (!es)
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: dtype %d is not a dpar_dtype", api, call->file, call->line,
+                         (int)call->dtype);
+    if (!sc || !rc)
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: %s is NULL", api, call->file, call->line,
+                         !sc ? "sendcounts" : "recvcounts");
+    N = (size_t)c->size;
+    if (4 * N > c->vbuf_cap) {
+        size_t *p = (size_t *)dpar__alloc(&c->allocator, 4 * N * sizeof(size_t));
+        if (!p) return dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
+        dpar__free(&c->allocator, c->vbuf);
+        c->vbuf = p;
+        c->vbuf_cap = 4 * N;
+    }
+    v = c->vbuf;
+    lim = SIZE_MAX / es; /* every element offset below must stay under it: its bytes fit a size_t */
+    for (q = 0; q < N; q++) {
+        size_t s_off = sd ? sd[q] : sent, r_off = rd ? rd[q] : got;
+        if (sc[q] > lim || s_off > lim - sc[q] || rc[q] > lim || r_off > lim - rc[q] || sent > lim - sc[q] ||
+            got > lim - rc[q])
+            return dpar__err(DPAR_EINVAL,
+                             "%s at %s:%d: the block of rank %zu overflows (send %zu elements at %zu, recv %zu at "
+                             "%zu, %s)",
+                             api, call->file, call->line, q, sc[q], s_off, rc[q], r_off, dpar_dtype_name(call->dtype));
+        v[q] = sc[q], v[N + q] = s_off, v[2 * N + q] = rc[q], v[3 * N + q] = r_off;
+        sent += sc[q];
+        got += rc[q];
+        if (sc[q] && s_off + sc[q] > send_end) send_end = s_off + sc[q];
+        if (rc[q]) {
+            if (r_off < recv_end) sorted = 0; /* behind an earlier block: the pairwise check below */
+            if (r_off + rc[q] > recv_end) recv_end = r_off + rc[q];
+        }
+    }
+    if ((send_end && !call->send) || (recv_end && !call->recv))
+        return dpar__err(DPAR_EINVAL, "%s at %s:%d: %s is NULL with %zu elements to %s", api, call->file, call->line,
+                         send_end && !call->send ? "send" : "recv", send_end && !call->send ? send_end : recv_end,
+                         send_end && !call->send ? "send" : "receive");
+    if (dpar__overlap(call->send, send_end * es, call->recv, recv_end * es) || (call->send == call->recv && got))
+        return dpar__err(DPAR_EINVAL,
+                         "%s at %s:%d: send and recv overlap (alltoallv is not in place: a rank's blocks "
+                         "differ in size from its peers')",
+                         api, call->file, call->line);
+    if (!sorted) { /* recv blocks out of rank order: each pair (rare layouts; in rank order the loop above did it) */
+        size_t a, b;
+        for (a = 0; a < N; a++)
+            for (b = a + 1; b < N; b++)
+                if (rc[a] && rc[b] && v[3 * N + a] < v[3 * N + b] + rc[b] && v[3 * N + b] < v[3 * N + a] + rc[a])
+                    return dpar__err(DPAR_EINVAL, "%s at %s:%d: the recv blocks of ranks %zu and %zu overlap", api,
+                                     call->file, call->line, a, b);
+    }
+    call->v = v;
+    call->count = sent;
+    call->vrecv = got;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_alltoallv_at(dpar_comm *comm, const void *send, const size_t *sendcounts,
+                                       const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                       const size_t *rdispls, dpar_dtype dtype, const char *file, int line)
+{
+    dpar__call call = dpar__call_make(DPAR_COLL_ALLTOALLV, send, recv, 0, dtype, DPAR_SUM, 0, file, line);
+    dpar_status st = dpar__v_prepare(comm, &call, sendcounts, sdispls, recvcounts, rdispls, "dpar_alltoallv");
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    return dpar__collective(comm, &call, "dpar_alltoallv");
+}
+
+/* an alltoall of one size_t per peer, on host memory whatever the comm's dpar_comm_memory */
+DPAR_API dpar_status dpar_alltoallv_counts_at(dpar_comm *comm, const size_t *sendcounts, size_t *recvcounts,
+                                              const char *file, int line)
+{
+    dpar__call call =
+        dpar__call_make(DPAR_COLL_ALLTOALL, sendcounts, recvcounts, sizeof(size_t), DPAR_U8, DPAR_SUM, 0, file, line);
+    call.host = 1;
+    if (comm && (const void *)sendcounts == (const void *)recvcounts && sendcounts)
+        return dpar__bad_call(comm, dpar__err(DPAR_EINVAL,
+                                              "dpar_alltoallv_counts at %s:%d: sendcounts == recvcounts "
+                                              "(not in place)",
+                                              file, line));
+    return dpar__collective(comm, &call, "dpar_alltoallv_counts");
 }
 
 /* ---- point-to-point ---- */
@@ -6534,8 +6737,10 @@ static void dpar__comm_free(dpar_comm *c)
     while (c->free_reqs) {
         dpar_request *q = c->free_reqs;
         c->free_reqs = q->next;
+        dpar__free(&a, q->v);
         dpar__free(&a, q);
     }
+    dpar__free(&a, c->vbuf);
     dpar__data_free(c, c->scratch);
     dpar__fault_detach(c->fault);
     pthread_mutex_destroy(&c->qlock);
@@ -6740,6 +6945,7 @@ static dpar_status dpar__request_run(dpar_comm *c, dpar_request *q)
         dpar__call_make((dpar_coll)q->coll, q->send, q->recv, q->count, q->dtype, q->op, 0, q->file, q->line);
     dpar_status st;
     call.seq = q->seq;
+    if (q->coll == DPAR_COLL_ALLTOALLV) call.v = q->v, call.vrecv = q->vrecv;
     st = dpar__execute(c, &call);
     if (st == DPAR_OK && q->then.fn) { /* update my block, then gather everyone's */
         size_t off, len;
@@ -6804,10 +7010,31 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *call, dpar_req
     q = comm->free_reqs;
     if (q) comm->free_reqs = q->next;
     pthread_mutex_unlock(&comm->qlock);
-    if (!q && !(q = (dpar_request *)dpar__alloc(&comm->allocator, sizeof *q)))
-        return dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
-    memset(q, 0, sizeof *q);
+    if (!q && (q = (dpar_request *)dpar__alloc(&comm->allocator, sizeof *q)) != NULL) q->v = NULL, q->v_cap = 0;
+    if (!q) return dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
+    {
+        size_t *v = q->v, cap = q->v_cap; /* kept across reuse */
+        memset(q, 0, sizeof *q);
+        q->v = v, q->v_cap = cap;
+    }
     q->comm = comm;
+    if (call->coll == DPAR_COLL_ALLTOALLV) { /* the caller may free its arrays once this returns */
+        size_t n4 = 4 * (size_t)comm->size;
+        if (q->v_cap < n4) {
+            size_t *v = (size_t *)dpar__alloc(&comm->allocator, n4 * sizeof(size_t));
+            if (!v) {
+                pthread_mutex_lock(&comm->qlock);
+                q->next = comm->free_reqs;
+                comm->free_reqs = q;
+                pthread_mutex_unlock(&comm->qlock);
+                return dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
+            }
+            dpar__free(&comm->allocator, q->v);
+            q->v = v, q->v_cap = n4;
+        }
+        memcpy(q->v, call->v, n4 * sizeof(size_t));
+        q->vrecv = call->vrecv;
+    }
     q->coll = (int)call->coll;
     q->send = call->send;
     q->recv = call->recv;
@@ -6874,6 +7101,18 @@ DPAR_API dpar_status dpar_iallgather_at(dpar_comm *comm, const void *send, void 
 {
     dpar__call call = dpar__call_make(DPAR_COLL_ALLGATHER, send, recv, count, dtype, DPAR_SUM, 0, file, line);
     return dpar__icollective(comm, &call, req, "dpar_iallgather", NULL);
+}
+DPAR_API dpar_status dpar_ialltoallv_at(dpar_comm *comm, const void *send, const size_t *sendcounts,
+                                        const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                        const size_t *rdispls, dpar_dtype dtype, dpar_request **req, const char *file,
+                                        int line)
+{
+    dpar__call call = dpar__call_make(DPAR_COLL_ALLTOALLV, send, recv, 0, dtype, DPAR_SUM, 0, file, line);
+    dpar_status st;
+    if (req) *req = NULL;
+    st = dpar__v_prepare(comm, &call, sendcounts, sdispls, recvcounts, rdispls, "dpar_ialltoallv");
+    if (st != DPAR_OK) return comm ? dpar__bad_call(comm, st) : st;
+    return dpar__icollective(comm, &call, req, "dpar_ialltoallv", NULL); /* it copies call.v into the request */
 }
 
 static dpar_status dpar__request_release(dpar_request *q)
@@ -7651,8 +7890,10 @@ static void dpar__o_fp(dpar__ofp *f, const dpar__fp *from)
     snprintf(f->file, sizeof f->file, "%s", n >= sizeof f->file ? file + n - (sizeof f->file - 1) : file);
 }
 
-/* every rank sees every rank's fingerprint: a disagreement fails every rank, naming both sides */
-static dpar_status dpar__o_check(dpar__ctx *x)
+/* every rank sees every rank's fingerprint: a disagreement fails every rank, naming both sides. alltoallv: then every
+   rank's counts (what it sends to each rank, what it expects from each), so every rank finds the same first pair
+   that disagrees (the library offers an allgather, not messages that could carry them pair by pair) */
+static dpar_status dpar__o_check(dpar__ctx *x, const dpar__call *call)
 {
     dpar_comm *c = x->c;
     dpar__ops *o = DPAR__O(c);
@@ -7660,7 +7901,8 @@ static dpar_status dpar__o_check(dpar__ctx *x)
     char *scr = NULL, msg[DPAR__ERROR_TEXT];
     dpar_status st;
     int q;
-    DPAR__TRY(dpar__scratch(c, (size_t)(c->size + 1) * sizeof(dpar__ofp), &scr));
+    size_t N = (size_t)c->size, fps = (N + 1) * sizeof(dpar__ofp), vb = 2 * N * sizeof(uint64_t);
+    DPAR__TRY(dpar__scratch(c, fps + (call->coll == DPAR_COLL_ALLTOALLV ? vb * (N + 1) : 0), &scr));
     all = (dpar__ofp *)(void *)scr;
     dpar__o_fp(&all[c->size], &x->fp);
     st = o->ops.exchange(o->ops.user, &all[c->size], all, sizeof(dpar__ofp), x->deadline);
@@ -7688,6 +7930,30 @@ static dpar_status dpar__o_check(dpar__ctx *x)
         snprintf(msg, sizeof msg, "rank %d called %s while rank %d called %s", c->rank, b, q, a);
         return dpar__o_poison(c, DPAR_EMISMATCH, msg);
     }
+    if (call->coll == DPAR_COLL_ALLTOALLV) { /* row i of counts: rank i's sendcounts, then its recvcounts */
+        uint64_t *counts = (uint64_t *)(void *)(scr + fps), *mine = counts + 2 * N * N;
+        size_t i, j;
+        for (i = 0; i < N; i++) mine[i] = call->v[i], mine[N + i] = call->v[2 * N + i];
+        st = o->ops.exchange(o->ops.user, mine, counts, vb, x->deadline);
+        if (st != DPAR_OK) {
+            snprintf(msg, sizeof msg, "%s rank %d: the contract check's exchange failed: %.400s", c->name, c->rank,
+                     dpar__tls_error);
+            return dpar__o_poison(c, st, msg);
+        }
+        for (i = 0; i < N; i++)
+            for (j = 0; j < N; j++)
+                if (counts[i * 2 * N + j] != counts[j * 2 * N + N + i]) { /* i sends to j; j expects from i */
+                    dpar__fp from, to;
+                    memset(&from, 0, sizeof from);
+                    memset(&to, 0, sizeof to);
+                    from.rank = (int)i, from.count = counts[i * 2 * N + j], from.seq = all[i].seq;
+                    from.file = all[i].file, from.line = all[i].line;
+                    to.rank = (int)j, to.count = counts[j * 2 * N + N + i], to.seq = all[j].seq;
+                    to.file = all[j].file, to.line = all[j].line;
+                    dpar__v_story(msg, sizeof msg, &from, &to, c);
+                    return dpar__o_poison(c, DPAR_EMISMATCH, msg);
+                }
+    }
     return DPAR_OK;
 }
 
@@ -7704,7 +7970,19 @@ static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *don
                          "%s: an all-gather of uneven blocks of one's own layout (a shard plan) is "
                          "not on a comm run by another library",
                          c->name);
-    if (c->check) DPAR__TRY(dpar__o_check(x));
+    if (c->check) DPAR__TRY(dpar__o_check(x, call));
+    if (call->host) { /* dpar_alltoallv_counts: host words, an alltoall through the exchange (an allgather) */
+        size_t b = call->count * dpar__dtype_sizes[call->dtype], N = (size_t)c->size, q;
+        char *scr = NULL;
+        st = dpar__scratch(c, N * N * b, &scr);
+        if (st == DPAR_OK) st = o->ops.exchange(o->ops.user, call->send, scr, N * b, x->deadline);
+        if (st == DPAR_OK) {
+            for (q = 0; q < N; q++) memcpy((char *)call->recv + q * b, scr + (q * N + (size_t)c->rank) * b, b);
+            return DPAR_OK;
+        }
+        snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
+        return dpar__o_poison(c, st, msg);
+    }
     memset(&cc, 0, sizeof cc);
     cc.coll = call->coll;
     cc.send = call->send;
@@ -7717,6 +7995,12 @@ static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *don
     cc.deadline_ns = x->deadline;
     cc.file = call->file;
     cc.line = call->line;
+    if (call->coll == DPAR_COLL_ALLTOALLV) {
+        size_t N = (size_t)c->size;
+        cc.count = call->count + call->vrecv;
+        cc.sendcounts = call->v, cc.sdispls = call->v + N, cc.recvcounts = call->v + 2 * N;
+        cc.rdispls = call->v + 3 * N;
+    }
     st = o->ops.run(o->ops.user, &cc);
     if (st == DPAR_OK) return DPAR_OK;
     snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
@@ -13252,6 +13536,33 @@ static MPI_Op dpar__m_op(dpar_op op)
     }
 }
 
+/* MPI_Alltoallv, when every count and displacement fits MPI's int (else the pairwise rounds run it); the checker's
+   fingerprints meet first in empty pairwise messages, each carrying its pair's count */
+static dpar_status dpar__m_alltoallv(dpar__ctx *x, const struct dpar__call *call, MPI_Datatype ty, int *done)
+{
+    dpar_comm *c = x->c;
+    MPI_Request r = MPI_REQUEST_NULL;
+    size_t N = (size_t)c->size, q;
+    int *iv, rc;
+    dpar_status st;
+    for (q = 0; q < 4 * N; q++)
+        if (call->v[q] > (size_t)INT_MAX) return DPAR_OK;
+    if (c->check) DPAR__TRY(dpar__alltoallv_pairwise(x, NULL, NULL, call->v, 0, 1));
+    iv = (int *)dpar__alloc(&c->allocator, 4 * N * sizeof(int));
+    if (!iv) return dpar__tp_fail(c, dpar__err(DPAR_ENOMEM, "%s: out of memory", c->name), dpar_last_error());
+    for (q = 0; q < 4 * N; q++) iv[q] = (int)call->v[q];
+    rc = MPI_Ialltoallv(call->send, iv, iv + N, ty, call->recv, iv + 2 * N, iv + 3 * N, ty, DPAR__M(c)->comm, &r);
+    if (rc != MPI_SUCCESS) {
+        dpar__free(&c->allocator, iv);
+        return dpar__m_poison(c, dpar__m_error(c, rc, "alltoallv", -1), dpar_last_error());
+    }
+    st = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
+    if (st != DPAR_OK) return st; /* MPI's collective cannot be cancelled or freed: it keeps iv */
+    dpar__free(&c->allocator, iv);
+    *done = 1;
+    return DPAR_OK;
+}
+
 static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, int *done)
 {
     dpar_comm *c = x->c;
@@ -13272,6 +13583,7 @@ static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, i
     }
     if (!m->native || m->T != 1 || c->det || (ty == MPI_DATATYPE_NULL && call->coll != DPAR_COLL_BARRIER))
         return DPAR_OK;
+    if (call->coll == DPAR_COLL_ALLTOALLV) return dpar__m_alltoallv(x, call, ty, done);
     if (call->count > (size_t)INT_MAX / (size_t)N || call->offs)
         return DPAR_OK;                           /* MPI counts are ints; own layouts: the ring */
     if (c->check) DPAR__TRY(dpar__ring_check(x)); /* fingerprints meet before MPI's call, which cannot time out */

@@ -265,6 +265,78 @@ DT_UNUSED static void allreduce_rank(world *w, dpar_comm *c, int r)
     }
 }
 
+/* ---- alltoallv: a serial reference of who sends what to whom ---- */
+/* the elements rank `from` sends to rank `to` in a case of count n: 0..per, some zero, and rank n % N sends nothing
+   at all (per = n / N, at least 1 when n > 0: the blocks of all peers fit N * per, as alltoall's) */
+DT_UNUSED static size_t v_count(int from, int to, size_t n, int N)
+{
+    size_t per = n / (size_t)N ? n / (size_t)N : (n ? 1 : 0);
+    if (from == (int)(n % (size_t)N)) return 0;
+    return ((size_t)from * 7 + (size_t)to * 3 + n) % (per + 1);
+}
+/* displacements of counts[0..N-1]: packed in rank order, or (rev) packed in reverse rank order */
+DT_UNUSED static void v_displs(const size_t *counts, int N, int rev, size_t *displs)
+{
+    size_t at = 0;
+    int k;
+    for (k = 0; k < N; k++) {
+        int q = rev ? N - 1 - k : k;
+        displs[q] = at;
+        at += counts[q];
+    }
+}
+/* alltoallv: random-looking counts with zeros and a rank that sends nothing, both layouts (NULL = packed, and
+   reversed), against the serial reference: the block from q lands at rdispls[q] holding q's elements for r; the
+   count helper gives back the reference's counts; the async form with its arrays freed before the wait */
+DT_UNUSED static void alltoallv_rank(world *w, dpar_comm *c, int r, const matrix_case *m)
+{
+    size_t es = dpar_dtype_size(m->t), n = m->count, sc[8], sd[8], rc[8], rd[8], got[8], i, send_n = 0, recv_n = 0;
+    char *s = m->send[r], *v = m->recv[r];
+    int N = w->n, q, bad = 0, k;
+    if (N > 8) return;
+    for (q = 0; q < N; q++) {
+        sc[q] = v_count(r, q, n, N);
+        rc[q] = v_count(q, r, n, N);
+        send_n += sc[q];
+        recv_n += rc[q];
+    }
+    v_displs(sc, N, r & 1, sd);
+    v_displs(rc, N, !(r & 1), rd);
+    for (k = 0; k < 3 && !bad; k++) {   /* 0: blocking, 1: async, 2: blocking once more (the request's arrays kept) */
+        if (m->device) m->device(s, 0); /* a stream-ordered device: its peers' reads of s are done (0 bytes: a sync) */
+        for (q = 0; q < N; q++) fill(s + sd[q] * es, r * 100 + q, 0, sc[q], m->t, DPAR_SUM);
+        dev(m, s, send_n * es);
+        memset(v, 0x5a, recv_n * es);
+        if (k == 1) {
+            dpar_request *req = NULL;
+            size_t *a = (size_t *)malloc(4 * 8 * sizeof(size_t));
+            memcpy(a, sc, sizeof sc), memcpy(a + 8, rc, sizeof rc), memcpy(a + 16, rd, sizeof rd);
+            expect_ok(w, dpar_ialltoallv(c, s, a, (r & 1) ? sd : NULL, v, a + 8, (r & 1) ? NULL : a + 16, m->t, &req),
+                      "ialltoallv", r);
+            memset(a, 0xff, 4 * 8 * sizeof(size_t)); /* the request must have its own copy */
+            free(a);
+            if (req) expect_ok(w, dpar_request_wait(req), "ialltoallv wait", r);
+        } else {
+            expect_ok(w, dpar_alltoallv(c, s, sc, (r & 1) ? sd : NULL, v, rc, (r & 1) ? NULL : rd, m->t), "alltoallv",
+                      r);
+        }
+        dev(m, v, recv_n * es);
+        for (q = 0; q < N && !bad; q++)
+            for (i = 0; i < rc[q] && !bad; i++)
+                bad = get(v + rd[q] * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
+        if (bad)
+            note(w, "alltoallv%s N=%d n=%zu %s: rank %d, the block from rank %d wrong at %zu", k == 1 ? " (async)" : "",
+                 N, n, dpar_dtype_name(m->t), r, q - 1, i - 1);
+    }
+    memset(got, 0xee, sizeof got);
+    expect_ok(w, dpar_alltoallv_counts(c, sc, got), "alltoallv_counts", r);
+    for (q = 0; q < N; q++)
+        if (got[q] != rc[q]) {
+            note(w, "alltoallv_counts N=%d n=%zu: rank %d got %zu from rank %d, want %zu", N, n, r, got[q], q, rc[q]);
+            break;
+        }
+}
+
 /* broadcast, allgather, alltoall: the values must arrive unchanged */
 DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
 {
@@ -332,6 +404,7 @@ DT_UNUSED static void movement_rank(world *w, dpar_comm *c, int r)
         for (i = 0; i < per && !bad; i++)
             bad = get(s + (size_t)q * per * es, m->t, i) != input(q * 100 + r, i, m->t, DPAR_SUM);
     if (bad) note(w, "alltoall in place N=%d per=%zu: rank %d wrong", N, per, r);
+    alltoallv_rank(w, c, r, m);
     expect_ok(w, dpar_barrier(c), "barrier", r);
 }
 

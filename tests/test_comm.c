@@ -1832,6 +1832,9 @@ static dpar_status lib_run(void *user, const dpar_comm_call *k)
     case DPAR_COLL_ALLGATHER: return dpar_allgather(l->inner, k->send, k->recv, k->count, k->dtype);
     case DPAR_COLL_ALLREDUCE: return dpar_allreduce(l->inner, k->send, k->recv, k->count, k->dtype, k->op);
     case DPAR_COLL_ALLTOALL: return dpar_alltoall(l->inner, k->send, k->recv, k->count, k->dtype);
+    case DPAR_COLL_ALLTOALLV:
+        return dpar_alltoallv(l->inner, k->send, k->sendcounts, k->sdispls, k->recv, k->recvcounts, k->rdispls,
+                              k->dtype);
     default: return dpar_set_error(DPAR_EINVAL, "lib_run: call %d", (int)k->coll);
     }
 }
@@ -1875,7 +1878,10 @@ static void ops_matrix_rank(world *w, dpar_comm *inner, int r)
     matrix_rank(w, c, r);
     if (dpar_comm_stats_get(c, &st) != DPAR_OK || st.by_coll[DPAR_COLL_ALLREDUCE].calls != 2)
         note(w, "rank %d: %llu allreduce calls counted", r, (unsigned long long)st.by_coll[DPAR_COLL_ALLREDUCE].calls);
-    if (l.runs < 10 || l.exchanges != l.runs) note(w, "rank %d: %ld runs, %ld exchanges", r, l.runs, l.exchanges);
+    /* one exchange per run, but two for each of movement_rank's 3 alltoallv (the counts too) and two for its count
+       helper (an alltoall of host words through the exchange, no run) */
+    if (l.runs < 10 || l.exchanges != l.runs + 3 + 2)
+        note(w, "rank %d: %ld runs, %ld exchanges", r, l.runs, l.exchanges);
     dpar_comm_destroy(c);
     if (!l.destroyed) note(w, "rank %d: ops.destroy not called", r);
 }
@@ -1953,6 +1959,313 @@ static void test_ops_comm_errors(void)
     d.deterministic = 0;
     CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_OK && c);
     CHECK(dpar_comm_destroy(c) == DPAR_OK);
+}
+
+/* ---- alltoallv: random counts, the count check, bad input, timeouts ---- */
+/* the elements `from` sends to `to` in round `seed`: 0..max, about a third of them 0; rank `quiet` sends nothing */
+static size_t rv_count(unsigned seed, int from, int to, size_t max, int quiet)
+{
+    unsigned long long h = (unsigned long long)seed * 0x9e3779b97f4a7c15ull + (unsigned long long)from * 1000003u +
+                           (unsigned long long)to * 7919u;
+    h ^= h >> 29, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 32;
+    if (from == quiet || h % 3 == 0) return 0;
+    return (size_t)(h >> 8) % (max + 1);
+}
+typedef struct {
+    unsigned seeds;
+    size_t max;
+    dpar_dtype t;
+    char *buf[8]; /* per rank: send at 0, recv at half */
+    size_t half;
+} rv_job;
+/* every round: counts from rv_count, displacements with gaps in a shuffled rank order (recv) and packed (send);
+   the receiver's reference is computed serially from the sender's formula, and what lies between blocks is
+   untouched */
+static void rv_rank(world *w, dpar_comm *c, int r)
+{
+    rv_job *j = (rv_job *)w->user;
+    size_t es = dpar_dtype_size(j->t), sc[8], rc[8], rd[8], i, at;
+    char *s = j->buf[r], *v = j->buf[r] + j->half * es;
+    int N = w->n, q, k;
+    unsigned seed;
+    for (seed = 1; seed <= j->seeds; seed++) {
+        int quiet = (int)(seed % (unsigned)(N + 1)) - 1; /* -1: nobody is quiet this round */
+        size_t got[8];
+        for (q = 0; q < N; q++)
+            sc[q] = rv_count(seed, r, q, j->max, quiet), rc[q] = rv_count(seed, q, r, j->max, quiet);
+        expect_ok(w, dpar_alltoallv_counts(c, sc, got), "alltoallv_counts", r);
+        for (q = 0; q < N; q++)
+            if (got[q] != rc[q])
+                note(w, "seed %u: rank %d: the helper says %zu from %d, want %zu", seed, r, got[q], q, rc[q]);
+        for (at = 0, k = 0; k < N; k++) { /* recv: ranks in the order (5 k + seed) % N, with a gap of 2 after each */
+            q = (int)(((unsigned)k * 5u + seed) % (unsigned)N);
+            rd[q] = at;
+            at += rc[q] + 2;
+        }
+        for (q = 0; q < N; q++) /* 5 is prime to every N of Ns but 5: there the plain order */
+            if (N == 5) rd[q] = (size_t)q * (j->max + 2);
+        for (q = 0, at = 0; q < N; q++) {
+            fill(s + at * es, r * 100 + q + (int)seed, 0, sc[q], j->t, DPAR_SUM);
+            at += sc[q];
+        }
+        memset(v, 0x5a, j->half * es);
+        expect_ok(w, dpar_alltoallv(c, s, sc, NULL, v, rc, rd, j->t), "alltoallv", r);
+        for (q = 0; q < N; q++)
+            for (i = 0; i < rc[q]; i++)
+                if (get(v + rd[q] * es, j->t, i) != input(q * 100 + r + (int)seed, i, j->t, DPAR_SUM)) {
+                    note(w, "seed %u N=%d %s: rank %d, element %zu from rank %d wrong", seed, N, dpar_dtype_name(j->t),
+                         r, i, q);
+                    return;
+                }
+        for (q = 0; q < N; q++) /* the gaps: untouched */
+            if (N != 5 && (unsigned char)v[(rd[q] + rc[q]) * es] != 0x5a) {
+                note(w, "seed %u: rank %d: the byte after the block from %d was written", seed, r, q);
+                return;
+            }
+    }
+}
+static void test_alltoallv_random_counts_every_dtype(void)
+{
+    int ni, t;
+    rv_job j;
+    memset(&j, 0, sizeof j);
+    j.half = 8 * (300 + 2);
+    for (t = 0; t < 8; t++) j.buf[t] = (char *)malloc(2 * j.half * 8);
+    for (ni = 0; ni < NN; ni++)
+        for (t = 0; t < DPAR_DTYPE_COUNT; t++) {
+            int N = Ns[ni], fails;
+            j.t = (dpar_dtype)t;
+            j.seeds = 12;
+            j.max = t == DPAR_F32 ? 300 : 40;
+            fails = run_world(N, rv_rank, &j);
+            if (t == DPAR_F32 && !(N & (N - 1))) { /* the deterministic mode and small segments change nothing */
+                dpar_comm_desc d;
+                memset(&d, 0, sizeof d);
+                d.deterministic = 1;
+                d.segment_bytes = 64;
+                fails += run_world_desc(N, &d, rv_rank, &j, NULL, 0);
+            }
+            CHECK_MSG(fails == 0, "N=%d %s: %d failures", N, dpar_dtype_name(j.t), fails);
+        }
+    for (t = 0; t < 8; t++) free(j.buf[t]);
+}
+
+/* a count that one pair disagrees on fails every rank, naming both ranks, both counts and both call sites; also on a
+   rank that disagrees with itself, through the async form, on the fake device, and through a library's comm */
+typedef struct {
+    int kind; /* 0: rank 0 sends 5 to rank 2, which expects 4; 1: rank 1 with itself; 2: kind 0 async; 3: no_check */
+    dpar_status st[4];
+    char msg[4][DPAR__ERROR_TEXT];
+    double seconds[4];
+    int line_a, line_b;
+} vm_job;
+static vm_job vm;
+static void vm_call(world *w, dpar_comm *c, int r)
+{
+    float x[64], y[64];
+    size_t sc[4], rc[4];
+    int q;
+    double t0 = dt_now();
+    (void)w;
+    memset(x, 0, sizeof x);
+    for (q = 0; q < 4; q++) sc[q] = rc[q] = 3;
+    if (vm.kind != 1 && r == 0) sc[2] = 5;
+    if (vm.kind != 1 && r == 2) rc[0] = 4;
+    if (vm.kind == 1 && r == 1) rc[1] = 2;
+    (void)dpar_barrier(c); /* so the alltoallv is #2 (a rank that disagrees with itself may poison it) */
+    if (vm.kind == 2) {
+        dpar_request *req = NULL;
+        vm.st[r] = dpar_ialltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32, &req);
+        if (vm.st[r] == DPAR_OK) vm.st[r] = dpar_request_wait(req);
+    } else if (r == 2) {
+        vm.line_b = __LINE__ + 1;
+        vm.st[r] = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
+    } else {
+        vm.line_a = __LINE__ + 1;
+        vm.st[r] = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
+    }
+    snprintf(vm.msg[r], sizeof vm.msg[r], "%s", dpar_last_error());
+    vm.seconds[r] = dt_now() - t0;
+}
+static void vm_lib_rank(world *w, dpar_comm *inner, int r)
+{
+    lib_rank l;
+    dpar_comm *c = lib_comm(&l, inner, 0);
+    if (!c) return;
+    vm_call(w, c, r);
+    if (l.runs != 1) note(w, "rank %d: the library ran %ld calls (the barrier alone)", r, l.runs);
+    dpar_comm_destroy(c);
+}
+static void test_alltoallv_mismatch_names_both_sides(void)
+{
+    int kind, r, how;
+    for (how = 0; how < 3; how++) /* thread ranks, the fake device, a library's comm */
+        for (kind = 0; kind < 4; kind++) {
+            dpar_comm_desc d;
+            char a[160], b[160];
+            if (how == 2 && kind > 1) continue;
+            if (how == 1) d = fake_desc(4, 1);
+            else memset(&d, 0, sizeof d);
+            memset(&vm, 0, sizeof vm);
+            vm.kind = kind;
+            d.timeout_ms = 5000;
+            d.no_check = kind == 3;
+            if (how == 2) {
+                dpar_comm_desc inner;
+                memset(&inner, 0, sizeof inner);
+                inner.timeout_ms = 5000;
+                run_world_desc(4, &inner, vm_lib_rank, NULL, NULL, 0);
+            } else {
+                run_world_desc(4, &d, vm_call, NULL, NULL, 0);
+            }
+            if (kind == 1) {
+                snprintf(a, sizeof a, "rank 1 sends 3 elements to rank 1 in alltoallv #2 at tests/test_comm.c:%d",
+                         vm.line_a);
+                snprintf(b, sizeof b, "but rank 1 expects 2 from rank 1 (alltoallv #2 at tests/test_comm.c:%d)",
+                         vm.line_a);
+            } else if (kind == 3) { /* no check: the bytes still differ, caught by rank 2 (no promise for the rest) */
+                snprintf(a, sizeof a, "rank 0 offered 20 bytes where rank 2 expected 16");
+                snprintf(b, sizeof b, "alltoallv(dtype=f32)");
+            } else {
+                snprintf(a, sizeof a, "rank 0 sends 5 elements to rank 2 in alltoallv #2 at tests/test_comm.c:%d",
+                         kind == 2 ? 0 : vm.line_a);
+                snprintf(b, sizeof b, "but rank 2 expects 4 from rank 0 (alltoallv #2 at tests/test_comm.c:%d)",
+                         kind == 2 ? 0 : vm.line_b);
+                if (kind == 2) a[strlen(a) - 1] = 0, b[strlen(b) - 2] = 0; /* the async call's line: one for all */
+            }
+            for (r = 0; r < 4; r++) {
+                if (kind == 3 && r != 2) {
+                    CHECK_MSG(vm.seconds[r] < 2.0, "how %d kind %d rank %d took %.2f s", how, kind, r, vm.seconds[r]);
+                    continue;
+                }
+                CHECK_MSG(vm.st[r] == DPAR_EMISMATCH, "how %d kind %d rank %d: %s (%s)", how, kind, r,
+                          dpar_status_string(vm.st[r]), vm.msg[r]);
+                CHECK_MSG(strstr(vm.msg[r], a) && strstr(vm.msg[r], b), "how %d kind %d rank %d: '%s'", how, kind, r,
+                          vm.msg[r]);
+                CHECK_MSG(vm.seconds[r] < 2.0, "how %d kind %d rank %d took %.2f s", how, kind, r, vm.seconds[r]);
+            }
+            if (how == 0 && kind == 0) printf("    e.g. %s\n", vm.msg[1]);
+        }
+}
+
+/* a rank that never comes to the alltoallv is named by the others' timeout */
+static int vt_done;
+static void vt_rank(world *w, dpar_comm *c, int r)
+{
+    float x[16], y[16];
+    size_t sc[3] = {1, 2, 3}, rc[3];
+    dpar_status st;
+    int q;
+    memset(x, 0, sizeof x);
+    for (q = 0; q < 3; q++) rc[q] = (size_t)r + 1;
+    if (r == 2) { /* it stays (silent) until the others gave up */
+        while (__atomic_load_n(&vt_done, __ATOMIC_ACQUIRE) < 2) usleep(1000);
+        return;
+    }
+    st = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
+    __atomic_add_fetch(&vt_done, 1, __ATOMIC_RELEASE);
+    if (st != DPAR_ETIMEDOUT || !strstr(dpar_last_error(), "in alltoallv(dtype=f32) #1") ||
+        !strstr(dpar_last_error(), "rank 2 never arrived"))
+        note(w, "rank %d: %s: %s", r, dpar_status_string(st), dpar_last_error());
+}
+static void test_alltoallv_timeout_names_the_absent_rank(void)
+{
+    dpar_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 200;
+    CHECK(run_world_desc(3, &d, vt_rank, NULL, NULL, 0) == 0);
+}
+
+/* bad arguments: each a clear EINVAL (and, as for every collective, the group is poisoned: a fresh one each) */
+static dpar_status vb_status;
+static char vb_msg[DPAR__ERROR_TEXT];
+static int vb_case;
+static void vb_rank(world *w, dpar_comm *c, int r)
+{
+    float x[64], y[64];
+    size_t sc[2] = {2, 2}, rc[2] = {2, 2}, rd[2] = {0, 2}, big[2] = {SIZE_MAX / 2, 1}, ovl[2] = {0, 1};
+    size_t rev[2] = {3, 0}, revo[2] = {1, 0}, huge[2] = {SIZE_MAX - 1, 0};
+    dpar_request *req = NULL;
+    dpar_status st = DPAR_OK;
+    (void)w;
+    memset(x, 0, sizeof x);
+    if (r != 0) return;
+    switch (vb_case) {
+    case 0: st = dpar_alltoallv(c, x, NULL, NULL, y, rc, NULL, DPAR_F32); break;
+    case 1: st = dpar_alltoallv(c, x, sc, NULL, y, NULL, NULL, DPAR_F32); break;
+    case 2: st = dpar_alltoallv(c, x, big, NULL, y, rc, NULL, DPAR_F32); break;
+    case 3: st = dpar_alltoallv(c, x, sc, huge, y, rc, NULL, DPAR_U8); break;
+    case 4: st = dpar_alltoallv(c, x, sc, NULL, y, rc, ovl, DPAR_F32); break;  /* in rank order, overlapping */
+    case 5: st = dpar_alltoallv(c, x, sc, NULL, y, rc, revo, DPAR_F32); break; /* out of order, overlapping */
+    case 6: st = dpar_alltoallv(c, x, sc, NULL, x, rc, NULL, DPAR_F32); break; /* in place */
+    case 7: st = dpar_alltoallv(c, x, sc, NULL, x + 3, rc, NULL, DPAR_F32); break;
+    case 8: st = dpar_alltoallv(c, NULL, sc, NULL, y, rc, NULL, DPAR_F32); break;
+    case 9: st = dpar_alltoallv(c, x, sc, NULL, y, rc, rd, (dpar_dtype)42); break;
+    case 10: st = dpar_ialltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32, NULL); break;
+    case 11: st = dpar_alltoallv_counts(c, sc, sc); break;
+    case 12: st = dpar_alltoallv_counts(c, NULL, rc); break;
+    default: st = dpar_alltoallv(c, x, sc, NULL, y, rc, rev, DPAR_F32); break; /* out of order, apart: fine */
+    }
+    if (vb_case > 12 && st == DPAR_OK) st = dpar_alltoallv(c, x, sc, NULL, y, rc, rev, DPAR_F32);
+    vb_status = st;
+    snprintf(vb_msg, sizeof vb_msg, "%s", dpar_last_error());
+    (void)req;
+}
+static void test_alltoallv_bad_input(void)
+{
+    static const char *want[] = {"sendcounts is NULL",
+                                 "recvcounts is NULL",
+                                 "the block of rank 0 overflows (send 9223372036854775807 elements",
+                                 "the block of rank 0 overflows (send 2 elements at 18446744073709551614",
+                                 "the recv blocks of ranks 0 and 1 overlap",
+                                 "the recv blocks of ranks 0 and 1 overlap",
+                                 "send and recv overlap (alltoallv is not in place",
+                                 "send and recv overlap",
+                                 "send is NULL with 4 elements to send",
+                                 "dtype 42 is not a dpar_dtype",
+                                 "req is NULL",
+                                 "sendcounts == recvcounts (not in place)",
+                                 "a buffer is NULL"};
+    int k;
+    for (k = 0; k <= 13; k++) {
+        vb_case = k;
+        vb_status = DPAR_OK;
+        vb_msg[0] = 0;
+        run_world(k == 13 ? 1 : 2, vb_rank, NULL);
+        if (k == 13) {
+            CHECK_MSG(vb_status == DPAR_OK, "case %d: %s", k, vb_msg);
+            continue;
+        }
+        if (sizeof(size_t) < 8 && (k == 2 || k == 3)) continue; /* the numbers above are 64-bit ones */
+        CHECK_MSG(vb_status == DPAR_EINVAL && strstr(vb_msg, want[k]), "case %d: %s: '%s'", k,
+                  dpar_status_string(vb_status), vb_msg);
+    }
+}
+
+/* the counters count alltoallv apart, with the bytes this rank sent and received; the trace names it */
+static void vs_rank(world *w, dpar_comm *c, int r)
+{
+    float x[16], y[16];
+    size_t sc[2], rc[2];
+    dpar_comm_stats st;
+    memset(x, 0, sizeof x);
+    sc[0] = 1, sc[1] = 2 + (size_t)r; /* rank 0 sends 1 + 2, rank 1 sends 1 + 3 */
+    rc[0] = r ? 2 : 1, rc[1] = r ? 3 : 1;
+    expect_ok(w, dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32), "alltoallv", r);
+    dpar_comm_stats_get(c, &st);
+    if (st.by_coll[DPAR_COLL_ALLTOALLV].calls != 1 || st.by_coll[DPAR_COLL_ALLTOALL].calls != 0 ||
+        st.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent != 4 * sc[1 - r] ||
+        st.by_coll[DPAR_COLL_ALLTOALLV].bytes_received != 4 * rc[1 - r] || st.last_coll != DPAR_COLL_ALLTOALLV)
+        note(w, "rank %d: %llu calls, %llu bytes sent, %llu received", r,
+             (unsigned long long)st.by_coll[DPAR_COLL_ALLTOALLV].calls,
+             (unsigned long long)st.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent,
+             (unsigned long long)st.by_coll[DPAR_COLL_ALLTOALLV].bytes_received);
+}
+static void test_alltoallv_counters(void)
+{
+    CHECK(run_world(2, vs_rank, NULL) == 0);
+    CHECK(strcmp(dpar_coll_name(DPAR_COLL_ALLTOALLV), "alltoallv") == 0);
+    CHECK(strcmp(dpar_coll_name(DPAR_COLL_SPLIT), "split") == 0 && DPAR_COLL_SPLIT == 9);
 }
 
 /* ---- bad input, creation ---- */
@@ -2165,6 +2478,11 @@ int main(int argc, char **argv)
     RUN(test_memory_async_failure_reaches_every_rank);
     RUN(test_ops_comm_runs_the_matrix);
     RUN(test_ops_comm_errors);
+    RUN(test_alltoallv_random_counts_every_dtype);
+    RUN(test_alltoallv_mismatch_names_both_sides);
+    RUN(test_alltoallv_timeout_names_the_absent_rank);
+    RUN(test_alltoallv_bad_input);
+    RUN(test_alltoallv_counters);
     RUN(test_trace_has_collectives_with_bytes);
     pools_free();
     return dt_summary();

@@ -58,6 +58,7 @@ enum {
     SC_ALLGATHER,
     SC_ALLREDUCE,
     SC_ALLTOALL,
+    SC_ALLTOALLV,
     SC_SEND,
     SC_RECV,
     SC_BUCKET,
@@ -65,9 +66,9 @@ enum {
     SC_STEAL,
     SC_COUNT
 };
-static const char *const sc_op[SC_COUNT] = {"barrier",   "broadcast", "reduce",   "reduce_scatter",
-                                            "allgather", "allreduce", "alltoall", "send",
-                                            "recv",      "bucket",    "stage",    "steal"};
+static const char *const sc_op[SC_COUNT] = {"barrier",   "broadcast", "reduce",    "reduce_scatter", "allgather",
+                                            "allreduce", "alltoall",  "alltoallv", "send",           "recv",
+                                            "bucket",    "stage",     "steal"};
 enum { K_NONE, K_DELAY, K_VANISH, K_FAIL };
 static const char *const k_name[] = {"none", "delay", "vanish", "fail"};
 
@@ -139,6 +140,17 @@ static dpar_status coll_step(fcase *fc, dpar_comm *c, int r, int step, float *x,
             *wrong += y[i] != want;
         }
         return st;
+    case SC_ALLTOALLV: { /* rank r sends q + r elements to rank q, from the start of its block q */
+        size_t sc[MAXN] = {0}, sd[MAXN] = {0}, rc[MAXN] = {0}, rd[MAXN] = {0};
+        for (q = 0; q < N; q++) {
+            sc[q] = (size_t)(q + r), sd[q] = (size_t)q * (CNT / MAXN);
+            rc[q] = (size_t)(r + q), rd[q] = (size_t)q * (CNT / MAXN);
+        }
+        st = dpar_alltoallv(c, x, sc, sd, y, rc, rd, DPAR_F32);
+        for (q = 0; st == DPAR_OK && q < N; q++)
+            for (i = 0; i < r + q; i++) *wrong += y[q * (CNT / MAXN) + i] != xval(q, r * (CNT / MAXN) + i, step);
+        return st;
+    }
     default: /* SC_ALLTOALL: block q of my send goes to rank q */
         st = dpar_alltoall(c, x, y, CNT / MAXN, DPAR_F32);
         for (q = 0; st == DPAR_OK && q < N; q++)
@@ -299,7 +311,7 @@ static dpar_status case_rank(void *user, int r, int num_threads)
     t0 = dt_now();
     for (step = 0; step < STEPS && st == DPAR_OK; step++) {
         double ts = dt_now();
-        if (fc->sc <= SC_ALLTOALL) {
+        if (fc->sc <= SC_ALLTOALLV) {
             st = coll_step(fc, c, r, step, xs[r], ys[r], &fc->wrong[r]);
         } else if (fc->sc <= SC_RECV) {
             st = p2p_step(fc, c, r, step, xs[r], ys[r], &fc->wrong[r]);
@@ -326,7 +338,7 @@ static dpar_status case_rank(void *user, int r, int num_threads)
         fc->step_s[r][step] = dt_now() - ts;
         note(fc, r, step, st, t0);
     }
-    if (st != DPAR_OK && fc->sc <= SC_ALLTOALL) /* one more call: the vanished rank stays away */
+    if (st != DPAR_OK && fc->sc <= SC_ALLTOALLV) /* one more call: the vanished rank stays away */
         fc->again[r] = coll_step(fc, c, r, STEPS, xs[r], ys[r], &i);
     dpar_pool_barrier(fc->pool); /* nobody frees what another rank may still read */
     if (r == 0) wd_disarm();
@@ -384,7 +396,7 @@ static void run_case(int sc, int kind)
         CHECK_MSG(fc.st[r] != DPAR_OK, "%s: rank %d returned no error", fc.name, r);
         CHECK_MSG(fc.err_s[r] < 2e-3 * fc.timeout_ms, "%s: rank %d returned after %.0f ms", fc.name, r,
                   1e3 * fc.err_s[r]);
-        if (sc <= SC_ALLTOALL) /* a survivor sees the poison in step AT, or while it finishes step AT - 1 */
+        if (sc <= SC_ALLTOALLV) /* a survivor sees the poison in step AT, or while it finishes step AT - 1 */
             CHECK_MSG(fc.err_step[r] == AT || (kind == K_FAIL && r != fc.F && fc.err_step[r] == AT - 1),
                       "%s: rank %d failed at step %d", fc.name, r, fc.err_step[r]);
         if (r == fc.F) {
@@ -394,7 +406,7 @@ static void run_case(int sc, int kind)
             if (kind == K_VANISH) {
                 CHECK_MSG(fc.st[r] == DPAR_ECANCELED && strstr(fc.msg[r], "fault rank 1 has vanished"), "%s: %s",
                           fc.name, fc.msg[r]);
-                if (sc <= SC_ALLTOALL) CHECK(fc.again[r] == DPAR_ECANCELED);
+                if (sc <= SC_ALLTOALLV) CHECK(fc.again[r] == DPAR_ECANCELED);
             } else {
                 CHECK_MSG(fc.st[r] == (sc == SC_BUCKET || sc == SC_STAGE ? DPAR_EUSER : DPAR_EIO), "%s: %s", fc.name,
                           fc.msg[r]);
@@ -408,7 +420,7 @@ static void run_case(int sc, int kind)
             snprintf(want, sizeof want,
                      "rank 1 of fault left its direct buckets in the middle of a step: fault rank 1 "
                      "has vanished");
-        } else if (sc <= SC_ALLTOALL || sc == SC_BUCKET) { /* a collective's timeout: who never came */
+        } else if (sc <= SC_ALLTOALLV || sc == SC_BUCKET) { /* a collective's timeout: who never came */
             snprintf(want, sizeof want, "rank 1 never arrived");
         } else if (sc == SC_STEAL) {
             snprintf(want, sizeof want, "waiting for rank 1 to start its tasks of round %d", AT);
@@ -418,7 +430,7 @@ static void run_case(int sc, int kind)
         CHECK_MSG(strstr(fc.msg[r], want) != NULL, "%s: rank %d: \"%s\" lacks \"%s\"", fc.name, r, fc.msg[r], want);
         if (kind == K_VANISH && !fc.direct) {
             CHECK_MSG(fc.st[r] == DPAR_ETIMEDOUT, "%s: rank %d: %s", fc.name, r, fc.msg[r]);
-            if (sc <= SC_ALLTOALL) CHECK_MSG(strstr(fc.msg[r], sc_op[sc]) != NULL, "%s: %s", fc.name, fc.msg[r]);
+            if (sc <= SC_ALLTOALLV) CHECK_MSG(strstr(fc.msg[r], sc_op[sc]) != NULL, "%s: %s", fc.name, fc.msg[r]);
         }
     }
     if (getenv("DPAR_TEST_VERBOSE") && kind != K_DELAY) /* what the users see, for docs/reliability.md */
@@ -447,6 +459,7 @@ static void test_fault_reduce_scatter(void) { run_kind(SC_RSCATTER); }
 static void test_fault_allgather(void) { run_kind(SC_ALLGATHER); }
 static void test_fault_allreduce(void) { run_kind(SC_ALLREDUCE); }
 static void test_fault_alltoall(void) { run_kind(SC_ALLTOALL); }
+static void test_fault_alltoallv(void) { run_kind(SC_ALLTOALLV); }
 static void test_fault_send(void) { run_kind(SC_SEND); }
 static void test_fault_recv(void) { run_kind(SC_RECV); }
 static void test_fault_bucket(void) { run_kind(SC_BUCKET); }
@@ -688,6 +701,7 @@ int main(int argc, char **argv)
     RUN(test_fault_allgather);
     RUN(test_fault_allreduce);
     RUN(test_fault_alltoall);
+    RUN(test_fault_alltoallv);
     RUN(test_fault_send);
     RUN(test_fault_recv);
     RUN(test_fault_bucket);

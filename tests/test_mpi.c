@@ -1225,6 +1225,57 @@ static int run_hybrid(int det, matrix_case *m, size_t n)
     return w.failures;
 }
 
+/* alltoallv over MPI, dpar's pairwise rounds and MPI_Alltoallv (native): a count one pair disagrees on fails every
+   process naming both sides; the native path moves the data itself (dpar's counters see only the fingerprints'
+   empty messages), bf16 (no MPI type) takes the pairwise rounds */
+static void test_alltoallv_over_mpi(void)
+{
+    int native, kind, q;
+    float x[256], y[256];
+    memset(x, 0, sizeof x);
+    for (native = 0; native < 2; native++)
+        for (kind = 0; kind < 3; kind++) {
+            dpar_comm_desc d;
+            dpar_comm *c;
+            dpar_comm_stats cs;
+            size_t sc[16], rc[16], es = kind == 2 ? 2 : 4, sent = 0;
+            dpar_status st;
+            int line;
+            memset(&d, 0, sizeof d);
+            d.native = native;
+            d.timeout_ms = 5000;
+            if (nprocs > 16 || !(c = world_comm(&d))) {
+                CHECK(nprocs > 16);
+                return;
+            }
+            for (q = 0; q < nprocs; q++) {
+                sc[q] = (size_t)(me + q) % 5, rc[q] = (size_t)(q + me) % 5;
+                if (q != me) sent += sc[q] * es;
+            }
+            if (kind == 0 && me == 0) sc[nprocs - 1] = 7; /* rank N-1 expects (N-1) % 5 */
+            line = __LINE__ + 1;
+            st = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, kind == 2 ? DPAR_BF16 : DPAR_F32);
+            if (kind == 0) {
+                char a[160], b[160];
+                snprintf(a, sizeof a, "rank 0 sends 7 elements to rank %d in alltoallv #1 at tests/test_mpi.c:%d",
+                         nprocs - 1, line);
+                snprintf(b, sizeof b, "but rank %d expects %d from rank 0 (alltoallv #1 at tests/test_mpi.c:%d)",
+                         nprocs - 1, (nprocs - 1) % 5, line);
+                CHECK_MSG(st == DPAR_EMISMATCH && strstr(dpar_last_error(), a) && strstr(dpar_last_error(), b),
+                          "native %d rank %d: %s: %s", native, me, dpar_status_string(st), dpar_last_error());
+                if (me == 0 && native) printf("    e.g. %s\n", dpar_last_error());
+            } else {
+                CHECK_MSG(st == DPAR_OK, "native %d rank %d: %s", native, me, dpar_last_error());
+                dpar_comm_stats_get(c, &cs);
+                CHECK_MSG(cs.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent == (native && kind == 1 ? 0 : sent),
+                          "native %d kind %d rank %d: %llu bytes sent by dpar, want %zu", native, kind, me,
+                          (unsigned long long)cs.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent,
+                          native && kind == 1 ? (size_t)0 : sent);
+            }
+            dpar_comm_destroy(c);
+        }
+}
+
 static void test_hybrid_collectives(void)
 {
     size_t counts[4], big = big_count() / 10;
@@ -1574,6 +1625,7 @@ int main(int argc, char **argv)
         MRUN(test_stress_over_mpi);
         MRUN(test_env_refused_on_one_process);
         MRUN(test_mismatch_timeout_abort_over_mpi);
+        MRUN(test_alltoallv_over_mpi);
         MRUN(test_faults_over_mpi);
         MRUN(test_given_up_receives_write_nothing_later);
         MRUN(test_faults_in_modules_over_mpi);
