@@ -16,11 +16,20 @@
    bandwidth, not a link's: nothing crosses NVLink or PCIe. The goal: cuda >= 0.9 of nccl's busbw at 64 MiB and
    above on the same GPUs.
 
+   Each call is timed from the host's call to the end of the worker's stream (cudaStreamSynchronize): a
+   stream-ordered call (mode=ordered, dpar_cuda_pool_desc.stream_ordered) returns once queued, a blocking one
+   (mode=blocking, the comm before issue 36: a stream synchronisation per ring step) once done. After each pool's
+   sizes, the cost of one ring step: t0 = the smallest size's time / 2(N-1).
+       bench=cuda_ring_step mode=M ranks=N bytes=B t0_us=T
+
    Build: nvcc -std=c++14 -O2 -arch=sm_90 -I. bench/bench_cuda.cu -o bench_cuda -lcublas   (+ -DDPAR_NCCL -lnccl)
-   Run:   ./bench_cuda [max_mib] [--segment B] [--allreduce-only]
-          max_mib: default 256; one bench= line per kernel and size, then the allreduces. --segment: the
-          pool comm's segment_bytes (default 0: DPAR_CUDA_SEGMENT_BYTES, 64 MiB), printed as segment= in each
-          allreduce line; DPAR_ALGO=ring|oneshot chooses the comm's algorithm as for any comm. */
+   Run:   ./bench_cuda [max_mib] [--segment B] [--allreduce-only] [--min-kib K] [--workers 2,4,8]
+                       [--modes blocking,ordered]
+          max_mib: default 256; one bench= line per kernel and size, then the allreduces from --min-kib (default
+          1024) to max_mib MiB, x4 each time, on pools of each --workers count (workers of the one device; default:
+          2 on one GPU, else one per GPU) in each mode (default blocking). --segment: the pool comm's segment_bytes
+          (default 0: 64 MiB blocking, 4 MiB ordered), printed as segment= in each allreduce line; DPAR_ALGO=ring|
+          oneshot chooses the comm's algorithm as for any comm. */
 #define DPAR_IMPLEMENTATION
 #define DPAR_CUDA_IMPLEMENTATION
 #include "dpar_cuda.h"
@@ -114,13 +123,17 @@ static dpar_status ar_time(void *user, const dpar_cuda_worker *w)
 {
     ar_job *j = (ar_job *)user;
     dpar_comm *c = j->nccl ? w->nccl : w->ring;
+    cudaStream_t s = (cudaStream_t)w->stream;
     int rep;
     DPAR_CUDA__TRY(dpar_allreduce(c, j->buf[w->rank], j->buf[w->rank], ar_bytes / 4, DPAR_F32, DPAR_SUM)); /* warm */
+    if (cudaStreamSynchronize(s) != cudaSuccess) return dpar_set_error(DPAR_ESYSTEM, "cudaStreamSynchronize");
     for (rep = 0; rep < REPS; rep++) {
         uint64_t t0;
         DPAR_CUDA__TRY(dpar_barrier(w->ring));
         t0 = dpar_time_ns();
         DPAR_CUDA__TRY(dpar_allreduce(c, j->buf[w->rank], j->buf[w->rank], ar_bytes / 4, DPAR_F32, DPAR_SUM));
+        /* a stream-ordered call returns once queued: the time is the call's and its stream's, in both modes */
+        if (cudaStreamSynchronize(s) != cudaSuccess) return dpar_set_error(DPAR_ESYSTEM, "cudaStreamSynchronize");
         j->us[w->rank][rep] = (double)(dpar_time_ns() - t0) / 1e3;
     }
     return DPAR_OK;
@@ -130,19 +143,26 @@ static dpar_status ar_free(void *user, const dpar_cuda_worker *w)
     cudaFree(((ar_job *)user)->buf[w->rank]);
     return DPAR_OK;
 }
-static void bench_allreduce(size_t max_mib, int gpus, int nccl, size_t segment)
+/* the allreduce from min_bytes to max_mib MiB (x4 each time) on a pool of `workers` workers (0: one per device, or
+   2 on one device), blocking or stream-ordered; prints one line per size, then the ring step's cost t0 */
+static void bench_allreduce(size_t min_bytes, size_t max_mib, int gpus, int nccl, size_t segment, int workers,
+                            int ordered)
 {
     dpar_cuda_pool_desc d;
     dpar_cuda_pool *p = NULL;
     ar_job *j = (ar_job *)calloc(1, sizeof *j);
+    const char *mode = ordered ? "ordered" : "blocking";
+    double small_us = 0;
     int N;
     memset(&d, 0, sizeof d);
-    if (gpus == 1 && !nccl) d.workers_per_device = 2;
+    if (workers > 0 && gpus == 1) d.workers_per_device = workers;
+    else if (gpus == 1 && !nccl) d.workers_per_device = 2;
     d.nccl = nccl;
+    d.stream_ordered = ordered;
     d.comm.no_check = 1; /* nccl-tests' conditions: the call alone */
     d.comm.segment_bytes = segment;
     if (dpar_cuda_pool_create(&d, &p) != DPAR_OK) {
-        printf("bench=allreduce transport=%s skipped: %s\n", nccl ? "nccl" : "cuda", dpar_last_error());
+        printf("bench=allreduce transport=%s mode=%s skipped: %s\n", nccl ? "nccl" : "cuda", mode, dpar_last_error());
         free(j);
         return;
     }
@@ -150,22 +170,27 @@ static void bench_allreduce(size_t max_mib, int gpus, int nccl, size_t segment)
     j->max_bytes = max_mib << 20;
     j->nccl = nccl;
     if (dpar_cuda_pool_run(p, ar_alloc, j) == DPAR_OK)
-        for (ar_bytes = (size_t)1 << 20; ar_bytes <= j->max_bytes; ar_bytes *= 4) {
+        for (ar_bytes = min_bytes; ar_bytes <= j->max_bytes; ar_bytes *= 4) {
             double med = 0;
             int r;
             if (dpar_cuda_pool_run(p, ar_time, j) != DPAR_OK) {
-                printf("bench=allreduce transport=%s failed: %s\n", nccl ? "nccl" : "cuda", dpar_last_error());
+                printf("bench=allreduce transport=%s mode=%s failed: %s\n", nccl ? "nccl" : "cuda", mode,
+                       dpar_last_error());
                 break;
             }
             for (r = 0; r < N; r++) { /* the slowest worker's median */
                 qsort(j->us[r], REPS, sizeof(double), cmp_double);
                 if (j->us[r][REPS / 2] > med) med = j->us[r][REPS / 2];
             }
-            if (nccl) printf("bench=allreduce transport=nccl ranks=%d bytes=%zu", N, ar_bytes);
-            else printf("bench=allreduce transport=cuda ranks=%d bytes=%zu segment=%zu", N, ar_bytes, j->segment);
-            printf(" us=%.1f busbw_GBps=%.1f\n", med,
-                   (double)ar_bytes / (med * 1e3) * (N > 1 ? 2.0 * (N - 1) / N : 1.0));
+            if (ar_bytes == min_bytes) small_us = med;
+            printf("bench=allreduce transport=%s ranks=%d bytes=%zu us=%.1f busbw_GBps=%.1f", nccl ? "nccl" : "cuda", N,
+                   ar_bytes, med, (double)ar_bytes / (med * 1e3) * (N > 1 ? 2.0 * (N - 1) / N : 1.0));
+            if (nccl) printf("\n");
+            else printf(" mode=%s segment=%zu\n", mode, j->segment);
         }
+    if (!nccl && N > 1 && small_us > 0) /* the ring's 2(N-1) steps at the smallest size: the cost of one step */
+        printf("bench=cuda_ring_step mode=%s ranks=%d bytes=%zu t0_us=%.2f\n", mode, N, min_bytes,
+               small_us / (2.0 * (N - 1)));
     dpar_cuda_pool_run(p, ar_free, j);
     dpar_cuda_pool_destroy(p);
     free(j);
@@ -173,15 +198,39 @@ static void bench_allreduce(size_t max_mib, int gpus, int nccl, size_t segment)
 
 int main(int argc, char **argv)
 {
-    size_t max_mib = 256, segment = 0, mib, n, i;
-    int gpus = 0, k, a, kernels_too = 1;
+    size_t max_mib = 256, min_kib = 1024, segment = 0, mib, n, i;
+    int gpus = 0, k, a, kernels_too = 1, workers[8] = {0}, nworkers = 1, modes = 1; /* modes: 1 blocking, 2 ordered */
     float *x, *y, *z, *w;
     for (a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--segment") && a + 1 < argc) segment = (size_t)atol(argv[++a]);
         else if (!strcmp(argv[a], "--allreduce-only")) kernels_too = 0;
-        else if (atol(argv[a]) > 0) max_mib = (size_t)atol(argv[a]);
+        else if (!strcmp(argv[a], "--min-kib") && a + 1 < argc && atol(argv[a + 1]) > 0)
+            min_kib = (size_t)atol(argv[++a]);
+        else if (!strcmp(argv[a], "--workers") && a + 1 < argc) { /* a list: 2,4,8 */ const char *p = argv[++a];
+            char *end;
+            for (nworkers = 0;;) {
+                long v = strtol(p, &end, 10);
+                if (end == p || v < 1 || v > 64 || nworkers == 8 || (*end && *end != ',')) {
+                    fprintf(stderr, "bench_cuda: --workers wants 1 to 8 counts of 1 to 64, like 2,4,8\n");
+                    return 2;
+                }
+                workers[nworkers++] = (int)v;
+                if (!*end) break;
+                p = end + 1;
+            }
+        } else if (!strcmp(argv[a], "--modes") && a + 1 < argc) {
+            const char *m = argv[++a];
+            modes = !strcmp(m, "blocking") ? 1 : !strcmp(m, "ordered") ? 2 : !strcmp(m, "blocking,ordered") ? 3 : 0;
+            if (!modes) {
+                fprintf(stderr, "bench_cuda: --modes wants blocking, ordered or blocking,ordered\n");
+                return 2;
+            }
+        } else if (atol(argv[a]) > 0) max_mib = (size_t)atol(argv[a]);
         else {
-            fprintf(stderr, "usage: %s [max_mib] [--segment BYTES] [--allreduce-only]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [max_mib] [--segment BYTES] [--allreduce-only] [--min-kib 1024] [--workers 2,4,8] "
+                    "[--modes blocking,ordered]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -206,9 +255,12 @@ int main(int argc, char **argv)
         }
     }
     cudaFree(x), cudaFree(y), cudaFree(z), cudaFree(w);
-    bench_allreduce(max_mib, gpus, 0, segment);
+    for (k = 0; k < nworkers; k++) {
+        if (modes & 1) bench_allreduce(min_kib << 10, max_mib, gpus, 0, segment, workers[k], 0);
+        if (modes & 2) bench_allreduce(min_kib << 10, max_mib, gpus, 0, segment, workers[k], 1);
+    }
 #ifdef DPAR_NCCL
-    bench_allreduce(max_mib, gpus, 1, segment);
+    bench_allreduce(min_kib << 10, max_mib, gpus, 1, segment, 0, 0);
 #else
     printf("bench=allreduce transport=nccl skipped: built without DPAR_NCCL\n");
 #endif

@@ -7,6 +7,11 @@
 #   tests/gpu.sh --build    the build part only (what make test runs where there is no GPU)
 #   tests/gpu.sh --run      the run part only, on what an earlier --build left in $BUILD/gpu (build on
 #                           one machine, carry $BUILD/gpu to the one with the GPU, run there)
+#   tests/gpu.sh --quick    a bounded run of what --build left (no sanitizers, each step capped, under 8 minutes
+#                           in all): test_cuda, test_cuda_nccl, the kernel lines, the allreduce of 2, 4 and 8
+#                           workers of one device from 4 KiB to 256 MiB blocking and stream-ordered with the ring
+#                           step's cost t0, NCCL's latency, and the trainer's step time with and without overlap
+#                           (comm_hidden); every bench=, step_ms and train line is printed
 # Every step's whole output is appended to $BUILD/gpu/log; a run step ends after GPU_STEP_TIMEOUT
 # seconds (default 300), so a hang fails its step instead of the whole script.
 # Ends with `N passed, N failed[, N skipped]` like tests/run.sh. Environment: NVCC, BUILD, CUDA_ARCH.
@@ -36,7 +41,7 @@ summary() {
 mkdir -p "$BUILD/gpu"
 : >"$BUILD/gpu/log"
 if [ -n "$NVCC" ]; then CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")"); else CUDA_HOME=/usr/local/cuda; fi
-if [ "$mode" != --run ]; then
+if [ "$mode" != --run ] && [ "$mode" != --quick ]; then
 if [ -z "$NVCC" ]; then skip "gpu" "nvcc not found"; summary; exit; fi
 NV="$NVCC -std=c++14 -O2 -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Xcompiler -Wall,-Wextra,-Werror -I. -Itests"
 LIBS="-lcublas"
@@ -75,6 +80,28 @@ if [ "$mode" = --build ]; then summary; exit; fi
 # ---- run (a usable device) ----
 G=$BUILD/gpu
 if [ ! -x "$G/test_cuda" ]; then skip "GPU runs" "$G/test_cuda was not built (run tests/gpu.sh --build first)"; summary; exit; fi
+if [ "$mode" = --quick ]; then
+    # each step capped (the caps add up to 450 s); the figures are printed as they come, the whole output in the log
+    quick() { local cap=$1 name=$2; shift 2; GPU_STEP_TIMEOUT=$cap run_step "$name" "$@"; grep -E '^(bench=|step_ms|train|gradients|loss within|the GPU|  nccl|ok |FAIL|skip)' "$G/out" || true; }
+    nvidia-smi -L 2>&1 | head -8
+    timeout 120 "$G/test_cuda" >"$G/out" 2>&1
+    rc=$?
+    { echo "==== test_cuda (exit $rc)"; cat "$G/out"; } >>"$G/log"
+    if grep -q 'skipped: no usable CUDA device' "$G/out"; then skip "GPU runs" "$(grep -m1 -o 'no usable CUDA device.*' "$G/out")"; summary; exit; fi
+    if [ $rc -eq 0 ]; then ok "test_cuda on the device"; else bad "test_cuda on the device (exit $rc)"; fi
+    grep -E '^(ok |FAIL|skip)' "$G/out" || true
+    [ -x "$G/test_cuda_nccl" ] && quick 45 "test_cuda_nccl (DPAR_NCCL) on the device" "$G/test_cuda_nccl"
+    quick 120 "bench_cuda: kernels; allreduce of 2, 4, 8 workers, 4 KiB-256 MiB, blocking and ordered" \
+        "$G/bench_cuda" 256 --min-kib 4 --workers 2,4,8 --modes blocking,ordered
+    [ -x "$G/bench_cuda_nccl" ] && quick 45 "bench_cuda_nccl: NCCL's latency (1 rank per GPU)" \
+        "$G/bench_cuda_nccl" 64 --allreduce-only --min-kib 4 --workers 2 --modes ordered
+    quick 30 "cuda_data_parallel --workers-per-device 2 (blocking)" "$G/cuda_data_parallel" --workers-per-device 2
+    quick 30 "cuda_data_parallel --workers-per-device 2 --overlap" "$G/cuda_data_parallel" --workers-per-device 2 --overlap
+    quick 30 "cuda_data_parallel --workers-per-device 2 --overlap --bf16" "$G/cuda_data_parallel" --workers-per-device 2 --overlap --bf16
+    [ -x "$G/cuda_data_parallel_nccl" ] && quick 30 "cuda_data_parallel_nccl --nccl" "$G/cuda_data_parallel_nccl" --nccl
+    summary
+    exit
+fi
 timeout "${GPU_STEP_TIMEOUT:-300}" "$G/test_cuda" >"$G/out" 2>&1
 rc=$?
 { echo "==== test_cuda (exit $rc)"; cat "$G/out"; } >>"$G/log"

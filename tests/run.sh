@@ -129,6 +129,9 @@ examples() {
                 cc -std=c99 -O2 -I. examples/data_parallel.c -o dp -pthread -lm && ./dp --threads 2 --steps 12 | grep '^step' > a.txt &&
                 ./cuda_data_parallel --cpu 2 --steps 12 | grep '^step' > b.txt && paste a.txt b.txt &&
                 [ \$(wc -l < a.txt) = 7 ] && paste a.txt b.txt | awk '{ d = \$4 - \$8; if (\$2 != \$6 || d > 2e-4 || d < -2e-4) bad = 1 } END { exit bad }'"
+            step "example $name: its bf16 reference (--cpu 4 --bf16: gradients averaged in bf16) keeps the fp32 losses within 2e-3 over 30 steps" sh -c "cd '$tmp/ex' &&
+                ./cuda_data_parallel --cpu 4 --steps 30 > f.txt && ./cuda_data_parallel --cpu 4 --steps 30 --bf16 > h.txt && paste f.txt h.txt &&
+                ! cmp -s f.txt h.txt && [ \$(wc -l < h.txt) = 6 ] && paste f.txt h.txt | awk '{ d = \$4 - \$8; if (\$2 != \$6 || d > 2e-3 || d < -2e-3) bad = 1 } END { exit bad }'"
         fi
         if [ "$name" = data_parallel.c ]; then # its claim: one shared copy of the weights = separate replicas
             step "example $name: weights shared by 3 ranks end bit for bit as 3 replicas (--replicas)" sh -c "cd '$tmp/ex' &&
