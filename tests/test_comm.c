@@ -18,8 +18,10 @@ static void test_step_hook(void);
 /* random delays between the steps of the algorithms, switched on by one test */
 static int hook_on;
 static DPAR__TLS unsigned long long hook_rng = 1;
+static DPAR__TLS int hook_sleep_us; /* a slow rank: it sleeps before each of its steps */
 static void test_step_hook(void)
 {
+    if (hook_sleep_us) usleep((unsigned)hook_sleep_us);
     if (!__atomic_load_n(&hook_on, __ATOMIC_RELAXED)) return;
     hook_rng = hook_rng * 6364136223846793005ull + 1442695040888963407ull;
     switch ((hook_rng >> 33) % 4) {
@@ -2053,7 +2055,9 @@ static void test_alltoallv_random_counts_every_dtype(void)
 /* a count that one pair disagrees on fails every rank, naming both ranks, both counts and both call sites; also on a
    rank that disagrees with itself, through the async form, on the fake device, and through a library's comm */
 typedef struct {
-    int kind; /* 0: rank 0 sends 5 to rank 2, which expects 4; 1: rank 1 with itself; 2: kind 0 async; 3: no_check */
+    int kind; /* 0: rank 0 sends 5 to rank 2, which expects 4; 1: rank 1 with itself; 2: kind 0 async; 3: no_check;
+                 4: rank 3 sends 5 to rank 2, a slow rank that sees it in its last round, when ranks 0 and 1 have
+                 finished their exchanges: only the closing dissemination keeps them from returning DPAR_OK */
     dpar_status st[4];
     char msg[4][DPAR__ERROR_TEXT];
     double seconds[4];
@@ -2069,8 +2073,10 @@ static void vm_call(world *w, dpar_comm *c, int r)
     (void)w;
     memset(x, 0, sizeof x);
     for (q = 0; q < 4; q++) sc[q] = rc[q] = 3;
-    if (vm.kind != 1 && r == 0) sc[2] = 5;
-    if (vm.kind != 1 && r == 2) rc[0] = 4;
+    if (vm.kind != 1 && vm.kind != 4 && r == 0) sc[2] = 5;
+    if (vm.kind != 1 && vm.kind != 4 && r == 2) rc[0] = 4;
+    if (vm.kind == 4 && r == 3) sc[2] = 5;
+    if (vm.kind == 4 && r == 2) rc[3] = 4, hook_sleep_us = 20000;
     if (vm.kind == 1 && r == 1) rc[1] = 2;
     (void)dpar_barrier(c); /* so the alltoallv is #2 (a rank that disagrees with itself may poison it) */
     if (vm.kind == 2) {
@@ -2084,6 +2090,7 @@ static void vm_call(world *w, dpar_comm *c, int r)
         vm.line_a = __LINE__ + 1;
         vm.st[r] = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
     }
+    hook_sleep_us = 0;
     snprintf(vm.msg[r], sizeof vm.msg[r], "%s", dpar_last_error());
     vm.seconds[r] = dt_now() - t0;
 }
@@ -2100,7 +2107,7 @@ static void test_alltoallv_mismatch_names_both_sides(void)
 {
     int kind, r, how;
     for (how = 0; how < 3; how++) /* thread ranks, the fake device, a library's comm */
-        for (kind = 0; kind < 4; kind++) {
+        for (kind = 0; kind < 5; kind++) {
             dpar_comm_desc d;
             char a[160], b[160];
             if (how == 2 && kind > 1) continue;
@@ -2126,6 +2133,11 @@ static void test_alltoallv_mismatch_names_both_sides(void)
             } else if (kind == 3) { /* no check: the bytes still differ, caught by rank 2 (no promise for the rest) */
                 snprintf(a, sizeof a, "rank 0 offered 20 bytes where rank 2 expected 16");
                 snprintf(b, sizeof b, "alltoallv(dtype=f32)");
+            } else if (kind == 4) {
+                snprintf(a, sizeof a, "rank 3 sends 5 elements to rank 2 in alltoallv #2 at tests/test_comm.c:%d",
+                         vm.line_a);
+                snprintf(b, sizeof b, "but rank 2 expects 4 from rank 3 (alltoallv #2 at tests/test_comm.c:%d)",
+                         vm.line_b);
             } else {
                 snprintf(a, sizeof a, "rank 0 sends 5 elements to rank 2 in alltoallv #2 at tests/test_comm.c:%d",
                          kind == 2 ? 0 : vm.line_a);
