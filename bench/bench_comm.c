@@ -13,6 +13,11 @@
    through memory per thread over the algorithm's per rank, for buffers larger than the LLC (below
    that size the caches, not the model, decide).
 
+   Last, bench=alltoallv: 2 and 4 ranks, 4 KiB to 4 MiB sent per rank (bytes=), dpar_alltoallv with equal counts
+   against dpar_alltoall of the same count on the same comm, alternating samples, medians of 5; ratio =
+   alltoall_us / us (1.0: the per-peer counts and their check cost nothing over alltoall; MPI's comparison is
+   bench_mpi's).
+
    Build: cc -std=c99 -O3 -I. bench/bench_comm.c -o bench_comm -pthread
    Run:   ./bench_comm [max_bytes]      (default 256 MiB; prints one bench= line per case, and
           bench=line_roundtrip before and after each rank count: the machine's price of a message) */
@@ -162,6 +167,85 @@ static double traffic(dpar_algo a, int n, int stream)
     }
 }
 
+/* alltoallv with equal counts against alltoall (one pool run per size) */
+typedef struct {
+    dpar_group *g;
+    dpar_comm *c[4];
+    float *x[4], *y[4];
+    size_t per;
+    int reps;
+    double us[2][SAMPLES]; /* [alltoallv, alltoall] */
+} v_bench;
+static dpar_status v_join(void *user, int r, int n)
+{
+    v_bench *v = (v_bench *)user;
+    (void)n;
+    return dpar_group_join(v->g, r, &v->c[r]);
+}
+static dpar_status v_rank(void *user, int r, int n)
+{
+    v_bench *v = (v_bench *)user;
+    size_t counts[4];
+    int s, j, k;
+    for (k = 0; k < n; k++) counts[k] = v->per;
+    for (s = -1; s < SAMPLES; s++)
+        for (j = 0; j < 2; j++) {
+            int plain = (j + s + 2) % 2; /* which goes first alternates */
+            uint64_t t0;
+            dpar_barrier(v->c[r]);
+            t0 = dpar_time_ns();
+            for (k = 0; k < v->reps; k++) {
+                if (plain) dpar_alltoall(v->c[r], v->x[r], v->y[r], v->per, DPAR_F32);
+                else dpar_alltoallv(v->c[r], v->x[r], counts, NULL, v->y[r], counts, NULL, DPAR_F32);
+            }
+            dpar_barrier(v->c[r]);
+            if (r == 0 && s >= 0) v->us[plain][s] = (double)(dpar_time_ns() - t0) / 1e3 / v->reps;
+        }
+    return DPAR_OK;
+}
+static void bench_alltoallv(void)
+{
+    static const int ranks[] = {2, 4};
+    int ni, r;
+    for (ni = 0; ni < 2; ni++) {
+        int n = ranks[ni];
+        size_t bytes, most = (size_t)4 << 20;
+        v_bench v;
+        dpar_pool *pool = NULL;
+        dpar_pool_desc pd;
+        dpar_comm_desc d;
+        memset(&v, 0, sizeof v);
+        memset(&pd, 0, sizeof pd);
+        memset(&d, 0, sizeof d);
+        pd.num_threads = n;
+        d.size = n;
+        if (dpar_pool_create(&pd, &pool) != DPAR_OK || dpar_group_create(&d, &v.g) != DPAR_OK) return;
+        for (r = 0; r < n; r++) {
+            v.x[r] = (float *)calloc(1, most);
+            v.y[r] = (float *)calloc(1, most);
+        }
+        if (dpar_pool_run(pool, v_join, &v) != DPAR_OK) return;
+        for (bytes = 4096; bytes <= most; bytes *= 4) {
+            v.per = bytes / sizeof(float) / (size_t)n;
+            v.reps = bytes <= 65536 ? 1000 : bytes <= (1u << 20) ? 50 : 10;
+            dpar_pool_run(pool, v_rank, &v);
+            qsort(v.us[0], SAMPLES, sizeof(double), cmp_double);
+            qsort(v.us[1], SAMPLES, sizeof(double), cmp_double);
+            printf("bench=alltoallv transport=threads ranks=%d bytes=%zu us=%.2f alltoall_us=%.2f ratio=%.2f\n", n,
+                   v.per * (size_t)n * sizeof(float), v.us[0][SAMPLES / 2], v.us[1][SAMPLES / 2],
+                   v.us[1][SAMPLES / 2] / v.us[0][SAMPLES / 2]);
+            fflush(stdout);
+        }
+        for (r = 0; r < n; r++) {
+            dpar_comm_destroy(v.c[r]);
+            free(v.x[r]);
+            free(v.y[r]);
+        }
+        dpar_group_destroy(v.g);
+        dpar_pool_destroy(pool);
+    }
+}
+
 int main(int argc, char **argv)
 {
     size_t max_bytes = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : (size_t)256 << 20, bytes;
@@ -254,5 +338,6 @@ int main(int argc, char **argv)
         }
         dpar_pool_destroy(b.pool);
     }
+    bench_alltoallv();
     return 0;
 }

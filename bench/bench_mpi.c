@@ -12,7 +12,12 @@
    the call right after an MPI_Allreduce of 64 MiB took 33-228 ms where the same ring otherwise took 17-27.
    Every comm has the default options, as a program that sets none gets them.
    ratio = mpi_us / dpar_us, msg_ratio = mpi_us / msg_us, ring_ratio = mpi_us / ring_us: above 1
-   means dpar is faster. rt_ns: the machine's round trip of a cache line between ranks 0 and 1 (below). */
+   means dpar is faster. rt_ns: the machine's round trip of a cache line between ranks 0 and 1 (below).
+
+   Then alltoallv, 4 KiB to 4 MiB sent per rank (bytes=, rank 0's): uneven counts (rank i sends
+   u (1 + (i + 2 j) % 3) f32 to rank j), dpar_alltoallv on a default comm (the pairwise rounds, the count check on)
+   against MPI_Alltoallv with the same counts and displacements, alternating samples, medians of 7;
+   ratio = mpi_us / us. */
 #define DPAR_MPI
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -133,6 +138,45 @@ int main(int argc, char **argv)
                    t_mpi[SAMPLES / 2] / t_ring[SAMPLES / 2], rt);
             fflush(stdout);
         }
+    }
+    { /* alltoallv against MPI_Alltoallv */
+        size_t *sc = (size_t *)malloc(4 * (size_t)n * sizeof(size_t)), *sd = sc + n, *rc = sc + 2 * n, *rd = sc + 3 * n;
+        int *ic = (int *)malloc(4 * (size_t)n * sizeof(int)), q;
+        for (bytes = 4096; bytes <= ((size_t)4 << 20) && bytes * 2 <= max_bytes; bytes *= 4) {
+            size_t unit = bytes / sizeof(float) / (2 * (size_t)n), sent = 0, got = 0;
+            int reps = bytes <= 65536 ? 200 : bytes <= (1u << 20) ? 20 : 5;
+            double t_v[SAMPLES], t_m[SAMPLES];
+            for (q = 0; q < n; q++) {
+                sc[q] = unit * (size_t)(1 + (me + 2 * q) % 3), rc[q] = unit * (size_t)(1 + (q + 2 * me) % 3);
+                sd[q] = sent, rd[q] = got;
+                sent += sc[q], got += rc[q];
+            }
+            for (q = 0; q < 4 * n; q++) ic[q] = (int)sc[q];
+            for (s = -1; s < SAMPLES; s++)
+                for (j = 0; j < 2; j++) { /* which goes first alternates */
+                    int mpi = (j + s + 2) % 2;
+                    double t0;
+                    MPI_Barrier(MPI_COMM_WORLD);
+                    t0 = MPI_Wtime();
+                    for (k = 0; k < reps; k++) {
+                        if (mpi)
+                            MPI_Alltoallv(x, ic, ic + n, MPI_FLOAT, y, ic + 2 * n, ic + 3 * n, MPI_FLOAT,
+                                          MPI_COMM_WORLD);
+                        else dpar_alltoallv(c, x, sc, sd, y, rc, rd, DPAR_F32);
+                    }
+                    MPI_Barrier(MPI_COMM_WORLD);
+                    if (s >= 0) (mpi ? t_m : t_v)[s] = (MPI_Wtime() - t0) * 1e6 / reps;
+                }
+            qsort(t_v, SAMPLES, sizeof(double), cmp_double);
+            qsort(t_m, SAMPLES, sizeof(double), cmp_double);
+            if (me == 0) {
+                printf("bench=alltoallv transport=mpi ranks=%d bytes=%zu us=%.2f mpi_us=%.2f ratio=%.2f\n", n,
+                       sent * sizeof(float), t_v[SAMPLES / 2], t_m[SAMPLES / 2], t_m[SAMPLES / 2] / t_v[SAMPLES / 2]);
+                fflush(stdout);
+            }
+        }
+        free(sc);
+        free(ic);
     }
     dpar_comm_destroy(c);
     dpar_comm_destroy(cr);

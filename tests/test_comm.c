@@ -2061,7 +2061,7 @@ typedef struct {
     dpar_status st[4];
     char msg[4][DPAR__ERROR_TEXT];
     double seconds[4];
-    int line_a, line_b;
+    int line[4]; /* each rank's call site */
 } vm_job;
 static vm_job vm;
 static void vm_call(world *w, dpar_comm *c, int r)
@@ -2084,10 +2084,10 @@ static void vm_call(world *w, dpar_comm *c, int r)
         vm.st[r] = dpar_ialltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32, &req);
         if (vm.st[r] == DPAR_OK) vm.st[r] = dpar_request_wait(req);
     } else if (r == 2) {
-        vm.line_b = __LINE__ + 1;
+        vm.line[r] = __LINE__ + 1;
         vm.st[r] = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
     } else {
-        vm.line_a = __LINE__ + 1;
+        vm.line[r] = __LINE__ + 1;
         vm.st[r] = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
     }
     hook_sleep_us = 0;
@@ -2127,22 +2127,22 @@ static void test_alltoallv_mismatch_names_both_sides(void)
             }
             if (kind == 1) {
                 snprintf(a, sizeof a, "rank 1 sends 3 elements to rank 1 in alltoallv #2 at tests/test_comm.c:%d",
-                         vm.line_a);
+                         vm.line[1]);
                 snprintf(b, sizeof b, "but rank 1 expects 2 from rank 1 (alltoallv #2 at tests/test_comm.c:%d)",
-                         vm.line_a);
+                         vm.line[1]);
             } else if (kind == 3) { /* no check: the bytes still differ, caught by rank 2 (no promise for the rest) */
                 snprintf(a, sizeof a, "rank 0 offered 20 bytes where rank 2 expected 16");
                 snprintf(b, sizeof b, "alltoallv(dtype=f32)");
             } else if (kind == 4) {
                 snprintf(a, sizeof a, "rank 3 sends 5 elements to rank 2 in alltoallv #2 at tests/test_comm.c:%d",
-                         vm.line_a);
+                         vm.line[3]);
                 snprintf(b, sizeof b, "but rank 2 expects 4 from rank 3 (alltoallv #2 at tests/test_comm.c:%d)",
-                         vm.line_b);
+                         vm.line[2]);
             } else {
                 snprintf(a, sizeof a, "rank 0 sends 5 elements to rank 2 in alltoallv #2 at tests/test_comm.c:%d",
-                         kind == 2 ? 0 : vm.line_a);
+                         kind == 2 ? 0 : vm.line[0]);
                 snprintf(b, sizeof b, "but rank 2 expects 4 from rank 0 (alltoallv #2 at tests/test_comm.c:%d)",
-                         kind == 2 ? 0 : vm.line_b);
+                         kind == 2 ? 0 : vm.line[2]);
                 if (kind == 2) a[strlen(a) - 1] = 0, b[strlen(b) - 2] = 0; /* the async call's line: one for all */
             }
             for (r = 0; r < 4; r++) {
