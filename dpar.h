@@ -1143,9 +1143,9 @@ DPAR_API dpar_status dpar_mesh_destroy(dpar_mesh *mesh);
    busbw:    as nccl-tests: algbw = bytes / time with bytes = count * element size (the total count for
              reduce_scatter and allgather, count * N for alltoall, the elements this rank sends for alltoallv);
              busbw = algbw * 2(N-1)/N for allreduce, (N-1)/N for reduce_scatter, allgather, alltoall and
-             alltoallv, 1 otherwise. algo_calls / last_algo: which
-             allreduce algorithm ran (dpar_algo; one-shot and slice count as sent the bytes of this rank the
-             others read, as received those it read of theirs).
+             alltoallv, 1 otherwise. algo_calls / last_algo: which allreduce algorithm ran (dpar_algo; one-shot
+             and slice count as sent the bytes of this rank the others read, as received those it read of
+             theirs).
    Returns:  DPAR_OK; DPAR_EINVAL (NULL comm or out).
    Thread safety: get: any thread (relaxed reads); reset: the comm's thread (it waits for the comm's requests and
              clears the counters with plain stores).

@@ -527,6 +527,7 @@ static void test_fault_spec_errors(void)
         {"rank=x,kind=fail", "\"rank=x\" in fault 1 (\"rank=x,kind=fail\"): bad value"},
         {"rank=1,op=allreduc,kind=fail", "\"op=allreduc\""},
         {"op=all,kind=fail", "\"op=all\""},
+        {"op=split,kind=fail", "\"op=split\""}, /* a split is no operation a fault can hit */
         {"rank=1,at=0,kind=fail", "\"at=0\""},
         {"rank=1,at=99999999999999999999,kind=fail", "\"at=99999999999999999999\""},
         {"rank=1,kind=delay", "\"kind=delay\""},
