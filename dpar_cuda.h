@@ -34,7 +34,8 @@
    HOW THE KERNELS ARE BUILT (and verified without a GPU)
      Each kernel's per-element work is a __host__ __device__ function (dpar_cuda__<kernel>_elem); a
      small functor applies it to element i (`one`) or to W aligned elements loaded as one 16-byte vector
-     (`vec`, the same element function per lane); dpar_cuda__stride(k, thread, threads) is the whole
+     (`vec`, the same element function per lane; buffers that share their offset from a 16-byte boundary
+     take their first elements one by one, then vectors); dpar_cuda__stride(k, thread, threads) is the whole
      grid-stride loop, and the __global__ wrapper only calls it with its global thread index. A host
      test (tests/test_cuda_host.cu) calls the same dpar_cuda__stride for every thread of simulated
      grids and compares with the references. Floating-point steps go through dpar_cuda__fadd/fmul/...:
@@ -752,18 +753,21 @@ DPAR_CUDA__HD void dpar_cuda__xent_backward_elem(float *d, const float *z, int l
 }
 
 /* ---- the grid-stride loop, written once ----
-   A kernel object k has W (lanes of a vector: 16 bytes of its widest type), n (elements), nvec (groups of W
-   elements taken as vectors: 0 when a buffer is not aligned), one(i) and vec(g) (elements W g .. W g + W - 1,
-   the same element function per lane). Thread `thread` of `threads` takes groups thread, thread + threads,
-   ..., then the scalar tail from W nvec the same way. */
+   A kernel object k has W (lanes of a vector: 16 bytes of its widest type), n (elements), head (elements taken
+   one by one before the first vector), nvec (groups of W elements taken as vectors, from element head), one(i)
+   and vec(g) (elements head + W g .. head + W g + W - 1, the same element function per lane). Thread `thread`
+   of `threads` takes groups thread, thread + threads, ..., then the scalar elements the same way: the head
+   (0 .. head - 1), then the tail (head + W nvec .. n - 1). Where every buffer is the same number of elements
+   past a vector boundary (ring chunks of one message from dpar_block_range are), head is that distance to the
+   next boundary and the middle runs as vectors; where they differ, nvec is 0 and all runs as scalars. */
 template <class T, int W> struct alignas(W * sizeof(T)) dpar_cuda__vec {
     T e[W];
 };
 template <class K> __host__ __device__ inline void dpar_cuda__stride(const K &k, size_t thread, size_t threads)
 {
-    size_t i;
+    size_t i, middle = K::W * k.nvec;
     for (i = thread; i < k.nvec; i += threads) k.vec(i);
-    for (i = K::W * k.nvec + thread; i < k.n; i += threads) k.one(i);
+    for (i = thread; i < k.n - middle; i += threads) k.one(i < k.head ? i : i + middle);
 }
 template <class K> __global__ void dpar_cuda__kernel(K k)
 {
@@ -772,31 +776,49 @@ template <class K> __global__ void dpar_cuda__kernel(K k)
 
 static int dpar_cuda__aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
 
+/* the elements of size es before p's next boundary of W elements, or (size_t)-1 where p is not even aligned to
+   its element */
+static size_t dpar_cuda__lead(const void *p, size_t es, size_t W)
+{
+    size_t vb = es * W, m = (size_t)((uintptr_t)p % vb);
+    return m % es ? (size_t)-1 : (vb - m) % vb / es;
+}
+/* head and nvec of n elements whose buffers lie lead0..lead3 elements before their next vector boundaries: vectors
+   in the middle where all agree (pass an agreeing lead for an unused buffer), else scalars only */
+template <class K> static void dpar_cuda__split(K &k, size_t n, size_t lead0, size_t lead1, size_t lead2, size_t lead3)
+{
+    size_t head = lead0 < n ? lead0 : n;
+    k.n = n;
+    k.head = 0;
+    k.nvec = 0;
+    if (lead0 == (size_t)-1 || lead1 != lead0 || lead2 != lead0 || lead3 != lead0) return;
+    k.head = head;
+    k.nvec = (n - head) / K::W;
+}
+
 /* y = f(y) or y = f(x): a map over one input */
 template <class F, class TO, class TI> struct dpar_cuda__map1 {
     enum { W = 16 / (sizeof(TO) > sizeof(TI) ? sizeof(TO) : sizeof(TI)) }; /* lanes: 16-byte loads */
     TO *out;
     const TI *in;
-    size_t n, nvec;
+    size_t n, head, nvec;
     F f;
     __host__ __device__ void one(size_t i) const { out[i] = f(in[i]); }
     __host__ __device__ void vec(size_t g) const
     {
-        dpar_cuda__vec<TI, W> x = ((const dpar_cuda__vec<TI, W> *)in)[g];
+        dpar_cuda__vec<TI, W> x = ((const dpar_cuda__vec<TI, W> *)(in + head))[g];
         dpar_cuda__vec<TO, W> y;
         for (int l = 0; l < W; l++) y.e[l] = f(x.e[l]);
-        ((dpar_cuda__vec<TO, W> *)out)[g] = y;
+        ((dpar_cuda__vec<TO, W> *)(out + head))[g] = y;
     }
 };
 template <class F, class TO, class TI>
 static dpar_cuda__map1<F, TO, TI> dpar_cuda__make_map1(TO *out, const TI *in, size_t n, F f)
 {
     dpar_cuda__map1<F, TO, TI> k;
-    k.out = out, k.in = in, k.n = n, k.f = f;
-    k.nvec = dpar_cuda__aligned(out, sizeof(dpar_cuda__vec<TO, dpar_cuda__map1<F, TO, TI>::W>)) &&
-                     dpar_cuda__aligned(in, sizeof(dpar_cuda__vec<TI, dpar_cuda__map1<F, TO, TI>::W>))
-                 ? n / dpar_cuda__map1<F, TO, TI>::W
-                 : 0;
+    const size_t W = dpar_cuda__map1<F, TO, TI>::W, lead = dpar_cuda__lead(out, sizeof(TO), W);
+    k.out = out, k.in = in, k.f = f;
+    dpar_cuda__split(k, n, lead, dpar_cuda__lead(in, sizeof(TI), W), lead, lead);
     return k;
 }
 
@@ -805,25 +827,24 @@ template <class F, class T> struct dpar_cuda__map2 {
     enum { W = 16 / sizeof(T) }; /* lanes: 16-byte loads */
     T *out;
     const T *a, *b;
-    size_t n, nvec;
+    size_t n, head, nvec;
     F f;
     __host__ __device__ void one(size_t i) const { out[i] = f(a[i], b[i]); }
     __host__ __device__ void vec(size_t g) const
     {
-        dpar_cuda__vec<T, W> x = ((const dpar_cuda__vec<T, W> *)a)[g], y = ((const dpar_cuda__vec<T, W> *)b)[g];
+        dpar_cuda__vec<T, W> x = ((const dpar_cuda__vec<T, W> *)(a + head))[g];
+        dpar_cuda__vec<T, W> y = ((const dpar_cuda__vec<T, W> *)(b + head))[g];
         for (int l = 0; l < W; l++) x.e[l] = f(x.e[l], y.e[l]);
-        ((dpar_cuda__vec<T, W> *)out)[g] = x;
+        ((dpar_cuda__vec<T, W> *)(out + head))[g] = x;
     }
 };
 template <class F, class T>
 static dpar_cuda__map2<F, T> dpar_cuda__make_map2(T *out, const T *a, const T *b, size_t n, F f)
 {
     dpar_cuda__map2<F, T> k;
-    size_t v = sizeof(dpar_cuda__vec<T, dpar_cuda__map2<F, T>::W>);
-    k.out = out, k.a = a, k.b = b, k.n = n, k.f = f;
-    k.nvec = dpar_cuda__aligned(out, v) && dpar_cuda__aligned(a, v) && dpar_cuda__aligned(b, v)
-                 ? n / dpar_cuda__map2<F, T>::W
-                 : 0;
+    const size_t W = dpar_cuda__map2<F, T>::W, lead = dpar_cuda__lead(out, sizeof(T), W);
+    k.out = out, k.a = a, k.b = b, k.f = f;
+    dpar_cuda__split(k, n, lead, dpar_cuda__lead(a, sizeof(T), W), dpar_cuda__lead(b, sizeof(T), W), lead);
     return k;
 }
 
@@ -888,30 +909,33 @@ struct dpar_cuda__sgd_k {
     enum { W = 4 };
     float *p, *m;
     const float *g;
-    size_t n, nvec;
+    size_t n, head, nvec;
     float lr, mu, wd;
     __host__ __device__ void one(size_t i) const { dpar_cuda__sgd_elem(p + i, m + i, g[i], lr, mu, wd); }
     __host__ __device__ void vec(size_t j) const
     {
-        dpar_cuda__vec<float, 4> pv = ((dpar_cuda__vec<float, 4> *)p)[j], mv = ((dpar_cuda__vec<float, 4> *)m)[j];
-        dpar_cuda__vec<float, 4> gv = ((const dpar_cuda__vec<float, 4> *)g)[j];
+        dpar_cuda__vec<float, 4> *pv4 = (dpar_cuda__vec<float, 4> *)(p + head),
+                                 *mv4 = (dpar_cuda__vec<float, 4> *)(m + head);
+        dpar_cuda__vec<float, 4> pv = pv4[j], mv = mv4[j];
+        dpar_cuda__vec<float, 4> gv = ((const dpar_cuda__vec<float, 4> *)(g + head))[j];
         for (int l = 0; l < 4; l++) dpar_cuda__sgd_elem(&pv.e[l], &mv.e[l], gv.e[l], lr, mu, wd);
-        ((dpar_cuda__vec<float, 4> *)p)[j] = pv;
-        ((dpar_cuda__vec<float, 4> *)m)[j] = mv;
+        pv4[j] = pv;
+        mv4[j] = mv;
     }
 };
 static dpar_cuda__sgd_k dpar_cuda__make_sgd(float *p, float *m, const float *g, size_t n, float lr, float mu, float wd)
 {
     dpar_cuda__sgd_k k;
-    k.p = p, k.m = m, k.g = g, k.n = n, k.lr = lr, k.mu = mu, k.wd = wd;
-    k.nvec = dpar_cuda__aligned(p, 16) && dpar_cuda__aligned(m, 16) && dpar_cuda__aligned(g, 16) ? n / 4 : 0;
+    size_t lead = dpar_cuda__lead(p, 4, 4);
+    k.p = p, k.m = m, k.g = g, k.lr = lr, k.mu = mu, k.wd = wd;
+    dpar_cuda__split(k, n, lead, dpar_cuda__lead(m, 4, 4), dpar_cuda__lead(g, 4, 4), lead);
     return k;
 }
 struct dpar_cuda__adamw_k {
     enum { W = 4 };
     float *p, *m, *v;
     const float *g;
-    size_t n, nvec;
+    size_t n, head, nvec;
     float lr, b1, b2, eps, wd, c1, c2;
     __host__ __device__ void one(size_t i) const
     {
@@ -919,26 +943,27 @@ struct dpar_cuda__adamw_k {
     }
     __host__ __device__ void vec(size_t j) const
     {
-        dpar_cuda__vec<float, 4> pv = ((dpar_cuda__vec<float, 4> *)p)[j], mv = ((dpar_cuda__vec<float, 4> *)m)[j];
-        dpar_cuda__vec<float, 4> vv = ((dpar_cuda__vec<float, 4> *)v)[j], gv = ((const dpar_cuda__vec<float, 4> *)g)[j];
+        dpar_cuda__vec<float, 4> *pv4 = (dpar_cuda__vec<float, 4> *)(p + head),
+                                 *mv4 = (dpar_cuda__vec<float, 4> *)(m + head);
+        dpar_cuda__vec<float, 4> *vv4 = (dpar_cuda__vec<float, 4> *)(v + head);
+        dpar_cuda__vec<float, 4> pv = pv4[j], mv = mv4[j], vv = vv4[j];
+        dpar_cuda__vec<float, 4> gv = ((const dpar_cuda__vec<float, 4> *)(g + head))[j];
         for (int l = 0; l < 4; l++)
             dpar_cuda__adamw_elem(&pv.e[l], &mv.e[l], &vv.e[l], gv.e[l], lr, b1, b2, eps, wd, c1, c2);
-        ((dpar_cuda__vec<float, 4> *)p)[j] = pv;
-        ((dpar_cuda__vec<float, 4> *)m)[j] = mv;
-        ((dpar_cuda__vec<float, 4> *)v)[j] = vv;
+        pv4[j] = pv;
+        mv4[j] = mv;
+        vv4[j] = vv;
     }
 };
 static dpar_cuda__adamw_k dpar_cuda__make_adamw(float *p, float *m, float *v, const float *g, size_t n, float lr,
                                                 float b1, float b2, float eps, float wd, long step)
 {
     dpar_cuda__adamw_k k;
-    k.p = p, k.m = m, k.v = v, k.g = g, k.n = n, k.lr = lr, k.b1 = b1, k.b2 = b2, k.eps = eps, k.wd = wd;
+    size_t lead = dpar_cuda__lead(p, 4, 4);
+    k.p = p, k.m = m, k.v = v, k.g = g, k.lr = lr, k.b1 = b1, k.b2 = b2, k.eps = eps, k.wd = wd;
     k.c1 = 1.0f - powf(b1, (float)step); /* on the host, as dpar_zero_step */
     k.c2 = 1.0f - powf(b2, (float)step);
-    k.nvec =
-        dpar_cuda__aligned(p, 16) && dpar_cuda__aligned(m, 16) && dpar_cuda__aligned(v, 16) && dpar_cuda__aligned(g, 16)
-            ? n / 4
-            : 0;
+    dpar_cuda__split(k, n, lead, dpar_cuda__lead(m, 4, 4), dpar_cuda__lead(v, 4, 4), dpar_cuda__lead(g, 4, 4));
     return k;
 }
 
@@ -947,7 +972,7 @@ struct dpar_cuda__bias_k {
     enum { W = 4 };
     float *y;
     const float *bias;
-    size_t n, nvec, cols;
+    size_t n, head, nvec, cols; /* head: 0 (a vector must not straddle two rows) */
     __host__ __device__ void one(size_t i) const { y[i] = dpar_cuda__add_elem(y[i], bias[i % cols]); }
     __host__ __device__ void vec(size_t j) const
     {
@@ -960,7 +985,7 @@ struct dpar_cuda__bias_k {
 static dpar_cuda__bias_k dpar_cuda__make_bias(float *y, const float *bias, size_t rows, size_t cols)
 {
     dpar_cuda__bias_k k;
-    k.y = y, k.bias = bias, k.n = rows * cols, k.cols = cols;
+    k.y = y, k.bias = bias, k.n = rows * cols, k.cols = cols, k.head = 0;
     k.nvec = cols % 4 == 0 && dpar_cuda__aligned(y, 16) ? k.n / 4 : 0;
     return k;
 }
@@ -970,14 +995,14 @@ struct dpar_cuda__bias_backward_k {
     enum { W = 4 };
     float *dbias;
     const float *dy;
-    size_t n, nvec, rows; /* n: cols */
+    size_t n, head, nvec, rows; /* n: cols */
     __host__ __device__ void one(size_t c) const { dbias[c] = dpar_cuda__bias_backward_elem(dy, rows, n, c); }
     __host__ __device__ void vec(size_t) const {}
 };
 static dpar_cuda__bias_backward_k dpar_cuda__make_bias_backward(float *dbias, const float *dy, size_t rows, size_t cols)
 {
     dpar_cuda__bias_backward_k k;
-    k.dbias = dbias, k.dy = dy, k.n = cols, k.nvec = 0, k.rows = rows;
+    k.dbias = dbias, k.dy = dy, k.n = cols, k.head = 0, k.nvec = 0, k.rows = rows;
     return k;
 }
 
@@ -987,7 +1012,7 @@ struct dpar_cuda__xent_k {
     float *out; /* forward: loss (rows); backward: dlogits (rows x classes) */
     const float *z;
     const int *labels;
-    size_t n, nvec; /* n: rows */
+    size_t n, head, nvec; /* n: rows */
     int classes, backward;
     __host__ __device__ void one(size_t r) const
     {
@@ -1001,7 +1026,8 @@ static dpar_cuda__xent_k dpar_cuda__make_xent(float *out, const float *z, const 
                                               int backward)
 {
     dpar_cuda__xent_k k;
-    k.out = out, k.z = z, k.labels = labels, k.n = rows, k.nvec = 0, k.classes = classes, k.backward = backward;
+    k.out = out, k.z = z, k.labels = labels, k.n = rows, k.head = 0, k.nvec = 0, k.classes = classes;
+    k.backward = backward;
     return k;
 }
 

@@ -34,6 +34,15 @@ static int grids_for(size_t work, unsigned launcher_blocks, grid *g)
 /* a kernel object's vector lanes */
 template <class K> static size_t lanes(const K &) { return (size_t)K::W; }
 
+/* the split of n elements whose buffers all lie `off` elements past a 16-byte boundary: the elements up to the
+   next vector boundary one by one (head), then vectors, then the tail */
+template <class K> static int split_ok(const K &k, size_t n, size_t off)
+{
+    size_t head = (lanes(k) - off % lanes(k)) % lanes(k);
+    if (head > n) head = n;
+    return k.head == head && k.nvec == (n - head) / lanes(k);
+}
+
 /* every thread of the grid, in turn, runs the wrapper's loop */
 template <class K> static void emulate(const K &k, grid g)
 {
@@ -205,7 +214,7 @@ static void test_cast_kernel(void)
     if (to == (DO##_t) && ti == (DI##_t)) {                                                                 \
         dpar_cuda__cast_f<dpar_cuda__##DO, dpar_cuda__##DI> f;                                              \
         auto k = dpar_cuda__make_map1((dpar_cuda__##DO::T *)out.p, (const dpar_cuda__##DI::T *)in.p, n, f); \
-        CHECK(off || k.nvec == n / lanes(k));                                                               \
+        CHECK(split_ok(k, n, off));                                                                         \
         RUN_GRIDS(k, memset(out.p, 0xEE, n *eo), outs, 1, exps, what);                                      \
     }
                 {
@@ -255,7 +264,7 @@ template <class D> static void reduce_case(dpar_dtype t, int op, int div, size_t
              in_place ? " in place" : "");
     {
         auto k = dpar_cuda__make_map2((T *)outs[0]->p, (const T *)a.p, (const T *)b.p, n, f);
-        CHECK(off || k.nvec == n / lanes(k));
+        CHECK(split_ok(k, n, off));
         RUN_GRIDS(k, memcpy(a.p, a0, n * es), outs, 1, exps, what);
     }
     free(a0), free(expect), free(cpu);
@@ -268,7 +277,7 @@ static void test_reduce_kernel(void)
     size_t s, off;
     int op, d;
     for (s = 0; s < NSIZES; s++)
-        for (off = 0; off < 2; off++)
+        for (off = 0; off < 4; off++) /* off 1-3: the head's length differs, and bf16's 8 lanes leave 5-7 */
             for (op = 0; op < DPAR_OP_COUNT; op++)
                 for (d = 0; d < 5; d++) {
                     if (op != DPAR_AVG && d > 1) continue;           /* div only matters to AVG */
@@ -298,7 +307,7 @@ template <class D> static void divide_case(dpar_dtype t, int div, size_t n, size
     f.div = div;
     {
         auto k = dpar_cuda__make_map1((T *)out.p, (const T *)in.p, n, f);
-        CHECK(off || k.nvec == n / lanes(k));
+        CHECK(split_ok(k, n, off));
         RUN_GRIDS(k, memset(out.p, 0xEE, n * es), outs, 1, exps, "divide");
     }
     free(expect), free(cpu);
@@ -343,17 +352,52 @@ template <class F, class T> static void native_case(dpar_dtype t, int kind, int 
         F g; /* the launcher's functor */
         g.op = op, g.div = div;
         auto k = dpar_cuda__make_map2((T *)out.p, (const T *)a.p, (const T *)b.p, n, g);
-        CHECK(off || k.nvec == n / lanes(k));
+        CHECK(split_ok(k, n, off));
         RUN_GRIDS(k, memset(out.p, 0xEE, n * sizeof(T)), outs, 1, exps, what);
     } else {
         dpar_cuda__divide_native_f<T> g;
         g.div = -div;
         auto k = dpar_cuda__make_map1((T *)out.p, (const T *)a.p, n, g);
-        CHECK(off || k.nvec == n / lanes(k));
+        CHECK(split_ok(k, n, off));
         RUN_GRIDS(k, memset(out.p, 0xEE, n * sizeof(T)), outs, 1, exps, what);
     }
     free(expect);
     buf_free(&a), buf_free(&b), buf_free(&out);
+}
+
+/* buffers at different distances from a vector boundary: no vectors (each would straddle a boundary in some
+   buffer), every element one by one, the results the reference's; a shared distance: a head, then vectors */
+static void test_unshared_offsets_run_scalar(void)
+{
+    static const size_t ns[] = {1, 5, 1000, 1023};
+    size_t s, oa, ob;
+    for (s = 0; s < 4; s++)
+        for (oa = 0; oa < 4; oa++)
+            for (ob = 0; ob < 4; ob++) {
+                size_t n = ns[s];
+                buf a = buf_make(n, F32, oa), b = buf_make(n, F32, ob), out = buf_make(n, F32, oa), *outs[1] = {&out};
+                float *expect = (float *)malloc(n * 4);
+                const void *exps[1] = {expect};
+                dpar_cuda__reduce_f<dpar_cuda__f32> f;
+                fill_random((float *)a.p, n, 1);
+                fill_random((float *)b.p, n, 1);
+                dpar_cuda_reduce_ref(expect, a.p, b.p, n, DPAR_F32, DPAR_SUM, 0);
+                f.op = DPAR_SUM, f.div = 0;
+                {
+                    auto k = dpar_cuda__make_map2((float *)out.p, (const float *)a.p, (const float *)b.p, n, f);
+                    if (oa == ob) CHECK(split_ok(k, n, oa));
+                    else CHECK(k.head == 0 && k.nvec == 0);
+                    RUN_GRIDS(k, memset(out.p, 0xEE, n * 4), outs, 1, exps, "reduce f32, unshared offsets");
+                }
+                free(expect);
+                buf_free(&a), buf_free(&b), buf_free(&out);
+            }
+    { /* a pointer not aligned to its element: scalars */
+        float *raw = (float *)malloc(64);
+        size_t lead = dpar_cuda__lead((char *)raw + 2, 4, 4);
+        CHECK(lead == (size_t)-1);
+        free(raw);
+    }
 }
 
 static void test_reduce_and_divide_other_dtypes(void)
@@ -362,7 +406,7 @@ static void test_reduce_and_divide_other_dtypes(void)
     size_t s, off;
     int op, d;
     for (s = 0; s < NSIZES; s++)
-        for (off = 0; off < 2; off++)
+        for (off = 0; off < 4; off++) /* off 1-3: the head's length differs, and bf16's 8 lanes leave 5-7 */
             for (op = 0; op < DPAR_OP_COUNT; op++)
                 for (d = 0; d < 5; d++) {
                     if (op != DPAR_AVG && d > 1) continue;
@@ -472,7 +516,7 @@ static void test_elementwise_kernels(void)
                 dpar_cuda__fill_f f = {2.5f};
                 auto k = dpar_cuda__make_map1((float *)y.p, (const float *)y.p, n, f);
                 dpar_cuda_fill_f32_ref(expect, 2.5f, n);
-                CHECK(off || k.nvec == n / lanes(k));
+                CHECK(split_ok(k, n, off));
                 RUN_GRIDS(k, memcpy(y.p, y0, n * e), outs_y, 1, exps, "fill");
             }
             { /* scale, in place */
@@ -611,11 +655,11 @@ static void optim_case(int adam, size_t n, size_t off)
         if (adam) {
             auto k = dpar_cuda__make_adamw((float *)p.p, (float *)m.p, (float *)v.p, (const float *)g.p, n, lr, b1, b2,
                                            eps, wd, step);
-            CHECK(off || k.nvec == n / lanes(k));
+            CHECK(split_ok(k, n, off));
             RUN_GRIDS(k, (memcpy(p.p, sp, n * 4), memcpy(m.p, sm, n * 4), memcpy(v.p, sv, n * 4)), outs, 3, exps, what);
         } else {
             auto k = dpar_cuda__make_sgd((float *)p.p, (float *)m.p, (const float *)g.p, n, lr, mu, wd);
-            CHECK(off || k.nvec == n / lanes(k));
+            CHECK(split_ok(k, n, off));
             RUN_GRIDS(k, (memcpy(p.p, sp, n * 4), memcpy(m.p, sm, n * 4)), outs, 2, exps, what);
         }
     }
@@ -630,14 +674,14 @@ static void test_sgd_kernel(void)
 {
     size_t s, off;
     for (s = 0; s < NSIZES; s++)
-        for (off = 0; off < 2; off++) optim_case(0, sizes[s], off);
+        for (off = 0; off < 4; off++) optim_case(0, sizes[s], off);
 }
 
 static void test_adamw_kernel(void)
 {
     size_t s, off;
     for (s = 0; s < NSIZES; s++)
-        for (off = 0; off < 2; off++) optim_case(1, sizes[s], off);
+        for (off = 0; off < 4; off++) optim_case(1, sizes[s], off);
 }
 
 /* ---- softmax cross-entropy: one row per element; a few labels out of range give NaN rows ---- */
@@ -737,6 +781,7 @@ int main(int argc, char **argv)
     RUN(test_bf16_f16_every_pattern);
     RUN(test_cast_kernel);
     RUN(test_reduce_kernel);
+    RUN(test_unshared_offsets_run_scalar);
     RUN(test_divide_kernel);
     RUN(test_reduce_and_divide_other_dtypes);
     RUN(test_integer_average_any_group_size);
