@@ -1819,6 +1819,19 @@ static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
         }
         break;
     }
+    case DPAR_COLL_ALLTOALLV: /* one group of a send and a receive per peer with something to move (self too) */
+        ncclGroupStart();
+        for (q = 0; q < N && r == ncclSuccess; q++) {
+            if (c->sendcounts[q])
+                r = ncclSend(send + c->sdispls[q] * es, c->sendcounts[q], nt, (int)q, k->nc, k->stream);
+            if (r == ncclSuccess && c->recvcounts[q])
+                r = ncclRecv(recv + c->rdispls[q] * es, c->recvcounts[q], nt, (int)q, k->nc, k->stream);
+        }
+        {
+            ncclResult_t ge = ncclGroupEnd();
+            if (r == ncclSuccess) r = ge;
+        }
+        break;
     default: return dpar_set_error(DPAR_EINVAL, "NCCL comm: call %d", (int)c->coll);
     }
     if (r != ncclSuccess) return dpar_cuda__nccl_check(r, k, what);

@@ -575,6 +575,8 @@ typedef struct comm_job {
 } comm_job;
 
 static float cin(int q, size_t i) { return (float)((int)((q * 7 + i * 13) % 17) - 8); } /* sums are exact */
+/* alltoallv's elements from worker r to worker q: 0 to 1.5 per, some pairs (and some ranks to themselves) none */
+static size_t vcount(int r, int q, size_t per) { return (size_t)((r * 3 + q) % 4) * per / 2; }
 
 #define COMM_TRY(what, call)                                                              \
     do {                                                                                  \
@@ -665,6 +667,24 @@ static dpar_status comm_body(void *user, const dpar_cuda_worker *w)
     cudaMemcpy(got, dy, (size_t)N * per * 4, cudaMemcpyDeviceToHost);
     for (q = 0; q < N; q++)
         for (i = 0; i < per; i++) COMM_EXPECT("alltoall", got[(size_t)q * per + i] == cin(q * 100 + r, i), i);
+    /* alltoallv: worker r sends vcount(r, q) elements to worker q (some pairs none), packed; the receive counts come
+       from dpar_alltoallv_counts and are checked against the same formula */
+    {
+        size_t sc[64], rc[64], at = 0;
+        for (q = 0; q < N; q++) sc[q] = vcount(r, q, per);
+        for (q = 0; q < N; q++)
+            for (i = 0; i < sc[q]; i++) h[at++] = cin(r * 100 + q, i);
+        cudaMemcpyAsync(dx, h, at * 4, cudaMemcpyHostToDevice, s); /* on the stream the call waits for */
+        COMM_TRY("alltoallv_counts", dpar_alltoallv_counts(comm, sc, rc));
+        for (q = 0; q < N; q++) COMM_EXPECT("alltoallv_counts", rc[q] == vcount(q, r, per), q);
+        if (!j->first[r][0]) {
+            COMM_TRY("alltoallv", dpar_alltoallv(comm, dx, sc, NULL, dy, rc, NULL, DPAR_F32));
+            for (at = 0, q = 0; q < N; q++) at += rc[q];
+            cudaMemcpy(got, dy, at * 4, cudaMemcpyDeviceToHost);
+            for (at = 0, q = 0; q < N; q++)
+                for (i = 0; i < rc[q]; i++, at++) COMM_EXPECT("alltoallv", got[at] == cin(q * 100 + r, i), at);
+        }
+    }
     /* point to point around the ring */
     for (i = 0; i < n; i++) h[i] = cin(r + 50, i);
     cudaMemcpyAsync(dx, h, n * 4, cudaMemcpyHostToDevice, s); /* on the stream the call waits for */
