@@ -25,6 +25,9 @@
    layer's are written, an event recorded on the compute stream lets a second stream (the comm stream) start that
    layer's allreduce while the compute stream goes on with the layers below, as llm.c and PyTorch's DDP buckets do;
    SGD waits for the comm stream's last allreduce. --ordered keeps one allreduce after backward, stream-ordered.
+   --zero 1: ZeRO-1 (DeepSpeed's stage 1): a reduce-scatter gives each worker its block of the averaged gradients,
+   each worker steps its block with momentum kept for that block only (1/N of the optimizer state), and an all-gather
+   brings every worker the new weights: the same traffic as the allreduce, the same math as the reference.
    --bf16: the gradients are cast to bf16 before they travel and averaged in bf16 (half the bytes), then cast back
    for SGD on the fp32 weights; the reference rounds the same way (each worker's gradients to bf16, summed in bf16,
    divided once), so the 2e-3 bound stays.
@@ -32,7 +35,7 @@
    allreduce after backward and (stream-ordered pools) overlapped, printed as step_ms, with
    comm_hidden = (after - overlap) / (after - compute): the share of the allreduce's time that overlap hid.
    Options: --layers 784,1024,1024,10 --batch 256 --steps 30 --lr 0.05 --workers-per-device 1 --nccl --ordered
-   --overlap --bf16 --timing-steps 20 --cpu N */
+   --overlap --bf16 --zero 0|1 --timing-steps 20 --cpu N */
 #define DPAR_IMPLEMENTATION
 #define DPAR_CUDA_IMPLEMENTATION
 #include "dpar_cuda.h"
@@ -54,6 +57,7 @@ typedef struct {
     float loss[MAXW][1024]; /* worker r's mean loss of each step (the mean over workers is computed on device) */
     double seconds;         /* worker 0's time for steps 1.. */
     int bf16;               /* --bf16: the gradients travel and are averaged in bf16 (the weights stay fp32) */
+    int zero;               /* --zero 1: ZeRO-1, each worker keeps the momentum of its block of the weights only */
     int ordered;            /* the pool is stream-ordered (--ordered, --overlap) */
     int comm_mode;          /* how the training steps reduce their gradients (COMM_AFTER or COMM_OVERLAP) */
     int timing_steps;       /* steps of each mode timed after training (--timing-steps) */
@@ -96,7 +100,8 @@ typedef struct {
     cudaStream_t cs;               /* the comm stream of COMM_OVERLAP */
     cudaEvent_t layer_ready[MAXL]; /* recorded on s once layer l's gradients are written */
     cudaEvent_t comm_done;         /* recorded on cs after the step's last allreduce */
-    float *p, *g, *mom;            /* weights, gradients, momentum (np floats each) */
+    float *p, *g, *mom;            /* weights, gradients (np floats each), momentum (np, or its block's with --zero) */
+    size_t off, len;               /* --zero 1: this worker's block of the weights (dpar_block_range), else 0, np */
     void *g16;                     /* the gradients in bf16 (--bf16): what travels */
     float *act[MAXL + 1], *delta[MAXL + 1];
     float *lossv; /* each sample's loss */
@@ -121,6 +126,29 @@ static dpar_status reduce_gradients(worker_state *k, size_t first, size_t count,
         CU(cudaStreamWaitEvent(k->cs, k->layer_ready[layer], 0));
     }
     return dpar_allreduce(k->w->comm, what, what, count, dtype, DPAR_AVG);
+}
+
+/* ZeRO-1 (--zero 1), after backward: each worker receives only its block of the averaged gradients (a reduce-scatter:
+   half an allreduce's traffic), steps its block of the weights with its block of the momentum (1/N of the optimizer
+   state), and the blocks of the new weights are gathered back into every worker's copy (the other half). Both
+   collectives are in place, as dpar_zero_step's. In bf16 the gradients travel in bf16 and the block is cast back.
+   COMM_NONE (the compute-alone timing): the block's SGD on this worker's own gradients, no collective */
+static dpar_status zero_step(worker_state *k, int comm_mode, float lr)
+{
+    job *j = k->j;
+    dpar_comm *comm = k->w->comm;
+    float *grads = k->g;
+    if (comm_mode == COMM_NONE) return dpar_cuda_sgd_f32(k->p + k->off, k->mom, grads + k->off, k->len, lr, 0, 0, k->s);
+    if (j->bf16) {
+        uint16_t *grads16 = (uint16_t *)k->g16;
+        TRY(dpar_cuda_cast(grads16, DPAR_BF16, grads, DPAR_F32, j->np, k->s));
+        TRY(dpar_reduce_scatter(comm, grads16, grads16 + k->off, j->np, DPAR_BF16, DPAR_AVG));
+        TRY(dpar_cuda_cast(grads + k->off, DPAR_F32, grads16 + k->off, DPAR_BF16, k->len, k->s));
+    } else {
+        TRY(dpar_reduce_scatter(comm, grads, grads + k->off, j->np, DPAR_F32, DPAR_AVG));
+    }
+    TRY(dpar_cuda_sgd_f32(k->p + k->off, k->mom, grads + k->off, k->len, lr, 0.0f, 0.0f, k->s));
+    return dpar_allgather(comm, k->p + k->off, k->p, j->np, DPAR_F32);
 }
 
 /* one training step on the batch in act[0] and labels: forward, backward, the gradients' allreduce (comm_mode),
@@ -152,7 +180,8 @@ static dpar_status train_step(worker_state *k, int comm_mode, float lr)
             TRY(dpar_cuda_relu_backward_f32(k->delta[l], k->delta[l], k->act[l], (size_t)b * in, s));
         }
     }
-    /* the data-parallel step: average the gradients, then SGD */
+    /* the data-parallel step: average the gradients, then SGD (ZeRO-1: on this worker's block only) */
+    if (j->zero) return zero_step(k, comm_mode, lr);
     if (comm_mode == COMM_AFTER) TRY(reduce_gradients(k, 0, j->np, comm_mode, 0));
     if (comm_mode == COMM_OVERLAP) { /* the optimizer waits for the comm stream's last allreduce */
         CU(cudaEventRecord(k->comm_done, k->cs));
@@ -234,9 +263,12 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
     CU(cudaMalloc((void **)&k->p, j->np * 4));
     CU(cudaMalloc((void **)&k->g, j->np * 4));
     CU(cudaMalloc((void **)&k->g16, j->np * 2));
-    CU(cudaMalloc((void **)&k->mom, j->np * 4));
-    CU(cudaMemsetAsync(k->mom, 0, j->np * 4, k->s)); /* cudaMalloc's bytes are garbage: with momentum 0,
-                                                       m = 0 m + g still reads them (0 x NaN is NaN) */
+    k->off = 0;
+    k->len = j->np;
+    if (j->zero) dpar_block_range(j->np, w->size, w->rank, &k->off, &k->len);
+    CU(cudaMalloc((void **)&k->mom, (k->len ? k->len : 1) * 4));
+    CU(cudaMemsetAsync(k->mom, 0, k->len * 4, k->s)); /* cudaMalloc's bytes are garbage: with momentum 0,
+                                                        m = 0 m + g still reads them (0 x NaN is NaN) */
     for (l = 0; l <= L; l++) {
         CU(cudaMalloc((void **)&k->act[l], (size_t)k->b * j->width[l] * 4));
         CU(cudaMalloc((void **)&k->delta[l], (size_t)k->b * j->width[l] * 4));
@@ -274,7 +306,7 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
         double ms[3] = {0, 0, 0};
         TRY(time_steps(k, COMM_NONE, j->timing_steps, &ms[COMM_NONE]));
         TRY(time_steps(k, COMM_AFTER, j->timing_steps, &ms[COMM_AFTER]));
-        if (j->ordered) TRY(time_steps(k, COMM_OVERLAP, j->timing_steps, &ms[COMM_OVERLAP]));
+        if (j->ordered && !j->zero) TRY(time_steps(k, COMM_OVERLAP, j->timing_steps, &ms[COMM_OVERLAP]));
         if (w->rank == 0) memcpy(j->step_ms, ms, sizeof ms);
     }
     CU(cudaStreamSynchronize(k->cs));
@@ -375,7 +407,8 @@ static int usage(const char *why)
 {
     fprintf(stderr,
             "cuda_data_parallel: %s\nusage: cuda_data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] "
-            "[--lr 0.05] [--workers-per-device 1] [--nccl] [--ordered] [--overlap] [--bf16] [--timing-steps 20]\n",
+            "[--lr 0.05] [--workers-per-device 1] [--nccl] [--ordered] [--overlap] [--bf16] [--zero 0|1] "
+            "[--timing-steps 20]\n",
             why);
     return 2;
 }
@@ -422,6 +455,7 @@ int main(int argc, char **argv)
         else if (!strcmp(o, "--workers-per-device")) per_device = atoi(v);
         else if (!strcmp(o, "--cpu")) cpu = atoi(v);
         else if (!strcmp(o, "--timing-steps")) j.timing_steps = atoi(v);
+        else if (!strcmp(o, "--zero")) j.zero = atoi(v);
         else return usage("unknown option");
     }
     for (const char *p = layers; j.nl <= MAXL; j.nl++) {
@@ -433,6 +467,10 @@ int main(int argc, char **argv)
     if (j.nl < 1 || j.nl > MAXL || j.steps < 1 || j.steps > 1024 || !(j.lr > 0) || per_device < 1)
         return usage("2 to 9 widths, --steps 1..1024, --lr > 0, --workers-per-device >= 1");
     if (j.timing_steps < 0 || j.timing_steps > 10000) return usage("--timing-steps wants 0..10000");
+    if (j.zero != 0 && j.zero != 1) return usage("--zero wants 0 or 1 (ZeRO-2 and 3 are dpar_fsdp's, on the CPU)");
+    if (j.zero && j.comm_mode == COMM_OVERLAP)
+        return usage("--zero 1 and --overlap: ZeRO-1's reduce-scatter is one call after backward (a layer's gradients "
+                     "are not one worker's block)");
     if (nccl && j.ordered)
         return usage("--ordered and --overlap are the device ring's (an NCCL comm's calls go on the worker's stream)");
     if (!cpu && (dpar_cuda_device_count(&gpus) != DPAR_OK || gpus == 0)) {
@@ -483,8 +521,15 @@ int main(int argc, char **argv)
            layers, j.np, j.workers, gpus, j.batch / j.workers, nccl ? "NCCL" : "dpar's ring on device buffers");
     printf("gradients: %s, %s%s\n", j.bf16 ? "bf16 (fp32 weights)" : "fp32",
            j.comm_mode == COMM_OVERLAP ? "each layer's reduced on a comm stream during backward (--overlap)"
+           : j.zero                    ? "ZeRO-1 (a reduce-scatter, SGD on each worker's block, an all-gather)"
                                        : "one allreduce after backward",
            j.ordered ? ", stream-ordered pool" : "");
+    if (j.zero) {
+        size_t block_offset, block_floats;
+        dpar_block_range(j.np, j.workers, 0, &block_offset, &block_floats);
+        printf("zero 1: worker 0 keeps the momentum of %zu of the %zu weights (%.1f MiB instead of %.1f)\n",
+               block_floats, j.np, block_floats * 4.0 / 1048576.0, j.np * 4.0 / 1048576.0);
+    }
     j.pool = pool;
     if (dpar_cuda_pool_run(pool, worker_main, &j) != DPAR_OK)
         return fprintf(stderr, "cuda_data_parallel: %s\n", dpar_last_error()), 1;
@@ -504,10 +549,11 @@ int main(int argc, char **argv)
                j.loss[0][0], j.loss[0][j.steps - 1]);
     if (j.timing_steps > 0) { /* comm_hidden: the share of the allreduce's time that overlap took off the step */
         double alone = j.step_ms[COMM_NONE], after = j.step_ms[COMM_AFTER], overlap = j.step_ms[COMM_OVERLAP];
-        printf("step_ms compute=%.3f allreduce_after=%.3f", alone, after);
-        if (j.ordered && after - alone > 0.01 * alone)
+        int overlapped = j.ordered && !j.zero; /* ZeRO-1's steps are not overlapped */
+        printf("step_ms compute=%.3f %s=%.3f", alone, j.zero ? "zero1_after" : "allreduce_after", after);
+        if (overlapped && after - alone > 0.01 * alone)
             printf(" overlap=%.3f comm_hidden=%.2f", overlap, (after - overlap) / (after - alone));
-        else if (j.ordered)
+        else if (overlapped)
             printf(" overlap=%.3f comm_hidden=n/a (the allreduce added under 1%% to the step)", overlap);
         printf("  (%d steps each on the last batch)\n", j.timing_steps);
     }

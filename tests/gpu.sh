@@ -11,7 +11,7 @@
 #                           in all): test_cuda, test_cuda_nccl, the kernel lines, the allreduce of 2, 4 and 8
 #                           workers of one device from 4 KiB to 256 MiB blocking and stream-ordered with the ring
 #                           step's cost t0, NCCL's latency, and the trainer's step time with and without overlap
-#                           (comm_hidden); every bench=, step_ms and train line is printed
+#                           (comm_hidden) and with ZeRO-1; every bench=, step_ms and train line is printed
 # Every step's whole output is appended to $BUILD/gpu/log; a run step ends after GPU_STEP_TIMEOUT
 # seconds (default 300), so a hang fails its step instead of the whole script.
 # Ends with `N passed, N failed[, N skipped]` like tests/run.sh. Environment: NVCC, BUILD, CUDA_ARCH.
@@ -81,7 +81,7 @@ if [ "$mode" = --build ]; then summary; exit; fi
 G=$BUILD/gpu
 if [ ! -x "$G/test_cuda" ]; then skip "GPU runs" "$G/test_cuda was not built (run tests/gpu.sh --build first)"; summary; exit; fi
 if [ "$mode" = --quick ]; then
-    # each step capped (the caps add up to 450 s); the figures are printed as they come, the whole output in the log
+    # each step capped (the caps add up to 465 s); the figures are printed as they come, the whole output in the log
     quick() { local cap=$1 name=$2; shift 2; GPU_STEP_TIMEOUT=$cap run_step "$name" "$@"; grep -E '^(bench=|step_ms|train|gradients|loss within|the GPU|  nccl|ok |FAIL|skip)' "$G/out" || true; }
     nvidia-smi -L 2>&1 | head -8
     timeout 120 "$G/test_cuda" >"$G/out" 2>&1
@@ -93,11 +93,12 @@ if [ "$mode" = --quick ]; then
     [ -x "$G/test_cuda_nccl" ] && quick 45 "test_cuda_nccl (DPAR_NCCL) on the device" "$G/test_cuda_nccl"
     quick 120 "bench_cuda: kernels; allreduce of 2, 4, 8 workers, 4 KiB-256 MiB, blocking and ordered" \
         "$G/bench_cuda" 256 --min-kib 4 --workers 2,4,8 --modes blocking,ordered
-    [ -x "$G/bench_cuda_nccl" ] && quick 45 "bench_cuda_nccl: NCCL's latency (1 rank per GPU)" \
+    [ -x "$G/bench_cuda_nccl" ] && quick 30 "bench_cuda_nccl: NCCL's latency (1 rank per GPU)" \
         "$G/bench_cuda_nccl" 64 --allreduce-only --min-kib 4 --workers 2 --modes ordered
     quick 30 "cuda_data_parallel --workers-per-device 2 (blocking)" "$G/cuda_data_parallel" --workers-per-device 2
     quick 30 "cuda_data_parallel --workers-per-device 2 --overlap" "$G/cuda_data_parallel" --workers-per-device 2 --overlap
     quick 30 "cuda_data_parallel --workers-per-device 2 --overlap --bf16" "$G/cuda_data_parallel" --workers-per-device 2 --overlap --bf16
+    quick 30 "cuda_data_parallel --workers-per-device 2 --ordered --zero 1" "$G/cuda_data_parallel" --workers-per-device 2 --ordered --zero 1
     [ -x "$G/cuda_data_parallel_nccl" ] && quick 30 "cuda_data_parallel_nccl --nccl" "$G/cuda_data_parallel_nccl" --nccl
     summary
     exit
@@ -129,6 +130,8 @@ done
 # the trainer's ring between two workers on one device (one worker per device on a one-GPU machine)
 if [ -x "$G/cuda_data_parallel" ]; then
     run_step "run cuda_data_parallel --workers-per-device 2" "$G/cuda_data_parallel" --workers-per-device 2
+    grep '^train' "$G/out" || true
+    run_step "run cuda_data_parallel --workers-per-device 2 --zero 1 --bf16" "$G/cuda_data_parallel" --workers-per-device 2 --zero 1 --bf16
     grep '^train' "$G/out" || true
 fi
 # last: the sanitizers run test_cuda many times slower
