@@ -101,6 +101,7 @@ typedef struct {
     cudaEvent_t layer_ready[MAXL]; /* recorded on s once layer l's gradients are written */
     cudaEvent_t comm_done;         /* recorded on cs after the step's last allreduce */
     float *p, *g, *mom;            /* weights, gradients (np floats each), momentum (np, or its block's with --zero) */
+    float *mom_base;               /* the momentum's allocation (mom is off % 4 floats into it) */
     size_t off, len;               /* --zero 1: this worker's block of the weights (dpar_block_range), else 0, np */
     void *g16;                     /* the gradients in bf16 (--bf16): what travels */
     float *act[MAXL + 1], *delta[MAXL + 1];
@@ -266,7 +267,10 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
     k->off = 0;
     k->len = j->np;
     if (j->zero) dpar_block_range(j->np, w->size, w->rank, &k->off, &k->len);
-    CU(cudaMalloc((void **)&k->mom, (k->len ? k->len : 1) * 4));
+    /* the momentum starts as many floats past a 16-byte boundary as the block's weights and gradients do, so SGD on
+       the block runs with vector loads (dpar_cuda's kernels take vectors where every buffer has the same offset) */
+    CU(cudaMalloc((void **)&k->mom_base, (k->len + 4) * 4));
+    k->mom = k->mom_base + k->off % 4;
     CU(cudaMemsetAsync(k->mom, 0, k->len * 4, k->s)); /* cudaMalloc's bytes are garbage: with momentum 0,
                                                         m = 0 m + g still reads them (0 x NaN is NaN) */
     for (l = 0; l <= L; l++) {
@@ -312,7 +316,7 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
     CU(cudaStreamSynchronize(k->cs));
     dpar_sampler_destroy(&sampler);
     for (l = 0; l <= L; l++) cudaFree(k->act[l]), cudaFree(k->delta[l]);
-    cudaFree(k->p), cudaFree(k->g), cudaFree(k->g16), cudaFree(k->mom), cudaFree(k->lossv), cudaFree(dmean);
+    cudaFree(k->p), cudaFree(k->g), cudaFree(k->g16), cudaFree(k->mom_base), cudaFree(k->lossv), cudaFree(dmean);
     cudaFree(k->labels);
     cudaFreeHost(hx), cudaFreeHost(hloss), cudaFreeHost(hy);
     for (l = 0; l < L; l++) cudaEventDestroy(k->layer_ready[l]);
