@@ -133,6 +133,18 @@ examples() {
                 ./cuda_data_parallel --cpu 4 --steps 30 > f.txt && ./cuda_data_parallel --cpu 4 --steps 30 --bf16 > h.txt && paste f.txt h.txt &&
                 ! cmp -s f.txt h.txt && [ \$(wc -l < h.txt) = 6 ] && paste f.txt h.txt | awk '{ d = \$4 - \$8; if (\$2 != \$6 || d > 2e-3 || d < -2e-3) bad = 1 } END { exit bad }'"
         fi
+        if [ "$name" = moe.c ]; then # its claims: bitwise equal to one rank where tokens are dropped, a backward that
+            # matches central differences, and the alltoallv count check naming both sides of a wrong count
+            step "example $name: N = 1, 2, 4 bitwise equal to 1 rank with k = 1 and k = 2, capacity 0.75 (tokens dropped)" sh -c "cd '$tmp/ex' &&
+                for k in 1 2; do ./moe --ranks 1,2,4 --k \$k --capacity 0.75 --steps 60 > k\$k.txt || { cat k\$k.txt; exit 1; }; grep '^moe ranks' k\$k.txt;
+                [ \$(grep -c '^moe ranks=[24] .* bitwise equal to 1 rank: yes\$' k\$k.txt) = 2 ] && grep -Eq '^moe ranks=1 .* dropped=[1-9]' k\$k.txt || exit 1; done"
+            step "example $name: --gradcheck (router, dense and expert weights, aux loss on, tokens dropped) with k = 1 on 2 ranks and k = 2 on 4" sh -c "cd '$tmp/ex' &&
+                ./moe --gradcheck --k 1 --capacity 0.75 --ranks 2 > g1.txt; r1=\$?; ./moe --gradcheck --k 2 --capacity 0.75 --ranks 4 > g2.txt; r2=\$?; cat g1.txt g2.txt;
+                [ \$r1 = 0 ] && [ \$r2 = 0 ] && [ \$(grep -Ec '^moe gradcheck .* dropped=[1-9][0-9]*: .*: OK\$' g1.txt g2.txt | awk -F: '{ s += \$2 } END { print s }') = 2 ]"
+            step "example $name: --wrong-count fails every rank with DPAR_EMISMATCH naming both ranks and both counts" sh -c "cd '$tmp/ex' &&
+                ./moe --wrong-count --ranks 2 > w.txt 2>&1; rc=\$?; cat w.txt;
+                [ \$rc != 0 ] && grep -Eq 'DPAR_EMISMATCH\\) on every rank: rank 1 sends [0-9]+ elements to rank 0 in alltoallv .* but rank 0 expects [0-9]+ from rank 1 ' w.txt"
+        fi
         if [ "$name" = data_parallel.c ]; then # its claim: one shared copy of the weights = separate replicas
             step "example $name: weights shared by 3 ranks end bit for bit as 3 replicas (--replicas)" sh -c "cd '$tmp/ex' &&
                 ./data_parallel --threads 3 --batch 96 --steps 6 > s.txt && ./data_parallel --threads 3 --batch 96 --steps 6 --replicas > r.txt &&
