@@ -4,6 +4,7 @@
    Check: ^moe ranks=2 experts=4 k=2 .*bitwise equal to 1 rank: yes$
    Check: ^moe ranks=4 experts=4 k=2 .*bitwise equal to 1 rank: yes$
    Check: ^expert 3: tokens [0-9]+ kept [0-9]+ dropped [0-9]+$
+   Check: dpar.s counters \(alltoallv calls and bytes\) agree: yes$
 
    The model: x (T tokens x D) -> u = tanh(x Wd + bd), a dense layer (data-parallel; --no-dense: u = x)
    -> the MoE layer: router probabilities p = softmax(u Wr) (Wr: D x E), each token's top-k experts
@@ -91,7 +92,10 @@ typedef struct job {
     int routed[E_MAX], kept[E_MAX]; /* the last step */
     long dropped;                   /* over all steps */
     dpar_status status[MAX_RANKS];
-    char error[512]; /* rank 0's dpar_last_error() */
+    uint64_t counted[MAX_RANKS], counted_self[MAX_RANKS]; /* alltoallv bytes each rank sent to others, to itself */
+    uint64_t a2a_calls[MAX_RANKS], a2a_bytes[MAX_RANKS];  /* and what dpar's counters say */
+    int recv_rows[MAX_RANKS];                             /* the most rows each rank's experts received in a step */
+    char error[512];                                      /* rank 0's dpar_last_error() */
     int gc_count, gc_off[GC_MAX], gc_skipped[GC_MAX];
     double gc_ana[GC_MAX], gc_num[GC_MAX];
 } job;
@@ -112,6 +116,7 @@ typedef struct rank_state {
     float xe[E_MAX][T * D], hpre[E_MAX][T * H], act[E_MAX][T * H], oe[E_MAX][T * D], dh[E_MAX][T * H];
     double stats[L][STATS], total[STATS];
     int step;
+    uint64_t counted, counted_self; /* alltoallv bytes sent to other ranks, and to myself */
 } rank_state;
 
 static float urand(unsigned long long *s) /* uniform in [-1, 1) */
@@ -222,6 +227,18 @@ static dpar_status route(rank_state *s)
         s->rc[q] = (size_t)rows * D - s->rd[q];
     }
     return DPAR_OK;
+}
+
+/* the bytes of this step's four alltoallvs: dispatch and combine's backward send sc, combine and dispatch's
+   backward send rc */
+static void count_traffic(rank_state *s)
+{
+    int q;
+    for (q = 0; q < s->n; q++) {
+        uint64_t b = 2 * (uint64_t)(s->sc[q] + s->rc[q]) * sizeof(float);
+        if (q == s->r) s->counted_self += b;
+        else s->counted += b;
+    }
 }
 
 /* forward: the loss (the same double on every rank) and a checksum of every token's choices */
@@ -452,6 +469,7 @@ static dpar_status train_rank(rank_state *s)
     const config *cf = &j->cfg;
     int E = cf->experts, nrep = off_experts(E), i, e;
     double loss;
+    dpar_comm_stats stats;
     dpar_status st;
     s->el = E / s->n, s->e0 = s->r * s->el;
     s->tl = T / s->n, s->t0 = s->r * s->tl;
@@ -464,6 +482,9 @@ static dpar_status train_rank(rank_state *s)
         TRY(forward(s, &loss, NULL));
         TRY(backward(s));
         sgd(s);
+        count_traffic(s);
+        for (i = 0, e = 0; i < s->n; i++) e += (int)(s->rc[i] / D); /* the rows my experts received */
+        if (e > j->recv_rows[s->r]) j->recv_rows[s->r] = e;
         if (s->r == 0) {
             j->loss[s->step] = loss;
             for (e = 0; e < E; e++) j->dropped += s->routed[e] - s->kept[e];
@@ -475,6 +496,10 @@ static dpar_status train_rank(rank_state *s)
         memcpy(j->kept, s->kept, sizeof j->kept);
     }
     memcpy(j->rep_end[s->r], s->rep, (size_t)nrep * sizeof(float));
+    TRY(dpar_comm_stats_get(s->c, &stats));
+    j->a2a_calls[s->r] = stats.by_coll[DPAR_COLL_ALLTOALLV].calls;
+    j->a2a_bytes[s->r] = stats.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent;
+    j->counted[s->r] = s->counted, j->counted_self[s->r] = s->counted_self;
     for (i = 0; i < s->el; i++) memcpy(j->params + nrep + (size_t)(s->e0 + i) * PE, s->ex[i], sizeof s->ex[i]);
     return DPAR_OK;
 }
@@ -516,6 +541,7 @@ static dpar_status run(job *j, int n, const float *start)
     j->dropped = 0;
     memcpy(j->params, start, sizeof j->params);
     memset(j->status, 0, sizeof j->status);
+    memset(j->recv_rows, 0, sizeof j->recv_rows);
     if ((st = dpar_pool_create(&pd, &pool)) == DPAR_OK && (st = dpar_group_create(&cd, &j->group)) == DPAR_OK)
         st = dpar_pool_run(pool, rank_main, j);
     if (st != DPAR_OK && !j->error[0]) snprintf(j->error, sizeof j->error, "%s", dpar_last_error());
@@ -692,6 +718,23 @@ int main(int argc, char **argv)
                "rank: %s\n",
                n, cf->experts, cf->k, cf->steps, j.loss[cf->steps - 1], (unsigned)crc, j.dropped, same ? "yes" : "NO");
         all_equal &= same;
+        if (i == nranks - 1) { /* the traffic of the last run: what dpar counted against what the example sent */
+            int counters_agree = 1;
+            double mean = 0;
+            printf("traffic ranks=%d: the four alltoallvs of a step (dispatch, combine, and their backward), bytes "
+                   "each rank sent to other ranks per step (+ to itself):\n",
+                   n);
+            for (r = 0; r < n; r++) {
+                printf("  rank %d: %.0f (+ %.0f), its experts received up to %d rows\n", r,
+                       (double)j.counted[r] / cf->steps, (double)j.counted_self[r] / cf->steps, j.recv_rows[r]);
+                mean += (double)j.counted[r] / cf->steps / n;
+                counters_agree &= j.a2a_calls[r] == 4u * (uint64_t)cf->steps &&
+                                  j.a2a_bytes[r] == j.counted[r]; /* bytes_sent: to other ranks */
+            }
+            printf("  mean %.0f; 4 k (T/N) D sizeof(float) x (N-1)/N = %.0f; dpar's counters (alltoallv calls and "
+                   "bytes) agree: %s\n",
+                   mean, 4.0 * cf->k * (T / n) * D * sizeof(float) * (n - 1) / n, counters_agree ? "yes" : "NO");
+        }
     }
     printf("tokens per expert at the last step (the same for every N):\n");
     for (e = 0; e < cf->experts; e++)
