@@ -1546,16 +1546,28 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *fsdp);
              remaining backwards, so at most p activations are stashed.
    INTERLEAVED: Megatron's: every stage holds v model chunks (virtual stage chunk * p + stage); needs m a
              multiple of p.
+   ZB_H1:    zero bubble (Qi et al., 2023, ZB-H1): the backward split into B (the input's gradient, which the
+             previous stage waits for) and W (the weights' gradients, which nothing needs before the optimizer
+             step); 1F1B's order of forwards and B's, stage s doing each W s backwards late, so that later stages'
+             W's fill 1F1B's cool-down bubbles. At most p stashes on every stage (1F1B's most); with F = B = W the
+             bubble is (p - 1) / (3 m + p - 1), a third of 1F1B's idle time.
    See:      docs/pipeline.md, 'Schedules are data' (the bubble of each kind). */
-typedef enum dpar_pipe_kind { DPAR_PIPE_GPIPE = 0, DPAR_PIPE_1F1B = 1, DPAR_PIPE_INTERLEAVED = 2 } dpar_pipe_kind;
+typedef enum dpar_pipe_kind {
+    DPAR_PIPE_GPIPE = 0,
+    DPAR_PIPE_1F1B = 1,
+    DPAR_PIPE_INTERLEAVED = 2,
+    DPAR_PIPE_ZB_H1 = 3
+} dpar_pipe_kind;
 
 typedef enum dpar_pipe_opcode {
     DPAR_PIPE_FORWARD = 0,
     DPAR_PIPE_BACKWARD = 1,
-    DPAR_PIPE_SEND_ACT = 2,  /* this stage's output activation to the next virtual stage */
-    DPAR_PIPE_RECV_ACT = 3,  /* the previous virtual stage's activation */
-    DPAR_PIPE_SEND_GRAD = 4, /* the gradient of this stage's input, back to the previous one */
-    DPAR_PIPE_RECV_GRAD = 5  /* the gradient of this stage's output, from the next one */
+    DPAR_PIPE_SEND_ACT = 2,       /* this stage's output activation to the next virtual stage */
+    DPAR_PIPE_RECV_ACT = 3,       /* the previous virtual stage's activation */
+    DPAR_PIPE_SEND_GRAD = 4,      /* the gradient of this stage's input, back to the previous one */
+    DPAR_PIPE_RECV_GRAD = 5,      /* the gradient of this stage's output, from the next one */
+    DPAR_PIPE_BACKWARD_INPUT = 6, /* B: the backward's first half, the gradient of the input (split backward) */
+    DPAR_PIPE_BACKWARD_WEIGHT = 7 /* W: its second half, the weights' gradients, after B of the same unit */
 } dpar_pipe_opcode;
 
 typedef struct dpar_pipe_op {
@@ -1569,9 +1581,10 @@ typedef struct dpar_pipe_schedule {
     dpar_pipe_kind kind;
     int *num_ops;       /* [p] */
     dpar_pipe_op **ops; /* [p][num_ops[s]] */
-    double bubble;      /* predicted: idle over makespan, simulated with backward = 2 x forward */
-    int *peak_stash;    /* [p]: most activations held between a forward and its backward */
+    double bubble;      /* predicted: idle over makespan, simulated with the op costs below */
+    int *peak_stash;    /* [p]: most activations held between a forward and its backward (its W when split) */
     dpar_allocator allocator;
+    double cost[3]; /* the simulation's time of a forward, a B and a W (a whole backward: B + W); 0: 1 each */
 } dpar_pipe_schedule;
 
 /* dpar_pipe_schedule_desc: which schedule to make; a zero field means its default. */
@@ -1581,16 +1594,21 @@ typedef struct dpar_pipe_schedule_desc {
     int m;                    /* required: micro-batches, 1..65535; INTERLEAVED: a multiple of p, at least p */
     int v;                    /* model chunks per stage; 0: 1; above 1 only with INTERLEAVED (1..64) */
     dpar_allocator allocator; /* the schedule's memory (zero: malloc/free) */
+    double cost_forward;      /* the op costs the schedule is made and simulated with (any unit, measured per stage */
+    double cost_input_grad;   /* as bench_pipe does); 0: 1 each, so a whole backward is twice a forward */
+    double cost_weight_grad;
 } dpar_pipe_schedule_desc;
 /* dpar_pipe_schedule_create: make the schedule of the desc's `kind`, already checked.
    Returns:  DPAR_OK; DPAR_EINVAL naming what is wrong (NULL desc or out, p outside 1..4096, m outside 1..65535, a
-             bad kind or v, interleaved with m not a multiple of p, half an allocator, ...); DPAR_ENOMEM. On error
+             bad kind or v, interleaved with m not a multiple of p, half an allocator, a cost negative, above 1e9 or
+             not a number, ...); DPAR_ENOMEM. On error
              *out is NULL.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *desc, dpar_pipe_schedule **out);
 /* dpar_pipe_schedule_check: prove a schedule safe before it runs; it also recomputes bubble and peak_stash.
-   Rules:    each forward and backward exactly once, every backward after its forward, every receive before
-             the compute that needs it and every send after the compute that makes it, sends and receives
+   Rules:    each forward and backward exactly once (a backward: BACKWARD, or B and then W), every backward after
+             its forward, every receive before the compute that needs it (W needs B of its unit, nothing else
+             needs W) and every send after the compute that makes it, sends and receives
              between neighbouring stages in the same order, and no deadlock (a simulation with the
              transport's semantics: sends do not block until 4 messages wait on a channel).
    Returns:  DPAR_OK; DPAR_EINVAL with the rule it breaks (or a NULL schedule); DPAR_ENOMEM.
@@ -1598,7 +1616,8 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
    See:      docs/pipeline.md, 'The checker'. */
 DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
 /* dpar_pipe_schedule_format: write the schedule as a text timeline.
-   buf:      one line per stage: forward 1 cell, backward 2, idle '.'. A schedule that dpar_pipe_schedule_check
+   buf:      one line per stage: each op as many cells as its cost (rounded; at least 1): F, B (a whole backward, or
+             its input half), W, idle '.'. A schedule that dpar_pipe_schedule_check
              refuses gets its header line and "(cannot lay it out: <the checker's message>)".
    Returns:  like snprintf: the length it needs.
    Thread safety: any thread. */
@@ -1614,11 +1633,17 @@ DPAR_API dpar_status dpar_pipe_schedule_destroy(dpar_pipe_schedule *schedule);
    backward: `in` is the same activation again, `grad_out` the gradient of your output (NULL on the last: from
              the loss); write the gradient of your input to `grad_in` (NULL on the first). Accumulate
              parameter gradients (+=) across micro-batches.
+   Split:    schedules with B and W ops (ZB_H1) call backward_input for B (the same arguments as backward;
+             write grad_in, keep what W needs, leave the parameter gradients alone) and backward_weight for W (`in`
+             and `grad_out` as B had them; accumulate the parameter gradients). W runs after B of the same
+             (micro-batch, chunk); dpar's schedules run the W's of a stage in micro-batch order, as their whole
+             backwards, so the gradient sums come out in the same order (bitwise the same).
    Buffers:  activations and gradients are act_bytes each.
    Returns:  DPAR_OK or an error (dpar_set_error). */
 typedef dpar_status (*dpar_pipe_forward_fn)(void *user, int micro, int chunk, const void *in, void *out);
 typedef dpar_status (*dpar_pipe_backward_fn)(void *user, int micro, int chunk, const void *in, const void *grad_out,
                                              void *grad_in);
+typedef dpar_status (*dpar_pipe_weight_fn)(void *user, int micro, int chunk, const void *in, const void *grad_out);
 
 /* dpar_pipe_desc: how to make a stage's runner; a zero field means its default. */
 typedef struct dpar_pipe_desc {
@@ -1626,9 +1651,11 @@ typedef struct dpar_pipe_desc {
     dpar_comm *comm;                /* required: the pipeline comm: its rank is the stage, its size p */
     size_t act_bytes;               /* an activation (or its gradient) crossing a stage boundary (0: nothing sent) */
     dpar_pipe_forward_fn forward;   /* required */
-    dpar_pipe_backward_fn backward; /* required */
+    dpar_pipe_backward_fn backward; /* required where the schedule has BACKWARD ops */
     void *user;                     /* passed to forward and backward */
     dpar_allocator allocator;       /* the runner's buffers (zero: malloc/free) */
+    dpar_pipe_backward_fn backward_input; /* B: required where the schedule has BACKWARD_INPUT ops */
+    dpar_pipe_weight_fn backward_weight;  /* W: required where it has BACKWARD_WEIGHT ops */
 } dpar_pipe_desc;
 
 typedef struct dpar_pipe dpar_pipe;
@@ -1642,8 +1669,9 @@ typedef struct dpar_pipe_stats {
 } dpar_pipe_stats;
 
 /* dpar_pipe_create: make the runner of this stage.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, a desc without schedule, comm, forward or backward, half an
-             allocator, a comm whose size is not the schedule's p), DPAR_ENOMEM.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL out, a desc without schedule, comm or forward, without the backward
+             callbacks the schedule's ops call, half an allocator, a comm whose size is not the schedule's p),
+             DPAR_ENOMEM.
    Thread safety: the stage's thread.
    See:      docs/pipeline.md, 'The stage runner'. */
 DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **out);
@@ -9777,9 +9805,42 @@ static void dpar__pipe_unit(const dpar_pipe_schedule *S, int k, int backward, in
     *chunk = backward ? v - 1 - c : c;
 }
 
+/* ZB-H1 (v = 1): 1F1B's order of forwards and input gradients (B), each stage's weight gradients (W) placed s
+   backwards late: stage s does W of micro-batch i right after B of micro-batch i + s, and the last s at the end.
+   The W's of later stages fill what were 1F1B's cool-down bubbles while their B's go on at once, so every stage
+   holds at most p micro-batches' stashes (1F1B's most, on its first stage). With F = B = W the bubble is
+   (p - 1) / (3 m + p - 1), a third of 1F1B's idle time (the lower bound of a flushed step: the last stage's first
+   activation needs p - 1 forwards). */
+static void dpar__pipe_zb_backward(dpar_pipe_schedule *S, int s, int micro)
+{
+    if (s < S->p - 1) dpar__pipe_add(S, s, DPAR_PIPE_RECV_GRAD, micro, 0);
+    dpar__pipe_add(S, s, DPAR_PIPE_BACKWARD_INPUT, micro, 0);
+    if (s > 0) dpar__pipe_add(S, s, DPAR_PIPE_SEND_GRAD, micro, 0);
+    if (micro - s >= 0) dpar__pipe_add(S, s, DPAR_PIPE_BACKWARD_WEIGHT, micro - s, 0);
+}
+static void dpar__pipe_generate_zb(dpar_pipe_schedule *S)
+{
+    int p = S->p, m = S->m, s, i;
+    for (s = 0; s < p; s++) {
+        int warm = m < p - s - 1 ? m : p - s - 1; /* 1F1B's warm-up */
+        S->num_ops[s] = 0;
+        for (i = 0; i < warm; i++) dpar__pipe_fwd(S, s, i, 0);
+        for (i = 0; i < m - warm; i++) {
+            dpar__pipe_fwd(S, s, warm + i, 0);
+            dpar__pipe_zb_backward(S, s, i);
+        }
+        for (i = m - warm; i < m; i++) dpar__pipe_zb_backward(S, s, i);
+        for (i = m - s > 0 ? m - s : 0; i < m; i++) dpar__pipe_add(S, s, DPAR_PIPE_BACKWARD_WEIGHT, i, 0);
+    }
+}
+
 static void dpar__pipe_generate(dpar_pipe_schedule *S)
 {
     int p = S->p, m = S->m, v = S->v, s, i, k;
+    if (S->kind == DPAR_PIPE_ZB_H1) {
+        dpar__pipe_generate_zb(S);
+        return;
+    }
     for (s = 0; s < p; s++) {
         S->num_ops[s] = 0;
         if (S->kind == DPAR_PIPE_GPIPE) {
@@ -9819,7 +9880,9 @@ static const char *dpar__pipe_names[] = {"forward",
                                          "send of the activation",
                                          "receive of the activation",
                                          "send of the gradient",
-                                         "receive of the gradient"};
+                                         "receive of the gradient",
+                                         "input gradient (B)",
+                                         "weight gradient (W)"};
 
 /* Where a send from stage s (chunk c) goes: the stage and chunk of the next (act) or previous
    (grad) virtual stage. */
@@ -9834,7 +9897,23 @@ static void dpar__pipe_peer(const dpar_pipe_schedule *S, int s, int c, int act, 
     }
 }
 
-/* The simulation: stages run their ops in order; forward takes 1, backward 2; a receive waits for
+static int dpar__pipe_compute(int code)
+{
+    return code == DPAR_PIPE_FORWARD || code == DPAR_PIPE_BACKWARD || code == DPAR_PIPE_BACKWARD_INPUT ||
+           code == DPAR_PIPE_BACKWARD_WEIGHT;
+}
+/* the simulated time of a compute op: the schedule's costs (0: 1), a whole backward B + W */
+static double dpar__pipe_cost(const dpar_pipe_schedule *S, int code)
+{
+    double f = S->cost[0] > 0 ? S->cost[0] : 1.0, b = S->cost[1] > 0 ? S->cost[1] : 1.0;
+    double w = S->cost[2] > 0 ? S->cost[2] : 1.0;
+    return code == DPAR_PIPE_FORWARD          ? f
+           : code == DPAR_PIPE_BACKWARD_INPUT ? b
+           : code == DPAR_PIPE_BACKWARD       ? b + w
+                                              : w;
+}
+
+/* The simulation: stages run their ops in order, each compute op for its cost (dpar__pipe_cost); a receive waits for
    its message; a send waits while DPAR__QDEPTH messages are unconsumed on its channel. A channel is
    an ordered pair of stages, shared by activations and gradients (as on the transport). Returns 0,
    or 1 with the deadlock story. Fills per-op start times when `start` is not NULL. */
@@ -9875,12 +9954,13 @@ static int dpar__pipe_simulate(dpar_pipe_schedule *S, double *makespan, double *
                     break;
                 }
                 op = &S->ops[s][pc[s]];
-                if (op->code == DPAR_PIPE_FORWARD || op->code == DPAR_PIPE_BACKWARD) {
-                    double d = op->code == DPAR_PIPE_FORWARD ? 1.0 : 2.0;
+                if (dpar__pipe_compute(op->code)) {
+                    double d = dpar__pipe_cost(S, op->code);
                     if (start) start[s][pc[s]] = t[s];
                     t[s] += d;
                     busy[s] += d;
-                    stash[s] += op->code == DPAR_PIPE_FORWARD ? 1 : -1;
+                    /* a stash lives from the forward to the backward that ends its use: the whole one, or W */
+                    stash[s] += op->code == DPAR_PIPE_FORWARD ? 1 : op->code == DPAR_PIPE_BACKWARD_INPUT ? 0 : -1;
                     if (stash[s] > peak[s]) peak[s] = stash[s];
                 } else if (op->code == DPAR_PIPE_SEND_ACT || op->code == DPAR_PIPE_SEND_GRAD) {
                     dpar__pipe_peer(S, s, op->chunk, op->code == DPAR_PIPE_SEND_ACT, &ps, &pcc);
@@ -9961,7 +10041,7 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
     unsigned char *seen; /* per stage and (micro, chunk): bits of the ops done */
     double makespan = 0, *busy, total = 0;
     char msg[DPAR__ERROR_TEXT];
-    enum { F = 1, B = 2, SA = 4, RA = 8, SG = 16, RG = 32 };
+    enum { F = 1, B = 2, SA = 4, RA = 8, SG = 16, RG = 32, BI = 64, BW = 128 };
     if (!S || !S->num_ops || !S->ops) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_check: schedule is NULL");
     p = S->p;
     m = S->m;
@@ -9983,7 +10063,7 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
             dpar_pipe_op *op = &S->ops[s][k];
             int first, last;
             unsigned char *b;
-            if ((unsigned)op->code > DPAR_PIPE_RECV_GRAD)
+            if ((unsigned)op->code > DPAR_PIPE_BACKWARD_WEIGHT)
                 DPAR__BAD("stage %d op %d: code %d is not an op", s, k, op->code);
             if (op->micro < 0 || op->micro >= m || op->chunk < 0 || op->chunk >= v)
                 DPAR__BAD("stage %d op %d: micro-batch %d, chunk %d is outside 0..%d, 0..%d", s, k, op->micro,
@@ -10003,14 +10083,22 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
                 *b |= F;
                 break;
             case DPAR_PIPE_BACKWARD:
-                if (*b & B) DPAR__BAD(DPAR__AT "appears twice (rule: each backward once)", DPAR__ATV);
+            case DPAR_PIPE_BACKWARD_INPUT:
+                if (*b & (B | BI)) DPAR__BAD(DPAR__AT "appears twice (rule: each backward once)", DPAR__ATV);
                 if (!(*b & F))
                     DPAR__BAD(DPAR__AT "comes before its forward (rule: every backward after its forward)", DPAR__ATV);
                 if (!last && !(*b & RG))
                     DPAR__BAD(DPAR__AT "comes before the gradient of its output is received (rule: every receive "
                                        "before the compute that needs it)",
                               DPAR__ATV);
-                *b |= B;
+                *b |= op->code == DPAR_PIPE_BACKWARD ? B : BI;
+                break;
+            case DPAR_PIPE_BACKWARD_WEIGHT:
+                if (*b & (B | BW)) DPAR__BAD(DPAR__AT "appears twice (rule: each backward once)", DPAR__ATV);
+                if (!(*b & BI))
+                    DPAR__BAD(DPAR__AT "comes before its input gradient (rule: every W after the B of its unit)",
+                              DPAR__ATV);
+                *b |= BW;
                 break;
             case DPAR_PIPE_SEND_ACT:
                 if (last) DPAR__BAD(DPAR__AT "the last virtual stage has no activation to send", DPAR__ATV);
@@ -10027,7 +10115,7 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
                 break;
             case DPAR_PIPE_SEND_GRAD:
                 if (first) DPAR__BAD(DPAR__AT "the first virtual stage has no input gradient to send", DPAR__ATV);
-                if (!(*b & B) || (*b & SG))
+                if (!(*b & (B | BI)) || (*b & SG))
                     DPAR__BAD(DPAR__AT "comes before its backward or twice (rule: every send after the compute that "
                                        "makes it)",
                               DPAR__ATV);
@@ -10042,7 +10130,7 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
         }
         for (i = 0; i < m; i++)
             for (c = 0; c < v; c++) {
-                unsigned char b = DPAR__SEEN(s, i, c), want = F | B;
+                unsigned char b = DPAR__SEEN(s, i, c), want = b & BI ? F + BI + BW : F + B; /* distinct bits */
                 if (!dpar__pipe_first(S, s, c)) want |= RA | SG;
                 if (!dpar__pipe_last(S, s, c)) want |= SA | RG;
                 if ((b & want) != want)
@@ -10050,7 +10138,8 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
                               "once, with its sends and receives)",
                               s,
                               dpar__pipe_names[!(b & F)                   ? 0
-                                               : !(b & B)                 ? 1
+                                               : !(b & (B | BI))          ? 1
+                                               : !(b & BW) && (want & BW) ? 7
                                                : !(b & SA) && (want & SA) ? 2
                                                : !(b & RA) && (want & RA) ? 3
                                                : !(b & SG) && (want & SG) ? 4
@@ -10123,8 +10212,17 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
     if (!desc) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: desc is NULL (p and m are required)");
     DPAR__TRY(dpar__check_allocator("dpar_pipe_schedule_create", &desc->allocator));
     a = desc->allocator, kind = desc->kind, p = desc->p, m = desc->m, v = desc->v ? desc->v : 1;
-    if ((unsigned)kind > DPAR_PIPE_INTERLEAVED)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: kind %d", (int)kind);
+    if ((unsigned)kind > DPAR_PIPE_ZB_H1)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: kind %d (0..%d)", (int)kind, (int)DPAR_PIPE_ZB_H1);
+    {
+        const double costs[3] = {desc->cost_forward, desc->cost_input_grad, desc->cost_weight_grad};
+        static const char *names[3] = {"cost_forward", "cost_input_grad", "cost_weight_grad"};
+        int i;
+        for (i = 0; i < 3; i++)
+            if (!(costs[i] >= 0 && costs[i] <= 1e9)) /* NaN fails both */
+                return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: %s = %g (0 for 1, or a time in 0..1e9)",
+                                 names[i], costs[i]);
+    }
     if (p < 1 || m < 1 || p > 4096 || m > 65535)
         return dpar__err(DPAR_EINVAL,
                          "dpar_pipe_schedule_create: p = %d, m = %d (1..4096 stages, 1..65535 "
@@ -10149,6 +10247,9 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
     S->m = m;
     S->v = v;
     S->kind = kind;
+    S->cost[0] = desc->cost_forward > 0 ? desc->cost_forward : 1.0;
+    S->cost[1] = desc->cost_input_grad > 0 ? desc->cost_input_grad : 1.0;
+    S->cost[2] = desc->cost_weight_grad > 0 ? desc->cost_weight_grad : 1.0;
     S->num_ops = (int *)dpar__calloc(&a, (size_t)p, sizeof(int));
     S->peak_stash = (int *)dpar__calloc(&a, (size_t)p, sizeof(int));
     S->ops = (dpar_pipe_op **)dpar__calloc(&a, (size_t)p, sizeof(dpar_pipe_op *));
@@ -10157,7 +10258,7 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
         return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
     }
     for (s = 0; s < p; s++)
-        if (!(S->ops[s] = (dpar_pipe_op *)dpar__calloc(&a, (size_t)m * (size_t)v * 6, sizeof(dpar_pipe_op)))) {
+        if (!(S->ops[s] = (dpar_pipe_op *)dpar__calloc(&a, (size_t)m * (size_t)v * 7, sizeof(dpar_pipe_op)))) {
             dpar_pipe_schedule_destroy(S);
             return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
         }
@@ -10172,7 +10273,7 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
 
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *buf, size_t size)
 {
-    static const char *kinds[] = {"GPipe", "1F1B", "interleaved 1F1B"};
+    static const char *kinds[] = {"GPipe", "1F1B", "interleaved 1F1B", "ZB-H1"};
     dpar_pipe_schedule *S = (dpar_pipe_schedule *)(uintptr_t)S0; /* the simulation only reads it */
     double makespan = 0, *busy, **start;
     int p, s, k, cells, *peak, bad = 0;
@@ -10191,7 +10292,7 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
     start = (double **)dpar__calloc(&S->allocator, (size_t)p, sizeof(double *));
     for (s = 0; s < p && start; s++)
         start[s] = (double *)dpar__calloc(&S->allocator, (size_t)S->num_ops[s] + 1, sizeof(double));
-    DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", (unsigned)S->kind < 3 ? kinds[S->kind] : "?", p, S->m,
+    DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", (unsigned)S->kind < 4 ? kinds[S->kind] : "?", p, S->m,
               S->v > 1 ? "" : "");
     if (S->v > 1) DPAR__OUT(", v=%d chunks", S->v);
     DPAR__OUT(": predicted bubble %.3f, peak stash", S->bubble);
@@ -10212,7 +10313,7 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
     if (bad || dpar__pipe_simulate(S, &makespan, busy, peak, start, msg, sizeof msg)) {
         DPAR__OUT("(cannot lay it out: %s)\n", msg);
     } else {
-        cells = (int)makespan;
+        cells = (int)(makespan + 0.5);
         line = (char *)dpar__alloc(&S->allocator, (size_t)cells * 4 + 1);
         for (s = 0; s < p && line; s++) {
             memset(line, ' ', (size_t)cells * 4);
@@ -10220,12 +10321,19 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
             line[cells * 4] = 0;
             for (k = 0; k < S->num_ops[s]; k++) {
                 dpar_pipe_op *op = &S->ops[s][k];
-                int c = (int)start[s][k], w = op->code == DPAR_PIPE_FORWARD ? 1 : 2, j;
+                int c, w, j;
                 char cell[8];
-                if (op->code != DPAR_PIPE_FORWARD && op->code != DPAR_PIPE_BACKWARD) continue;
+                if (!dpar__pipe_compute(op->code)) continue;
+                c = (int)(start[s][k] + 0.5);
+                w = (int)(dpar__pipe_cost(S, op->code) + 0.5);
+                if (w < 1) w = 1;
+                if (c >= cells) continue;
                 for (j = 0; j < w && c + j < cells; j++) memcpy(line + (c + j) * 4, j ? "====" : "    ", 4);
-                snprintf(cell, sizeof cell, "%c%d%c", op->code == DPAR_PIPE_FORWARD ? 'F' : 'B', op->micro,
-                         S->v > 1 ? 'a' + op->chunk : ' ');
+                snprintf(cell, sizeof cell, "%c%d%c",
+                         op->code == DPAR_PIPE_FORWARD           ? 'F'
+                         : op->code == DPAR_PIPE_BACKWARD_WEIGHT ? 'W'
+                                                                 : 'B',
+                         op->micro, S->v > 1 ? 'a' + op->chunk : ' ');
                 memcpy(line + c * 4, cell, strlen(cell) < 4 ? strlen(cell) : 4);
             }
             DPAR__OUT("stage %-2d|%s|\n", s, line);
@@ -10284,8 +10392,23 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *d, dpar_pipe **out)
     size_t n;
     if (!out) return dpar__err(DPAR_EINVAL, "dpar_pipe_create: out is NULL");
     *out = NULL;
-    if (!d || !d->schedule || !d->comm || !d->forward || !d->backward)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the desc needs a schedule, a comm, forward and backward");
+    if (!d || !d->schedule || !d->comm || !d->forward)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the desc needs a schedule, a comm and forward");
+    { /* the callbacks the schedule's ops call */
+        const dpar_pipe_schedule *S = d->schedule;
+        int s, k, whole = 0, split = 0;
+        for (s = 0; s < S->p && S->num_ops && S->ops; s++)
+            for (k = 0; k < S->num_ops[s]; k++) {
+                whole |= S->ops[s][k].code == DPAR_PIPE_BACKWARD;
+                split |=
+                    S->ops[s][k].code == DPAR_PIPE_BACKWARD_INPUT || S->ops[s][k].code == DPAR_PIPE_BACKWARD_WEIGHT;
+            }
+        if ((whole && !d->backward) || (split && (!d->backward_input || !d->backward_weight)))
+            return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the schedule has %s ops but the desc no %s: set %s",
+                             whole && !d->backward ? "BACKWARD" : "split backward (B and W)",
+                             whole && !d->backward ? "backward" : "backward_input and backward_weight",
+                             whole && !d->backward ? "desc.backward" : "both");
+    }
     DPAR__TRY(dpar__check_allocator("dpar_pipe_create", &d->allocator));
     if (d->schedule->p != d->comm->size)
         return dpar__err(DPAR_EINVAL, "dpar_pipe_create: the schedule has %d stages but the comm %d ranks",
@@ -10388,6 +10511,32 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             pp->stash[u] = pp->grad_out[u] = NULL;
             pp->pending[u] = buf;
             snprintf(name, sizeof name, "B%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
+            dpar_trace_event(name, "pipe", t0, t1, NULL);
+            break;
+        case DPAR_PIPE_BACKWARD_INPUT: /* B: the input's gradient; the stash and grad_out stay for W */
+            buf = first ? NULL : dpar__pipe_take(pp);
+            if (!first && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
+            dpar_clear_error();
+            if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
+            st = pp->d.backward_input(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
+            t1 = dpar_time_ns();
+            busy += t1 - t0;
+            if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the input gradient (B)", op->micro, op->chunk);
+            pp->pending[u] = buf;
+            snprintf(name, sizeof name, "B%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
+            dpar_trace_event(name, "pipe", t0, t1, NULL);
+            break;
+        case DPAR_PIPE_BACKWARD_WEIGHT: /* W: the weights' gradients; then the unit's buffers are free */
+            dpar_clear_error();
+            if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
+            st = pp->d.backward_weight(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u]);
+            t1 = dpar_time_ns();
+            busy += t1 - t0;
+            if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the weight gradient (W)", op->micro, op->chunk);
+            dpar__pipe_give(pp, pp->stash[u]);
+            dpar__pipe_give(pp, pp->grad_out[u]);
+            pp->stash[u] = pp->grad_out[u] = NULL;
+            snprintf(name, sizeof name, "W%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
             dpar_trace_event(name, "pipe", t0, t1, NULL);
             break;
         case DPAR_PIPE_SEND_ACT:

@@ -1,8 +1,9 @@
 /* bench_pipe.c - pipeline bubbles, predicted by the schedule and measured by the runner.
 
-   p = 2 and 4 stages of thread ranks, m = 4, 8, 16 micro-batches, GPipe, 1F1B and interleaved
-   (v = 2). The stages are balanced: a forward takes 2 ms / v and a backward twice that (the
-   callbacks sleep, so 4 stages share 2 cores without competing for them). measured_bubble =
+   p = 2 and 4 stages of thread ranks, m = 4, 8, 16 micro-batches, GPipe, 1F1B, interleaved
+   (v = 2) and ZB-H1 (the backward split into B and W of a forward's time each). The stages are balanced: a
+   forward takes 2 ms / v and a backward twice that (the callbacks sleep, so 4 stages share 2 cores without
+   competing for them). measured_bubble =
    1 - (time in callbacks over all stages) / (p x the longest stage's run), median of 3 runs.
    Then the same cases with callbacks that compute (bench=pipeline_gemm): a forward is GEMMS / v
    dpar_sgemm calls of 256 x 256 x 256 on the stage's own matrices, a backward twice as many, so the
@@ -76,6 +77,22 @@ static dpar_status bwd(void *user, int micro, int chunk, const void *in, const v
     return DPAR_OK;
 }
 
+/* the split backward's halves (ZB-H1): B and W, a forward's time each */
+static dpar_status bwd_input(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
+{
+    (void)micro, (void)chunk, (void)in, (void)g, (void)gi;
+    if (((work *)user)->a) gemms((work *)user, GEMMS / ((work *)user)->v);
+    else nap(FORWARD_US / ((work *)user)->v);
+    return DPAR_OK;
+}
+static dpar_status bwd_weight(void *user, int micro, int chunk, const void *in, const void *g)
+{
+    (void)micro, (void)chunk, (void)in, (void)g;
+    if (((work *)user)->a) gemms((work *)user, GEMMS / ((work *)user)->v);
+    else nap(FORWARD_US / ((work *)user)->v);
+    return DPAR_OK;
+}
+
 static dpar_status stage_main(void *user, int r, int n)
 {
     job *j = (job *)user;
@@ -102,6 +119,8 @@ static dpar_status stage_main(void *user, int r, int n)
     d.act_bytes = 4096;
     d.forward = fwd;
     d.backward = bwd;
+    d.backward_input = bwd_input;
+    d.backward_weight = bwd_weight;
     d.user = &w;
     dpar_pipe_create(&d, &pp);
     dpar_pipe_run(pp, &s); /* warm up: buffers, threads */
@@ -145,7 +164,7 @@ static int cmp_double(const void *a, const void *b)
 int main(void)
 {
     static const int ps[] = {2, 4}, ms[] = {4, 8, 16};
-    static const char *names[] = {"gpipe", "1f1b", "interleaved"};
+    static const char *names[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
     int pi, mi, kind, compute;
     double alone = gemm_alone_ms();
     for (compute = 0; compute < 2; compute++)
@@ -155,7 +174,7 @@ int main(void)
             memset(&pd, 0, sizeof pd);
             pd.num_threads = ps[pi];
             dpar_pool_create(&pd, &pool);
-            for (kind = 0; kind < 3; kind++)
+            for (kind = 0; kind < 4; kind++)
                 for (mi = 0; mi < 3; mi++) {
                     job j;
                     dpar_comm_desc cd;

@@ -1,6 +1,7 @@
-/* pipeline.c - an 8-layer MLP cut into pipeline stages on thread ranks, trained with the 1F1B schedule.
+/* pipeline.c - an 8-layer MLP cut into pipeline stages on thread ranks, trained with the 1F1B schedule (or
+   zero-bubble ZB-H1, or GPipe).
    Build: cc -std=c99 -O2 -I. examples/pipeline.c -o pipeline -pthread -lm
-   Run:   ./pipeline            (./pipeline --stages 2 --micro 16)
+   Run:   ./pipeline            (./pipeline --stages 2 --micro 16, ./pipeline --schedule zb-h1)
    Check: ^stage 0 +\|F0
    Check: ^bubble: predicted 0\.[0-9]+ .*measured [0-9.]+
    Check: ^pipeline: 1F1B p=[0-9]+ m=[0-9]+ matches sequential training.*parameters bitwise equal, OK$
@@ -20,7 +21,15 @@
    micro-batches one after another (gradient accumulation), and checks that the pipeline produced the
    same parameters: it does the same arithmetic in the same order, so they agree to the bit. (Against
    whole-batch steps they would agree only to rounding, since float sums in another order differ in
-   the last bits, and over hundreds of steps of a deep ReLU network such differences grow.) */
+   the last bits, and over hundreds of steps of a deep ReLU network such differences grow.)
+
+   --schedule zb-h1 splits each backward in two, as zero-bubble pipelines do: B, the gradient of the stage's input,
+   which the previous stage is waiting for, and W, the gradients of the weights, which nothing needs before the
+   optimizer step. B runs as soon as it can; W waits and fills time the stage would otherwise idle (ZB-H1: stage s
+   runs each W s backwards later), which brings the bubble from (p - 1) / (m + p - 1) to (p - 1) / (3 m + p - 1)
+   when F, B and W take the same time. B keeps each layer's output gradient for W; W makes the same
+   dpar_linear_backward calls for the weights as a whole backward, in the same micro-batch order, so the
+   parameters are still bitwise those of sequential training. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -45,6 +54,7 @@ typedef struct stage { /* one stage: layers [lo, hi), micro-batches of `rows` ro
     int lo, hi, m, rows;
     dpar_linear L[LAYERS];
     float *acts, *pre, *g, *gx; /* per micro-batch: each layer's input and its output before the ReLU */
+    float *grads;               /* --schedule zb-h1, per micro-batch: each layer's output gradient (B to W) */
     double loss;                /* the last stage: the loss summed over the step's micro-batches */
 } stage;
 
@@ -62,6 +72,7 @@ struct job {
 
 static float *act(stage *st, int micro, int l) { return st->acts + ((size_t)micro * (LAYERS + 1) + l) * st->rows * H; }
 static float *pre(stage *st, int micro, int l) { return st->pre + ((size_t)micro * LAYERS + l) * st->rows * H; }
+static float *grad(stage *st, int micro, int l) { return st->grads + ((size_t)micro * LAYERS + l) * st->rows * H; }
 
 static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
 {
@@ -75,10 +86,11 @@ static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
     st->m = m;
     st->rows = B / m;
     st->acts = (float *)calloc((size_t)m * (LAYERS + 1) * st->rows * H, sizeof(float));
+    st->grads = (float *)calloc((size_t)m * LAYERS * st->rows * H, sizeof(float));
     st->pre = (float *)calloc((size_t)m * LAYERS * st->rows * H, sizeof(float));
     st->g = (float *)calloc((size_t)st->rows * H * 2, sizeof(float));
     st->gx = st->g + st->rows * H;
-    if (!st->acts || !st->pre || !st->g) return dpar_set_error(DPAR_ENOMEM, "stage_init: out of memory");
+    if (!st->acts || !st->pre || !st->g || !st->grads) return dpar_set_error(DPAR_ENOMEM, "stage_init: out of memory");
     for (l = lo; l < hi; l++) {
         ld.in = dims[l], ld.out = dims[l + 1];
         if ((rc = dpar_linear_init(&st->L[l], &ld)) != DPAR_OK) return rc;
@@ -92,6 +104,7 @@ static void stage_free(stage *st)
     int l;
     for (l = st->lo; l < st->hi; l++) dpar_linear_destroy(&st->L[l]);
     free(st->acts);
+    free(st->grads);
     free(st->pre);
     free(st->g);
 }
@@ -142,6 +155,50 @@ static dpar_status stage_backward(void *user, int micro, int chunk, const void *
     return DPAR_OK;
 }
 
+/* zero bubble's B: the gradient of the stage's input only; each layer's output gradient is kept for W */
+static dpar_status stage_backward_input(void *user, int micro, int chunk, const void *in, const void *grad_out,
+                                        void *grad_in)
+{
+    stage *st = (stage *)user;
+    int l, i;
+    (void)chunk;
+    (void)in;
+    float *g = grad(st, micro, st->hi - 1);
+    if (grad_out) memcpy(g, grad_out, (size_t)st->rows * H * sizeof(float));
+    else { /* the last stage: d loss / d y, as in stage_backward */
+        const float *y = pre(st, micro, LAYERS - 1), *t = st->j->t + (size_t)micro * st->rows * OUT;
+        for (i = 0; i < st->rows * OUT; i++) g[i] = 2.0f * (y[i] - t[i]) / (B * OUT);
+    }
+    for (l = st->hi - 1; l >= st->lo; l--) {
+        float *out_grad = grad(st, micro, l);
+        float *dx = l > st->lo ? grad(st, micro, l - 1) : (float *)grad_in; /* NULL on the first stage */
+        if (l < LAYERS - 1)                                                 /* through the ReLU after layer l */
+            for (i = 0; i < st->rows * dims[l + 1]; i++)
+                if (pre(st, micro, l)[i] <= 0) out_grad[i] = 0;
+        if (dx) { /* dx = out_grad W^T: the product dpar_linear_backward makes */
+            dpar_status rc = dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, st->rows, dims[l], dims[l + 1], 1.0f, out_grad,
+                                        dims[l + 1], st->L[l].w, dims[l + 1], 0.0f, dx, dims[l]);
+            if (rc != DPAR_OK) return rc;
+        }
+    }
+    return DPAR_OK;
+}
+
+/* zero bubble's W: the weights' gradients from the kept inputs and output gradients (+= over micro-batches) */
+static dpar_status stage_backward_weight(void *user, int micro, int chunk, const void *in, const void *grad_out)
+{
+    stage *st = (stage *)user;
+    int l;
+    (void)chunk;
+    (void)in;
+    (void)grad_out; /* B kept what W needs */
+    for (l = st->hi - 1; l >= st->lo; l--) {
+        dpar_status rc = dpar_linear_backward(&st->L[l], act(st, micro, l), grad(st, micro, l), NULL, st->rows);
+        if (rc != DPAR_OK) return rc;
+    }
+    return DPAR_OK;
+}
+
 static void stage_sgd(stage *st)
 {
     int l, i;
@@ -173,6 +230,8 @@ static dpar_status rank_main(void *user, int rank, int n)
     pd.act_bytes = (size_t)st->rows * H * sizeof(float);
     pd.forward = stage_forward;
     pd.backward = stage_backward;
+    pd.backward_input = stage_backward_input;
+    pd.backward_weight = stage_backward_weight;
     pd.user = st;
     if (rc == DPAR_OK) rc = dpar_pipe_create(&pd, &pipe);
     for (step = 0; step < j->steps && rc == DPAR_OK; step++) {
@@ -217,13 +276,30 @@ int main(int argc, char **argv)
     double worst = 0, seq_loss = 0, d;
     int i, k, l, r, s, ok, cpus;
     unsigned long long seed = 7;
+    const char *schedule_name = "1F1B";
+    dpar_pipe_kind kind = DPAR_PIPE_1F1B;
     j.p = 4;
     j.m = 8;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--stages") && i + 1 < argc) j.p = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--micro") && i + 1 < argc) j.m = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--stages P] [--micro M]\n", argv[0]);
+        else if (!strcmp(argv[i], "--schedule") && i + 1 < argc) {
+            const char *name = argv[++i];
+            if (!strcmp(name, "1f1b")) {
+                kind = DPAR_PIPE_1F1B;
+                schedule_name = "1F1B";
+            } else if (!strcmp(name, "zb-h1")) {
+                kind = DPAR_PIPE_ZB_H1;
+                schedule_name = "ZB-H1";
+            } else if (!strcmp(name, "gpipe")) {
+                kind = DPAR_PIPE_GPIPE;
+                schedule_name = "GPipe";
+            } else {
+                fprintf(stderr, "pipeline: --schedule '%s': it takes 1f1b, zb-h1 or gpipe\n", name);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--stages P] [--micro M] [--schedule 1f1b|zb-h1|gpipe]\n", argv[0]);
             return 2;
         }
     }
@@ -246,7 +322,7 @@ int main(int argc, char **argv)
     for (i = 0; i < B; i++)
         for (k = 0; k < OUT; k++) j.t[i * OUT + k] = sinf(3.0f * j.x[i * IN + k]) * j.x[i * IN + k + 4];
 
-    sd.kind = DPAR_PIPE_1F1B, sd.p = j.p, sd.m = j.m;
+    sd.kind = kind, sd.p = j.p, sd.m = j.m;
     if ((rc = dpar_pipe_schedule_create(&sd, &j.S)) != DPAR_OK) {
         fprintf(stderr, "pipeline: %s\n", dpar_last_error());
         return 1;
@@ -255,8 +331,9 @@ int main(int argc, char **argv)
     if ((text = (char *)malloc(len)) != NULL) {
         dpar_pipe_schedule_format(j.S, text, len);
         printf("pipeline: %d layers on %d stages, batch %d in %d micro-batches of %d rows; the schedule "
-               "(F = forward, B = backward, . = idle):\n%s",
-               LAYERS, j.p, B, j.m, B / j.m, text);
+               "(F = forward, B = backward%s, . = idle):\n%s",
+               LAYERS, j.p, B, j.m, B / j.m, kind == DPAR_PIPE_ZB_H1 ? " (its input half), W = weight gradients" : "",
+               text);
         free(text);
     }
 
@@ -312,9 +389,9 @@ int main(int argc, char **argv)
     printf("\n");
     snprintf(how, sizeof how, worst == 0 ? "bitwise equal" : "within %.1e (relative)", worst);
     ok = worst == 0 && j.loss[j.steps - 1] < 0.5f * j.loss[0]; /* the gate is what the line claims: bitwise */
-    printf("pipeline: 1F1B p=%d m=%d %s sequential training: loss %.6f -> %.6f (sequential %.6f), parameters "
+    printf("pipeline: %s p=%d m=%d %s sequential training: loss %.6f -> %.6f (sequential %.6f), parameters "
            "%s, %s\n",
-           j.p, j.m, ok ? "matches" : "DOES NOT MATCH", j.loss[0], j.loss[j.steps - 1], seq_loss, how,
+           schedule_name, j.p, j.m, ok ? "matches" : "DOES NOT MATCH", j.loss[0], j.loss[j.steps - 1], seq_loss, how,
            ok ? "OK" : "FAILED");
     free(j.stages);
     dpar_pipe_schedule_destroy(j.S);

@@ -72,6 +72,33 @@ static void pm_backward(dpar_linear *L, int lo, int hi, const float *g_in, float
     }
 }
 
+/* the backward split in two (zero-bubble schedules). B: the gradient of the stage's input, keeping each layer's
+   output gradient (after its ReLU's mask) in gl for W; no parameter gradient. W: the parameter gradients from the
+   inputs and the kept gradients, the same calls a whole backward makes (so the sums are the same bits) */
+static void pm_backward_input(dpar_linear *L, int lo, int hi, const float *g_in, float *dx, int rows,
+                              float (*acts)[PM_BATCH * PM_WIDTH], float (*pre_relu)[PM_BATCH * PM_WIDTH],
+                              float (*gl)[PM_BATCH * PM_WIDTH])
+{
+    int l, i;
+    memcpy(gl[hi - 1], g_in, (size_t)rows * (size_t)pm_dims[hi] * sizeof(float));
+    for (l = hi - 1; l >= lo; l--) {
+        float *g = gl[l];
+        if (l < PM_LAYERS - 1)
+            for (i = 0; i < rows * pm_dims[l + 1]; i++)
+                if (pre_relu[l][i] <= 0) g[i] = 0;
+        if (l > lo || dx) /* dx (rows, in) = g (rows, out) W^T, as dpar_linear_backward computes it */
+            dpar_sgemm(DPAR_NO_TRANS, DPAR_TRANS, rows, L[l].in, L[l].out, 1.0f, g, L[l].out, L[l].w, L[l].out, 0.0f,
+                       l > lo ? gl[l - 1] : dx, L[l].in);
+    }
+    (void)acts;
+}
+static void pm_backward_weight(dpar_linear *L, int lo, int hi, int rows, float (*acts)[PM_BATCH * PM_WIDTH],
+                               float (*gl)[PM_BATCH * PM_WIDTH])
+{
+    int l;
+    for (l = hi - 1; l >= lo; l--) dpar_linear_backward(&L[l], acts[l], gl[l], NULL, rows);
+}
+
 static void pm_layers(dpar_linear *L, const pm_data *d, int lo, int hi)
 {
     int l;
@@ -116,6 +143,7 @@ typedef struct pm_stage {
     dpar_linear L[PM_LAYERS];
     float acts[64][PM_LAYERS + 1][PM_BATCH * PM_WIDTH]; /* per (micro-batch, chunk): layer inputs */
     float pre[64][PM_LAYERS][PM_BATCH * PM_WIDTH];      /* and outputs */
+    float gl[64][PM_LAYERS][PM_BATCH * PM_WIDTH];       /* split backward: each layer's output gradient, B to W */
 } pm_stage;
 
 /* the layers of (stage, chunk): virtual stage chunk * p + stage of p * v */
@@ -157,6 +185,35 @@ static dpar_status pm_stage_backward(void *user, int micro, int chunk, const voi
     return DPAR_OK;
 }
 
+/* the split backward's two halves (zero-bubble schedules) */
+static dpar_status pm_stage_backward_input(void *user, int micro, int chunk, const void *in, const void *grad_out,
+                                           void *grad_in)
+{
+    pm_stage *st = (pm_stage *)user;
+    float dy[PM_BATCH * 4];
+    int lo, hi, u = micro * st->v + chunk;
+    (void)in;
+    pm_range(st, chunk, &lo, &hi);
+    if (!grad_out) {
+        const float *y = st->pre[u][PM_LAYERS - 1], *t = st->d->t + (size_t)micro * st->rows * 4;
+        int i;
+        for (i = 0; i < st->rows * 4; i++) dy[i] = 2.0f * (y[i] - t[i]) / (PM_BATCH * 4);
+        grad_out = dy;
+    }
+    pm_backward_input(st->L, lo, hi, (const float *)grad_out, (float *)grad_in, st->rows, st->acts[u], st->pre[u],
+                      st->gl[u]);
+    return DPAR_OK;
+}
+static dpar_status pm_stage_backward_weight(void *user, int micro, int chunk, const void *in, const void *grad_out)
+{
+    pm_stage *st = (pm_stage *)user;
+    int lo, hi, u = micro * st->v + chunk;
+    (void)in, (void)grad_out; /* B kept what W needs */
+    pm_range(st, chunk, &lo, &hi);
+    pm_backward_weight(st->L, lo, hi, st->rows, st->acts[u], st->gl[u]);
+    return DPAR_OK;
+}
+
 /* train `steps` steps as stage `stage` of a p-stage pipeline over comm; returns the status */
 static dpar_status pm_train_stage(pm_stage *st, dpar_comm *comm, dpar_pipe_schedule *S, int steps,
                                   dpar_pipe_stats *stats)
@@ -181,6 +238,8 @@ static dpar_status pm_train_stage(pm_stage *st, dpar_comm *comm, dpar_pipe_sched
     pd.act_bytes = (size_t)st->rows * PM_WIDTH * sizeof(float);
     pd.forward = pm_stage_forward;
     pd.backward = pm_stage_backward;
+    pd.backward_input = pm_stage_backward_input;
+    pd.backward_weight = pm_stage_backward_weight;
     pd.user = st;
     if ((rc = dpar_pipe_create(&pd, &pp)) != DPAR_OK) return rc;
     for (s = 0; s < steps && rc == DPAR_OK; s++) {

@@ -453,6 +453,19 @@ dp_ranks() {
         [ \$rc = 0 ] && grep -q '^bitwise equal: 1, 2 and 4 ranks' '$d/bits.txt'"
 }
 
+# examples/pipeline.c --schedule zb-h1: the split backward (B, then W later) trains the same bits as sequential
+# training, on 4 and on 2 stages (the program compares every parameter and exits 1 otherwise)
+zero_bubble() {
+    local d="$tmp/zb"
+    rm -rf "$d" && mkdir -p "$d"
+    step "example pipeline.c --schedule zb-h1: B and W apart, p = 4 and 2, parameters bitwise those of sequential training" sh -c "
+        cc -std=c99 -O2 -I. examples/pipeline.c -o '$d/pl' -pthread -lm &&
+        DPAR_TEST_QUICK=1 '$d/pl' --schedule zb-h1 > '$d/4.txt' && grep 'W0' '$d/4.txt' | head -n 1 &&
+        grep -q '^ZB-H1, p=4 stages, m=8 micro-batches: predicted bubble 0.111' '$d/4.txt' &&
+        grep -q '^pipeline: ZB-H1 p=4 m=8 matches sequential training.*bitwise equal, OK' '$d/4.txt' &&
+        DPAR_TEST_QUICK=1 '$d/pl' --schedule zb-h1 --stages 2 --micro 16 | grep '^pipeline: ZB-H1 p=2 m=16 matches.*bitwise equal, OK'"
+}
+
 NO_MPI_REASON=
 if [ "${1:-}" = "--no-mpi-reason" ]; then
     NO_MPI_REASON=$2
@@ -467,6 +480,7 @@ if [ "${1:-}" = "--matrix" ]; then
     idx_example
     demo
     dp_ranks
+    zero_bubble
     kill_tests
 fi
 for bin in "$@"; do program "$bin" "$bin"; done

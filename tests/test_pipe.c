@@ -20,10 +20,29 @@ static dpar_status sched(int p, int m, int v, dpar_pipe_kind k, dpar_pipe_schedu
     return dpar_pipe_schedule_create(&d, S);
 }
 
+/* ZB-H1's stash: 1F1B's most (min(m, p)) on every stage; and every stage's W's in micro-batch order, each after its
+   B (what makes a split run the same bits as a whole backward) */
+static int zb_stash_ok(const dpar_pipe_schedule *S)
+{
+    int s, k;
+    for (s = 0; s < S->p; s++) {
+        int next_w = 0, b_done = 0;
+        if (S->peak_stash[s] != (S->m < S->p ? S->m : S->p)) return 0;
+        for (k = 0; k < S->num_ops[s]; k++) {
+            const dpar_pipe_op *op = &S->ops[s][k];
+            if (op->code == DPAR_PIPE_BACKWARD_INPUT) b_done++;
+            if (op->code == DPAR_PIPE_BACKWARD_WEIGHT && (op->micro != next_w++ || op->micro >= b_done)) return 0;
+            if (op->code == DPAR_PIPE_BACKWARD) return 0;
+        }
+        if (next_w != S->m) return 0;
+    }
+    return 1;
+}
+
 static void test_schedules_match_closed_forms(void)
 {
     int kind, p, m, v, bad = 0, checked = 0;
-    for (kind = 0; kind < 3; kind++)
+    for (kind = 0; kind < 4; kind++)
         for (p = 1; p <= 8; p++)
             for (m = 1; m <= 32; m++)
                 for (v = (kind == 2 ? 2 : 1); v <= (kind == 2 ? 3 : 1); v++) {
@@ -37,20 +56,27 @@ static void test_schedules_match_closed_forms(void)
                         continue;
                     }
                     /* GPipe and 1F1B: (p-1)/(m+p-1). Interleaved: Megatron's bubble over ideal
-                       time (p-1)/m divided by v, i.e. (p-1)/(v m + p - 1) of the makespan */
-                    want = kind < 2 ? (double)(p - 1) / (m + p - 1) : (double)(p - 1) / ((double)v * m + p - 1);
+                       time (p-1)/m divided by v, i.e. (p-1)/(v m + p - 1) of the makespan. ZB-H1 with F = B = W:
+                       a makespan of 3m + p - 1 once m >= p, so a bubble of (p-1)/(3m+p-1) (a third of 1F1B's idle
+                       time: the last stage's first forward waits p - 1); with fewer micro-batches one micro-batch's
+                       forwards and input gradients through every stage (2p), 2 more per further micro-batch and the
+                       last W: 2(m + p) - 1 */
+                    want = kind < 2    ? (double)(p - 1) / (m + p - 1)
+                           : kind == 2 ? (double)(p - 1) / ((double)v * m + p - 1)
+                           : m >= p    ? (double)(p - 1) / (3.0 * m + p - 1)
+                                       : 1.0 - 3.0 * m / (2.0 * (m + p) - 1);
                     for (s = 0; s < p; s++) {
                         if (S->peak_stash[s] > stash) stash = S->peak_stash[s];
                         ops += S->num_ops[s];
                     }
                     if (fabs(S->bubble - want) > 1e-12 || (kind == 0 && stash != m) ||
-                        (kind == 1 && (stash > p || stash != (m < p ? m : p)))) {
+                        (kind == 1 && (stash > p || stash != (m < p ? m : p))) || (kind == 3 && !zb_stash_ok(S))) {
                         if (bad++ < 5)
                             printf("    kind %d p=%d m=%d v=%d: bubble %.6f (want %.6f), stash %d\n", kind, p, m, v,
                                    S->bubble, want, stash);
                     }
-                    /* each stage: m v forwards and backwards, and a send/receive pair per boundary */
-                    if (ops != 2 * m * v * p + 4 * m * (v * p - 1)) bad++;
+                    /* each stage: m v forwards and backwards (ZB-H1: B and W), and a send/receive pair per boundary */
+                    if (ops != (kind == 3 ? 3 : 2) * m * v * p + 4 * m * (v * p - 1)) bad++;
                     checked++;
                     dpar_pipe_schedule_destroy(S);
                 }
@@ -133,6 +159,38 @@ static void test_checker_rejects_broken_schedules(void)
         S->num_ops[0]++;
     }
     expect_broken(S, "rule: no deadlock");
+    /* the split backward: a W before its B; a W missing; a whole backward and a W of one unit; a B twice */
+    S = make(2, 4, 1, DPAR_PIPE_ZB_H1);
+    swap_ops(S, 0, find(S, 0, DPAR_PIPE_BACKWARD_INPUT, 1), find(S, 0, DPAR_PIPE_BACKWARD_WEIGHT, 1));
+    expect_broken(S, "rule: every W after the B of its unit");
+    S = make(2, 4, 1, DPAR_PIPE_ZB_H1);
+    remove_op(S, 1, find(S, 1, DPAR_PIPE_BACKWARD_WEIGHT, 3));
+    expect_broken(S, "never does the weight gradient (W) of micro-batch 3");
+    S = make(2, 4, 1, DPAR_PIPE_ZB_H1);
+    S->ops[1][find(S, 1, DPAR_PIPE_BACKWARD_INPUT, 2)].code = DPAR_PIPE_BACKWARD;
+    expect_broken(S, "appears twice (rule: each backward once)");
+    S = make(2, 4, 1, DPAR_PIPE_ZB_H1);
+    S->ops[0][find(S, 0, DPAR_PIPE_BACKWARD_WEIGHT, 0)].code = DPAR_PIPE_BACKWARD_INPUT;
+    expect_broken(S, "appears twice");
+    /* costs: bad ones refused; a W twice as long as F and B moves the predicted bubble as the simulation says */
+    {
+        dpar_pipe_schedule_desc d = {0};
+        d.kind = DPAR_PIPE_ZB_H1, d.p = 2, d.m = 4, d.cost_weight_grad = -1;
+        CHECK(dpar_pipe_schedule_create(&d, &T) == DPAR_EINVAL && T == NULL && strstr(dpar_last_error(), "cost"));
+        d.cost_weight_grad = 0.0 / 0.0;
+        CHECK(dpar_pipe_schedule_create(&d, &T) == DPAR_EINVAL && T == NULL);
+        d.kind = DPAR_PIPE_1F1B, d.cost_forward = 1, d.cost_input_grad = 1, d.cost_weight_grad = 2;
+        /* 1F1B with F = 1 and a whole backward of 3: (p-1)/(m+p-1) still, the shape does not change */
+        CHECK(dpar_pipe_schedule_create(&d, &T) == DPAR_OK && fabs(T->bubble - 1.0 / 5) < 1e-12);
+        dpar_pipe_schedule_destroy(T);
+        /* ZB-H1, p = 2, m = 2, F = B = 1, W = 2, by hand: stage 0 F0 F1 . B0 W0= B1 W1= (B0 at 3: stage 1's B0 ends
+           there; B1 at 6: after W0, its gradient came at 5), stage 1 . F0 B0 F1 B1 W0= W1=; both end at 9, each
+           busy 8: bubble 1 - 16/18 */
+        d.kind = DPAR_PIPE_ZB_H1, d.m = 2;
+        CHECK(dpar_pipe_schedule_create(&d, &T) == DPAR_OK && fabs(T->bubble - 1.0 / 9) < 1e-12);
+        dpar_pipe_schedule_destroy(T);
+        CHECK(sched(2, 4, 1, (dpar_pipe_kind)4, &T) == DPAR_EINVAL && T == NULL);
+    }
     /* out of range */
     S = make(2, 2, 1, DPAR_PIPE_GPIPE);
     S->ops[0][0].micro = 7;
@@ -184,8 +242,11 @@ static void pipe_rank(world *w, dpar_comm *c, int r)
 static void test_pipelined_mlp_matches_sequential(void)
 {
     static const int ps[] = {2, 4}, ms[] = {4, 8};
-    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_INTERLEAVED};
-    static const char *names[] = {"1f1b", "gpipe", "interleaved"};
+    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_INTERLEAVED, DPAR_PIPE_ZB_H1};
+    static const char *names[] = {"1f1b", "gpipe", "interleaved", "zb-h1"};
+    /* the 1F1B run's weights and biases, per (p, m): ZB-H1 (the same forwards and per-micro-batch gradient sums in
+       the same order, only W moved) must give the same bits */
+    static float bits[2][2][PM_LAYERS][PM_WIDTH * PM_WIDTH + PM_WIDTH];
     pipe_job *j = (pipe_job *)calloc(1, sizeof *j);
     dpar_linear ref[PM_LAYERS];
     int pi, mi, ki, r, l;
@@ -194,10 +255,10 @@ static void test_pipelined_mlp_matches_sequential(void)
     j->steps = 20;
     j->fail_stage = -1;
     for (r = 0; r < 4; r++) j->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage));
-    for (ki = 0; ki < 3; ki++)
+    for (ki = 0; ki < 4; ki++)
         for (pi = 0; pi < 2; pi++)
             for (mi = 0; mi < 2; mi++) {
-                int p = ps[pi], m = ms[mi], v = ki == 2 ? 2 : 1;
+                int p = ps[pi], m = ms[mi], v = ki == 2 ? 2 : 1, same = 1;
                 double worst = 0;
                 if (ki == 2 && p * v > PM_LAYERS) continue; /* 4 layers: 2 stages x 2 chunks at most */
                 j->S = make(p, m, v, kinds[ki]);
@@ -207,9 +268,18 @@ static void test_pipelined_mlp_matches_sequential(void)
                     CHECK_MSG(j->result[r] == DPAR_OK, "stage %d: %s", r, j->msg[r]);
                     d = pm_compare(j->st[r], ref);
                     if (d > worst) worst = d;
+                    for (l = j->st[r]->lo; l < j->st[r]->hi && v == 1; l++) {
+                        float *w = bits[pi][mi][l], *b = w + PM_WIDTH * PM_WIDTH;
+                        size_t nw = (size_t)pm_dims[l] * pm_dims[l + 1] * sizeof(float);
+                        size_t nb = (size_t)pm_dims[l + 1] * sizeof(float);
+                        if (ki == 0) memcpy(w, j->st[r]->L[l].w, nw), memcpy(b, j->st[r]->L[l].b, nb);
+                        else same &= !memcmp(w, j->st[r]->L[l].w, nw) && !memcmp(b, j->st[r]->L[l].b, nb);
+                    }
                     pm_stage_free(j->st[r]);
                 }
                 CHECK_MSG(worst <= 1e-5, "%s p=%d m=%d: %.2e from sequential training", names[ki], p, m, worst);
+                if (ki == 1 || ki == 3) /* GPipe and ZB-H1 add each micro-batch's gradients in 1F1B's order */
+                    CHECK_MSG(same, "%s p=%d m=%d: not bitwise equal to 1F1B's weights", names[ki], p, m);
                 printf("    %s p=%d m=%d v=%d: within %.1e of sequential after 20 steps\n", names[ki], p, m, v, worst);
                 dpar_pipe_schedule_destroy(j->S);
             }
@@ -272,7 +342,42 @@ static dpar_status sleepy_backward(void *user, int micro, int chunk, const void 
     if (gi) memset(gi, 0, 64);
     return DPAR_OK;
 }
-/* a runner of 64-byte activations whose forward writes zeros */
+static dpar_status sleepy_weight(void *user, int micro, int chunk, const void *in, const void *g)
+{
+    (void)user, (void)micro, (void)chunk, (void)in, (void)g;
+    return DPAR_OK;
+}
+/* the split backward's buffers: a forward writes its micro-batch's mark (micro + 1) into its activation, B the
+   negative mark into the input's gradient; B and W each check that `in` and `grad_out` still hold the marks of
+   their micro-batch (W runs later: a buffer given back after B would hold another micro-batch's by then) */
+static dpar_status marked_forward(void *user, int micro, int chunk, const void *in, void *out)
+{
+    (void)user, (void)chunk;
+    if (in && *(const int *)in != micro + 1)
+        return dpar_set_error(DPAR_EUSER, "forward %d: in holds %d", micro, *(const int *)in);
+    if (out) memset(out, 0, 64), *(int *)out = micro + 1;
+    return DPAR_OK;
+}
+static dpar_status marked_check(const char *who, int micro, const void *in, const void *g)
+{
+    if (in && *(const int *)in != micro + 1)
+        return dpar_set_error(DPAR_EUSER, "%s %d: in holds %d", who, micro, *(const int *)in);
+    if (g && *(const int *)g != -(micro + 1))
+        return dpar_set_error(DPAR_EUSER, "%s %d: grad_out holds %d", who, micro, *(const int *)g);
+    return DPAR_OK;
+}
+static dpar_status marked_input(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
+{
+    (void)user, (void)chunk;
+    if (gi) memset(gi, 0, 64), *(int *)gi = -(micro + 1);
+    return marked_check("B", micro, in, g);
+}
+static dpar_status marked_weight(void *user, int micro, int chunk, const void *in, const void *g)
+{
+    (void)user, (void)chunk;
+    return marked_check("W", micro, in, g);
+}
+/* a runner of 64-byte activations whose forward writes zeros (split schedules: backward as B, W doing nothing) */
 static dpar_status zero_pipe(dpar_pipe_schedule *S, dpar_comm *c, dpar_pipe_backward_fn backward, void *user,
                              dpar_pipe **pp)
 {
@@ -283,6 +388,8 @@ static dpar_status zero_pipe(dpar_pipe_schedule *S, dpar_comm *c, dpar_pipe_back
     d.act_bytes = 64;
     d.forward = sleepy_forward;
     d.backward = backward;
+    d.backward_input = backward;
+    d.backward_weight = sleepy_weight;
     d.user = user;
     return dpar_pipe_create(&d, pp);
 }
@@ -294,7 +401,19 @@ static void reuse_rank(world *w, dpar_comm *c, int r)
     dpar_pipe_stats s;
     dpar_comm_stats cs;
     int k, sends = 0, recvs = 0;
+    if (j->S->kind == DPAR_PIPE_ZB_H1) { /* a split schedule needs both halves, a whole one its backward */
+        dpar_pipe_desc d;
+        memset(&d, 0, sizeof d);
+        d.schedule = j->S, d.comm = c, d.act_bytes = 64, d.forward = sleepy_forward, d.backward = sleepy_backward;
+        d.backward_weight = sleepy_weight;
+        pp = (dpar_pipe *)&d;
+        if (dpar_pipe_create(&d, &pp) != DPAR_EINVAL || pp || !strstr(dpar_last_error(), "backward_input"))
+            note(w, "stage %d: a ZB-H1 runner without backward_input: %s", r, dpar_last_error());
+    }
     expect_ok(w, zero_pipe(j->S, c, sleepy_backward, NULL, &pp), "pipe_create", r);
+    if (j->S->kind == DPAR_PIPE_ZB_H1) { /* marked buffers: W must see what B saw */
+        pp->d.forward = marked_forward, pp->d.backward_input = marked_input, pp->d.backward_weight = marked_weight;
+    }
     expect_ok(w, dpar_comm_stats_reset(c), "stats_reset", r);
     for (k = 0; k < 3; k++) {
         expect_ok(w, dpar_pipe_run(pp, &s), "pipe_run", r);
@@ -324,7 +443,7 @@ static void test_buffers_reused_and_traced(void)
     FILE *fp;
     long n;
     close(fd);
-    for (kind = 0; kind < 3; kind++) {
+    for (kind = 0; kind < 4; kind++) {
         j.S = make(4, 8, kind == 2 ? 2 : 1, (dpar_pipe_kind)kind);
         if (kind == 1) CHECK(dpar_trace_start(path) == DPAR_OK);
         CHECK(run_world(4, reuse_rank, &j) == 0);
