@@ -54,7 +54,12 @@
    the smallest ones; the planted bugs it catches give 0.53 and 0.87. --wrong-count makes the last
    rank send one row too many to rank 0 in the first dispatch: every rank must fail with
    DPAR_EMISMATCH naming both ranks and both counts (the program then exits 1).
-   --trace FILE writes a Chrome trace (spans router, dispatch, experts, combine, backward). */
+   --trace FILE writes a Chrome trace (spans router, dispatch, experts, combine, backward).
+
+   Over MPI: `mpicc -std=c99 -O2 -DDPAR_MPI -I. examples/moe.c -o moe_mpi -pthread -lm`, then
+   `mpirun -np 2 ./moe_mpi` (1, 2, 4 processes; --k, --capacity, --wrong-count as above): each process is
+   one rank of a deterministic dpar_comm_from_mpi comm, each first makes the one-rank run on a thread of
+   its own, and after training the experts are gathered (dpar_allgather) and the bits compared. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -88,7 +93,8 @@ typedef struct config {
 
 typedef struct job {
     config cfg;
-    int n; /* ranks of this run */
+    int n;   /* ranks of this run */
+    int mpi; /* 1: this process is one rank of an MPI run */
     dpar_group *group;
     float x[T * D], target[T * D];
     float params[NPARAM_MAX];          /* in: the start; out: the end (each rank writes its experts, rank 0 the rest) */
@@ -509,24 +515,32 @@ static dpar_status train_rank(rank_state *s)
     return DPAR_OK;
 }
 
+/* one rank's run on its comm: a thread rank or an MPI process alike */
+static dpar_status rank_run(job *j, dpar_comm *c, int rank, int n)
+{
+    rank_state *s = (rank_state *)calloc(1, sizeof *s);
+    dpar_status st;
+    if (!s) return DPAR_ENOMEM;
+    s->j = j, s->r = rank, s->n = n, s->c = c;
+    st = train_rank(s);
+    j->status[rank] = st;
+    if (st != DPAR_OK && (rank == 0 || j->mpi)) snprintf(j->error, sizeof j->error, "%s", dpar_last_error());
+    if (st != DPAR_OK) dpar_comm_abort(c); /* wake the other ranks instead of letting them time out */
+    free(s);
+    return st;
+}
+
 static dpar_status rank_main(void *user, int rank, int n)
 {
     job *j = (job *)user;
-    rank_state *s = (rank_state *)calloc(1, sizeof *s);
+    dpar_comm *c = NULL;
     dpar_status st;
     char name[32];
-    if (!s) return DPAR_ENOMEM;
     sprintf(name, "rank %d", rank);
     dpar_trace_set_thread_name(name);
-    s->j = j, s->r = rank, s->n = n;
-    if ((st = dpar_group_join(j->group, rank, &s->c)) == DPAR_OK) st = train_rank(s);
-    j->status[rank] = st;
-    if (st != DPAR_OK && rank == 0) snprintf(j->error, sizeof j->error, "%s", dpar_last_error());
-    if (s->c) {
-        if (st != DPAR_OK) dpar_comm_abort(s->c); /* wake the other ranks instead of letting them time out */
-        dpar_comm_destroy(s->c);
-    }
-    free(s);
+    if ((st = dpar_group_join(j->group, rank, &c)) != DPAR_OK) return j->status[rank] = st;
+    st = rank_run(j, c, rank, n);
+    dpar_comm_destroy(c);
     return st;
 }
 
@@ -564,7 +578,82 @@ static int usage(const char *argv0)
     return 2;
 }
 
-int main(int argc, char **argv)
+#ifdef DPAR_MPI
+/* one rank per MPI process (mpirun -np N, with -DDPAR_MPI): the same training on dpar_comm_from_mpi's comm, against
+   the one-rank run that every process makes on a thread of its own first */
+static int main_mpi(job *j, const float *start)
+{
+    const config *cf = &j->cfg;
+    static float lo[REP_MAX], hi[REP_MAX];
+    static double ref_loss[MAX_STEPS];
+    int rank, n, nrep = off_experts(cf->experts), ok, every;
+    uint32_t ref_crc = 0, crc;
+    long ref_dropped = 0;
+    dpar_comm_desc cd;
+    dpar_comm *c = NULL;
+    dpar_status st;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (n > MAX_RANKS || (n & (n - 1)) || cf->experts % n || cf->gradcheck) {
+        if (rank == 0)
+            fprintf(stderr,
+                    "moe: over MPI the processes must be a power of two up to %d that divides the experts "
+                    "(%d); --gradcheck runs on thread ranks\n",
+                    MAX_RANKS, cf->experts);
+        return 2;
+    }
+    if (!cf->wrong_count) { /* the reference: this process alone, one thread rank */
+        if (run(j, 1, start) != DPAR_OK) {
+            fprintf(stderr, "moe: process %d, 1 rank: %s\n", rank, j->error);
+            return 1;
+        }
+        memcpy(ref_loss, j->loss, sizeof ref_loss);
+        ref_crc = dpar_crc32(0, j->params, (size_t)(nrep + cf->experts * PE) * sizeof(float));
+        ref_dropped = j->dropped;
+    }
+    memcpy(j->params, start, sizeof j->params);
+    memset(j->status, 0, sizeof j->status);
+    j->dropped = 0, j->mpi = 1, j->n = n;
+    memset(&cd, 0, sizeof cd);
+    cd.deterministic = 1;
+    cd.name = "moe";
+    if ((st = dpar_comm_from_mpi(MPI_COMM_WORLD, &cd, &c)) == DPAR_OK) st = rank_run(j, c, rank, n);
+    if (cf->wrong_count) {
+        int mine = st == DPAR_EMISMATCH;
+        MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (rank == 0) {
+            printf("moe ranks=%d (MPI processes) --wrong-count: rank %d sends one row too many to rank 0 in the first "
+                   "dispatch\n",
+                   n, n - 1);
+            printf("moe: %s on %s process: %s\n", dpar_status_string(st), every ? "every" : "NOT every", j->error);
+        }
+        dpar_comm_destroy(c);
+        return 1; /* the run failed, as it must */
+    }
+    if (st == DPAR_OK) { /* my copy of the replicated weights; every process's experts (mine are at my block) */
+        memcpy(j->params, j->rep_end[rank], (size_t)nrep * sizeof(float));
+        st = dpar_allgather(c, j->params + nrep + (size_t)rank * (cf->experts / n) * PE, j->params + nrep,
+                            (size_t)cf->experts * PE, DPAR_F32);
+    }
+    if (st == DPAR_OK) st = dpar_allreduce(c, j->params, lo, (size_t)nrep, DPAR_F32, DPAR_MIN);
+    if (st == DPAR_OK) st = dpar_allreduce(c, j->params, hi, (size_t)nrep, DPAR_F32, DPAR_MAX);
+    if (st != DPAR_OK) fprintf(stderr, "moe: process %d: %s\n", rank, j->error[0] ? j->error : dpar_last_error());
+    crc = dpar_crc32(0, j->params, (size_t)(nrep + cf->experts * PE) * sizeof(float));
+    ok = st == DPAR_OK && !memcmp(lo, hi, (size_t)nrep * sizeof(float)) && crc == ref_crc; /* replicas agree */
+    if (rank == 0) /* rank 0 kept the loss of every step and the dropped count */
+        ok &= !memcmp(ref_loss, j->loss, (size_t)cf->steps * sizeof(double)) && j->dropped == ref_dropped;
+    MPI_Allreduce(&ok, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rank == 0 && st == DPAR_OK)
+        printf("moe ranks=%d (MPI processes) experts=%d k=%d steps=%d loss=%.9g params_crc=%08x dropped=%ld bitwise "
+               "equal to 1 rank: %s\n",
+               n, cf->experts, cf->k, cf->steps, j->loss[cf->steps - 1], (unsigned)crc, j->dropped,
+               every ? "yes" : "NO");
+    dpar_comm_destroy(c);
+    return every ? 0 : 1;
+}
+#endif
+
+static int moe_main(int argc, char **argv)
 {
     static job j;
     static float start[NPARAM_MAX];
@@ -635,6 +724,9 @@ int main(int argc, char **argv)
             for (i = 0; i < D; i++) w[D * H + H + H * D + i] = 0;                      /* b2 */
         }
     }
+#ifdef DPAR_MPI
+    return main_mpi(&j, start); /* --ranks and --trace are for thread ranks */
+#endif
     if (trace && dpar_trace_start(trace) != DPAR_OK) {
         fprintf(stderr, "moe: --trace %s: %s\n", trace, dpar_last_error());
         return 1;
@@ -751,4 +843,17 @@ int main(int argc, char **argv)
         return 1;
     }
     return all_equal ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+#ifdef DPAR_MPI
+    int rc;
+    MPI_Init(&argc, &argv);
+    rc = moe_main(argc, argv);
+    MPI_Finalize();
+    return rc;
+#else
+    return moe_main(argc, argv);
+#endif
 }

@@ -368,9 +368,25 @@ mpi_tests() {
     for np in 2 3 4; do program "mpirun -np $np $MPITEST" "$MPIRUN" $flags -np $np "$MPITEST"; done
     for np in 2 4; do program "mpirun -np $np $MPITEST --hybrid 2" "$MPIRUN" $flags -np $np "$MPITEST" --hybrid 2; done
     program "mpirun -np 2 $MPITEST --funneled" "$MPIRUN" $flags -np 2 "$MPITEST" --funneled
-    [ -n "${MPIASAN:-}" ] && return # the two below build plain programs: make test runs them, make check has no more to see
+    [ -n "${MPIASAN:-}" ] && return # those below build plain programs: make test runs them, make check has no more to see
     mpi_elastic "$flags"
     guide_mpi "$flags"
+    moe_mpi "$flags"
+}
+
+# examples/moe.c built with -DDPAR_MPI: 2 and 4 processes (k = 1 and 2, tokens dropped) end with the bits of the one-rank
+# run each process makes itself, and a wrong count fails every process with DPAR_EMISMATCH naming both ranks
+moe_mpi() {
+    local flags=$1 d
+    if [ -z "${MPICC:-}" ]; then skip "examples/moe.c over MPI" "mpicc not found"; return; fi
+    d=$(mktemp -d)
+    step "examples/moe.c over MPI: 2 and 4 processes bitwise equal to 1 rank (k = 1 and 2, capacity 0.75); --wrong-count caught" sh -c "
+        $MPICC -std=c99 -O2 -DDPAR_MPI -I. examples/moe.c -o $d/moe_mpi -pthread -lm && for np in 2 4; do for k in 1 2; do
+        $MPIRUN $flags -np \$np $d/moe_mpi --k \$k --capacity 0.75 --steps 60 > $d/o.txt || { cat $d/o.txt; exit 1; }; cat $d/o.txt;
+        grep -Eq \"^moe ranks=\$np \\(MPI processes\\) experts=4 k=\$k .*dropped=[1-9].* bitwise equal to 1 rank: yes\$\" $d/o.txt || exit 1; done; done;
+        $MPIRUN $flags -np 2 $d/moe_mpi --wrong-count > $d/w.txt 2>&1; rc=\$?; cat $d/w.txt; [ \$rc != 0 ] &&
+        grep -Eq 'DPAR_EMISMATCH\\) on every process: rank 1 sends [0-9]+ elements to rank 0 in alltoallv .* but rank 0 expects [0-9]+ from rank 1 ' $d/w.txt"
+    rm -rf "$d"
 }
 
 # lesson 13 (examples/guide/13_porting.c) built with -DDPAR_MPI: 1, 2 and 4 processes in the deterministic mode must
