@@ -1656,16 +1656,23 @@ typedef struct dpar_pipe_desc {
     dpar_allocator allocator;       /* the runner's buffers (zero: malloc/free) */
     dpar_pipe_backward_fn backward_input; /* B: required where the schedule has BACKWARD_INPUT ops */
     dpar_pipe_weight_fn backward_weight;  /* W: required where it has BACKWARD_WEIGHT ops */
+    size_t saved_bytes;     /* per (micro-batch, chunk): what a forward keeps for its backward (dpar_pipe_saved) */
+    size_t recompute_bytes; /* above 0: activation recomputation: the forward runs again just before the backward,
+                               keeping this much for it alone (dpar_pipe_saved's *recomputed) */
 } dpar_pipe_desc;
 
 typedef struct dpar_pipe dpar_pipe;
 
 typedef struct dpar_pipe_stats {
-    double predicted_bubble; /* the schedule's */
-    double measured_bubble;  /* 1 - (time in callbacks over all stages) / (p x the longest stage's run) */
-    uint64_t busy_ns;        /* this stage's time in callbacks */
-    uint64_t run_ns;         /* the longest stage's run */
-    int buffers;             /* activation/gradient buffers this stage has (stable after the first run) */
+    double predicted_bubble;  /* the schedule's */
+    double measured_bubble;   /* 1 - (time in callbacks over all stages) / (p x the longest stage's run) */
+    uint64_t busy_ns;         /* this stage's time in callbacks */
+    uint64_t run_ns;          /* the longest stage's run */
+    int buffers;              /* activation/gradient buffers this stage has (stable after the first run) */
+    int predicted_saved;      /* most saved_bytes buffers this stage holds at once, from its ops (exact) */
+    int peak_saved;           /* ... as this run held them */
+    int predicted_recomputed; /* most recompute_bytes buffers at once (0 without recomputation) */
+    int peak_recomputed;
 } dpar_pipe_stats;
 
 /* dpar_pipe_create: make the runner of this stage.
@@ -1682,6 +1689,17 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *desc, dpar_pipe **ou
              the first runs); the comm's errors.
    Thread safety: the stage's thread; collective over the comm. */
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pipe, dpar_pipe_stats *stats);
+/* dpar_pipe_saved: inside a forward, backward, B or W: the current (micro-batch, chunk)'s buffers, from the runner's
+   allocator and reused from step to step. Returns the saved buffer (desc.saved_bytes; NULL when 0), which a forward
+   fills and which stays until the unit's backward (its W when split) has returned. With desc.recompute_bytes,
+   *recomputed (may be NULL) is NULL in the forward of the step's first pass and a buffer of recompute_bytes in
+   the forward the runner runs again just before the backward (`out` is NULL there: nothing is sent, and a last
+   stage must not count its loss twice), in that backward and in its W: keep in it what only the backward needs.
+   Full recomputation: saved_bytes 0; selective: the costly ops' outputs in saved, the rest recomputed.
+   Returns:  the saved buffer or NULL (also outside a callback, or for a NULL pipe).
+   Thread safety: the stage's thread, inside the runner's callbacks.
+   See:      docs/pipeline.md, 'Activation recomputation'. */
+DPAR_API void *dpar_pipe_saved(dpar_pipe *pipe, void **recomputed);
 /* dpar_pipe_destroy: free the runner.
    Returns:  DPAR_OK (also for NULL).
    Thread safety: the stage's thread. */
@@ -10358,7 +10376,57 @@ struct dpar_pipe {
     void **stash, **grad_out, **pending; /* [m * v]: input activation, output gradient, made but not sent */
     void *ring[2][DPAR__QDEPTH];         /* the last buffers posted to the next [0] and previous [1] stage */
     uint32_t posted[2];
+    /* dpar_pipe_saved's buffers: [0] saved_bytes, [1] recompute_bytes; per unit, a free list, every buffer */
+    void **unit_buf[2], **spare[2], **every[2];
+    int nspare[2], nevery[2], live[2], peak[2], predicted[2];
+    void *cur[2]; /* the current callback's */
 };
+
+/* a saved (k = 0) or recompute (k = 1) buffer for unit u, from the list or the allocator; 1 when out of memory */
+static int dpar__pipe_hold(dpar_pipe *pp, int k, size_t u)
+{
+    void *b = pp->nspare[k] ? pp->spare[k][--pp->nspare[k]] : NULL;
+    if (!b) {
+        b = dpar__alloc(&pp->d.allocator, k ? pp->d.recompute_bytes : pp->d.saved_bytes);
+        if (!b) return 1;
+        pp->every[k][pp->nevery[k]++] = b;
+    }
+    pp->unit_buf[k][u] = b;
+    if (++pp->live[k] > pp->peak[k]) pp->peak[k] = pp->live[k];
+    return 0;
+}
+static void dpar__pipe_drop(dpar_pipe *pp, int k, size_t u)
+{
+    if (!pp->unit_buf[k][u]) return;
+    pp->spare[k][pp->nspare[k]++] = pp->unit_buf[k][u];
+    pp->unit_buf[k][u] = NULL;
+    pp->live[k]--;
+}
+
+/* the most saved and recompute buffers this stage's ops hold at once: saved from the forward to the end of the
+   unit's backward (its W when split); recompute from the forward run again before the backward (or B) to that end */
+static void dpar__pipe_predict(dpar_pipe *pp)
+{
+    const dpar_pipe_schedule *S = pp->d.schedule;
+    int k, live[2] = {0, 0}, j, re = pp->d.recompute_bytes > 0;
+    int has[2];
+    has[0] = pp->d.saved_bytes > 0, has[1] = re;
+    pp->predicted[0] = pp->predicted[1] = 0;
+    for (k = 0; k < S->num_ops[pp->stage]; k++) {
+        int code = S->ops[pp->stage][k].code;
+        if (code == DPAR_PIPE_FORWARD) live[0] += has[0];
+        if (re && (code == DPAR_PIPE_BACKWARD || code == DPAR_PIPE_BACKWARD_INPUT)) live[1]++;
+        for (j = 0; j < 2; j++)
+            if (live[j] > pp->predicted[j]) pp->predicted[j] = live[j];
+        if (code == DPAR_PIPE_BACKWARD || code == DPAR_PIPE_BACKWARD_WEIGHT) live[0] -= has[0], live[1] -= re;
+    }
+}
+
+DPAR_API void *dpar_pipe_saved(dpar_pipe *pp, void **recomputed)
+{
+    if (recomputed) *recomputed = pp ? pp->cur[1] : NULL;
+    return pp ? pp->cur[0] : NULL;
+}
 
 static void *dpar__pipe_take(dpar_pipe *pp)
 {
@@ -10425,16 +10493,33 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *d, dpar_pipe **out)
     }
     pp->grad_out = pp->stash + n;
     pp->pending = pp->stash + 2 * n;
+    { /* dpar_pipe_saved's lists: a unit's, the spare ones, every one; at most n of each kind live at once */
+        int k;
+        for (k = 0; k < 2; k++) {
+            pp->unit_buf[k] = (void **)dpar__calloc(&d->allocator, 3 * n, sizeof(void *));
+            if (!pp->unit_buf[k]) {
+                dpar_pipe_destroy(pp);
+                return dpar__err(DPAR_ENOMEM, "dpar_pipe_create: out of memory");
+            }
+            pp->spare[k] = pp->unit_buf[k] + n;
+            pp->every[k] = pp->unit_buf[k] + 2 * n;
+        }
+    }
+    dpar__pipe_predict(pp);
     *out = pp;
     return DPAR_OK;
 }
 
 DPAR_API dpar_status dpar_pipe_destroy(dpar_pipe *pp)
 {
-    int i;
+    int i, k;
     if (!pp) return DPAR_OK;
     for (i = 0; i < pp->nbufs; i++) dpar__free(&pp->d.allocator, pp->all_bufs[i]);
     dpar__free(&pp->d.allocator, pp->free_bufs);
+    for (k = 0; k < 2; k++) {
+        for (i = 0; i < pp->nevery[k]; i++) dpar__free(&pp->d.allocator, pp->every[k][i]);
+        dpar__free(&pp->d.allocator, pp->unit_buf[k]);
+    }
     dpar__free(&pp->d.allocator, pp->stash);
     dpar__free(&pp->d.allocator, pp);
     return DPAR_OK;
@@ -10461,6 +10546,26 @@ static dpar_status dpar__pipe_fail(dpar_pipe *pp, dpar_status st, const char *wh
     return dpar__tp_fail(pp->d.comm, st, msg); /* our buffers may be freed once it returns */
 }
 
+/* activation recomputation: the unit's forward once more, on its stashed input, just before its backward (or B),
+   with a recompute buffer that lives until the backward's end (its W); `out` NULL: nothing is sent. Its time counts
+   as the stage's work; a span R<micro> in the trace */
+static dpar_status dpar__pipe_recompute(dpar_pipe *pp, const dpar_pipe_op *op, size_t u)
+{
+    dpar_status st;
+    uint64_t t0 = dpar_time_ns();
+    char name[48];
+    if (!pp->d.recompute_bytes) return DPAR_OK;
+    if (dpar__pipe_hold(pp, 1, u)) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a recompute buffer", op->micro, op->chunk);
+    pp->cur[0] = pp->unit_buf[0][u], pp->cur[1] = pp->unit_buf[1][u];
+    st = pp->d.forward(pp->d.user, op->micro, op->chunk, pp->stash[u], NULL);
+    pp->cur[0] = pp->cur[1] = NULL;
+    if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the recomputed forward", op->micro, op->chunk);
+    snprintf(name, sizeof name, "R%d%s%c", op->micro, pp->d.schedule->v > 1 ? "." : "",
+             pp->d.schedule->v > 1 ? 'a' + op->chunk : 0);
+    dpar_trace_event(name, "pipe", t0, dpar_time_ns(), NULL);
+    return DPAR_OK;
+}
+
 DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
 {
     dpar_pipe_schedule *S;
@@ -10473,6 +10578,13 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
     c = pp->d.comm;
     p = S->p;
     DPAR__TRY(dpar_barrier(c)); /* a common start: the bubble is measured from here */
+    {                           /* this run's peaks; buffers a failed run left held go back to the lists */
+        size_t u, n = (size_t)S->m * (size_t)S->v;
+        for (k = 0; k < 2; k++) {
+            for (u = 0; u < n; u++) dpar__pipe_drop(pp, k, u);
+            pp->peak[k] = 0;
+        }
+    }
     t_start = dpar_time_ns();
     for (k = 0; k < S->num_ops[pp->stage] && st == DPAR_OK; k++) {
         dpar_pipe_op *op = &S->ops[pp->stage][k];
@@ -10487,9 +10599,13 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         case DPAR_PIPE_FORWARD:
             buf = last ? NULL : dpar__pipe_take(pp);
             if (!last && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
+            if (pp->d.saved_bytes && dpar__pipe_hold(pp, 0, u))
+                return dpar__pipe_fail(pp, DPAR_ENOMEM, "a saved buffer", op->micro, op->chunk);
             dpar_clear_error();
             if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
+            pp->cur[0] = pp->unit_buf[0][u];
             st = pp->d.forward(pp->d.user, op->micro, op->chunk, pp->stash[u], buf);
+            pp->cur[0] = NULL;
             t1 = dpar_time_ns();
             busy += t1 - t0;
             if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the forward", op->micro, op->chunk);
@@ -10502,10 +10618,15 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             if (!first && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
             dpar_clear_error();
             if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
+            if ((st = dpar__pipe_recompute(pp, op, u)) != DPAR_OK) return st;
+            pp->cur[0] = pp->unit_buf[0][u], pp->cur[1] = pp->unit_buf[1][u];
             st = pp->d.backward(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
+            pp->cur[0] = pp->cur[1] = NULL;
             t1 = dpar_time_ns();
             busy += t1 - t0;
             if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the backward", op->micro, op->chunk);
+            dpar__pipe_drop(pp, 0, u);
+            dpar__pipe_drop(pp, 1, u);
             dpar__pipe_give(pp, pp->stash[u]);
             dpar__pipe_give(pp, pp->grad_out[u]);
             pp->stash[u] = pp->grad_out[u] = NULL;
@@ -10518,7 +10639,10 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             if (!first && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
             dpar_clear_error();
             if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
+            if ((st = dpar__pipe_recompute(pp, op, u)) != DPAR_OK) return st;
+            pp->cur[0] = pp->unit_buf[0][u], pp->cur[1] = pp->unit_buf[1][u];
             st = pp->d.backward_input(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
+            pp->cur[0] = pp->cur[1] = NULL;
             t1 = dpar_time_ns();
             busy += t1 - t0;
             if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the input gradient (B)", op->micro, op->chunk);
@@ -10529,10 +10653,14 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         case DPAR_PIPE_BACKWARD_WEIGHT: /* W: the weights' gradients; then the unit's buffers are free */
             dpar_clear_error();
             if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
+            pp->cur[0] = pp->unit_buf[0][u], pp->cur[1] = pp->unit_buf[1][u];
             st = pp->d.backward_weight(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u]);
+            pp->cur[0] = pp->cur[1] = NULL;
             t1 = dpar_time_ns();
             busy += t1 - t0;
             if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the weight gradient (W)", op->micro, op->chunk);
+            dpar__pipe_drop(pp, 0, u);
+            dpar__pipe_drop(pp, 1, u);
             dpar__pipe_give(pp, pp->stash[u]);
             dpar__pipe_give(pp, pp->grad_out[u]);
             pp->stash[u] = pp->grad_out[u] = NULL;
@@ -10593,6 +10721,8 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             stats->busy_ns = busy;
             stats->measured_bubble = v[0] ? 1.0 - totals[0] / ((double)p * (double)v[0]) : 0.0;
             stats->buffers = pp->nbufs;
+            stats->predicted_saved = pp->predicted[0], stats->peak_saved = pp->peak[0];
+            stats->predicted_recomputed = pp->predicted[1], stats->peak_recomputed = pp->peak[1];
         }
     }
     return st;

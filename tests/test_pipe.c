@@ -318,6 +318,224 @@ static void test_failing_callback_stops_every_stage(void)
     free(j);
 }
 
+/* ---- activation recomputation: the MLP's layer inputs (acts) and outputs (pre) in dpar_pipe_saved's buffers ----
+   keep: both saved from forward to backward; full: both recomputed before the backward (nothing kept);
+   selective: the outputs (the GEMMs') saved, the inputs recomputed from them without a GEMM (ReLU of the saved
+   output). Each must train the same bits as the stage that keeps everything itself (pm_stage), and hold as many
+   buffers at once as dpar_pipe_stats predicts, counted through the runner's allocator. */
+enum { RC_KEEP, RC_FULL, RC_SELECTIVE };
+#define RC_ACTS ((size_t)(PM_LAYERS + 1) * PM_BATCH * PM_WIDTH * sizeof(float))
+#define RC_PRE ((size_t)PM_LAYERS * PM_BATCH * PM_WIDTH * sizeof(float))
+typedef struct {
+    pm_stage *st;
+    dpar_pipe *pp;
+    int mode;
+    float scratch[RC_ACTS / sizeof(float) + RC_PRE / sizeof(float)]; /* a first pass's activations, not kept */
+} rc_stage;
+typedef struct { /* counts the runner's allocations of the saved and recompute sizes */
+    size_t sizes[2];
+    int count[2];
+} rc_counter;
+static void *rc_alloc(void *user, size_t n)
+{
+    rc_counter *k = (rc_counter *)user;
+    /* dpar's allocations ask for what they need plus a cache line and a pointer (its alignment) */
+    k->count[0] += k->sizes[0] && n >= k->sizes[0] && n <= k->sizes[0] + 128;
+    k->count[1] += k->sizes[1] && n >= k->sizes[1] && n <= k->sizes[1] + 128;
+    return malloc(n);
+}
+static void rc_free(void *user, void *ptr)
+{
+    (void)user;
+    free(ptr);
+}
+/* where this call's layer inputs and outputs live */
+static void rc_arrays(rc_stage *r, float (**acts)[PM_BATCH * PM_WIDTH], float (**pre)[PM_BATCH * PM_WIDTH])
+{
+    void *re, *saved = dpar_pipe_saved(r->pp, &re);
+    float *a = r->scratch, *o = r->scratch + RC_ACTS / sizeof(float);
+    if (r->mode == RC_KEEP) a = (float *)saved, o = (float *)saved + RC_ACTS / sizeof(float);
+    if (r->mode == RC_FULL && re) a = (float *)re, o = (float *)re + RC_ACTS / sizeof(float);
+    if (r->mode == RC_SELECTIVE) o = (float *)saved, a = re ? (float *)re : a;
+    *acts = (float(*)[PM_BATCH * PM_WIDTH]) a;
+    *pre = (float(*)[PM_BATCH * PM_WIDTH]) o;
+}
+static dpar_status rc_forward(void *user, int micro, int chunk, const void *in, void *out)
+{
+    rc_stage *r = (rc_stage *)user;
+    pm_stage *st = r->st;
+    float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH];
+    const float *x = in ? (const float *)in : st->d->x + (size_t)micro * st->rows * 8;
+    void *re;
+    int lo = st->lo, hi = st->hi, l, i;
+    (void)chunk;
+    dpar_pipe_saved(r->pp, &re);
+    rc_arrays(r, &acts, &pre);
+    if (re && r->mode == RC_SELECTIVE) { /* the outputs are kept: the inputs are the input and ReLUs of them */
+        memcpy(acts[lo], x, (size_t)st->rows * (size_t)pm_dims[lo] * sizeof(float));
+        for (l = lo; l + 1 < hi; l++)
+            for (i = 0; i < st->rows * pm_dims[l + 1]; i++) acts[l + 1][i] = pre[l][i] < 0 ? 0 : pre[l][i];
+        return out ? dpar_set_error(DPAR_EUSER, "a recomputed forward was given an output") : DPAR_OK;
+    }
+    {
+        float *y = pm_forward(st->L, lo, hi, x, st->rows, acts, pre);
+        if (re && out) return dpar_set_error(DPAR_EUSER, "a recomputed forward was given an output");
+        if (out) memcpy(out, y, (size_t)st->rows * PM_WIDTH * sizeof(float));
+    }
+    return DPAR_OK;
+}
+static dpar_status rc_backward(void *user, int micro, int chunk, const void *in, const void *grad_out, void *grad_in)
+{
+    rc_stage *r = (rc_stage *)user;
+    pm_stage *st = r->st;
+    float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH], dy[PM_BATCH * 4];
+    (void)in, (void)chunk;
+    rc_arrays(r, &acts, &pre);
+    if (r->mode != RC_KEEP && acts == (float(*)[PM_BATCH * PM_WIDTH]) r->scratch)
+        return dpar_set_error(DPAR_EUSER, "a backward without its recomputed activations");
+    if (!grad_out) {
+        const float *y = pre[PM_LAYERS - 1], *t = st->d->t + (size_t)micro * st->rows * 4;
+        int i;
+        for (i = 0; i < st->rows * 4; i++) dy[i] = 2.0f * (y[i] - t[i]) / (PM_BATCH * 4);
+        grad_out = dy;
+    }
+    pm_backward(st->L, st->lo, st->hi, (const float *)grad_out, (float *)grad_in, st->rows, acts, pre);
+    return DPAR_OK;
+}
+/* the split halves (ZB-H1): B with the recomputed arrays, W with the same ones (they live until W) */
+static dpar_status rc_backward_input(void *user, int micro, int chunk, const void *in, const void *grad_out,
+                                     void *grad_in)
+{
+    rc_stage *r = (rc_stage *)user;
+    pm_stage *st = r->st;
+    float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH], dy[PM_BATCH * 4];
+    (void)in, (void)chunk;
+    rc_arrays(r, &acts, &pre);
+    if (!grad_out) {
+        const float *y = pre[PM_LAYERS - 1], *t = st->d->t + (size_t)micro * st->rows * 4;
+        int i;
+        for (i = 0; i < st->rows * 4; i++) dy[i] = 2.0f * (y[i] - t[i]) / (PM_BATCH * 4);
+        grad_out = dy;
+    }
+    pm_backward_input(st->L, st->lo, st->hi, (const float *)grad_out, (float *)grad_in, st->rows, acts, pre,
+                      st->gl[micro]);
+    return DPAR_OK;
+}
+static dpar_status rc_backward_weight(void *user, int micro, int chunk, const void *in, const void *grad_out)
+{
+    rc_stage *r = (rc_stage *)user;
+    float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH];
+    (void)in, (void)chunk, (void)grad_out;
+    rc_arrays(r, &acts, &pre);
+    pm_backward_weight(r->st->L, r->st->lo, r->st->hi, r->st->rows, acts, r->st->gl[micro]);
+    return DPAR_OK;
+}
+
+typedef struct {
+    pm_data d;
+    dpar_pipe_schedule *S;
+    int mode, steps;
+    pm_stage *st[4];
+    rc_stage rc[4];
+    rc_counter count[4];
+    dpar_pipe_stats stats[4];
+    dpar_status result[4];
+    char msg[4][DPAR__ERROR_TEXT];
+} rc_job;
+static void rc_rank(world *w, dpar_comm *c, int r)
+{
+    rc_job *j = (rc_job *)w->user;
+    pm_stage *st = j->st[r];
+    rc_stage *rs = &j->rc[r];
+    dpar_pipe_desc pd;
+    dpar_status rc = DPAR_OK;
+    int s;
+    (void)w;
+    memset(st, 0, sizeof *st);
+    st->d = &j->d, st->fail_at = -1, st->p = j->S->p, st->m = j->S->m, st->v = 1, st->stage = r;
+    st->rows = PM_BATCH / st->m;
+    pm_range(st, 0, &st->lo, &st->hi);
+    pm_layers(st->L, st->d, st->lo, st->hi);
+    rs->st = st, rs->mode = j->mode;
+    j->count[r].sizes[0] = j->mode == RC_FULL ? 0 : j->mode == RC_KEEP ? RC_ACTS + RC_PRE : RC_PRE;
+    j->count[r].sizes[1] = j->mode == RC_KEEP ? 0 : j->mode == RC_FULL ? RC_ACTS + RC_PRE : RC_ACTS;
+    j->count[r].count[0] = j->count[r].count[1] = 0;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = j->S, pd.comm = c, pd.act_bytes = (size_t)st->rows * PM_WIDTH * sizeof(float);
+    pd.forward = rc_forward, pd.backward = rc_backward, pd.user = rs;
+    pd.backward_input = rc_backward_input, pd.backward_weight = rc_backward_weight;
+    pd.saved_bytes = j->count[r].sizes[0], pd.recompute_bytes = j->count[r].sizes[1];
+    pd.allocator.alloc = rc_alloc, pd.allocator.free = rc_free, pd.allocator.user = &j->count[r];
+    rc = dpar_pipe_create(&pd, &rs->pp);
+    for (s = 0; s < j->steps && rc == DPAR_OK; s++) {
+        rc = dpar_pipe_run(rs->pp, &j->stats[r]);
+        if (rc == DPAR_OK) pm_sgd(st->L, st->lo, st->hi);
+    }
+    j->result[r] = rc;
+    snprintf(j->msg[r], sizeof j->msg[r], "%s", rc == DPAR_OK ? "" : dpar_last_error());
+    dpar_pipe_destroy(rs->pp);
+}
+
+static void test_recomputation_same_bits_predicted_memory(void)
+{
+    static const char *modes[] = {"keep", "full", "selective"};
+    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_ZB_H1};
+    static const char *names[] = {"1f1b", "gpipe", "zb-h1"};
+    rc_job *j = (rc_job *)calloc(1, sizeof *j);
+    pipe_job *ref = (pipe_job *)calloc(1, sizeof *ref);
+    int ki, mode, r, l, p = 4, m = 8;
+    pm_init(&j->d);
+    pm_init(&ref->d);
+    for (r = 0; r < 4; r++)
+        j->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage)), ref->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage));
+    j->steps = ref->steps = 5;
+    ref->fail_stage = -1;
+    for (ki = 0; ki < 3; ki++) {
+        /* the reference: the stage that keeps everything itself, the same schedule */
+        ref->S = make(p, m, 1, kinds[ki]);
+        CHECK(run_world(p, pipe_rank, ref) == 0);
+        for (mode = 0; mode < 3; mode++) {
+            j->S = ref->S;
+            j->mode = mode;
+            CHECK(run_world(p, rc_rank, j) == 0);
+            for (r = 0; r < p; r++) {
+                const dpar_pipe_stats *st = &j->stats[r];
+                /* the predictions' closed forms: saved buffers live from F to the backward's end (1F1B and GPipe:
+                   the schedule's stash; ZB-H1: until W); recompute ones from the backward (B) to its end: 1 for a
+                   whole backward, on ZB-H1 stage r's W comes r B's later, so r + 1 */
+                int want_saved = mode == RC_FULL ? 0 : j->S->peak_stash[r];
+                int want_re = mode == RC_KEEP ? 0 : kinds[ki] == DPAR_PIPE_ZB_H1 ? (r + 1 < m ? r + 1 : m) : 1;
+                int same = 1;
+                CHECK_MSG(j->result[r] == DPAR_OK, "%s %s stage %d: %s", names[ki], modes[mode], r, j->msg[r]);
+                CHECK_MSG(st->predicted_saved == want_saved && st->peak_saved == want_saved &&
+                              j->count[r].count[0] == want_saved && st->predicted_recomputed == want_re &&
+                              st->peak_recomputed == want_re && j->count[r].count[1] == want_re,
+                          "%s %s stage %d: saved %d predicted, %d held, %d allocated (want %d); recomputed %d, %d, %d "
+                          "(want %d)",
+                          names[ki], modes[mode], r, st->predicted_saved, st->peak_saved, j->count[r].count[0],
+                          want_saved, st->predicted_recomputed, st->peak_recomputed, j->count[r].count[1], want_re);
+                for (l = j->st[r]->lo; l < j->st[r]->hi; l++) {
+                    size_t nw = (size_t)pm_dims[l] * pm_dims[l + 1] * sizeof(float);
+                    same &= !memcmp(j->st[r]->L[l].w, ref->st[r]->L[l].w, nw) &&
+                            !memcmp(j->st[r]->L[l].b, ref->st[r]->L[l].b, (size_t)pm_dims[l + 1] * sizeof(float));
+                }
+                CHECK_MSG(same, "%s %s stage %d: not the bits of the stage that keeps everything", names[ki],
+                          modes[mode], r);
+                pm_stage_free(j->st[r]);
+            }
+            printf("    %s %s: stage 0 holds %d saved + %d recompute buffers at most, stage 3 %d + %d: as predicted, "
+                   "same bits\n",
+                   names[ki], modes[mode], j->stats[0].peak_saved, j->stats[0].peak_recomputed, j->stats[3].peak_saved,
+                   j->stats[3].peak_recomputed);
+        }
+        for (r = 0; r < p; r++) pm_stage_free(ref->st[r]);
+        dpar_pipe_schedule_destroy(ref->S);
+    }
+    for (r = 0; r < 4; r++) free(j->st[r]), free(ref->st[r]);
+    free(j);
+    free(ref);
+}
+
 /* buffers: allocated in the first run, reused after; the trace has every op on its stage's track */
 typedef struct {
     dpar_pipe_schedule *S;
@@ -534,6 +752,7 @@ int main(int argc, char **argv)
     RUN(test_checker_rejects_broken_schedules);
     RUN(test_pipelined_mlp_matches_sequential);
     RUN(test_failing_callback_stops_every_stage);
+    RUN(test_recomputation_same_bits_predicted_memory);
     RUN(test_buffers_reused_and_traced);
     RUN(test_timeout_names_the_collective);
     pools_free();
