@@ -6,7 +6,7 @@
    Run:   ./context_parallel           (--mode ulysses|ring|both --cp 1,2,4 --seq 64 --heads 4 --dim 8 --steps 40)
    Check: ^gradcheck: attention dQ dK dV and the layer's dW within 1e-04 of central differences: OK$
    Check: ^block cp=4 mode=ulysses: O LSE dQ dK dV bitwise equal to the unsharded block: OK$
-   Check: ^block cp=4 mode=ring: max rel err .* within .* chunk pairs per rank 9 9 9 9 \(balanced\): OK$
+   Check: ^block cp=4 mode=ring: .* chunk pairs per rank 9 9 9 9 \(balanced\); .* bitwise as blocking: OK$
    Check: ^cp=4 mode=ulysses loss=.* OK$
    Check: ^cp=4 mode=ring loss=.* OK$
    Check: ^context_parallel: all checks passed$
@@ -33,6 +33,9 @@
    of the inputs so far) with each mode and cp, the projections' gradients allreduced, against the unsharded
    training, and prints each rank's attention activation bytes (counted at allocation) beside the formula, and
    the bytes each step moves beside their formula. Exit 1 when any check fails. --gradcheck runs (1) alone.
+   --bench (default --seq 1024) times ring attention's forward with blocking hops and with each hop started
+   before its block (dpar_ialltoallv to rank r + 1 only, on the rank's progress thread; bitwise the same, checked
+   in (2)) and prints bench=ring_attention lines: overlap is the part of the hops' time that the blocks hid.
    docs/model_parallel.md, 'Context parallelism (Ulysses and ring attention)', has the formulas. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -49,6 +52,12 @@ static float LR = 10.0f; /* the loss is a mean over S E values: its gradients ar
 
 enum { MODE_REF = 0, MODE_ULYSSES = 1, MODE_RING = 2 };
 static const char *const mode_names[3] = {"unsharded", "ulysses", "ring"};
+
+static float uniform(unsigned long long *s, float lo, float hi)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)((double)(*s >> 40) / 16777216.0);
+}
 
 static float dot(const float *a, const float *b, int n)
 {
@@ -210,6 +219,11 @@ typedef struct cp_rank {
        K, V, dK, dV in flight; Ulysses: douth, dqh, dkh, dvh (S, hn, Dh) */
     float *dout, *dq, *dkv, *dsum, *pkt[2], *douth, *dqh, *dkh, *dvh;
     long pairs; /* ring: (query chunk, key chunk) pairs computed in the last forward */
+    /* --bench: the ring's hop as a dpar_ialltoallv to rank r + 1 only, started before the block is computed
+       and waited for after it (sendcounts, then recvcounts: one non-zero entry each); wait_ns: time waited */
+    int overlap;
+    size_t *counts;
+    uint64_t wait_ns;
 } cp_rank;
 
 /* grab: n zeroed floats, freed by cp_free; counted in act_bytes when act */
@@ -225,8 +239,8 @@ static float *grab(cp_rank *c, size_t n, int act)
 static void cp_free(cp_rank *c)
 {
     while (c->nmem > 0) free(c->mem[--c->nmem]);
-    free(c->pos);
-    c->pos = NULL;
+    free(c->pos), free(c->counts);
+    c->pos = NULL, c->counts = NULL;
 }
 
 /* act_formula: the attention activations of one rank, in bytes, with T = S/n, E = H Dh:
@@ -251,7 +265,9 @@ static dpar_status cp_init(cp_rank *c, int mode, int n, int r, int S, int H, int
     c->mode = mode, c->n = n, c->r = r, c->S = S, c->H = H, c->Dh = Dh, c->comm = comm;
     c->T = S / n, c->hn = H / n, c->E = (size_t)H * Dh;
     T = (size_t)c->T, E = c->E;
-    if (!(c->pos = (int *)malloc(T * sizeof(int)))) return DPAR_ENOMEM;
+    if (!(c->pos = (int *)malloc(T * sizeof(int))) || !(c->counts = (size_t *)calloc(2 * (size_t)n, sizeof(size_t))))
+        return DPAR_ENOMEM;
+    c->counts[(r + 1) % n] = 2 * T * E, c->counts[n + (r - 1 + n) % n] = 2 * T * E;
     cz = c->T / 2;
     for (i = 0; i < c->T; i++) c->pos[i] = mode == MODE_RING ? chunk_index(r, n, i >= cz) * cz + i % cz : r * c->T + i;
     c->q = grab(c, T * E, 1), c->kv = grab(c, 2 * T * E, 1), c->o = grab(c, T * E, 1);
@@ -317,6 +333,12 @@ static dpar_status ring_forward(cp_rank *c)
     c->pairs = 0;
     for (t = 0; t < n; t++) {
         int src = (r - t + n) % n; /* whose block cur holds */
+        float *next = c->ring[t % 2];
+        dpar_request *req = NULL;
+        if (c->overlap && t < n - 1) { /* the hop runs on the rank's progress thread while the block computes */
+            st = dpar_ialltoallv(c->comm, cur, c->counts, NULL, next, c->counts + n, NULL, DPAR_F32, &req);
+            if (st != DPAR_OK) return st;
+        }
         for (a = 0; a < 2; a++)
             for (b = 0; b < 2; b++) {
                 int qa = chunk_index(r, n, a), kb = chunk_index(src, n, b);
@@ -325,8 +347,12 @@ static dpar_status ring_forward(cp_rank *c)
                                    c->o + a * cz * E, c->lse + (size_t)a * cz * H, c->l + (size_t)a * cz * H);
                 c->pairs++;
             }
-        if (t < n - 1) { /* pass the block on: to rank r + 1, from rank r - 1 */
-            float *next = c->ring[t % 2];
+        if (t < n - 1 && c->overlap) {
+            uint64_t t0 = dpar_time_ns();
+            if ((st = dpar_request_wait(req)) != DPAR_OK) return st;
+            c->wait_ns += dpar_time_ns() - t0;
+            cur = next;
+        } else if (t < n - 1) { /* pass the block on: to rank r + 1, from rank r - 1 */
             st = dpar_sendrecv(c->comm, cur, 2 * TE, (r + 1) % n, next, 2 * TE, (r - 1 + n) % n, DPAR_F32, 0);
             if (st != DPAR_OK) return st;
             cur = next;
@@ -466,6 +492,8 @@ typedef struct job {
     size_t act_bytes[MAX_CP];
     long pairs[MAX_CP];
     uint64_t a2a_calls, a2a_bytes, p2p_calls, p2p_bytes, ar_calls; /* rank 0, the whole run */
+    int overlap, reps;                                             /* ring: hops by dpar_ialltoallv; --bench */
+    uint64_t bench_ns[3], wait_ns[MAX_CP]; /* per forward: hops alone, blocking, overlapped; each rank's wait */
 } job;
 
 static void stats_read(job *j, dpar_comm *comm)
@@ -534,6 +562,42 @@ done:
     return st;
 }
 
+/* --bench: ring attention's forward alone, per forward: (0) the n - 1 hops alone, (1) the forward with blocking
+   hops (dpar_sendrecv after each block), (2) with each hop started before its block (dpar_ialltoallv) and waited
+   for after it; wait_ns: the time (2) still waited, which the block did not hide */
+static dpar_status run_bench(job *j, cp_rank *c)
+{
+    const size_t TE = (size_t)c->T * c->E;
+    unsigned long long seed = 11 + (unsigned long long)c->r;
+    dpar_request *req;
+    dpar_status st;
+    uint64_t t0;
+    int pass, rep, t;
+    size_t i;
+    for (i = 0; i < TE; i++) c->q[i] = uniform(&seed, -2, 2);
+    for (i = 0; i < 2 * TE; i++) c->kv[i] = uniform(&seed, -2, 2);
+    for (pass = 0; pass < 3; pass++) {
+        c->overlap = pass == 2;
+        if ((st = ring_forward(c)) != DPAR_OK || (st = dpar_barrier(c->comm)) != DPAR_OK) return st; /* warm-up */
+        c->wait_ns = 0;
+        t0 = dpar_time_ns();
+        for (rep = 0; rep < j->reps; rep++) {
+            const float *cur = c->kv;
+            if (pass > 0 && (st = ring_forward(c)) != DPAR_OK) return st;
+            for (t = 0; pass == 0 && t < c->n - 1; t++) {
+                st = dpar_ialltoallv(c->comm, cur, c->counts, NULL, c->ring[t % 2], c->counts + c->n, NULL, DPAR_F32,
+                                     &req);
+                if (st != DPAR_OK || (st = dpar_request_wait(req)) != DPAR_OK) return st;
+                cur = c->ring[t % 2];
+            }
+        }
+        if ((st = dpar_barrier(c->comm)) != DPAR_OK) return st;
+        if (c->r == 0) j->bench_ns[pass] = (dpar_time_ns() - t0) / (uint64_t)j->reps;
+    }
+    j->wait_ns[c->r] = c->wait_ns / (uint64_t)j->reps;
+    return DPAR_OK;
+}
+
 static dpar_status rank_main(void *user, int rank, int n)
 {
     job *j = (job *)user;
@@ -545,8 +609,10 @@ static dpar_status rank_main(void *user, int rank, int n)
         fprintf(stderr, "rank %d: dpar_group_join: %s\n", rank, dpar_last_error());
         return st;
     }
-    if ((st = cp_init(&c, j->mode, n, rank, j->S, j->H, j->Dh, comm)) == DPAR_OK)
-        st = j->task ? run_train(j, &c) : run_block(j, &c);
+    if ((st = cp_init(&c, j->mode, n, rank, j->S, j->H, j->Dh, comm)) == DPAR_OK) {
+        c.overlap = j->overlap;
+        st = j->task == 2 ? run_bench(j, &c) : j->task ? run_train(j, &c) : run_block(j, &c);
+    }
     if (st != DPAR_OK) fprintf(stderr, "rank %d: %s\n", rank, dpar_last_error());
     j->act_bytes[rank] = c.act_bytes;
     j->pairs[rank] = c.pairs;
@@ -581,12 +647,6 @@ static int run(job *j, int task, int mode, int n)
 /* ---------------------------------------------------------------------------------------------- */
 /* Checks                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
-
-static float uniform(unsigned long long *s, float lo, float hi)
-{
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * (float)((double)(*s >> 40) / 16777216.0);
-}
 
 static double rel_err(const float *a, const float *b, size_t n) /* max |a - b| / max |b|; NaN stays NaN */
 {
@@ -749,9 +809,24 @@ static int check_block(job *j, int mode, int n, const float *ref[5])
     const size_t N = (size_t)j->S * j->H * j->Dh;
     float *got[5];
     double err = 0, e;
-    int i, same = 1, balanced = 1, ok;
+    int i, same = 1, balanced = 1, overlapped_same = 1, ok;
     got[0] = j->o, got[1] = j->lse, got[2] = j->dq, got[3] = j->dk, got[4] = j->dv;
-    if (!run(j, 0, mode, n)) return 0;
+    if (mode == MODE_RING) { /* first with the hops overlapped (dpar_ialltoallv): the same sums, the same bits */
+        float *keep = (float *)malloc((4 * N + (size_t)j->S * j->H) * sizeof(float)), *kp = keep;
+        j->overlap = 1;
+        if (!keep || !run(j, 0, mode, n)) return (free(keep), j->overlap = 0, 0);
+        j->overlap = 0;
+        for (i = 0; i < 5; i++) {
+            size_t cnt = i == 1 ? (size_t)j->S * j->H : N;
+            memcpy(kp, got[i], cnt * sizeof(float)), kp += cnt;
+        }
+        if (!run(j, 0, mode, n)) return (free(keep), 0);
+        for (i = 0, kp = keep; i < 5; i++) {
+            size_t cnt = i == 1 ? (size_t)j->S * j->H : N;
+            overlapped_same &= !memcmp(kp, got[i], cnt * sizeof(float)), kp += cnt;
+        }
+        free(keep);
+    } else if (!run(j, 0, mode, n)) return 0;
     for (i = 0; i < 5; i++) {
         size_t cnt = i == 1 ? (size_t)j->S * j->H : N;
         same &= !memcmp(got[i], ref[i], cnt * sizeof(float));
@@ -763,7 +838,7 @@ static int check_block(job *j, int mode, int n, const float *ref[5])
                same ? "bitwise equal to" : "DIFFER from", same ? "OK" : "FAILED");
         return same;
     }
-    ok = err <= ring_tol(j->S, n);
+    ok = err <= ring_tol(j->S, n) && overlapped_same;
     printf("block cp=%d mode=ring: max rel err %.1e over O LSE dQ dK dV, within %.1e (2 (S + cp) FLT_EPSILON)? %s; "
            "bitwise: %s; chunk pairs per rank",
            n, err, ring_tol(j->S, n), ok ? "yes" : "NO", same ? "yes" : "no");
@@ -771,8 +846,33 @@ static int check_block(job *j, int mode, int n, const float *ref[5])
         printf(" %ld", j->pairs[i]);
         balanced &= j->pairs[i] == 2 * n + 1;
     }
-    printf(" (%s): %s\n", balanced ? "balanced" : "NOT 2 cp + 1 each", ok && balanced ? "OK" : "FAILED");
+    printf(" (%s); hops overlapped (dpar_ialltoallv) %s: %s\n", balanced ? "balanced" : "NOT 2 cp + 1 each",
+           overlapped_same ? "bitwise as blocking" : "DIFFER from blocking", ok && balanced ? "OK" : "FAILED");
     return ok && balanced;
+}
+
+/* --bench: one line per cp > 1: us, the overlapped forward's time; overlap, the fraction of the hops' time (run
+   alone) that the blocks hid: 1 - (the time a rank still waited, averaged over the ranks) / (the hops alone) */
+static int run_benches(job *j, const int *cps, int ncp, int S, int H, int Dh)
+{
+    int p, r;
+    j->S = S, j->H = H, j->Dh = Dh, j->reps = 10;
+    for (p = 0; p < ncp; p++) {
+        int n = cps[p];
+        double wait = 0, hidden;
+        if (n < 2) continue;
+        if (!run(j, 2, MODE_RING, n)) return 1;
+        for (r = 0; r < n; r++) wait += (double)j->wait_ns[r] / n;
+        hidden = j->bench_ns[0] > 0 ? 1.0 - wait / (double)j->bench_ns[0] : 0;
+        printf("bench=ring_attention cp=%d seq=%d us=%.0f overlap=%.2f us_blocking=%.0f us_hops_alone=%.0f "
+               "us_waited=%.0f heads=%d dim=%d\n",
+               n, S, j->bench_ns[2] / 1e3,
+               hidden < 0   ? 0
+               : hidden > 1 ? 1
+                            : hidden,
+               j->bench_ns[1] / 1e3, j->bench_ns[0] / 1e3, wait / 1e3, H, Dh);
+    }
+    return 0;
 }
 
 static int parse_list(const char *s, int *out, int max)
@@ -792,7 +892,7 @@ static int parse_list(const char *s, int *out, int max)
 int main(int argc, char **argv)
 {
     static job j;
-    int cps[8], ncp = 3, modes[2], nmodes = 2, i, m, p, only_gradcheck = 0, all_ok = 1;
+    int cps[8], ncp = 3, modes[2], nmodes = 2, i, m, p, only_gradcheck = 0, bench = 0, seq_given = 0, all_ok = 1;
     int S = 64, H = 4, Dh = 8, steps = 40;
     unsigned long long seed = 1;
     size_t E, N, EE;
@@ -802,6 +902,7 @@ int main(int argc, char **argv)
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--gradcheck")) only_gradcheck = 1;
+        else if (!strcmp(a, "--bench")) bench = 1, modes[0] = MODE_RING, nmodes = 1;
         else if (!strcmp(a, "--mode") && val) {
             i++;
             if (!strcmp(val, "ulysses")) modes[0] = MODE_ULYSSES, nmodes = 1;
@@ -810,13 +911,14 @@ int main(int argc, char **argv)
             else goto usage;
         } else if (!strcmp(a, "--cp") && val) {
             if (!(ncp = parse_list(argv[++i], cps, 8))) goto usage;
-        } else if (!strcmp(a, "--seq") && val) S = atoi(argv[++i]);
+        } else if (!strcmp(a, "--seq") && val) S = atoi(argv[++i]), seq_given = 1;
         else if (!strcmp(a, "--heads") && val) H = atoi(argv[++i]);
         else if (!strcmp(a, "--dim") && val) Dh = atoi(argv[++i]);
         else if (!strcmp(a, "--steps") && val) steps = atoi(argv[++i]);
         else if (!strcmp(a, "--lr") && val) LR = (float)atof(argv[++i]);
         else goto usage;
     }
+    if (bench && !seq_given) S = 1024;
     if (S < 2 || S > 8192 || H < 1 || H > 64 || Dh < 1 || Dh > 128 || steps < 2 || steps > MAX_STEPS) {
         fprintf(stderr,
                 "context_parallel: want 2 <= --seq <= 8192, 1 <= --heads <= 64, 1 <= --dim <= 128, 2 <= "
@@ -843,6 +945,7 @@ int main(int argc, char **argv)
             }
         }
 
+    if (bench) return run_benches(&j, cps, ncp, S, H, Dh);
     printf("gradcheck: the unsharded block and the layer, S=8 H=2 Dh=4\n");
     if (!gradcheck()) all_ok = 0;
     if (only_gradcheck) return all_ok ? 0 : 1;
@@ -947,7 +1050,7 @@ int main(int argc, char **argv)
 usage:
     fprintf(stderr,
             "usage: %s [--mode ulysses|ring|both] [--cp 1,2,4] [--seq S] [--heads H] [--dim Dh] [--steps K] "
-            "[--gradcheck]\n",
+            "[--lr X] [--gradcheck] [--bench]\n",
             argv[0]);
     return 2;
 }

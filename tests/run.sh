@@ -155,11 +155,13 @@ examples() {
                 ./context_parallel --gradcheck > g.txt; rc=\$?; cat g.txt; [ \$rc = 0 ] && grep -q '^gradcheck: .* of central differences: OK\$' g.txt"
             step "example $name --seq 48 --heads 8 --dim 4 --cp 1,2,4,8: Ulysses bitwise, ring within tolerance, training as unsharded" sh -c "cd '$tmp/ex' &&
                 ./context_parallel --mode both --cp 1,2,4,8 --seq 48 --heads 8 --dim 4 --steps 20 > s.txt; rc=\$?; cat s.txt; [ \$rc = 0 ] &&
-                [ \$(grep -c '^block cp=[1248] mode=ulysses: .*bitwise equal.*: OK\$' s.txt) = 4 ] && [ \$(grep -c '^block cp=[1248] mode=ring: .*(balanced): OK\$' s.txt) = 4 ] &&
+                [ \$(grep -c '^block cp=[1248] mode=ulysses: .*bitwise equal.*: OK\$' s.txt) = 4 ] && [ \$(grep -c '^block cp=[1248] mode=ring: .*(balanced); .* bitwise as blocking: OK\$' s.txt) = 4 ] &&
                 [ \$(grep -c '^cp=[1248] mode=\(ulysses\|ring\) loss=.* OK\$' s.txt) = 8 ] && grep -q '^context_parallel: all checks passed\$' s.txt"
             step "example $name: a sequence the zig-zag split cannot cut (--seq 50, cp 4) and heads Ulysses cannot split (--heads 2, cp 4) are refused" sh -c "cd '$tmp/ex' &&
                 ./context_parallel --mode ring --seq 50 --cp 4 > r.txt 2>&1; rc=\$?; cat r.txt; [ \$rc = 2 ] && grep -q 'is not a multiple of 2 cp = 8' r.txt &&
                 ./context_parallel --mode ulysses --heads 2 --cp 4 > u.txt 2>&1; rc=\$?; cat u.txt; [ \$rc = 2 ] && grep -q 'Ulysses with cp = 4 needs' u.txt"
+            step "example $name --bench --seq 128: one bench=ring_attention line for cp 2 and for cp 4 (times not judged)" sh -c "cd '$tmp/ex' &&
+                ./context_parallel --bench --seq 128 --cp 2,4 > b.txt; rc=\$?; cat b.txt; [ \$rc = 0 ] && [ \$(grep -c '^bench=ring_attention cp=[24] seq=128 us=[0-9]* overlap=[0-9.]* ' b.txt) = 2 ]"
         fi
     done
 }
