@@ -48,7 +48,6 @@
 
 #define MAX_CP 64
 #define MAX_STEPS 1000
-static float LR = 10.0f; /* the loss is a mean over S E values: its gradients are small */
 
 enum { MODE_REF = 0, MODE_ULYSSES = 1, MODE_RING = 2 };
 static const char *const mode_names[3] = {"unsharded", "ulysses", "ring"};
@@ -481,7 +480,8 @@ static dpar_status layer_step(cp_rank *c, const float *w, const float *x, const 
 /* ---------------------------------------------------------------------------------------------- */
 
 typedef struct job {
-    int task, mode, n, S, H, Dh, steps; /* task 0: the block alone; 1: training */
+    int task, mode, n, S, H, Dh, steps; /* task 0: the block alone; 1: training; 2: --bench */
+    float lr;                           /* 10 by default: the loss is a mean over S E values, its gradients small */
     dpar_group *group;
     /* the block: inputs (S, H, Dh) and the outputs gathered from the ranks */
     const float *q, *k, *v, *dout;
@@ -553,7 +553,7 @@ static dpar_status run_train(job *j, cp_rank *c)
         /* the weights' gradients and the loss: sums over my tokens -> sums over all tokens, on every rank */
         if (c->n > 1 && (st = dpar_allreduce(c->comm, g, g, 4 * EE + 1, DPAR_F32, DPAR_SUM)) != DPAR_OK) goto done;
         if (c->r == 0) j->loss[step] = g[4 * EE];
-        for (k = 0; k < 4 * EE; k++) w[k] -= LR * g[k];
+        for (k = 0; k < 4 * EE; k++) w[k] -= j->lr * g[k];
     }
     if (c->r == 0) memcpy(j->w, w, 4 * EE * sizeof(float));
     st = DPAR_OK;
@@ -898,7 +898,7 @@ int main(int argc, char **argv)
     size_t E, N, EE;
     float *buf, *ref_o, *ref_lse, *ref_dq, *ref_dk, *ref_dv, *ref_w, ref_loss[MAX_STEPS];
     const float *ref[5];
-    cps[0] = 1, cps[1] = 2, cps[2] = 4, modes[0] = MODE_ULYSSES, modes[1] = MODE_RING;
+    cps[0] = 1, cps[1] = 2, cps[2] = 4, modes[0] = MODE_ULYSSES, modes[1] = MODE_RING, j.lr = 10.0f;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--gradcheck")) only_gradcheck = 1;
@@ -915,7 +915,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--heads") && val) H = atoi(argv[++i]);
         else if (!strcmp(a, "--dim") && val) Dh = atoi(argv[++i]);
         else if (!strcmp(a, "--steps") && val) steps = atoi(argv[++i]);
-        else if (!strcmp(a, "--lr") && val) LR = (float)atof(argv[++i]);
+        else if (!strcmp(a, "--lr") && val) j.lr = (float)atof(argv[++i]);
         else goto usage;
     }
     if (bench && !seq_given) S = 1024;
@@ -989,7 +989,7 @@ int main(int argc, char **argv)
     memcpy(ref_w, j.w, 4 * EE * sizeof(float)), memcpy(ref_loss, j.loss, (size_t)steps * sizeof(float));
     printf("train: x -> Q K V -> causal attention (H=%d heads of %d) -> Wo, target the running mean of x, S=%d, %d "
            "steps of SGD (lr %.2f), projections' gradients allreduced\n",
-           H, Dh, S, steps, LR);
+           H, Dh, S, steps, j.lr);
     printf("train: unsharded loss %.6f -> %.6f\n", ref_loss[0], ref_loss[steps - 1]);
     if (!(ref_loss[steps - 1] < 0.75f * ref_loss[0])) {
         printf("train: the unsharded loss did not fall by a quarter: FAILED\n");
