@@ -1257,6 +1257,12 @@ DPAR_API dpar_status dpar_shard_allgather(dpar_comm *comm, const dpar_shard_plan
              a COLUMN layer and an elementwise activation produce); forward allreduces y (batch x out), then
              adds b (whole on every rank).
    Gradients: accumulate (+=) until dpar_linear_zero_grad, so micro-batches add up.
+   Leaves:   desc.leaves = L: the same bits for any tp dividing L. Every sum over a cut dimension (the forward's
+             over `in`, the input gradient's over `out`) becomes L partial products, one per fixed leaf of that
+             dimension (dpar_block_range(dim, L, q)), added in dpar_tree_reduce's fixed tree; a parallel layer's
+             rank owns whole leaves (block `rank` of dpar_block_range(L, tp, ...)) and the ranks all-gather their
+             partials instead of allreducing the sum. Every GEMM is dpar_sgemm_builtin's (not OpenBLAS, not the
+             pool's), whose sums do not depend on how C is cut. FULL layers with the same L give the same bits.
    See:      docs/model_parallel.md, 'Tensor-parallel linear layers (Megatron-LM)'. */
 typedef enum dpar_linear_mode { DPAR_LINEAR_FULL = 0, DPAR_LINEAR_COLUMN = 1, DPAR_LINEAR_ROW = 2 } dpar_linear_mode;
 
@@ -1270,6 +1276,9 @@ typedef struct dpar_linear {
     dpar_comm *comm;           /* the tensor-parallel comm (NULL for FULL) */
     dpar_pool *pool;           /* optional: GEMMs cut over this pool's threads */
     dpar_allocator allocator;
+    int leaves;     /* desc.leaves (0: off) */
+    float *scratch; /* leaves: the partial products (L x batch x max(in, out)), grown as batch needs */
+    size_t scratch_floats;
 } dpar_linear;
 
 /* dpar_linear_desc: how to set up a layer; a zero field means its default. */
@@ -1278,12 +1287,14 @@ typedef struct dpar_linear_desc {
     int in, out;              /* required, >= 1: the whole layer, W is (in x out) */
     int no_bias;              /* 1: no b and db (default: a bias, cut with the columns for COLUMN) */
     dpar_comm *comm;          /* the tp ranks: required for COLUMN and ROW, ignored for FULL */
-    dpar_pool *pool;          /* optional: the GEMMs are cut over its threads */
+    dpar_pool *pool;          /* optional: the GEMMs are cut over its threads (not with leaves) */
     dpar_allocator allocator; /* the parameters' and gradients' memory (zero: malloc/free) */
+    int leaves;               /* above 0: the same bits for any tp that divides it (see dpar_linear, Leaves) */
 } dpar_linear_desc;
 /* dpar_linear_init: set up this rank's part of a layer; its parameters (zero) and gradients are allocated.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL layer or desc, a bad mode, in or out < 1, COLUMN or ROW without comm,
-             half an allocator), DPAR_ENOMEM. On error *layer is zeroed.
+             half an allocator, leaves outside 0..4096 or not a multiple of the comm's size, leaves with a pool),
+             DPAR_ENOMEM. On error *layer is zeroed.
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_linear_init(dpar_linear *layer, const dpar_linear_desc *desc);
 /* dpar_linear_set_weights: take this rank's slice of the whole W (in x out) and b (out).
@@ -8691,6 +8702,63 @@ static dpar_status dpar__gemm_on(dpar_pool *pool, dpar_trans ta, dpar_trans tb, 
                 : dpar_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* rank r's part of a dimension cut over N ranks: dpar_block_range's block, or with L leaves the whole leaves of block
+   r of dpar_block_range(L, N, r) */
+static void dpar__linear_cut(int dim, int N, int r, int L, size_t *off, size_t *len)
+{
+    size_t first, count, end, ignored;
+    if (!L) {
+        dpar_block_range((size_t)dim, N, r, off, len);
+        return;
+    }
+    dpar_block_range((size_t)L, N, r, &first, &count);
+    dpar_block_range((size_t)dim, L, (int)first, off, &ignored);
+    if (first + count < (size_t)L) dpar_block_range((size_t)dim, L, (int)(first + count), &end, &ignored);
+    else end = (size_t)dim;
+    *len = end - *off;
+}
+
+/* the leaves' partial products of a sum over a cut dimension of `dim` (the forward's over in: ta = NO_TRANS, partial
+   q = a[:, leaf q] w[leaf q, :]; the input gradient's over out: partial q = a[:, leaf q] w[:, leaf q]^T), this rank's
+   leaves computed into their slots of l->scratch (rows x cols each), the others' all-gathered (a parallel layer
+   whose comm cuts this dimension), then added in dpar_tree_reduce's tree into c */
+static dpar_status dpar__linear_leaves(dpar_linear *l, int over_out, const float *a, int lda, int rows, int cols,
+                                       float *c)
+{
+    int L = l->leaves, dim = over_out ? l->out : l->in,
+        cut = l->mode == (over_out ? DPAR_LINEAR_COLUMN : DPAR_LINEAR_ROW);
+    int local_offset = over_out ? l->out_offset : l->in_offset, N = cut ? l->comm->size : 1,
+        r = cut ? l->comm->rank : 0;
+    size_t block = (size_t)rows * (size_t)cols, at_parts = ((size_t)L * block + 1) & ~(size_t)1; /* 8-byte aligned */
+    size_t need = at_parts + 2 * (size_t)L, first, count, q;
+    const void **parts;
+    if (need > l->scratch_floats) { /* the first call, or a larger batch: grown once, kept */
+        float *grown = (float *)dpar__alloc(&l->allocator, need * sizeof(float));
+        if (!grown) return dpar__err(DPAR_ENOMEM, "dpar_linear: out of memory for the leaves' partial products");
+        dpar__free(&l->allocator, l->scratch);
+        l->scratch = grown;
+        l->scratch_floats = need;
+    }
+    parts = (const void **)(void *)(l->scratch + at_parts); /* the L pointers after the partials */
+    dpar_block_range((size_t)L, N, r, &first, &count);
+    for (q = first; q < first + count; q++) {
+        size_t off, len, at;
+        dpar_block_range((size_t)dim, L, (int)q, &off, &len);
+        at = off - (size_t)local_offset; /* where the leaf starts in this rank's part of the dimension */
+        if (over_out)
+            DPAR__TRY(dpar_sgemm_builtin(DPAR_NO_TRANS, DPAR_TRANS, rows, cols, (int)len, 1.0f, a + at, lda, l->w + at,
+                                         l->out_local, 0.0f, l->scratch + q * block, cols));
+        else
+            DPAR__TRY(dpar_sgemm_builtin(DPAR_NO_TRANS, DPAR_NO_TRANS, rows, cols, (int)len, 1.0f, a + at, lda,
+                                         l->w + at * (size_t)l->out_local, l->out_local, 0.0f, l->scratch + q * block,
+                                         cols));
+    }
+    if (cut && N > 1) /* every rank's leaves: equal blocks (N divides L), mine in place */
+        DPAR__TRY(dpar_allgather(l->comm, l->scratch + first * block, l->scratch, (size_t)L * block, DPAR_F32));
+    for (q = 0; q < (size_t)L; q++) parts[q] = l->scratch + q * block;
+    return dpar_tree_reduce(c, parts, L, block, DPAR_F32, DPAR_SUM);
+}
+
 DPAR_API dpar_status dpar_linear_init(dpar_linear *l, const dpar_linear_desc *desc)
 {
     int N = 1, r = 0, in, out, has_bias;
@@ -8705,6 +8773,12 @@ DPAR_API dpar_status dpar_linear_init(dpar_linear *l, const dpar_linear_desc *de
     if (in < 1 || out < 1) return dpar__err(DPAR_EINVAL, "dpar_linear_init: in = %d, out = %d", in, out);
     if (mode != DPAR_LINEAR_FULL && !comm)
         return dpar__err(DPAR_EINVAL, "dpar_linear_init: a parallel layer needs its comm");
+    if (desc->leaves < 0 || desc->leaves > 4096 ||
+        (desc->leaves && mode != DPAR_LINEAR_FULL && desc->leaves % comm->size) || (desc->leaves && desc->pool))
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_linear_init: leaves = %d (0..4096, a multiple of the tp ranks (%d), and no pool: the "
+                         "bitwise mode runs dpar_sgemm_builtin on the calling thread)",
+                         desc->leaves, mode != DPAR_LINEAR_FULL ? comm->size : 1);
     DPAR__TRY(dpar__check_allocator("dpar_linear_init", &desc->allocator));
     l->allocator = desc->allocator;
     if (mode != DPAR_LINEAR_FULL) {
@@ -8718,12 +8792,13 @@ DPAR_API dpar_status dpar_linear_init(dpar_linear *l, const dpar_linear_desc *de
     l->pool = desc->pool;
     l->in_local = in;
     l->out_local = out;
+    l->leaves = desc->leaves;
     if (mode == DPAR_LINEAR_COLUMN) {
-        dpar_block_range((size_t)out, N, r, &off, &len);
+        dpar__linear_cut(out, N, r, l->leaves, &off, &len);
         l->out_offset = (int)off;
         l->out_local = (int)len;
     } else if (mode == DPAR_LINEAR_ROW) {
-        dpar_block_range((size_t)in, N, r, &off, &len);
+        dpar__linear_cut(in, N, r, l->leaves, &off, &len);
         l->in_offset = (int)off;
         l->in_local = (int)len;
     }
@@ -8762,11 +8837,15 @@ DPAR_API dpar_status dpar_linear_forward(dpar_linear *l, const float *x, float *
 {
     int i, j;
     if (!l || !l->w || !x || !y || batch < 0) return dpar__err(DPAR_EINVAL, "dpar_linear_forward: bad argument");
-    /* y (batch, out_local) = x (batch, in_local) W (in_local, out_local) */
-    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_NO_TRANS, batch, l->out_local, l->in_local, x, l->in_local,
-                            l->w, l->out_local, 0.0f, y, l->out_local));
-    if (l->mode == DPAR_LINEAR_ROW) /* partial sums over my input rows: add them up */
-        DPAR__TRY(dpar_allreduce(l->comm, y, y, (size_t)batch * (size_t)l->out, DPAR_F32, DPAR_SUM));
+    if (l->leaves && batch > 0) { /* the sum over in: the leaves' partials in the fixed tree */
+        DPAR__TRY(dpar__linear_leaves(l, 0, x, l->in_local, batch, l->out_local, y));
+    } else {
+        /* y (batch, out_local) = x (batch, in_local) W (in_local, out_local) */
+        DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_NO_TRANS, batch, l->out_local, l->in_local, x, l->in_local,
+                                l->w, l->out_local, 0.0f, y, l->out_local));
+        if (l->mode == DPAR_LINEAR_ROW) /* partial sums over my input rows: add them up */
+            DPAR__TRY(dpar_allreduce(l->comm, y, y, (size_t)batch * (size_t)l->out, DPAR_F32, DPAR_SUM));
+    }
     if (l->b)
         for (i = 0; i < batch; i++)
             for (j = 0; j < l->out_local; j++) y[(size_t)i * l->out_local + j] += l->b[j];
@@ -8778,12 +8857,18 @@ DPAR_API dpar_status dpar_linear_backward(dpar_linear *l, const float *x, const 
     int i, j;
     if (!l || !l->w || !x || !dy || batch < 0) return dpar__err(DPAR_EINVAL, "dpar_linear_backward: bad argument");
     /* dW (in_local, out_local) += x^T (in_local, batch) dy (batch, out_local) */
-    DPAR__TRY(dpar__gemm_on(l->pool, DPAR_TRANS, DPAR_NO_TRANS, l->in_local, l->out_local, batch, x, l->in_local, dy,
-                            l->out_local, 1.0f, l->dw, l->out_local));
+    if (l->leaves)
+        DPAR__TRY(dpar_sgemm_builtin(DPAR_TRANS, DPAR_NO_TRANS, l->in_local, l->out_local, batch, 1.0f, x, l->in_local,
+                                     dy, l->out_local, 1.0f, l->dw, l->out_local));
+    else
+        DPAR__TRY(dpar__gemm_on(l->pool, DPAR_TRANS, DPAR_NO_TRANS, l->in_local, l->out_local, batch, x, l->in_local,
+                                dy, l->out_local, 1.0f, l->dw, l->out_local));
     if (l->db)
         for (i = 0; i < batch; i++)
             for (j = 0; j < l->out_local; j++) l->db[j] += dy[(size_t)i * l->out_local + j];
     if (!dx) return DPAR_OK;
+    if (l->leaves) /* the sum over out: the leaves' partials in the fixed tree (COLUMN: all-gathered) */
+        return batch > 0 ? dpar__linear_leaves(l, 1, dy, l->out_local, batch, l->in_local, dx) : DPAR_OK;
     /* dx (batch, in_local) = dy (batch, out_local) W^T (out_local, in_local) */
     DPAR__TRY(dpar__gemm_on(l->pool, DPAR_NO_TRANS, DPAR_TRANS, batch, l->in_local, l->out_local, dy, l->out_local,
                             l->w, l->out_local, 0.0f, dx, l->in_local));
@@ -8806,6 +8891,7 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *l)
     dpar__free(&l->allocator, l->dw);
     dpar__free(&l->allocator, l->b);
     dpar__free(&l->allocator, l->db);
+    dpar__free(&l->allocator, l->scratch);
     memset(l, 0, sizeof *l);
     return DPAR_OK;
 }

@@ -1,6 +1,6 @@
 /* tensor_parallel.c - a Megatron MLP block split over tensor-parallel thread ranks, trained against the whole block.
    Build: cc -std=c99 -O2 -I. examples/tensor_parallel.c -o tensor_parallel -pthread -lm
-   Run:   ./tensor_parallel            (./tensor_parallel --tp 4)
+   Run:   ./tensor_parallel            (./tensor_parallel --tp 4, ./tensor_parallel --bitwise)
    Check: ^tensor_parallel: tp=[0-9]+ matches the whole block
    Check: allreduces per step: 2 \(1 forward, 1 backward\)
 
@@ -14,7 +14,15 @@
    the gradient of x (which the layers below would need). The program trains the block on a
    synthetic regression task with tp thread ranks, then trains the whole block (DPAR_LINEAR_FULL, no
    comm) from the same weights, and checks that the two loss curves agree, that the loss fell, and,
-   from the comm's counters, that each step cost exactly two allreduces. */
+   from the comm's counters, that each step cost exactly two allreduces.
+
+   The curves agree to about 1e-7, not to the bit: with tp ranks the row layer's allreduce adds tp partial sums of
+   y, each summed over F/tp hidden units, where one thread sums all F in one GEMM; float addition in another order
+   rounds differently. --bitwise removes that: every layer is made with desc.leaves = 4 (dpar_linear, 'Leaves'),
+   so each sum over a cut dimension is 4 fixed partial products added in one fixed tree, whichever rank computed
+   which; the ranks all-gather partials instead of allreducing sums. Then the whole block and tp = 2 and 4 train
+   to the same bits, which the program checks (every weight and every step's loss) and times: --bench prints the
+   step time of tp = 2 with and without leaves. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -30,10 +38,14 @@
 #define LR 0.2f
 
 typedef struct job {
-    int tp, whole, steps;                      /* whole: one rank, DPAR_LINEAR_FULL */
-    float w1[D * F], b1[F], w2[F * D], b2[D];  /* the starting weights of both runs */
-    float x[B * D], t[B * D];                  /* inputs and targets */
-    float loss[MAX_STEPS], dx[B * D];          /* the loss curve; the input's gradient at the last step */
+    int tp, whole, steps;                     /* whole: one rank, DPAR_LINEAR_FULL */
+    int leaves;                               /* --bitwise: every layer's leaves (0: off) */
+    float w1[D * F], b1[F], w2[F * D], b2[D]; /* the starting weights of both runs */
+    float x[B * D], t[B * D];                 /* inputs and targets */
+    float loss[MAX_STEPS], dx[B * D];         /* the loss curve; the input's gradient at the last step */
+    float trained_w1[D * F], trained_b1[F];   /* the weights after training, put together from the ranks' slices */
+    float trained_w2[F * D], trained_b2[D];
+    double seconds;                            /* rank 0's training time */
     uint64_t allreduce_calls, allreduce_bytes; /* on rank 0, over the whole run */
     dpar_group *group;
 } job;
@@ -73,8 +85,11 @@ static dpar_status train_rank(job *j, dpar_comm *c, int rank)
     int step, i, f;
     memset(&up, 0, sizeof up);
     memset(&down, 0, sizeof down);
+    uint64_t start = dpar_time_ns();
     ud.mode = modes[j->whole][0], ud.in = D, ud.out = F, ud.comm = c;
     dd.mode = modes[j->whole][1], dd.in = F, dd.out = D, dd.comm = c;
+    ud.leaves = j->leaves;
+    dd.leaves = j->leaves;
     TRY(dpar_linear_init(&up, &ud));                 /* W1 (D x F/tp): my hidden units */
     TRY(dpar_linear_init(&down, &dd));               /* W2 (F/tp x D): their rows */
     TRY(dpar_linear_set_weights(&up, j->w1, j->b1)); /* each rank keeps its slice */
@@ -101,7 +116,16 @@ static dpar_status train_rank(job *j, dpar_comm *c, int rank)
         for (i = 0; i < down.in_local * down.out_local; i++) down.w[i] -= LR * down.dw[i];
         for (i = 0; i < down.bias_local; i++) down.b[i] -= LR * down.db[i]; /* the same on every rank */
     }
+    /* this rank's slices into the whole trained weights: W1's columns, b1's entries, W2's rows (b2: whole) */
+    for (i = 0; i < D; i++) {
+        float *row_of_w1 = j->trained_w1 + (size_t)i * F + up.out_offset;
+        memcpy(row_of_w1, up.w + (size_t)i * up.out_local, (size_t)up.out_local * sizeof(float));
+    }
+    memcpy(j->trained_b1 + up.out_offset, up.b, (size_t)up.out_local * sizeof(float));
+    memcpy(j->trained_w2 + (size_t)down.in_offset * D, down.w, (size_t)down.in_local * D * sizeof(float));
+    if (rank == 0) memcpy(j->trained_b2, down.b, sizeof j->trained_b2);
     if (rank == 0) {
+        j->seconds = (double)(dpar_time_ns() - start) * 1e-9;
         memcpy(j->dx, dx, sizeof dx);
         if (c) {
             TRY(dpar_comm_stats_get(c, &stats));
@@ -165,6 +189,48 @@ static double rel_diff(const float *a, const float *b, int n) /* max |a - b| / m
     return den > 0 ? num / den : num;
 }
 
+/* --bitwise: the whole block and tp = 2 and 4, every layer with 4 leaves: the same bits, or exit 1 */
+static int bitwise(job *j, int bench)
+{
+    static job whole;
+    static const int tps[] = {2, 4};
+    int k, s, all_equal = 1;
+    double plain_seconds = 0;
+    whole = *j;
+    whole.leaves = 4;
+    if (!train(&whole, 1, 1)) return 1;
+    for (k = 0; k < 2; k++) {
+        int same_weights, same_loss = 1, same_dx;
+        j->leaves = 4;
+        if (!train(j, tps[k], 0)) return 1;
+        for (s = 0; s < j->steps; s++) same_loss &= memcmp(&j->loss[s], &whole.loss[s], sizeof(float)) == 0;
+        same_weights = !memcmp(j->trained_w1, whole.trained_w1, sizeof whole.trained_w1) &&
+                       !memcmp(j->trained_b1, whole.trained_b1, sizeof whole.trained_b1) &&
+                       !memcmp(j->trained_w2, whole.trained_w2, sizeof whole.trained_w2) &&
+                       !memcmp(j->trained_b2, whole.trained_b2, sizeof whole.trained_b2);
+        same_dx = !memcmp(j->dx, whole.dx, sizeof whole.dx);
+        printf("tensor_parallel --bitwise: tp=%d, 4 leaves, against the whole block: losses of %d steps %s, trained "
+               "weights %s, input gradient %s\n",
+               tps[k], j->steps, same_loss ? "bitwise equal" : "DIFFERENT",
+               same_weights ? "bitwise equal" : "DIFFERENT", same_dx ? "bitwise equal" : "DIFFERENT");
+        all_equal &= same_loss && same_weights && same_dx;
+    }
+    if (bench) { /* the price of the leaves: tp = 2, the same steps with and without them */
+        double leaves_seconds;
+        j->leaves = 0;
+        if (!train(j, 2, 0)) return 1;
+        plain_seconds = j->seconds;
+        j->leaves = 4;
+        if (!train(j, 2, 0)) return 1;
+        leaves_seconds = j->seconds;
+        printf("bench=tp_bitwise tp=2 leaves=4 steps=%d step_us=%.1f plain_step_us=%.1f cost=%.2f\n", j->steps,
+               leaves_seconds * 1e6 / j->steps, plain_seconds * 1e6 / j->steps, leaves_seconds / plain_seconds);
+    }
+    printf("tensor_parallel --bitwise: the whole block, tp=2 and tp=4 %s\n",
+           all_equal ? "train to the same bits: OK" : "DIFFER: FAILED");
+    return all_equal ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     static job j;
@@ -172,11 +238,13 @@ int main(int argc, char **argv)
     double worst = 0, dx_diff;
     uint64_t calls, bytes;
     unsigned long long seed = 1;
-    int tp = 2, i, k, s, ok;
+    int tp = 2, i, k, s, ok, bitwise_check = 0, bench = 0;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tp") && i + 1 < argc) tp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bitwise")) bitwise_check = 1;
+        else if (!strcmp(argv[i], "--bench")) bench = bitwise_check = 1;
         else {
-            fprintf(stderr, "usage: %s [--tp N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tp N] [--bitwise] [--bench]\n", argv[0]);
             return 2;
         }
     }
@@ -203,6 +271,7 @@ int main(int argc, char **argv)
     printf("tensor_parallel: Megatron MLP block %d -> %d -> %d (column-parallel, GeLU, row-parallel), batch %d, "
            "%d steps of SGD\n",
            D, F, D, B, j.steps);
+    if (bitwise_check) return bitwise(&j, bench);
     if (!train(&j, tp, 0)) return 1;
     memcpy(loss_tp, j.loss, sizeof loss_tp);
     memcpy(dx_tp, j.dx, sizeof dx_tp);

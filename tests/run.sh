@@ -471,6 +471,18 @@ dp_ranks() {
         [ \$rc = 0 ] && grep -q '^bitwise equal: 1, 2 and 4 ranks' '$d/bits.txt'"
 }
 
+# examples/tensor_parallel.c --bitwise: with 4 leaves per layer the whole block and tp = 2 and 4 train to the same
+# bits (every step's loss, every weight, the input gradient; the program compares them and exits 1 otherwise)
+tp_bitwise() {
+    local d="$tmp/tpb"
+    rm -rf "$d" && mkdir -p "$d"
+    step "example tensor_parallel.c --bitwise: the whole block, tp = 2 and tp = 4 train to the same bits (4 leaves)" sh -c "
+        cc -std=c99 -O2 -I. examples/tensor_parallel.c -o '$d/tp' -pthread -lm &&
+        DPAR_TEST_QUICK=1 '$d/tp' --bitwise > '$d/out.txt'; rc=\$?; cat '$d/out.txt'; [ \$rc = 0 ] &&
+        [ \$(grep -c 'against the whole block: losses of 100 steps bitwise equal, trained weights bitwise equal, input gradient bitwise equal\$' '$d/out.txt') = 2 ] &&
+        grep -q '^tensor_parallel --bitwise: the whole block, tp=2 and tp=4 train to the same bits: OK' '$d/out.txt'"
+}
+
 # examples/pipeline.c --schedule zb-h1: the split backward (B, then W later) trains the same bits as sequential
 # training, on 4 and on 2 stages (the program compares every parameter and exits 1 otherwise)
 zero_bubble() {
@@ -499,6 +511,7 @@ if [ "${1:-}" = "--matrix" ]; then
     demo
     dp_ranks
     zero_bubble
+    tp_bitwise
     kill_tests
 fi
 for bin in "$@"; do program "$bin" "$bin"; done

@@ -220,6 +220,101 @@ static void test_tensor_parallel_layers_match_whole_layer(void)
         }
 }
 
+/* desc.leaves: COLUMN and ROW layers on 1, 2 and 4 ranks give the bits of a FULL layer with the same leaves (y, dx,
+   dW, db, every rank's part), over dimensions the leaves do not divide evenly; and the FULL layer with leaves is
+   the plain layer to rounding */
+#define LV_IN 37
+#define LV_OUT 23
+#define LV_BATCH 9
+typedef struct {
+    int mode, leaves;
+    float W[LV_IN * LV_OUT], b[LV_OUT], x[LV_BATCH * LV_IN], dy[LV_BATCH * LV_OUT];
+    float y[LV_BATCH * LV_OUT], dx[LV_BATCH * LV_IN], dW[LV_IN * LV_OUT], db[LV_OUT]; /* the FULL layer's */
+    int bad[4];
+} lv_job;
+static void lv_rank(world *w, dpar_comm *c, int r)
+{
+    lv_job *j = (lv_job *)w->user;
+    dpar_linear l;
+    dpar_linear_desc d = {0};
+    float y[LV_BATCH * LV_OUT], dx[LV_BATCH * LV_IN], xin[LV_BATCH * LV_IN], dyin[LV_BATCH * LV_OUT];
+    int i, k, bad = 0;
+    d.mode = (dpar_linear_mode)j->mode, d.in = LV_IN, d.out = LV_OUT, d.comm = c, d.leaves = j->leaves;
+    expect_ok(w, dpar_linear_init(&l, &d), "linear_init", r);
+    dpar_linear_set_weights(&l, j->W, j->b);
+    /* ROW takes my columns of x; COLUMN my columns of dy */
+    for (k = 0; k < LV_BATCH; k++) {
+        memcpy(xin + k * l.in_local, j->x + k * LV_IN + l.in_offset, (size_t)l.in_local * sizeof(float));
+        memcpy(dyin + k * l.out_local, j->dy + k * LV_OUT + l.out_offset, (size_t)l.out_local * sizeof(float));
+    }
+    expect_ok(w, dpar_linear_forward(&l, xin, y, LV_BATCH), "forward", r);
+    expect_ok(w, dpar_linear_backward(&l, xin, dyin, dx, LV_BATCH), "backward", r);
+    for (k = 0; k < LV_BATCH; k++) {
+        bad += memcmp(y + k * l.out_local, j->y + k * LV_OUT + l.out_offset, (size_t)l.out_local * sizeof(float)) != 0;
+        bad += memcmp(dx + k * l.in_local, j->dx + k * LV_IN + l.in_offset, (size_t)l.in_local * sizeof(float)) != 0;
+    }
+    for (i = 0; i < l.in_local; i++)
+        bad += memcmp(l.dw + i * l.out_local, j->dW + (l.in_offset + i) * LV_OUT + l.out_offset,
+                      (size_t)l.out_local * sizeof(float)) != 0;
+    bad += memcmp(l.db, j->db + (j->mode == DPAR_LINEAR_COLUMN ? l.out_offset : 0),
+                  (size_t)l.bias_local * sizeof(float)) != 0;
+    j->bad[r] = bad;
+    dpar_linear_destroy(&l);
+}
+static void lv_refused(world *w, dpar_comm *c, int r)
+{
+    dpar_linear l;
+    dpar_linear_desc d = {0};
+    d.mode = DPAR_LINEAR_ROW, d.in = LV_IN, d.out = LV_OUT, d.comm = c, d.leaves = 4;
+    if (dpar_linear_init(&l, &d) != DPAR_EINVAL || !strstr(dpar_last_error(), "a multiple of the tp ranks (3)"))
+        note(w, "rank %d: 4 leaves on 3 ranks: %s", r, dpar_last_error());
+}
+static void test_leaves_same_bits_for_any_tp(void)
+{
+    lv_job *j = (lv_job *)calloc(1, sizeof *j);
+    static const int leaves[] = {4, 8};
+    int li, mode, n, r;
+    frandom(j->W, LV_IN * LV_OUT);
+    frandom(j->b, LV_OUT);
+    frandom(j->x, LV_BATCH * LV_IN);
+    frandom(j->dy, LV_BATCH * LV_OUT);
+    for (li = 0; li < 2; li++) {
+        dpar_linear full, plain;
+        dpar_linear_desc d = {0};
+        float py[LV_BATCH * LV_OUT], pdx[LV_BATCH * LV_IN];
+        d.in = LV_IN, d.out = LV_OUT, d.leaves = leaves[li];
+        CHECK(dpar_linear_init(&full, &d) == DPAR_OK);
+        d.leaves = 0;
+        CHECK(dpar_linear_init(&plain, &d) == DPAR_OK);
+        dpar_linear_set_weights(&full, j->W, j->b);
+        dpar_linear_set_weights(&plain, j->W, j->b);
+        CHECK(dpar_linear_forward(&full, j->x, j->y, LV_BATCH) == DPAR_OK);
+        CHECK(dpar_linear_backward(&full, j->x, j->dy, j->dx, LV_BATCH) == DPAR_OK);
+        CHECK(dpar_linear_forward(&plain, j->x, py, LV_BATCH) == DPAR_OK);
+        CHECK(dpar_linear_backward(&plain, j->x, j->dy, pdx, LV_BATCH) == DPAR_OK);
+        CHECK_MSG(rel_diff(j->y, py, LV_BATCH * LV_OUT) < 1e-6 && rel_diff(j->dx, pdx, LV_BATCH * LV_IN) < 1e-6,
+                  "%d leaves: y %.1e, dx %.1e from the plain layer", leaves[li], rel_diff(j->y, py, LV_BATCH * LV_OUT),
+                  rel_diff(j->dx, pdx, LV_BATCH * LV_IN));
+        memcpy(j->dW, full.dw, sizeof j->dW);
+        memcpy(j->db, full.db, sizeof j->db);
+        dpar_linear_destroy(&full);
+        dpar_linear_destroy(&plain);
+        j->leaves = leaves[li];
+        for (mode = DPAR_LINEAR_COLUMN; mode <= DPAR_LINEAR_ROW; mode++)
+            for (n = 1; n <= 4; n *= 2) {
+                j->mode = mode;
+                memset(j->bad, 0, sizeof j->bad);
+                CHECK_MSG(run_world(n, lv_rank, j) == 0, "mode %d N=%d", mode, n);
+                for (r = 0; r < n; r++)
+                    CHECK_MSG(j->bad[r] == 0,
+                              "%s, %d leaves, tp=%d, rank %d: %d rows or arrays differ from FULL's bits",
+                              mode == DPAR_LINEAR_COLUMN ? "COLUMN" : "ROW", leaves[li], n, r, j->bad[r]);
+            }
+    }
+    CHECK(run_world(3, lv_refused, NULL) == 0); /* the leaves must divide among the ranks */
+    free(j);
+}
+
 /* finite differences: L = sum(y * R); dL/dW and dL/db and dL/dx against the layer's backward */
 typedef struct {
     dpar_linear *l;
@@ -465,6 +560,20 @@ static void test_bad_input(void)
     CHECK(dpar_linear_init(&l, NULL) == DPAR_EINVAL && l.w == NULL);
     {
         dpar_linear_desc ld = {0};
+        dpar_pool *pool = NULL;
+        dpar_pool_desc pd = {0};
+        ld.in = 3, ld.out = 2, ld.leaves = -1;
+        CHECK(dpar_linear_init(&l, &ld) == DPAR_EINVAL && strstr(dpar_last_error(), "leaves = -1"));
+        ld.leaves = 5000;
+        CHECK(dpar_linear_init(&l, &ld) == DPAR_EINVAL);
+        pd.num_threads = 1;
+        CHECK(dpar_pool_create(&pd, &pool) == DPAR_OK);
+        ld.leaves = 2, ld.pool = pool; /* the bitwise mode runs the built-in GEMM on the calling thread */
+        CHECK(dpar_linear_init(&l, &ld) == DPAR_EINVAL && strstr(dpar_last_error(), "no pool"));
+        dpar_pool_destroy(pool);
+    }
+    {
+        dpar_linear_desc ld = {0};
         dt_counting counts = {0, 0};
         ld.in = 3, ld.out = 2, ld.no_bias = 1; /* mode 0: FULL */
         ld.allocator.alloc = dt_count_alloc, ld.allocator.free = dt_count_free, ld.allocator.user = &counts;
@@ -486,6 +595,7 @@ int main(int argc, char **argv)
     RUN(test_shard_plans_cover_each_element_once);
     RUN(test_shard_scatter_gather_allgather);
     RUN(test_tensor_parallel_layers_match_whole_layer);
+    RUN(test_leaves_same_bits_for_any_tp);
     RUN(test_layer_gradient_by_finite_differences);
     RUN(test_megatron_mlp_tp2_matches_tp1);
     RUN(test_zero1_matches_unsharded_optimizer);
