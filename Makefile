@@ -92,6 +92,9 @@ $(BUILD)/fsdp: examples/fsdp.c dpar.h | $(BUILD)
 $(BUILD)/tensor_parallel: examples/tensor_parallel.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/context_parallel: examples/context_parallel.c dpar.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) -I. $< -o $@ $(LDLIBS)
+
 $(BUILD)/bench_pool: bench/bench_pool.c dpar.h | $(BUILD)
 	$(CC) -std=c99 -O2 -fopenmp -I. $< -o $@ $(LDLIBS)
 
@@ -141,7 +144,7 @@ check: $(patsubst $(BUILD)/%,$(BUILD)/asan/%,$(TESTS)) $(patsubst $(BUILD)/%,$(B
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" DPAR_TEST_BIG=100003 BUILD="$(BUILD)" \
 	    tests/run.sh --no-mpi-reason "Open MPI is not built with ThreadSanitizer" $(patsubst $(BUILD)/%,$(BUILD)/tsan/%,$(TESTS))
 
-bench: $(BUILD)/bench_pool $(if $(OPENMP),$(BUILD)/omp_port) $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/fsdp $(BUILD)/tensor_parallel $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi $(BUILD)/mpi_data_parallel) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
+bench: $(BUILD)/bench_pool $(if $(OPENMP),$(BUILD)/omp_port) $(BUILD)/bench_comm $(BUILD)/bench_pipe $(BUILD)/data_parallel $(BUILD)/fsdp $(BUILD)/tensor_parallel $(BUILD)/context_parallel $(BUILD)/bench_cores $(if $(MPITEST),$(BUILD)/bench_mpi $(BUILD)/mpi_data_parallel) $(if $(OPENBLAS),$(BUILD)/bench_gemm)
 ifeq ($(OPENMP),yes)
 	./$(BUILD)/bench_pool
 	./$(BUILD)/omp_port --bench | grep '^bench='
@@ -154,6 +157,7 @@ endif
 	./$(BUILD)/fsdp --stage 2 --bench | grep '^bench='
 	./$(BUILD)/fsdp --stage 3 --bench | grep '^bench='
 	./$(BUILD)/tensor_parallel --bench | grep '^bench='
+	./$(BUILD)/context_parallel --bench | grep '^bench='
 ifneq ($(OPENBLAS),)
 	./$(BUILD)/bench_gemm
 else

@@ -36,6 +36,9 @@
    --bench (default --seq 1024) times ring attention's forward with blocking hops and with each hop started
    before its block (dpar_ialltoallv to rank r + 1 only, on the rank's progress thread; bitwise the same, checked
    in (2)) and prints bench=ring_attention lines: overlap is the part of the hops' time that the blocks hid.
+   --trace FILE writes a Chrome trace of (2) and (3): each block's forward and backward ("block forward q1 k0":
+   query chunk 1 against the keys of chunk 0) or Ulysses' attention on a rank's heads, beside dpar's
+   own spans of the hops and all-to-alls.
    docs/model_parallel.md, 'Context parallelism (Ulysses and ring attention)', has the formulas. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -320,6 +323,15 @@ static dpar_status to_seq(cp_rank *c, const float *xh, float *x)
 }
 
 /* ring forward: my queries meet every rank's K/V block, mine first, then (n - 1 hops) the block of rank r - t */
+/* --trace: one span per (query chunk, key chunk) block on the rank's track; the hops are dpar's own spans */
+static void trace_block(const char *what, int query_chunk, int key_chunk, uint64_t started)
+{
+    char name[64];
+    if (!dpar_trace_enabled()) return;
+    snprintf(name, sizeof name, "%s q%d k%d", what, query_chunk, key_chunk);
+    dpar_trace_event(name, "attention", started, dpar_time_ns(), NULL);
+}
+
 static dpar_status ring_forward(cp_rank *c)
 {
     const int n = c->n, r = c->r, cz = c->T / 2, H = c->H;
@@ -342,8 +354,10 @@ static dpar_status ring_forward(cp_rank *c)
             for (b = 0; b < 2; b++) {
                 int qa = chunk_index(r, n, a), kb = chunk_index(src, n, b);
                 if (kb > qa) continue; /* every key after every query: fully masked, skipped */
+                uint64_t started = dpar_time_ns();
                 ring_block_forward(cz, H, c->Dh, kb == qa, c->q + a * cz * E, cur + b * cz * E, cur + TE + b * cz * E,
                                    c->o + a * cz * E, c->lse + (size_t)a * cz * H, c->l + (size_t)a * cz * H);
+                trace_block("block forward", qa, kb, started);
                 c->pairs++;
             }
         if (t < n - 1 && c->overlap) {
@@ -383,9 +397,11 @@ static dpar_status ring_backward(cp_rank *c)
             for (b = 0; b < 2; b++) {
                 int qa = chunk_index(r, n, a), kb = chunk_index(src, n, b);
                 if (kb > qa) continue;
+                uint64_t started = dpar_time_ns();
                 ring_block_backward(cz, H, c->Dh, kb == qa, c->q + a * cz * E, cur + b * cz * E, cur + TE + b * cz * E,
                                     c->dout + a * cz * E, c->lse + (size_t)a * cz * H, c->dsum + (size_t)a * cz * H,
                                     c->dq + a * cz * E, cur + 2 * TE + b * cz * E, cur + 3 * TE + b * cz * E);
+                trace_block("block backward", qa, kb, started);
             }
         if (t < n - 1) {
             float *next = c->pkt[(t + 1) % 2];
@@ -413,7 +429,12 @@ static dpar_status cp_forward(cp_rank *c)
     if ((st = to_heads(c, c->q, c->qh)) != DPAR_OK || (st = to_heads(c, c->kv, c->kh)) != DPAR_OK ||
         (st = to_heads(c, c->kv + TE, c->vh)) != DPAR_OK)
         return st;
-    attn_forward(c->S, c->hn, c->Dh, c->qh, c->kh, c->vh, c->oh, c->lseh);
+    {
+        uint64_t started = dpar_time_ns();
+        attn_forward(c->S, c->hn, c->Dh, c->qh, c->kh, c->vh, c->oh, c->lseh);
+        if (dpar_trace_enabled())
+            dpar_trace_event("attention forward (my heads)", "attention", started, dpar_time_ns(), NULL);
+    }
     return to_seq(c, c->oh, c->o);
 }
 
@@ -428,7 +449,12 @@ static dpar_status cp_backward(cp_rank *c)
     }
     if (c->mode == MODE_RING) return ring_backward(c);
     if ((st = to_heads(c, c->dout, c->douth)) != DPAR_OK) return st;
-    attn_backward(c->S, c->hn, c->Dh, c->qh, c->kh, c->vh, c->oh, c->lseh, c->douth, c->dqh, c->dkh, c->dvh);
+    {
+        uint64_t started = dpar_time_ns();
+        attn_backward(c->S, c->hn, c->Dh, c->qh, c->kh, c->vh, c->oh, c->lseh, c->douth, c->dqh, c->dkh, c->dvh);
+        if (dpar_trace_enabled())
+            dpar_trace_event("attention backward (my heads)", "attention", started, dpar_time_ns(), NULL);
+    }
     if ((st = to_seq(c, c->dqh, c->dq)) != DPAR_OK || (st = to_seq(c, c->dkh, c->dkv)) != DPAR_OK) return st;
     return to_seq(c, c->dvh, c->dkv + TE);
 }
@@ -893,6 +919,7 @@ int main(int argc, char **argv)
 {
     static job j;
     int cps[8], ncp = 3, modes[2], nmodes = 2, i, m, p, only_gradcheck = 0, bench = 0, seq_given = 0, all_ok = 1;
+    const char *trace_path = NULL;
     int S = 64, H = 4, Dh = 8, steps = 40;
     unsigned long long seed = 1;
     size_t E, N, EE;
@@ -916,6 +943,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--dim") && val) Dh = atoi(argv[++i]);
         else if (!strcmp(a, "--steps") && val) steps = atoi(argv[++i]);
         else if (!strcmp(a, "--lr") && val) j.lr = (float)atof(argv[++i]);
+        else if (!strcmp(a, "--trace") && val) trace_path = argv[++i];
         else goto usage;
     }
     if (bench && !seq_given) S = 1024;
@@ -946,6 +974,10 @@ int main(int argc, char **argv)
         }
 
     if (bench) return run_benches(&j, cps, ncp, S, H, Dh);
+    if (trace_path && dpar_trace_start(trace_path) != DPAR_OK) {
+        fprintf(stderr, "context_parallel: --trace %s: %s\n", trace_path, dpar_last_error());
+        return 2;
+    }
     printf("gradcheck: the unsharded block and the layer, S=8 H=2 Dh=4\n");
     if (!gradcheck()) all_ok = 0;
     if (only_gradcheck) return all_ok ? 0 : 1;
@@ -1045,12 +1077,16 @@ int main(int argc, char **argv)
             if (!ok) all_ok = 0;
         }
     free(buf);
+    if (trace_path && dpar_trace_stop() != DPAR_OK) {
+        fprintf(stderr, "context_parallel: --trace: %s\n", dpar_last_error());
+        all_ok = 0;
+    }
     printf("context_parallel: %s\n", all_ok ? "all checks passed" : "CHECKS FAILED");
     return all_ok ? 0 : 1;
 usage:
     fprintf(stderr,
             "usage: %s [--mode ulysses|ring|both] [--cp 1,2,4] [--seq S] [--heads H] [--dim Dh] [--steps K] "
-            "[--lr X] [--gradcheck] [--bench]\n",
+            "[--lr X] [--gradcheck] [--bench] [--trace FILE]\n",
             argv[0]);
     return 2;
 }

@@ -483,6 +483,28 @@ tp_bitwise() {
         grep -q '^tensor_parallel --bitwise: the whole block, tp=2 and tp=4 train to the same bits: OK' '$d/out.txt'"
 }
 
+# --trace of the two examples of issue 37: valid Chrome trace JSON, with their own spans beside dpar's (ring attention's
+# blocks and hops; the MoE layer's dispatch and combine)
+strategy_traces() {
+    local d="$tmp/traces"
+    rm -rf "$d" && mkdir -p "$d"
+    step "examples context_parallel.c and moe.c --trace: Chrome traces with the blocks, the hops, dispatch and combine" sh -c "
+        cc -std=c99 -O2 -I. examples/context_parallel.c -o '$d/cp' -pthread -lm &&
+        cc -std=c99 -O2 -I. examples/moe.c -o '$d/moe' -pthread -lm &&
+        '$d/cp' --mode both --cp 2 --steps 4 --trace '$d/cp.json' | tail -n 1 &&
+        '$d/moe' --ranks 2 --trace '$d/moe.json' | tail -n 1 &&
+        python3 -c \"
+import json, sys
+cp = [e.get('name', '') for e in json.load(open('$d/cp.json'))['traceEvents']]
+moe = [e.get('name', '') for e in json.load(open('$d/moe.json'))['traceEvents']]
+counts = (sum(n.startswith('block forward') for n in cp), sum(n.startswith('block backward') for n in cp),
+          cp.count('send'), sum(n.startswith('attention forward') for n in cp), sum('dispatch' in n for n in moe),
+          sum('combine' in n for n in moe))
+print('cp: block forward %d, block backward %d, send %d, Ulysses attention %d; moe: dispatch %d, combine %d' % counts)
+sys.exit(0 if min(counts) > 0 else 1)
+\""
+}
+
 # examples/pipeline.c --schedule zb-h1: the split backward (B, then W later) trains the same bits as sequential
 # training, on 4 and on 2 stages (the program compares every parameter and exits 1 otherwise)
 zero_bubble() {
@@ -512,6 +534,7 @@ if [ "${1:-}" = "--matrix" ]; then
     dp_ranks
     zero_bubble
     tp_bitwise
+    strategy_traces
     kill_tests
 fi
 for bin in "$@"; do program "$bin" "$bin"; done
