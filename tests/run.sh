@@ -166,6 +166,16 @@ examples() {
     done
 }
 
+# what the lesson pages show a program printing is what it prints (issue 39): tests/shown.sh runs each page's shown
+# runs (its fenced blocks that open with a `$ ` command) in a scratch copy and compares the output line for line, the
+# numbers that vary from run to run (after `measured `, before ` ms` or ` us`) masked by one rule
+lessons_shown() {
+    local md
+    for md in docs/guide/14_expert_parallel.md; do
+        step "$md: the program prints what the page shows (tests/shown.sh)" tests/shown.sh "$md"
+    done
+}
+
 # the demo trainer (demo/char_lm.c), built with its own Build: line in a scratch copy: the default run
 # (what `make demo` shows) must bring the loss well down; a run stopped and resumed must end with
 # the same parameters, bit for bit, as one that never stopped; Ctrl-C must save a checkpoint that
@@ -528,6 +538,7 @@ if [ "${1:-}" = "--matrix" ]; then
     matrix
     mpi_compile
     examples
+    lessons_shown
     step "docs: C snippets are complete programs that build and run, or cut from programs the tests build (tests/snippets.sh)" tests/snippets.sh
     idx_example
     demo

@@ -15,6 +15,8 @@
      tp.svg            a column-parallel then a row-parallel layer on 2 ranks and its two allreduces (tp_blocks)
      memory.svg        memory per rank, plain data parallelism against ZeRO-1/2/3: the formula with the parameter count
                        and the measured totals of docs/img/src/memory.txt (examples/fsdp.c and examples/zero.c output)
+     moe.svg           lesson 14's MoE layer on 2 ranks: each token's two choices dispatched to its experts' ranks and
+                       combined back, the dropped ones crossed, from the run docs/guide/14_expert_parallel.md shows
      bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
    Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
    --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
@@ -657,6 +659,101 @@ static void memory_picture(void)
     free(txt);
 }
 
+/* ==== (g) lesson 14: an MoE layer's dispatch and combine, from the run the lesson page shows ==== */
+#define MOE_PAGE "docs/guide/14_expert_parallel.md"
+static void moe_picture(void)
+{
+    static const char *const src[] = {SELF, MOE_PAGE, NULL};
+    char *txt = must_read(MOE_PAGE), *ln;
+    int tokens = 0, experts = 0, ranks = 0, capacity = 0, t, e, k, r;
+    int tok_rank[64], choice[64][2], kept[64][2], ex_rank[16], ex_choices[16], ex_kept[16];
+    double prob[2], rowh = 20, gap = 14, y0 = 92, tx = 80, tw = 70, ex = 430, ew = 130, ox = 820;
+    double band_top[8], band_bottom[8];
+    const char *slot_color[2] = {"#08519c", "#6baed6"}, *band_fill[2] = {"#f0f5fb", "#fdf3e7"};
+    buf b = {0};
+    /* the first run's lines: "token T on rank R: expert E (p P) kept, expert E (p P) dropped" and
+       "expert E on rank R: C choices, K kept, D dropped"; the header names the capacity */
+    for (ln = strtok(txt, "\n"); ln; ln = strtok(NULL, "\n")) {
+        int a[3];
+        char w0[8], w1[8];
+        if (!capacity && strstr(ln, " per rank; top-2 routing; capacity "))
+            capacity = atoi(strstr(ln, "capacity ") + 9);
+        if (tokens < 64 &&
+            sscanf(ln, "token %d on rank %d: expert %d (p %lf) %7[a-z], expert %d (p %lf) %7[a-z]", &t, &r, &a[0],
+                   &prob[0], w0, &a[1], &prob[1], w1) == 8 &&
+            t == tokens) {
+            tok_rank[tokens] = r, choice[tokens][0] = a[0], choice[tokens][1] = a[1];
+            kept[tokens][0] = !strcmp(w0, "kept"), kept[tokens][1] = !strcmp(w1, "kept");
+            if (r + 1 > ranks) ranks = r + 1;
+            tokens++;
+        }
+        if (experts < 16 && sscanf(ln, "expert %d on rank %d: %d choices, %d kept", &e, &r, &a[0], &a[1]) == 4 &&
+            e == experts)
+            ex_rank[experts] = r, ex_choices[experts] = a[0], ex_kept[experts] = a[1], experts++;
+        if (!strncmp(ln, "dispatch and combine on ", 24)) break; /* the end of the first run */
+    }
+    if (tokens < 2 || experts < 1 || ranks < 2 || ranks > 8 || !capacity)
+        exit((fprintf(stderr, "svg: %s shows no run of 2 or more ranks (token and expert lines)\n", MOE_PAGE), 1));
+    for (r = 0; r < ranks; r++) band_top[r] = 1e9, band_bottom[r] = 0;
+    for (t = 0; t < tokens; t++) { /* rank r's tokens, then a gap */
+        double y = y0 + t * rowh + tok_rank[t] * gap;
+        if (y < band_top[tok_rank[t]]) band_top[tok_rank[t]] = y;
+        if (y + rowh > band_bottom[tok_rank[t]]) band_bottom[tok_rank[t]] = y + rowh;
+    }
+    text(&b, 10, 22, 15, 's', "Expert parallelism: %d tokens, %d experts on %d ranks, top-2 routing, capacity %d",
+         tokens, experts, ranks, capacity);
+    text(&b, 10, 40, 11, 's',
+         "Drawn from the run that docs/guide/14_expert_parallel.md shows. Dark: a token's first choice, light: its "
+         "second; dashed, crossed: dropped");
+    text(&b, 10, 54, 11, 's',
+         "(the expert was full). A line that changes band crosses ranks: those rows are the all-to-all's traffic.");
+    text(&b, tx + tw / 2, y0 - 16, 11, 'm', "tokens");
+    text(&b, (tx + tw + ex) / 2, y0 - 16, 11, 'm', "dispatch: dpar_alltoallv");
+    text(&b, ex + ew / 2, y0 - 16, 11, 'm', "experts");
+    text(&b, (ex + ew + ox) / 2, y0 - 16, 11, 'm', "combine: dpar_alltoallv");
+    text(&b, ox + tw / 2, y0 - 16, 11, 'm', "y = sum p_e out_e");
+    for (r = 0; r < ranks; r++) {
+        bp(&b, "<rect x=\"10\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"%s\"/>\n", r1(band_top[r] - 4),
+           r1(ox + tw + 10), r1(band_bottom[r] - band_top[r] + 8), band_fill[r % 2]);
+        text(&b, 16, (band_top[r] + band_bottom[r]) / 2 + 4, 11, 's', "rank %d", r);
+    }
+    for (t = 0; t < tokens; t++) {
+        double y = y0 + t * rowh + tok_rank[t] * gap;
+        rect(&b, tx, y + 2, tw, rowh - 4, "#ffffff");
+        text(&b, tx + tw / 2, y + rowh / 2 + 4, 10, 'm', "token %d", t);
+        rect(&b, ox, y + 2, tw, rowh - 4, "#ffffff");
+        text(&b, ox + tw / 2, y + rowh / 2 + 4, 10, 'm', "y %d", t);
+    }
+    for (e = 0; e < experts; e++) { /* expert e in its rank's band, the band split among the rank's experts */
+        int per_rank = experts / ranks, i = e % per_rank;
+        double h = (band_bottom[ex_rank[e]] - band_top[ex_rank[e]]) / per_rank, y = band_top[ex_rank[e]] + i * h;
+        rect(&b, ex, y + 4, ew, h - 8, "#fdd0a2");
+        text(&b, ex + ew / 2, y + h / 2 - 3, 11, 'm', "expert %d", e);
+        text(&b, ex + ew / 2, y + h / 2 + 11, 9, 'm', "%d chosen, %d kept", ex_choices[e], ex_kept[e]);
+    }
+    for (t = 0; t < tokens; t++)
+        for (k = 0; k < 2; k++) {
+            int per_rank = experts / ranks, c = choice[t][k];
+            double h = (band_bottom[ex_rank[c]] - band_top[ex_rank[c]]) / per_rank;
+            double ty = y0 + t * rowh + tok_rank[t] * gap + rowh / 2 + (k ? 3 : -3);
+            double ey = band_top[ex_rank[c]] + (c % per_rank) * h + 10 + (h - 20) * (t + 0.5) / tokens;
+            if (kept[t][k]) {
+                line(&b, tx + tw, ty, ex, ey, slot_color[k], 1.2);
+                line(&b, ex + ew, ey, ox, ty, slot_color[k], 1.2);
+            } else {
+                double mx = tx + tw + (ex - tx - tw) * 0.8, my = ty + (ey - ty) * 0.8;
+                bp(&b,
+                   "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#aaaaaa\" stroke-width=\"1\" "
+                   "stroke-dasharray=\"3 2\"/>\n",
+                   r1(tx + tw), r1(ty), r1(mx), r1(my));
+                line(&b, mx - 4, my - 4, mx + 4, my + 4, "#d62728", 1.5);
+                line(&b, mx - 4, my + 4, mx + 4, my - 4, "#d62728", 1.5);
+            }
+        }
+    emit("moe.svg", (int)(ox + tw + 20), (int)(y0 + tokens * rowh + ranks * gap + 10), &b, src);
+    free(txt);
+}
+
 /* ==== (f) the benchmarks: docs/img/src/bench.txt, one plot per family of bench= lines ==== */
 #define MAXLINES 1024
 static char *bench_line[MAXLINES];
@@ -1008,6 +1105,7 @@ int main(int argc, char **argv)
     dp_picture();
     tp_picture();
     memory_picture();
+    moe_picture();
     bench_pictures();
     if (check_mode) { /* an SVG that nothing makes any more */
         DIR *d = opendir(OUT_DIR);
