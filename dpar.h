@@ -4858,6 +4858,7 @@ struct dpar__ctx {
     dpar__fp fp;
     uint64_t deadline; /* absolute ns, 0: none */
     uint64_t sent, received;
+    int vpack; /* alltoallv on 2 ranks: fp.count carries both directions of the pair (dpar__alltoallv_pairwise) */
 };
 
 /* an asynchronous request, from the comm's free list */
@@ -5040,7 +5041,24 @@ static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t the
     dpar__fp_describe(mine, b, sizeof b);
     dpar__on_comm(x->c, b, sizeof b);
     if (!same && mine->coll == DPAR_COLL_ALLTOALLV && theirs->coll == mine->coll && theirs->seq == mine->seq &&
-        theirs->dtype == mine->dtype && theirs->count != mine->count) /* one pair's counts: the sender's, mine */
+        theirs->dtype == mine->dtype && theirs->count != mine->count && x->vpack) {
+        /* both directions in one count: theirs = (they send me) + (they expect from me) << 32, mine = (I expect
+           from them) + (I send them) << 32. The pair that disagrees, told as "from sends, to expects" */
+        dpar__fp from, to;
+        if ((theirs->count & 0xffffffffu) != (mine->count & 0xffffffffu)) { /* their sends to me */
+            from = *theirs;
+            to = *mine;
+            from.count = theirs->count & 0xffffffffu;
+            to.count = mine->count & 0xffffffffu;
+        } else { /* my sends to them */
+            from = *mine;
+            to = *theirs;
+            from.count = mine->count >> 32;
+            to.count = theirs->count >> 32;
+        }
+        dpar__v_story(msg, n, &from, &to, x->c);
+    } else if (!same && mine->coll == DPAR_COLL_ALLTOALLV && theirs->coll == mine->coll && theirs->seq == mine->seq &&
+               theirs->dtype == mine->dtype && theirs->count != mine->count) /* one pair's counts: the sender's, mine */
         dpar__v_story(msg, n, theirs, mine, x->c);
     else if (same) /* only possible with no_check, or a bug: never read past the buffer */
         snprintf(msg, n, "rank %d offered %zu bytes where rank %d expected %zu (%s vs %s)", theirs->rank, their_bytes,
@@ -5512,16 +5530,21 @@ static dpar_status dpar__alltoallv_pairwise(dpar__ctx *x, const char *send, char
         return dpar__tp_fail(c, DPAR_EMISMATCH, msg);
     }
     if (!fp_only && sc[r]) DPAR__TRY(dpar__tp_copy(x, recv + rd[r] * es, send + sd[r] * es, sc[r] * es));
+    /* two ranks: each message carries both directions of the pair (what I send you, what I expect from you, in
+       one 64-bit count when both fit 32 bits), so each rank checks both and neither can return with a mismatch
+       the other saw: no closing dissemination (one round instead of two) */
+    x->vpack = N == 2 && sc[1 - r] <= 0xffffffffu && rc[1 - r] <= 0xffffffffu;
     for (i = 1; i < N; i++) {
         int dst = (r + i) % N, src = (r + N - i) % N;
         size_t sb = fp_only ? 0 : sc[dst] * es, rb = fp_only ? 0 : rc[src] * es;
-        x->fp.count = sc[dst];
+        x->fp.count = x->vpack ? sc[dst] + ((uint64_t)rc[dst] << 32) : sc[dst];
         DPAR__TRY(dpar__post(x, dst, sb ? send + sd[dst] * es : NULL, sb));
-        x->fp.count = rc[src];
+        x->fp.count = x->vpack ? rc[src] + ((uint64_t)sc[src] << 32) : rc[src];
         DPAR__TRY(dpar__recv_into(x, src, rb ? recv + rd[src] * es : NULL, rb));
     }
     for (i = 1; i < N; i++) DPAR__TRY(dpar__drain(x, (r + i) % N, 0));
     x->fp.count = 0;
+    if (x->vpack) return DPAR_OK;
     return dpar__agree(x);
 }
 

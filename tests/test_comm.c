@@ -2160,6 +2160,53 @@ static void test_alltoallv_mismatch_names_both_sides(void)
         }
 }
 
+/* two ranks: one round, each message carrying both directions of the pair (no closing dissemination), so a
+   mismatch in either direction must still fail both ranks with the sentence naming the sender and the receiver
+   of the pair that disagrees */
+static struct {
+    int dir;
+    dpar_status st[2];
+    char msg[2][DPAR__ERROR_TEXT];
+    int line;
+} v2;
+static void v2_rank(world *w, dpar_comm *c, int r)
+{
+    float x[8], y[8];
+    size_t sc[2] = {1, 1}, rc[2] = {1, 1};
+    (void)w;
+    memset(x, 0, sizeof x);
+    if (v2.dir == 0 && r == 0) sc[1] = 5; /* rank 0 sends 5 to rank 1, which expects 4 */
+    if (v2.dir == 0 && r == 1) rc[0] = 4;
+    if (v2.dir == 1 && r == 1) sc[0] = 3; /* rank 1 sends 3 to rank 0, which expects 2 */
+    if (v2.dir == 1 && r == 0) rc[1] = 2;
+    (void)dpar_barrier(c);
+    v2.line = __LINE__ + 1;
+    v2.st[r] = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
+    snprintf(v2.msg[r], sizeof v2.msg[r], "%s", dpar_last_error());
+}
+static void test_alltoallv_two_ranks_one_round(void)
+{
+    int dir, r;
+    for (dir = 0; dir < 2; dir++) {
+        char a[200];
+        dpar_comm_desc d;
+        memset(&d, 0, sizeof d);
+        memset(&v2, 0, sizeof v2);
+        v2.dir = dir;
+        d.timeout_ms = 5000;
+        run_world_desc(2, &d, v2_rank, NULL, NULL, 0);
+        snprintf(a, sizeof a,
+                 dir == 0 ? "rank 0 sends 5 elements to rank 1 in alltoallv #2 at tests/test_comm.c:%d but rank 1 "
+                            "expects 4 from rank 0 (alltoallv #2 at tests/test_comm.c:%d)"
+                          : "rank 1 sends 3 elements to rank 0 in alltoallv #2 at tests/test_comm.c:%d but rank 0 "
+                            "expects 2 from rank 1 (alltoallv #2 at tests/test_comm.c:%d)",
+                 v2.line, v2.line);
+        for (r = 0; r < 2; r++)
+            CHECK_MSG(v2.st[r] == DPAR_EMISMATCH && strstr(v2.msg[r], a), "direction %d rank %d: %s: '%s'", dir, r,
+                      dpar_status_string(v2.st[r]), v2.msg[r]);
+    }
+}
+
 /* a rank that never comes to the alltoallv is named by the others' timeout */
 static int vt_done;
 static void vt_rank(world *w, dpar_comm *c, int r)
@@ -2492,6 +2539,7 @@ int main(int argc, char **argv)
     RUN(test_ops_comm_errors);
     RUN(test_alltoallv_random_counts_every_dtype);
     RUN(test_alltoallv_mismatch_names_both_sides);
+    RUN(test_alltoallv_two_ranks_one_round);
     RUN(test_alltoallv_timeout_names_the_absent_rank);
     RUN(test_alltoallv_bad_input);
     RUN(test_alltoallv_counters);
