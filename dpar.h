@@ -2799,7 +2799,18 @@ DPAR_API void dpar_trace_set_thread_name(const char *name)
     dpar__tls_track_session = 0; /* emit the (new) name with the next event */
 }
 
-/* Called with the trace mutex held: the thread's track id, and its name once per trace. */
+/* the process's first thread (Linux: its thread id is the process id); elsewhere never said */
+static int dpar__is_main_thread(void)
+{
+#if defined(__linux__) && defined(SYS_gettid)
+    return (long)syscall(SYS_gettid) == (long)getpid();
+#else
+    return 0;
+#endif
+}
+
+/* Called with the trace mutex held: the thread's track id, and its name once per trace (an unnamed one: "main
+   thread", or "user thread N" where N is its track, so it is never taken for a pool's "pool0 thread N") */
 static int dpar__trace_track_locked(void)
 {
     if (!dpar__tls_track) dpar__tls_track = ++dpar__trace_next_track;
@@ -2810,7 +2821,8 @@ static int dpar__trace_track_locked(void)
                 "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%ld,\"tid\":%d,\"args\":{\"name\":", (long)getpid(),
                 dpar__tls_track);
         if (dpar__tls_track_name[0]) dpar__json_string(dpar__trace_file, dpar__tls_track_name);
-        else fprintf(dpar__trace_file, "\"thread %d\"", dpar__tls_track);
+        else if (dpar__is_main_thread()) fputs("\"main thread\"", dpar__trace_file);
+        else fprintf(dpar__trace_file, "\"user thread %d\"", dpar__tls_track); /* not "thread N": workers are */
         fputs("}}", dpar__trace_file);
     }
     return dpar__tls_track;
