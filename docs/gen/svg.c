@@ -7,8 +7,10 @@
      ring.svg          ring allreduce on 4 ranks: dpar_allreduce (forced to the ring) run here on 4 thread ranks whose
                        buffers go through logging memory callbacks (dpar_comm_memory): which chunk each rank reduces or
                        copies at each step, and whose inputs it then holds
-     pipeline.svg      GPipe, 1F1B and interleaved 1F1B timelines of dpar_pipe_schedule_create, laid out by
-                       dpar_pipe_schedule_format (its simulation: backward = 2 x forward), the bubble shaded
+     pipeline.svg      GPipe, 1F1B, interleaved 1F1B and ZB-H1 timelines of dpar_pipe_schedule_create, laid out by
+                       dpar_pipe_schedule_format (its simulation: backward = 2 x forward; ZB-H1's B and W one unit
+                       each), the bubble shaded
+     zero_bubble.svg   lesson 16's 1F1B and ZB-H1 (4 stages, 8 micro-batches), B and W drawn apart
      dp_step.svg       one data-parallel step of docs/img/src/dp_step.trace.json, a DPAR_TRACE file that
                        docs/gen/dp_record.c recorded (make docs-record): backward per layer and the buckets'
                        allreduces on the progress threads
@@ -337,9 +339,12 @@ static void pipe_panel(buf *b, dpar_pipe_kind kind, int p, int m, int v, double 
         for (k = 0; k < cells; k++) {
             const char *c = bar + 1 + 4 * k;
             double xx = x0 + k * scale;
-            if (c[0] == 'F' || c[0] == 'B') {
-                int w = c[0] == 'F' ? 1 : 2, micro = atoi(c + 1), chunk = v > 1 && c[2] >= 'a' ? c[2] - 'a' : 0;
-                const char *fill = c[0] == 'F' ? (chunk ? "#c6dbef" : "#9ecae1") : (chunk ? "#fdd0a2" : "#fd8d3c");
+            if (c[0] == 'F' || c[0] == 'B' || c[0] == 'W') {
+                int w = 1, micro = atoi(c + 1), chunk = v > 1 && c[2] >= 'a' ? c[2] - 'a' : 0;
+                const char *fill = c[0] == 'F'   ? (chunk ? "#c6dbef" : "#9ecae1")
+                                   : c[0] == 'B' ? (chunk ? "#fdd0a2" : "#fd8d3c")
+                                                 : (chunk ? "#c7e9c0" : "#74c476");
+                while (k + w < cells && strncmp(bar + 1 + 4 * (k + w), "====", 4) == 0) w++; /* the op's cells */
                 rect(b, xx, yy, w * scale, rowh - 2, fill);
                 if (v > 1) text(b, xx + w * scale / 2, yy + 13, 8, 'm', "%d%c", micro, 'a' + chunk);
                 else text(b, xx + w * scale / 2, yy + 13, 9, 'm', "%d", micro);
@@ -356,9 +361,10 @@ static void pipe_panel(buf *b, dpar_pipe_kind kind, int p, int m, int v, double 
                       S->bubble),
               1));
     text(b, x0, y + 12, 12, 's', "%s: p=%d stages, m=%d micro-batches%s; bubble %.1f%% (%d idle cells of %d)",
-         kind == DPAR_PIPE_GPIPE  ? "GPipe"
-         : kind == DPAR_PIPE_1F1B ? "1F1B"
-                                  : "interleaved 1F1B",
+         kind == DPAR_PIPE_GPIPE   ? "GPipe"
+         : kind == DPAR_PIPE_1F1B  ? "1F1B"
+         : kind == DPAR_PIPE_ZB_H1 ? "ZB-H1 (zero bubble)"
+                                   : "interleaved 1F1B",
          p, m, v > 1 ? ", v=2 chunks per stage" : "", 100.0 * S->bubble, idle, p * cells);
     text(b, x0 + cells * scale + 8, y + 18 + p * rowh / 2 - 4, 10, 's', "stage 0 holds up to");
     text(b, x0 + cells * scale + 8, y + 18 + p * rowh / 2 + 10, 10, 's', "%d activations", S->peak_stash[0]);
@@ -373,14 +379,33 @@ static void pipeline_picture(void)
     double unit = 24, x0 = 60, ph = 112;
     text(&b, 10, 22, 15, 's', "Pipeline schedules of dpar_pipe_schedule_create, 4 stages, 8 micro-batches");
     text(&b, 10, 40, 11, 's',
-         "Blue: forward of micro-batch i; orange: backward (twice a forward); grey: idle (the bubble). Laid out by "
-         "dpar_pipe_schedule_format.");
+         "Blue: forward of micro-batch i; orange: backward (twice a forward; ZB-H1: its input half B); green: W; grey: "
+         "idle (the bubble).");
     text(&b, 10, 54, 11, 's',
          "Interleaved: each stage holds 2 model chunks (a, b) of half the layers, so a chunk's cell is half as long.");
     pipe_panel(&b, DPAR_PIPE_GPIPE, 4, 8, 1, 66, unit, x0);
     pipe_panel(&b, DPAR_PIPE_1F1B, 4, 8, 1, 66 + ph, unit, x0);
     pipe_panel(&b, DPAR_PIPE_INTERLEAVED, 4, 8, 2, 66 + 2 * ph, unit, x0);
-    emit("pipeline.svg", 980, (int)(66 + 3 * ph), &b, src);
+    pipe_panel(&b, DPAR_PIPE_ZB_H1, 4, 8, 1, 66 + 3 * ph, unit, x0);
+    emit("pipeline.svg", 980, (int)(66 + 4 * ph), &b, src);
+}
+
+/* lesson 16: 1F1B against ZB-H1 on the lesson's default pipeline (4 stages, 8 micro-batches), B and W apart */
+static void zero_bubble_picture(void)
+{
+    static const char *const src[] = {SELF, NULL};
+    buf b = {0};
+    double unit = 24, x0 = 60, ph = 112;
+    text(&b, 10, 22, 15, 's', "1F1B against ZB-H1 (zero bubble), 4 stages, 8 micro-batches: lesson 16's schedules");
+    text(&b, 10, 40, 11, 's',
+         "Blue: forward; orange: a whole backward (1F1B) or its input half B (ZB-H1); green: W, the weights' half; "
+         "grey: idle (the bubble).");
+    text(&b, 10, 54, 11, 's',
+         "ZB-H1 runs each B where 1F1B runs its backward and moves the W's into 1F1B's idle cells: (p-1)/(3m+p-1) "
+         "against (p-1)/(m+p-1).");
+    pipe_panel(&b, DPAR_PIPE_1F1B, 4, 8, 1, 66, unit, x0);
+    pipe_panel(&b, DPAR_PIPE_ZB_H1, 4, 8, 1, 66 + ph, unit, x0);
+    emit("zero_bubble.svg", 980, (int)(66 + 2 * ph), &b, src);
 }
 
 /* ==== (c) one data-parallel step from a DPAR_TRACE file ==== */
@@ -1102,6 +1127,7 @@ int main(int argc, char **argv)
     else if (argc > 1) return fprintf(stderr, "usage: svg [--check]   (from the repository's root)\n"), 2;
     ring_picture();
     pipeline_picture();
+    zero_bubble_picture();
     dp_picture();
     tp_picture();
     memory_picture();
