@@ -1093,7 +1093,7 @@ static void test_clock_tracks_monotonic(void)
 static void test_trace_file_is_well_formed_and_nested(void)
 {
     char path[] = "/tmp/dpar_trace_XXXXXX";
-    int fd = mkstemp(path), i, nspans = 0, tracks = 0, fors = 0, tasks = 0, named = 0, overlap = 0;
+    int fd = mkstemp(path), i, nspans = 0, tracks = 0, fors = 0, tasks = 0, named = 0, overlap = 0, main_named = 0;
     dpar_pool *p = make_pool(4);
     int64_t total = 0;
     char *text;
@@ -1136,7 +1136,13 @@ static void test_trace_file_is_well_formed_and_nested(void)
         if (!ph || !name || !tid) continue;
         if (!strcmp(ph->str, "M")) {
             jv *args = jv_get(ev, "args");
-            CHECK(!strcmp(name->str, "thread_name") && jv_get(args, "name"));
+            jv *track = jv_get(args, "name");
+            CHECK(!strcmp(name->str, "thread_name") && track);
+            /* an unnamed track is "main thread" (this test's) or "user thread N", never "thread N" */
+            if (track && track->type == JV_STR) {
+                CHECK_MSG(strncmp(track->str, "thread ", 7) != 0, "a track named '%s'", track->str);
+                main_named += !strcmp(track->str, "main thread");
+            }
             named++;
             continue;
         }
@@ -1170,6 +1176,7 @@ static void test_trace_file_is_well_formed_and_nested(void)
     CHECK_MSG(overlap == 0, "%d spans overlap without nesting", overlap);
     CHECK_MSG(tracks >= 4, "%d tracks, expected one per thread (4)", tracks);
     CHECK(named >= tracks);
+    CHECK_MSG(main_named == 1, "%d tracks named main thread (the test runs on the main thread)", main_named);
     CHECK(strstr(text ? text : "", "user span \\\"quoted\\\"") != NULL);
     free(spans);
     jv_free(doc);
