@@ -199,8 +199,7 @@ static dpar_status bwd(void *user, int micro, int chunk, const void *in, const v
         if ((st = dpar_linear_backward(&r->down[b], r->a[b][micro], r->dy, r->da, ROWS)) != DPAR_OK) return st;
         for (i = 0; i < ROWS * f; i++) r->da[i] *= gelu_grad(r->h[b][micro][i]);
         /* the gradient of the block's input: a tp allreduce (leaves: an all-gather), skipped on stage 0 where nobody
-           needs it; between two
-           blocks of my stage it is the next dy */
+           needs it; between two blocks of my stage it is the next dy */
         st = dpar_linear_backward(&r->up[b], r->xs[b][micro], r->da, b > 0 ? r->dy : (float *)grad_in, ROWS);
         if (st != DPAR_OK || (per_micro && (st = put_back(r, b)) != DPAR_OK)) return st;
         if (leaves) flat_copy(r, b, r->leaf[b][micro], 1, 1);
