@@ -493,6 +493,26 @@ tp_bitwise() {
         grep -q '^tensor_parallel --bitwise: the whole block, tp=2 and tp=4 train to the same bits: OK' '$d/out.txt'"
 }
 
+# examples/hybrid.c --bitwise: the 7 dp x tp x pp layouts of 8 ranks and one thread train to the same bits (8 batch
+# leaves, layers with 8 leaves, the deterministic allreduce); --zero 3: ZeRO-3 over the dp comm of the 2 x 2 x 2 mesh,
+# gathered per step and per micro-batch, the same bits as one thread, and what each gather moves (the program compares
+# the weights and every step's loss with memcmp and exits 1 otherwise)
+hybrid_layouts() {
+    local d="$tmp/hyb"
+    rm -rf "$d" && mkdir -p "$d"
+    step "example hybrid.c --bitwise: 7 layouts dp x tp x pp of 8 ranks and one thread end with the same bits" sh -c "
+        cc -std=c99 -O2 -I. examples/hybrid.c -o '$d/hy' -pthread -lm &&
+        DPAR_TEST_QUICK=1 '$d/hy' --bitwise > '$d/bits.txt'; rc=\$?; cat '$d/bits.txt'; [ \$rc = 0 ] &&
+        [ \$(grep -c '^hybrid --bitwise: dp=[1248] tp=[1248] pp=[12], .*weights bitwise equal, losses of 60 steps bitwise equal, replicas identical\$' '$d/bits.txt') = 7 ] &&
+        grep -q '^hybrid --bitwise: 7 runs of 8 ranks against one thread: the same bits, OK\$' '$d/bits.txt'"
+    step "example hybrid.c --zero 3: fsdp units over the dp comm, gathered per step and per micro-batch, bitwise one thread's" sh -c "
+        DPAR_TEST_QUICK=1 '$d/hy' --zero 3 > '$d/z3.txt'; rc=\$?; cat '$d/z3.txt'; [ \$rc = 0 ] &&
+        grep -q '^hybrid --zero 3: dp=2 tp=2 pp=2 gather=step, .*bitwise equal.*bitwise equal.*identical; per step [0-9]* us, per rank 1088 bytes gathered, 1088 reduced\$' '$d/z3.txt' &&
+        grep -q '^hybrid --zero 3: dp=2 tp=2 pp=2 gather=micro, .*bitwise equal.*bitwise equal.*identical; per step [0-9]* us, per rank 8704 bytes gathered, 1088 reduced\$' '$d/z3.txt' &&
+        grep -q '^hybrid --zero 3: 2 runs of 8 ranks against one thread: the same bits, OK\$' '$d/z3.txt' &&
+        DPAR_TEST_QUICK=1 '$d/hy' --bitwise --zero 3 --gather micro | tail -n 1 | grep '^hybrid --zero 3: 7 runs of 8 ranks against one thread: the same bits, OK\$'"
+}
+
 # --trace of the two examples of issue 37: valid Chrome trace JSON, with their own spans beside dpar's (ring attention's
 # blocks and hops; the MoE layer's dispatch and combine)
 strategy_traces() {
@@ -545,6 +565,7 @@ if [ "${1:-}" = "--matrix" ]; then
     dp_ranks
     zero_bubble
     tp_bitwise
+    hybrid_layouts
     strategy_traces
     kill_tests
 fi
