@@ -891,11 +891,14 @@ typedef struct dpar_comm_desc {
     int algo;                 /* allreduce algorithm (dpar_algo); 0: DPAR_ALGO (environment), else by size */
     dpar_allocator allocator; /* the group's and its comms' memory (zero: malloc/free) */
     dpar_comm_memory memory;  /* thread groups: where the ranks' buffers live (zero: host memory) */
+    dpar_pool *pool;          /* thread groups, optional: the pool whose threads join the ranks (dpar_pool_run runs
+                                 one rank per thread): dpar_group_create refuses one with fewer threads than ranks */
 } dpar_comm_desc;
 
 /* dpar_group_create: make the meeting point of `desc->size` thread ranks; each rank's thread then joins it.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL desc or out, size < 1, timeout_ms or spin_us below -1, algo not
-             auto, ring, oneshot or slice, half an allocator), DPAR_ERANGE (size above DPAR_MAX_THREADS),
+             auto, ring, oneshot or slice, half an allocator, a desc.pool with fewer threads than size: its ranks
+             could never all join), DPAR_ERANGE (size above DPAR_MAX_THREADS),
              DPAR_EUNSUPPORTED (deterministic with a size that is not a power of two), DPAR_ENOMEM.
    Remarks:  the group lives until it is destroyed and its last comm is destroyed.
    Thread safety: any thread.
@@ -7267,8 +7270,9 @@ typedef struct dpar__slot {
     int at_seq_coll, at_seq_line; /* the collective #at_seq itself (at_coll..: the last call of either lane) */
     const char *at_seq_file;
     uint64_t moved_ns;
-    int worker;  /* dpar_comm_memory: the rank's worker (set when it joins) */
-    void *stage; /* dpar_comm_memory: where a peer's offer is copied for reduce (the rank's own) */
+    int worker;            /* dpar_comm_memory: the rank's worker (set when it joins) */
+    void *stage;           /* dpar_comm_memory: where a peer's offer is copied for reduce (the rank's own) */
+    const dpar_pool *pool; /* the pool whose thread joined this rank (NULL: another thread); set before joined */
     size_t stage_bytes;
     char pad1[DPAR__CACHE_LINE];
 } dpar__slot;
@@ -7361,6 +7365,26 @@ static void dpar__t_enter(dpar__ctx *x)
     dpar__cpu_note(&s->cpu);
 }
 
+/* Likely why a peer never joined: every rank that joined runs on a thread of one pool, the pool has fewer threads
+   than the group has ranks, and all of them have joined (a pool runs one rank per thread: the common slip of a
+   group of N ranks run on a pool made with fewer threads). The pool, or NULL. For the timeout's story only: ranks
+   may also join from other threads, so it cannot fail a call early (desc.pool lets dpar_group_create check). */
+static const dpar_pool *dpar__t_short_pool(dpar_group *g, int peer)
+{
+    const dpar_pool *pool = NULL;
+    int i, joined = 0;
+    if (DPAR__LOAD(&g->slots[peer].joined, DPAR__ACQUIRE) != 0) return NULL;
+    for (i = 0; i < g->size; i++) {
+        const dpar_pool *p;
+        if (DPAR__LOAD(&g->slots[i].joined, DPAR__ACQUIRE) == 0) continue;
+        p = DPAR__LOAD(&g->slots[i].pool, DPAR__ACQUIRE);
+        if (!p || (pool && p != pool)) return NULL;
+        pool = p;
+        joined++;
+    }
+    return pool && joined == pool->nthreads && pool->nthreads < g->size ? pool : NULL;
+}
+
 /* The timeout story: which ranks never arrived where this one waits. Poisons the group with it. */
 static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
 {
@@ -7381,9 +7405,14 @@ static dpar_status dpar__t_timeout(dpar__ctx *x, int peer, const char *what)
         int behind = x->lane == DPAR__LANE_COLL ? at < x->fp.seq : i == peer;
         if (!behind || i == x->c->rank) continue;
         int joined = DPAR__LOAD(&s->joined, DPAR__RELAXED);
-        if (joined == 0)
+        if (joined == 0) {
+            const dpar_pool *short_pool = dpar__t_short_pool(g, i);
             k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never joined (no dpar_group_join)", i);
-        else if (joined == 2)
+            if (short_pool && k > 0 && (size_t)k < sizeof msg)
+                k += snprintf(msg + k, sizeof msg - (size_t)k,
+                              ": %s%d has %d threads for %d ranks, one rank per thread: num_threads = %d",
+                              short_pool->name, short_pool->id, short_pool->nthreads, g->size, g->size);
+        } else if (joined == 2)
             k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d has left (dpar_comm_destroy)", i);
         else if (x->lane == DPAR__LANE_COLL && at == 0)
             k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d never arrived (it has made no collective call)",
@@ -7809,6 +7838,12 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
                          DPAR_MAX_THREADS);
     if (desc->timeout_ms < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: timeout_ms = %d", desc->timeout_ms);
     if (desc->spin_us < -1) return dpar__err(DPAR_EINVAL, "dpar_group_create: spin_us = %d", desc->spin_us);
+    if (desc->pool && desc->pool->nthreads < desc->size)
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_group_create: a group of %d ranks on pool %s%d of %d threads: dpar_pool_run runs one "
+                         "rank per thread, so ranks %d..%d could never join (make the pool with num_threads = %d)",
+                         desc->size, desc->pool->name, desc->pool->id, desc->pool->nthreads, desc->pool->nthreads,
+                         desc->size - 1, desc->size);
     {
         const dpar_comm_memory *m = &desc->memory;
         int set = !!m->reduce + !!m->divide + !!m->copy + !!m->alloc + !!m->free;
@@ -7881,6 +7916,7 @@ static dpar_status dpar__t_join(dpar_group *g, int rank, int worker, dpar_comm *
     c->tp_data = g;
     c->worker = worker;
     g->slots[rank].worker = worker; /* read by the peers after the first message: its release orders it */
+    DPAR__STORE(&g->slots[rank].pool, (const dpar_pool *)dpar__tls_pool, DPAR__RELEASE);
     DPAR__ADD(&g->refs, 1, DPAR__ACQ_REL);
     dpar__cpu_note(&g->slots[rank].cpu);
     snprintf(name, sizeof name, "%s rank %d", c->name, rank);

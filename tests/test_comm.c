@@ -652,6 +652,59 @@ static dpar_status late_join(void *user, int rank, int n) /* story 1: only ranks
     dpar_comm_destroy(c);
     return DPAR_OK;
 }
+/* a group of more ranks than the pool that runs them has threads: refused at dpar_group_create when the desc names
+   the pool; without it, the timeout's story says why the missing rank never joined. Ranks joined from two pools
+   (a 4-rank group on two pools of 2 threads) are no mistake: no hint then */
+static dpar_group *sp_group;
+static dpar_status sp_rank(void *user, int rank, int n)
+{
+    dpar_comm *c = NULL;
+    dpar_status st = dpar_group_join(sp_group, rank + *(int *)user, &c);
+    (void)n;
+    if (st == DPAR_OK) st = dpar_barrier(c);
+    dpar_comm_destroy(c);
+    return st;
+}
+static void test_group_larger_than_its_pool(void)
+{
+    dpar_comm_desc cd;
+    dpar_pool_desc pd;
+    dpar_pool *pool = NULL;
+    dpar_group *g = NULL;
+    int zero = 0;
+    dpar_status st;
+    memset(&cd, 0, sizeof cd);
+    memset(&pd, 0, sizeof pd);
+    pd.num_threads = 1;
+    CHECK(dpar_pool_create(&pd, &pool) == DPAR_OK);
+    cd.size = 2;
+    cd.pool = pool;
+    CHECK(dpar_group_create(&cd, &g) == DPAR_EINVAL && g == NULL);
+    CHECK_MSG(strstr(dpar_last_error(), "a group of 2 ranks on pool pool") &&
+                  strstr(dpar_last_error(), "of 1 threads: dpar_pool_run runs one rank per thread, so ranks 1..1 "
+                                            "could never join (make the pool with num_threads = 2)"),
+              "%s", dpar_last_error());
+    cd.pool = NULL; /* without the pool in the desc: the timeout says it */
+    cd.timeout_ms = 300;
+    CHECK(dpar_group_create(&cd, &sp_group) == DPAR_OK);
+    st = dpar_pool_run(pool, sp_rank, &zero);
+    CHECK_MSG(st == DPAR_ETIMEDOUT && strstr(dpar_last_error(), "rank 1 never joined (no dpar_group_join): pool") &&
+                  strstr(dpar_last_error(), " has 1 threads for 2 ranks, one rank per thread: num_threads = 2"),
+              "%s: %s", dpar_status_string(st), dpar_last_error());
+    printf("    e.g. %s\n", dpar_last_error());
+    dpar_group_destroy(sp_group);
+    dpar_pool_destroy(pool);
+    /* a pool as large as the group, named in the desc: fine */
+    pd.num_threads = 2;
+    cd.timeout_ms = 0;
+    CHECK(dpar_pool_create(&pd, &pool) == DPAR_OK);
+    cd.pool = pool;
+    CHECK(dpar_group_create(&cd, &sp_group) == DPAR_OK);
+    CHECK(dpar_pool_run(pool, sp_rank, &zero) == DPAR_OK);
+    dpar_group_destroy(sp_group);
+    dpar_pool_destroy(pool);
+}
+
 static void test_timeout_names_each_story(void)
 {
     static const char *want[3] = {"rank 2 never arrived (its last call: barrier #1 at tests/test_comm.c",
@@ -2519,6 +2572,7 @@ int main(int argc, char **argv)
     RUN(test_10000_mixed_collectives);
     RUN(test_mismatches_are_caught_on_every_rank);
     RUN(test_timeout_names_each_story);
+    RUN(test_group_larger_than_its_pool);
     RUN(test_algo_mismatches_are_caught_on_every_rank);
     RUN(test_algo_chosen_by_size_desc_and_environment);
     RUN(test_slice_into_one_shared_recv);
