@@ -171,7 +171,7 @@ examples() {
 # numbers that vary from run to run (after `measured `, before ` ms` or ` us`) masked by one rule
 lessons_shown() {
     local md
-    for md in docs/guide/14_expert_parallel.md docs/guide/16_zero_bubble.md; do
+    for md in docs/guide/14_expert_parallel.md docs/guide/15_context_parallel.md docs/guide/16_zero_bubble.md; do
         step "$md: the program prints what the page shows (tests/shown.sh)" tests/shown.sh "$md"
     done
 }

@@ -19,6 +19,8 @@
                        and the measured totals of docs/img/src/memory.txt (examples/fsdp.c and examples/zero.c output)
      moe.svg           lesson 14's MoE layer on 2 ranks: each token's two choices dispatched to its experts' ranks and
                        combined back, the dropped ones crossed, from the run docs/guide/14_expert_parallel.md shows
+     context_parallel.svg  lesson 15's ring of K/V blocks on 4 ranks and the causal (query chunk, key chunk) blocks by
+                       rank, zig-zag against contiguous shards, from the run docs/guide/15_context_parallel.md shows
      bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
    Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
    --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
@@ -779,6 +781,111 @@ static void moe_picture(void)
     free(txt);
 }
 
+/* ==== (h) lesson 15: ring attention's K/V ring and the zig-zag split, from the run the lesson page shows ==== */
+#define CP_PAGE "docs/guide/15_context_parallel.md"
+static const char *const rank_fill[] = {"#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc",
+                                        "#fc9272", "#c7e9c0", "#dadaeb", "#fdd0a2"};
+
+/* a (query chunk x key chunk) grid: row qc, column kc; blank when kc > qc (the future), the diagonal half filled */
+static void chunk_grid(buf *b, double x0, double y0, double cell, int chunks, const int *owner, const char *title)
+{
+    int qc, kc;
+    text(b, x0 + chunks * cell / 2, y0 - 8, 11, 'm', "%s", title);
+    for (qc = 0; qc < chunks; qc++) {
+        text(b, x0 - 4, y0 + qc * cell + cell / 2 + 4, 9, 'e', "q%d", qc);
+        for (kc = 0; kc < chunks; kc++) {
+            double x = x0 + kc * cell, y = y0 + qc * cell;
+            if (kc > qc) rect(b, x, y, cell, cell, "#ffffff");
+            else if (kc < qc) rect(b, x, y, cell, cell, rank_fill[owner[qc] % 8]);
+            else {
+                rect(b, x, y, cell, cell, "#ffffff");
+                bp(b, "<polygon points=\"%g,%g %g,%g %g,%g\" fill=\"%s\" stroke=\"#333\" stroke-width=\".5\"/>\n",
+                   r1(x), r1(y), r1(x), r1(y + cell), r1(x + cell), r1(y + cell), rank_fill[owner[qc] % 8]);
+            }
+        }
+    }
+    for (kc = 0; kc < chunks; kc++) text(b, x0 + kc * cell + cell / 2, y0 + chunks * cell + 12, 9, 'm', "k%d", kc);
+}
+
+static void context_parallel_picture(void)
+{
+    static const char *const src[] = {SELF, CP_PAGE, NULL};
+    char *txt = must_read(CP_PAGE), *ln;
+    int cp = 0, seq = 0, chunk_owner[16] = {0}, contiguous_owner[16] = {0}, held[8][2], pairs[8], found = 0, r, c;
+    double cx = 170, cy = 250, radius = 115, cell = 20, height, pi = 3.14159265358979;
+    buf b = {0};
+    /* the first run's lines: "causal attention: S tokens, ...; cp = N ranks", "zig-zag: ...; rank r holds chunks a
+       and b, ...", "ring attention: (query chunk, key chunk) pairs per rank: n n n n ..." */
+    for (ln = strtok(txt, "\n"); ln && found < 3; ln = strtok(NULL, "\n")) {
+        const char *at;
+        if (!strncmp(ln, "causal attention: ", 18) && (at = strstr(ln, "; cp = ")) != NULL) {
+            seq = atoi(ln + 18);
+            cp = atoi(at + 7);
+            found = cp >= 2 && cp <= 8 ? 1 : 0;
+        } else if (found == 1 && !strncmp(ln, "zig-zag: ", 9)) {
+            for (r = 0; r < cp; r++) {
+                char key[32];
+                snprintf(key, sizeof key, "rank %d holds chunks ", r);
+                if (!(at = strstr(ln, key)) || sscanf(at + strlen(key), "%d and %d", &held[r][0], &held[r][1]) != 2)
+                    exit((fprintf(stderr, "svg: %s: no '%s' in the zig-zag line\n", CP_PAGE, key), 1));
+            }
+            found = 2;
+        } else if (found == 2 && !strncmp(ln, "ring attention: (query chunk, key chunk) pairs per rank:", 56)) {
+            at = ln + 56;
+            for (r = 0; r < cp; r++) pairs[r] = (int)strtol(at, (char **)&at, 10);
+            found = 3;
+        }
+    }
+    if (found < 3) exit((fprintf(stderr, "svg: %s shows no run with 2 to 8 ranks\n", CP_PAGE), 1));
+    for (r = 0; r < cp; r++) {
+        if (held[r][0] < 0 || held[r][0] >= 2 * cp || held[r][1] < 0 || held[r][1] >= 2 * cp)
+            exit((fprintf(stderr, "svg: %s: rank %d holds a chunk outside 0..%d\n", CP_PAGE, r, 2 * cp - 1), 1));
+        chunk_owner[held[r][0]] = r;
+        chunk_owner[held[r][1]] = r;
+        contiguous_owner[2 * r] = r;
+        contiguous_owner[2 * r + 1] = r;
+    }
+    text(&b, 10, 22, 15, 's', "Ring attention on %d ranks, %d tokens cut into %d chunks, zig-zag: lesson 15's run", cp,
+         seq, 2 * cp);
+    text(&b, 10, 40, 11, 's',
+         "Left: each rank keeps the queries of its two chunks and passes the K/V it holds to the next rank, %d hops. "
+         "Right: the (query",
+         cp - 1);
+    text(&b, 10, 54, 11, 's',
+         "chunk, key chunk) blocks of the causal mask, coloured by the rank that computes them: white ones are in the "
+         "future (skipped).");
+    for (r = 0; r < cp; r++) { /* the ring: rank r at angle r, an arrow to r + 1 */
+        double a0 = -pi / 2 + 2 * pi * r / cp, a1 = -pi / 2 + 2 * pi * (r + 1) / cp, am = (a0 + a1) / 2;
+        double x = cx + radius * cos(a0), y = cy + radius * sin(a0);
+        double ax = cx + (radius + 6) * cos(am), ay = cy + (radius + 6) * sin(am);
+        bp(&b, "<path d=\"M %g %g A %g %g 0 0 1 %g %g\" fill=\"none\" stroke=\"#555\" stroke-width=\"1.5\"/>\n",
+           r1(cx + radius * cos(a0 + 0.35)), r1(cy + radius * sin(a0 + 0.35)), radius, radius,
+           r1(cx + radius * cos(a1 - 0.35)), r1(cy + radius * sin(a1 - 0.35)));
+        bp(&b, "<circle cx=\"%g\" cy=\"%g\" r=\"3\" fill=\"#555\"/>\n", r1(cx + radius * cos(a1 - 0.35)),
+           r1(cy + radius * sin(a1 - 0.35)));
+        text(&b, ax + 14 * cos(am), ay + 14 * sin(am) + 4, 9, 'm', "K/V");
+        rect(&b, x - 52, y - 20, 104, 40, rank_fill[r % 8]);
+        text(&b, x, y - 4, 11, 'm', "rank %d", r);
+        text(&b, x, y + 11, 9, 'm', "chunks %d and %d", held[r][0], held[r][1]);
+    }
+    chunk_grid(&b, 400, 110, cell, 2 * cp, chunk_owner, "zig-zag");
+    chunk_grid(&b, 400 + (2 * cp + 3) * cell, 110, cell, 2 * cp, contiguous_owner, "contiguous shards");
+    for (r = 0; r < cp; r++) {
+        int contiguous = 0;
+        for (c = 0; c < 2; c++) contiguous += 2 * r + c + 1; /* key chunks 0..qc of its two query chunks */
+        rect(&b, 400 + r * 48, 110 + 2 * cp * cell + 26, 10, 10, rank_fill[r % 8]);
+        text(&b, 414 + r * 48, 110 + 2 * cp * cell + 35, 10, 's', "%d", pairs[r]);
+        rect(&b, 400 + (2 * cp + 3) * cell + r * 48, 110 + 2 * cp * cell + 26, 10, 10, rank_fill[r % 8]);
+        text(&b, 414 + (2 * cp + 3) * cell + r * 48, 110 + 2 * cp * cell + 35, 10, 's', "%d", contiguous);
+    }
+    text(&b, 400, 110 + 2 * cp * cell + 54, 10, 's', "blocks per rank (the run's count): equal");
+    text(&b, 400 + (2 * cp + 3) * cell, 110 + 2 * cp * cell + 54, 10, 's', "blocks per rank: the last rank waited for");
+    height = 110 + 2 * cp * cell + 70;
+    if (height < cy + radius + 40) height = cy + radius + 40;
+    emit("context_parallel.svg", (int)(400 + (4 * cp + 3) * cell + 90), (int)height, &b, src);
+    free(txt);
+}
+
 /* ==== (f) the benchmarks: docs/img/src/bench.txt, one plot per family of bench= lines ==== */
 #define MAXLINES 1024
 static char *bench_line[MAXLINES];
@@ -1132,6 +1239,7 @@ int main(int argc, char **argv)
     tp_picture();
     memory_picture();
     moe_picture();
+    context_parallel_picture();
     bench_pictures();
     if (check_mode) { /* an SVG that nothing makes any more */
         DIR *d = opendir(OUT_DIR);

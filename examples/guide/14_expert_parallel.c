@@ -44,7 +44,8 @@ static float uniform(unsigned *seed) /* in [-1, 1), the same numbers on every sy
 /* softmax over the experts, then the TOP_K most probable (ties: the lower index) */
 static void route(int token, routing *out)
 {
-    float logits[EXPERTS], probs[EXPERTS], largest, total = 0;
+    float logits[EXPERTS], probs[EXPERTS], largest;
+    float total = 0;
     int e, slot, k;
     for (e = 0; e < EXPERTS; e++) {
         logits[e] = 0;
