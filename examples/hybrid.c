@@ -627,8 +627,8 @@ static int run_leaves(job *j, dpar_pool *pool, int all_layouts, int gathers)
                    j->zero ? (g ? " gather=micro" : " gather=step") : "", NLEAF / j->dp, j->dp < NLEAF ? "es" : "",
                    same_w ? "bitwise equal" : "DIFFER", j->steps, same_loss ? "bitwise equal" : "DIFFER",
                    same_rep ? "identical" : "DIFFER");
-            if (j->zero)
-                printf("; per step %.0f us, per rank %.0f bytes gathered, %.0f reduced", us, moved[0], moved[1]);
+            printf("; per step %.0f us", us);
+            if (j->zero) printf(", per rank %.0f bytes gathered, %.0f reduced", moved[0], moved[1]);
             printf("\n");
         }
     reference_destroy(&ref);
