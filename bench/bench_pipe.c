@@ -8,7 +8,10 @@
    Then the same cases with callbacks that compute (bench=pipeline_gemm): a forward is GEMMS / v
    dpar_sgemm calls of 256 x 256 x 256 on the stage's own matrices, a backward twice as many, so the
    stages compete for the cores (and caches) as real ones do; gemm_ms is one GEMM's time on rank 0
-   during the run against alone_ms, the same GEMM timed alone before.
+   during the run against alone_ms, the same GEMM timed alone before. After each of those, issue 38's summary line
+   bench=pipe schedule=S p=P m=M predicted=X measured=Y peak_act=Z: the same case's bubbles (computing stages) and
+   peak_act, the most micro-batches' activations any stage stashes (the schedule's peak_stash, largest over the stages:
+   stage 0's for every kind here).
 
    Build: cc -std=c99 -O2 -I. bench/bench_pipe.c -o bench_pipe -pthread -lm
    Run:   ./bench_pipe */
@@ -190,11 +193,16 @@ int main(void)
                     }
                     dpar_pool_run(pool, stage_main, &j);
                     qsort(j.measured, 3, sizeof(double), cmp_double);
-                    if (compute)
+                    if (compute) {
+                        int s, peak_act = 0; /* the most activations any stage stashes (stage 0's, for these kinds) */
+                        for (s = 0; s < ps[pi]; s++)
+                            if (j.S->peak_stash[s] > peak_act) peak_act = j.S->peak_stash[s];
                         printf("bench=pipeline_gemm sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f "
                                "gemm_ms=%.3f alone_ms=%.3f\n",
                                names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1], j.gemm_ms, alone);
-                    else
+                        printf("bench=pipe schedule=%s p=%d m=%d predicted=%.3f measured=%.3f peak_act=%d\n",
+                               names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1], peak_act);
+                    } else
                         printf("bench=pipeline sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f\n",
                                names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1]);
                     fflush(stdout);
