@@ -122,9 +122,9 @@ $(BUILD)/bench_mpi: bench/bench_mpi.c bench/line_probe.h dpar.h | $(BUILD)
 $(BUILD)/bench_comm: bench/bench_comm.c bench/line_probe.h dpar.h | $(BUILD)
 	$(CC) -std=c99 -O3 -I. $< -o $@ $(LDLIBS)
 
-# the trainer demo: about 20 s on 2 cores. It starts afresh each time (--overwrite replaces the checkpoint an
-# earlier make demo left); its checkpoint is build/char_lm.ckpt, the default path of build/char_lm, so a plain
-# `build/char_lm --resume --steps 3000` continues it
+# the trainer demo: 4 to 13 s of training on 2 cores (idle to loaded), 15 to 35 s with the first build (README.md).
+# It starts afresh each time (--overwrite replaces the checkpoint an earlier make demo left); its checkpoint is
+# build/char_lm.ckpt, the default path of build/char_lm, so a plain `build/char_lm --resume --steps 3000` continues it
 demo: $(BUILD)/char_lm
 	$(BUILD)/char_lm --overwrite
 

@@ -168,10 +168,11 @@ examples() {
 
 # what the lesson pages show a program printing is what it prints (issue 39): tests/shown.sh runs each page's shown
 # runs (its fenced blocks that open with a `$ ` command) in a scratch copy and compares the output line for line, the
-# numbers that vary from run to run (after `measured `, before ` ms` or ` us`) masked by one rule
+# numbers that vary from run to run (after `measured `, before ` ms` or ` us`) masked by one rule; README.md's first
+# program (examples/first.c, which tests/snippets.sh checks the README quotes whole) too
 lessons_shown() {
     local md
-    for md in docs/guide/14_expert_parallel.md docs/guide/15_context_parallel.md docs/guide/16_zero_bubble.md; do
+    for md in README.md docs/guide/14_expert_parallel.md docs/guide/15_context_parallel.md docs/guide/16_zero_bubble.md; do
         step "$md: the program prints what the page shows (tests/shown.sh)" tests/shown.sh "$md"
     done
 }

@@ -7,7 +7,9 @@
 # It is built as a reader would build it, with warnings as errors (gcc -std=c99 -Wall -Wextra -Wpedantic -Werror
 # -I. x.c -pthread -lm, from the repository's root), run, and must exit 0 and, with `prints:`, print TEXT on a line of
 # its own. Every line of any other ```c snippet (leading and trailing blanks aside; blank lines and "..." skipped)
-# must be a line of dpar.h, dpar_cuda.h, examples/ (.c and .cu), demo/ or tests/. The other pages of docs/ are not
+# must be a line of dpar.h, dpar_cuda.h, examples/ (.c and .cu), demo/ or tests/; one after the line
+#   <!-- the whole of FILE: ... -->
+# must be FILE, byte for byte (README.md's first program is examples/first.c). The other pages of docs/ are not
 # held to it yet (their snippets are sketches). Prints one line per snippet and `N passed, N failed`; exits 1 when any failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -41,6 +43,23 @@ for md in "$@"; do
         { prev = $0 }
         END { printf "cut %d %d\n", good, bad }' "$tmp/lines" "$md" >"$tmp/cut"
     grep -v '^cut ' "$tmp/cut"
+    # a snippet under <!-- the whole of FILE: ... --> must be FILE, byte for byte (a program quoted whole)
+    rm -f "$tmp"/w.*
+    awk -v out="$tmp/w" '
+        /^<!-- the whole of [^ :]+: / { file = $0; sub(/^<!-- the whole of /, "", file); sub(/:.*$/, "", file); marked = NR; next }
+        marked == NR - 1 && /^```c$/ { n++; inside = 1; printf "%s", file > (out "." n ".path"); printf "" > (out "." n ".c"); next }
+        inside && /^```$/ { inside = 0; next }
+        inside { print > (out "." n ".c") }' "$md"
+    for c in "$tmp"/w.*.c; do
+        [ -f "$c" ] || continue
+        file=$(cat "${c%.c}.path")
+        if cmp -s "$c" "$file"; then
+            passed=$((passed + 1)); echo "ok   $md: the block quoting $file is the file"
+        else
+            failed=$((failed + 1)); echo "FAIL $md: the block quoting $file differs from the file (< the page, > the file)"
+            diff "$c" "$file" 2>&1 | head -20 | sed 's/^/    /'
+        fi
+    done
     passed=$((passed + $(sed -n 's/^cut \([0-9]*\) .*/\1/p' "$tmp/cut")))
     failed=$((failed + $(sed -n 's/^cut [0-9]* \([0-9]*\)$/\1/p' "$tmp/cut")))
     for c in "$tmp"/s.*.c; do
