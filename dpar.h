@@ -7272,7 +7272,7 @@ typedef struct dpar__slot {
     uint64_t moved_ns;
     int worker;            /* dpar_comm_memory: the rank's worker (set when it joins) */
     void *stage;           /* dpar_comm_memory: where a peer's offer is copied for reduce (the rank's own) */
-    const dpar_pool *pool; /* the pool whose thread joined this rank (NULL: another thread); set before joined */
+    const dpar_pool *pool; /* the pool whose thread joined this rank (NULL: another thread, or just joining) */
     size_t stage_bytes;
     char pad1[DPAR__CACHE_LINE];
 } dpar__slot;
