@@ -23,8 +23,8 @@ static dpar_status rank_main(void *user, int rank, int ranks) /* runs on every t
 {
     dpar_comm *comm;
     double sum = 0;
-    dpar_status st = dpar_group_join(group, rank, &comm); /* this thread becomes rank `rank` */
-    for (int i = rank; i < N; i += ranks) sum += squares[i];  /* this rank's half of the squares */
+    dpar_status st = dpar_group_join(group, rank, &comm);    /* this thread becomes rank `rank` */
+    for (int i = rank; i < N; i += ranks) sum += squares[i]; /* this rank's half of the squares */
     if (st == DPAR_OK) st = dpar_allreduce(comm, &sum, &sum, 1, DPAR_F64, DPAR_SUM);
     if (st == DPAR_OK && rank == 0) total = sum;
     dpar_comm_destroy(comm);
