@@ -1116,18 +1116,22 @@ static void test_pipeline_over_mpi(void)
 {
     static pm_data d;
     static pm_stage st;
+    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_ZB_H1};
+    static const char *names[] = {"1f1b", "gpipe", "zb-h1"};
+    static float bits[PM_LAYERS][PM_WIDTH * PM_WIDTH + PM_WIDTH]; /* this rank's layers after 1F1B */
     dpar_linear ref[PM_LAYERS];
     int kind, l;
     if (nprocs > PM_LAYERS) SKIP("more processes than layers");
     pm_init(&d);
     pm_train_sequential(ref, &d, 20);
-    for (kind = 0; kind < 2; kind++) {
+    for (kind = 0; kind < 3; kind++) {
         dpar_pipe_schedule *S = NULL;
         dpar_pipe_schedule_desc sd = {0};
         dpar_comm *c = world_comm(NULL);
         dpar_status rc;
         double worst;
-        sd.p = nprocs, sd.m = 8, sd.kind = kind ? DPAR_PIPE_GPIPE : DPAR_PIPE_1F1B;
+        int same = 1;
+        sd.p = nprocs, sd.m = 8, sd.kind = kinds[kind];
         CHECK(dpar_pipe_schedule_create(&sd, &S) == DPAR_OK);
         if (!S || !c) return;
         memset(&st, 0, sizeof st);
@@ -1136,8 +1140,14 @@ static void test_pipeline_over_mpi(void)
         rc = pm_train_stage(&st, c, S, 20, NULL);
         CHECK_MSG(rc == DPAR_OK, "rank %d: %s", me, dpar_last_error());
         worst = pm_compare(&st, ref);
-        CHECK_MSG(worst <= 1e-5, "%s p=%d: rank %d is %.2e from sequential training", kind ? "gpipe" : "1f1b", nprocs,
-                  me, worst);
+        CHECK_MSG(worst <= 1e-5, "%s p=%d: rank %d is %.2e from sequential training", names[kind], nprocs, me, worst);
+        for (l = st.lo; l < st.hi; l++) { /* ZB-H1 moves only the W's: 1F1B's bits (B and W over messages too) */
+            size_t nw = (size_t)pm_dims[l] * pm_dims[l + 1] * sizeof(float),
+                   nb = (size_t)pm_dims[l + 1] * sizeof(float);
+            if (kind == 0) memcpy(bits[l], st.L[l].w, nw), memcpy(bits[l] + PM_WIDTH * PM_WIDTH, st.L[l].b, nb);
+            else same &= !memcmp(bits[l], st.L[l].w, nw) && !memcmp(bits[l] + PM_WIDTH * PM_WIDTH, st.L[l].b, nb);
+        }
+        if (kind == 2) CHECK_MSG(same, "zb-h1 p=%d: rank %d's weights are not 1F1B's bits", nprocs, me);
         pm_stage_free(&st);
         dpar_comm_destroy(c);
         dpar_pipe_schedule_destroy(S);
