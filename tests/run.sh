@@ -172,7 +172,8 @@ examples() {
 # program (examples/first.c, which tests/snippets.sh checks the README quotes whole) too
 lessons_shown() {
     local md
-    for md in README.md docs/guide/14_expert_parallel.md docs/guide/15_context_parallel.md docs/guide/16_zero_bubble.md; do
+    for md in README.md docs/guide/14_expert_parallel.md docs/guide/15_context_parallel.md docs/guide/16_zero_bubble.md \
+        docs/guide/17_mixed_precision.md; do
         step "$md: the program prints what the page shows (tests/shown.sh)" tests/shown.sh "$md"
     done
 }

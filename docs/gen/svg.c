@@ -21,6 +21,8 @@
                        combined back, the dropped ones crossed, from the run docs/guide/14_expert_parallel.md shows
      context_parallel.svg  lesson 15's ring of K/V blocks on 4 ranks and the causal (query chunk, key chunk) blocks by
                        rank, zig-zag against contiguous shards, from the run docs/guide/15_context_parallel.md shows
+     mixed_precision.svg  lesson 17's dynamic loss scale step by step (the skipped steps marked) and the losses of f16
+                       compute against fp32, from the run docs/guide/17_mixed_precision.md shows
      bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
    Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
    --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
@@ -1228,6 +1230,86 @@ static void bench_pictures(void)
     }
 }
 
+/* ==== (i) lesson 17: the dynamic loss scale and both runs' losses, from the run the lesson page shows ==== */
+#define MP_PAGE "docs/guide/17_mixed_precision.md"
+#define MP_STEPS 64
+
+static void mixed_precision_picture(void)
+{
+    static const char *const src[] = {SELF, MP_PAGE, NULL};
+    char *txt = must_read(MP_PAGE), *ln;
+    double scale[MP_STEPS], loss16[MP_STEPS], loss32[MP_STEPS], top_loss = 0, low_log = 99, high_log = 0;
+    int skipped[MP_STEPS], steps = 0, s;
+    double x0 = 70, y0 = 80, w = 640, h1 = 130, gap = 50, h2 = 130, dx;
+    buf b = {0};
+    /* the run's lines: "step N  scale S  loss L  (fp32 R)" or "step N  scale S  SKIPPED: ..." */
+    for (ln = strtok(txt, "\n"); ln; ln = strtok(NULL, "\n")) {
+        int step;
+        double sc, l16, l32;
+        if (sscanf(ln, "step %d scale %lf", &step, &sc) != 2 || step != steps || steps >= MP_STEPS) continue;
+        scale[steps] = sc;
+        skipped[steps] = strstr(ln, "SKIPPED") != NULL;
+        loss16[steps] = loss32[steps] = -1;
+        if (!skipped[steps] && sscanf(ln, "step %d scale %lf loss %lf (fp32 %lf)", &step, &sc, &l16, &l32) == 4) {
+            loss16[steps] = l16;
+            loss32[steps] = l32;
+            if (l16 > top_loss) top_loss = l16;
+            if (l32 > top_loss) top_loss = l32;
+        }
+        if (log2(sc) < low_log) low_log = log2(sc);
+        if (log2(sc) > high_log) high_log = log2(sc);
+        steps++;
+    }
+    if (steps < 2 || top_loss <= 0) exit((fprintf(stderr, "svg: %s shows no run of lesson 17\n", MP_PAGE), 1));
+    low_log -= 1;
+    high_log += 1;
+    top_loss = nice_top(top_loss);
+    dx = w / steps;
+    text(&b, 10, 22, 15, 's', "Dynamic loss scaling, f16 compute on 2 ranks: lesson 17's run of %d steps", steps);
+    text(&b, 10, 40, 11, 's',
+         "Top: the loss scale each step used (log scale); a red step was skipped by every rank (an inf in some rank's "
+         "f16 gradients),");
+    text(&b, 10, 54, 11, 's',
+         "the scale halved; six good steps double it. Bottom: the loss before each step, f16 compute with fp32 master "
+         "weights (blue)");
+    text(&b, 10, 68, 11, 's',
+         "against the fp32 run (orange dashed, under the blue: they agree to 3 or 4 digits); skipped steps have no "
+         "loss.");
+    rect(&b, x0, y0, w, h1, "#ffffff");
+    for (s = (int)low_log + 1; s < (int)high_log; s++) {
+        double y = y0 + h1 - (s - low_log) / (high_log - low_log) * h1;
+        line(&b, x0, y, x0 + w, y, "#eeeeee", 1);
+        text(&b, x0 - 4, y + 4, 9, 'e', "%.0f", pow(2, s));
+    }
+    for (s = 0; s < steps; s++) {
+        double y = y0 + h1 - (log2(scale[s]) - low_log) / (high_log - low_log) * h1;
+        rect(&b, x0 + s * dx + 1, y, dx - 2, y0 + h1 - y, skipped[s] ? "#fc9272" : "#9ecae1");
+        if (skipped[s]) text(&b, x0 + s * dx + dx / 2, y - 4, 9, 'm', "skip");
+        if (s % 5 == 0) text(&b, x0 + s * dx + dx / 2, y0 + h1 + 12, 9, 'm', "%d", s);
+    }
+    text(&b, x0 + w / 2, y0 + h1 + 26, 10, 'm', "step");
+    rect(&b, x0, y0 + h1 + gap, w, h2, "#ffffff");
+    for (s = 0; s <= 4; s++) {
+        double y = y0 + h1 + gap + h2 - s / 4.0 * h2;
+        line(&b, x0, y, x0 + w, y, "#eeeeee", 1);
+        text(&b, x0 - 4, y + 4, 9, 'e', "%.3g", top_loss * s / 4);
+    }
+    for (s = 1; s < steps; s++) { /* a segment where both ends have a loss below the top */
+        double xa = x0 + (s - 0.5) * dx, xb = x0 + (s + 0.5) * dx, base = y0 + h1 + gap + h2;
+        if (loss16[s - 1] < 0 || loss16[s] < 0 || loss16[s - 1] > top_loss || loss32[s - 1] > top_loss) continue;
+        line(&b, xa, base - loss16[s - 1] / top_loss * h2, xb, base - loss16[s] / top_loss * h2, "#2171b5", 2);
+        bp(&b,
+           "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#e6550d\" stroke-width=\"1.5\" "
+           "stroke-dasharray=\"4 3\"/>\n",
+           r1(xa), r1(base - loss32[s - 1] / top_loss * h2), r1(xb), r1(base - loss32[s] / top_loss * h2));
+    }
+    for (s = 0; s < steps; s++)
+        if (s % 5 == 0) text(&b, x0 + s * dx + dx / 2, y0 + h1 + gap + h2 + 12, 9, 'm', "%d", s);
+    text(&b, x0 + w / 2, y0 + h1 + gap + h2 + 26, 10, 'm', "step");
+    emit("mixed_precision.svg", (int)(x0 + w + 30), (int)(y0 + h1 + gap + h2 + 40), &b, src);
+    free(txt);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--check")) check_mode = 1;
@@ -1240,6 +1322,7 @@ int main(int argc, char **argv)
     memory_picture();
     moe_picture();
     context_parallel_picture();
+    mixed_precision_picture();
     bench_pictures();
     if (check_mode) { /* an SVG that nothing makes any more */
         DIR *d = opendir(OUT_DIR);
