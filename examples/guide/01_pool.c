@@ -1,6 +1,6 @@
 /* 01_pool.c - lesson 1 of the guide (docs/guide/01_pool.md): the worker pool that every other lesson runs on.
-   Build: cc -std=c99 -O2 -I. examples/guide/01_pool.c -o 01_pool -pthread -lm
-   Run:   ./01_pool              (./01_pool 3: three threads)
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/01_pool.c -o build/lesson01 -pthread -lm
+   Run:   build/lesson01              (build/lesson01 3: three threads)
    Check: ^parallel-for: [0-9]+ squares on [0-9]+ threads equal the serial loop's$
    Check: ^spmd: every thread's total [0-9]+ equals the serial sum$
 
