@@ -1,6 +1,6 @@
 /* 02_data_parallel.c - lesson 2 of the guide (docs/guide/02_data_parallel.md): data parallelism, the simple way.
-   Build: cc -std=c99 -O2 -I. examples/guide/02_data_parallel.c -o 02_data_parallel -pthread -lm
-   Run:   ./02_data_parallel     (./02_data_parallel 2: two ranks; the ranks must divide the batch, 64)
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/02_data_parallel.c -o build/lesson02 -pthread -lm
+   Run:   build/lesson02     (build/lesson02 2: two ranks; the ranks must divide the batch, 64)
    Check: ^ranks: [0-9]+ replicas identical bit for bit$
    Check: ^data-parallel = one thread on the whole batch: max parameter difference [0-9.e+-]+ < 1e-4$
    Check: ^loss [0-9.]+ \(first epoch\) -> [0-9.]+ \(last epoch\): falls$
