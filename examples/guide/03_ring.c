@@ -1,6 +1,6 @@
 /* 03_ring.c - lesson 3 of the guide (docs/guide/03_ring.md): the ring allreduce, step by step.
-   Build: cc -std=c99 -O2 -I. examples/guide/03_ring.c -o 03_ring -pthread -lm
-   Run:   ./03_ring              (./03_ring 5: five ranks, 2 to 9)
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/03_ring.c -o build/lesson03 -pthread -lm
+   Run:   build/lesson03              (build/lesson03 5: five ranks, 2 to 9)
    Check: ^after reduce-scatter: rank r owns the finished chunk \(r\+1\) mod [0-9], equal to the serial sum$
    Check: ^ring = dpar_allreduce = the serial sum, on all [0-9] ranks$
    Check: ^each rank sent 2\(N-1\) = [0-9]+ chunks of 4 bytes = [0-9]+ bytes \(dpar's counters agree\)$
