@@ -1,8 +1,8 @@
 /* 04_buckets.c - lesson 4 of the guide (docs/guide/04_buckets.md): communication overlapped with backward.
-   Build: cc -std=c99 -O2 -I. examples/guide/04_buckets.c -o 04_buckets -pthread -lm
-   Run:   ./04_buckets           (./04_buckets 4: four ranks, dividing 32)
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/04_buckets.c -o build/lesson04 -pthread -lm
+   Run:   build/lesson04           (build/lesson04 4: four ranks, dividing 32)
    Check: ^both ways: every rank's gradients = the serial mean \(max difference [0-9.e+-]+ of [0-9.e+-]+\)$
-   Check: ^communication under backward: [0-9]+ buckets in flight [0-9.]+ of [0-9.]+ ms$
+   Check: ^communication under backward: [0-9]+ buckets in flight [0-9.]+ ms of the [0-9.]+ ms of backward$
 
    The same data-parallel steps twice: as in lesson 2 (backward, then one dpar_allreduce), then with buckets: each
    layer's gradients go to dpar_buckets once backward has written them, and their allreduce runs (on the rank's
@@ -51,8 +51,10 @@ static dpar_status backward(const float *p, const float *h, const float *y, floa
     for (i = 0; i < n * W; i++) /* the loss 0.5 |h_L - y|^2 / BATCH, through the last tanh */
         d[i] = (h[L * n * W + i] - y[i]) / BATCH * (1 - h[L * n * W + i] * h[L * n * W + i]);
     for (l = L - 1; l >= 0; l--) {
-        const float *in = h + l * n * W, *Wl = p + l * W * W;
-        float *gl = g + l * W * W, *t;
+        const float *in = h + l * n * W; /* the layer's input */
+        const float *Wl = p + l * W * W;  /* its weights */
+        float *gl = g + l * W * W;        /* their gradients */
+        float *swap;
         for (j = 0; j < W; j++) /* dW = d^T in: (W, W) */
             for (k = 0; k < W; k++) {
                 float s = 0;
@@ -67,7 +69,9 @@ static dpar_status backward(const float *p, const float *h, const float *y, floa
                 for (j = 0; j < W; j++) s += d[b * W + j] * Wl[j * W + k];
                 d2[b * W + k] = s * (1 - in[b * W + k] * in[b * W + k]);
             }
-        t = d, d = d2, d2 = t;
+        swap = d; /* d2 becomes the next layer's d */
+        d = d2;
+        d2 = swap;
     }
     return DPAR_OK;
 }
@@ -83,7 +87,11 @@ static dpar_status rank_main(void *user, int rank, int ranks)
     for (way = PLAIN; way <= BUCKETS && st == DPAR_OK; way++) {
         dpar_buckets_desc bd = {0};
         dpar_buckets *buckets = NULL;
-        bd.comm = comm, bd.grads = g, bd.count = P, bd.op = DPAR_AVG, bd.bucket_bytes = W * W * sizeof(float);
+        bd.comm = comm;
+        bd.grads = g;
+        bd.count = P;
+        bd.op = DPAR_AVG;
+        bd.bucket_bytes = W * W * sizeof(float);
         if (way == BUCKETS) st = dpar_buckets_create(&bd, &buckets); /* one bucket per layer */
         if (way == BUCKETS && rank == 0) nbuckets = dpar_buckets_count(buckets);
         memcpy(p, init, P * sizeof *p);
@@ -100,7 +108,8 @@ static dpar_status rank_main(void *user, int rank, int ranks)
             if (step == 0) memcpy(reduced[way][rank], g, P * sizeof *g);
             for (i = 0; i < P; i++) p[i] -= 0.5f * g[i];
             if (rank == 0 && step > 0) { /* step 0 warms up; the others are averaged */
-                ms_backward[way] += (t1 - t0) / 1e6 / (STEPS - 1), ms_wait[way] += (t2 - t1) / 1e6 / (STEPS - 1);
+                ms_backward[way] += (t1 - t0) / 1e6 / (STEPS - 1);
+                ms_wait[way] += (t2 - t1) / 1e6 / (STEPS - 1);
                 if (way == BUCKETS) ms_window += dpar_buckets_overlap_ns(buckets) / 1e6 / (STEPS - 1);
             }
         }
@@ -117,13 +126,29 @@ int main(int argc, char **argv)
     dpar_pool *pool;
     dpar_group *group;
     double diff = 0, big = 0; /* the largest difference from the reference; the largest gradient */
-    int i, r, way, ranks = argc > 1 ? atoi(argv[1]) : 2, ok = 1;
+    int ranks = 2;
+    int i, r, way;
+    int ok = 1;
+    if (argc > 1) {
+        char *end;
+        long asked = strtol(argv[1], &end, 10);
+        ranks = *end == '\0' && asked >= 1 && asked <= MAXR && BATCH % asked == 0 ? (int)asked : 0;
+        if (ranks == 0) {
+            fprintf(stderr, "04_buckets: '%s' ranks: give a number of ranks from 1 to %d that divides the batch of %d\n",
+                    argv[1], MAXR, BATCH);
+            return 2;
+        }
+    }
     for (i = 0; i < P; i++) init[i] = 0.1f * sinf(i); /* fixed values: no random numbers needed */
-    for (i = 0; i < BATCH * W; i++) x[i] = cosf(i), target[i] = 0.5f * sinf(0.3f * i);
-    cd.size = pd.num_threads = ranks;
-    if (ranks < 1 || ranks > MAXR || BATCH % ranks || dpar_group_create(&cd, &group) != DPAR_OK ||
-        dpar_pool_create(&pd, &pool) != DPAR_OK || dpar_pool_run(pool, rank_main, group) != DPAR_OK) {
-        fprintf(stderr, "failed (ranks: 1 to %d, dividing %d): %s\n", MAXR, BATCH, dpar_last_error());
+    for (i = 0; i < BATCH * W; i++) {
+        x[i] = cosf(i);
+        target[i] = 0.5f * sinf(0.3f * i);
+    }
+    cd.size = ranks;
+    pd.num_threads = ranks;
+    if (dpar_group_create(&cd, &group) != DPAR_OK || dpar_pool_create(&pd, &pool) != DPAR_OK ||
+        dpar_pool_run(pool, rank_main, group) != DPAR_OK) {
+        fprintf(stderr, "04_buckets: %s\n", dpar_last_error());
         return 1;
     }
     for (i = 0; i < P; i++) { /* the reference: the mean of the ranks' gradients, one serial loop */
@@ -141,8 +166,8 @@ int main(int argc, char **argv)
     /* the window (first bucket's start to the wait) lies inside backward; one layer's bytes: a bucket per layer */
     ok &= nbuckets == L && ms_window > 0 && ms_window <= ms_backward[BUCKETS] + 0.5;
     if (ok)
-        printf("communication under backward: %d buckets in flight %.2f of %.2f ms\n", nbuckets, ms_window,
-               ms_backward[BUCKETS]);
+        printf("communication under backward: %d buckets in flight %.2f ms of the %.2f ms of backward\n", nbuckets,
+               ms_window, ms_backward[BUCKETS]);
     dpar_pool_destroy(pool);
     dpar_group_destroy(group);
     if (!ok) fprintf(stderr, "FAILED: a result differs from its reference\n");
