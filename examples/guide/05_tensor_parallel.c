@@ -1,6 +1,6 @@
 /* 05_tensor_parallel.c - lesson 5 of the guide (docs/guide/05_tensor_parallel.md): tensor parallelism.
-   Build: cc -std=c99 -O2 -I. examples/guide/05_tensor_parallel.c -o 05_tensor_parallel -pthread -lm
-   Run:   ./05_tensor_parallel   (./05_tensor_parallel 4: four ranks; 1, 2, 4, 8 or 16)
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/05_tensor_parallel.c -o build/lesson05 -pthread -lm
+   Run:   build/lesson05   (build/lesson05 4: four ranks; 1, 2, 4, 8 or 16)
    Check: ^forward: every rank's y = the serial y \(max difference [0-9.e+-]+\)$
    Check: ^backward: every rank's dx and its slices of dW1, dW2 = the serial ones \(max difference [0-9.e+-]+\)$
    Check: ^allreduces: 2 per step \(forward: y after the row layer; backward: dx of the column layer\)$
