@@ -1,6 +1,6 @@
 /* 06_pipeline.c - lesson 6 of the guide (docs/guide/06_pipeline.md): pipeline parallelism, GPipe against 1F1B.
-   Build: cc -std=c99 -O2 -I. examples/guide/06_pipeline.c -o 06_pipeline -pthread -lm
-   Run:   ./06_pipeline          (./06_pipeline 2 16: 2 stages, 16 micro-batches; m divides 32)
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/06_pipeline.c -o build/lesson06 -pthread -lm
+   Run:   build/lesson06          (build/lesson06 2 16: 2 stages, 16 micro-batches; m divides 32)
    Check: ^GPipe: bubble \(p-1\)/\(m\+p-1\) = [0-9.]+ = the schedule's [0-9.]+ \(measured [0-9.]+\)$
    Check: ^1F1B: bubble \(p-1\)/\(m\+p-1\) = [0-9.]+ = the schedule's [0-9.]+ \(measured [0-9.]+\)$
    Check: ^GPipe: activations held at most, per stage: [0-9 ]+ = m on every stage$
