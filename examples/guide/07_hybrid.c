@@ -1,6 +1,6 @@
 /* 07_hybrid.c - lesson 7 of the guide (docs/guide/07_hybrid.md): hybrid parallelism on a dp x tp x pp mesh.
-   Build: cc -std=c99 -O2 -I. examples/guide/07_hybrid.c -o 07_hybrid -pthread -lm
-   Run:   ./07_hybrid
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/07_hybrid.c -o build/lesson07 -pthread -lm
+   Run:   build/lesson07
    Check: ^mesh: every rank's coordinates and groups = Megatron's order, world = \(pp \* 2 \+ dp\) \* 2 \+ tp$
    Check: ^replicas: the 2 data-parallel copies of every slice are identical bit for bit$
    Check: ^the slices = the serial model's weights after [0-9]+ steps \(max difference [0-9.e+-]+\); loss
