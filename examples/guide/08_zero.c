@@ -1,6 +1,6 @@
 /* 08_zero.c - lesson 8 of the guide (docs/guide/08_zero.md): ZeRO and sharded data parallelism, memory per rank.
-   Build: cc -std=c99 -O2 -I. examples/guide/08_zero.c -o 08_zero -pthread -lm
-   Run:   ./08_zero              (./08_zero 8: eight ranks; 1, 2, 4 or 8)
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/08_zero.c -o build/lesson08 -pthread -lm
+   Run:   build/lesson08              (build/lesson08 8: eight ranks; 1, 2, 4 or 8)
    Check: ^plain data parallelism +[0-9]+ bytes per rank, formula +[0-9]+ = 16 P
    Check: ^ZeRO-3 \(FSDP\) +[0-9]+ bytes per rank, formula +[0-9]+ = 16 P / N \+ 4 \(two largest units\)
    Check: ^every way and rank: memory within 1% of the formula, weights bitwise plain data parallelism's$
