@@ -1,6 +1,6 @@
 /* 09_local_sgd.c - lesson 9 of the guide (docs/guide/09_local_sgd.md): local SGD, and federated averaging.
-   Build: cc -std=c99 -O2 -I. examples/guide/09_local_sgd.c -o 09_local_sgd -pthread -lm
-   Run:   ./09_local_sgd
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/09_local_sgd.c -o build/lesson09 -pthread -lm
+   Run:   build/lesson09
    Check: ^H=1 \(data parallelism\) = one thread on the whole batch: max parameter difference [0-9.e+-]+ < 1e-5$
    Check: ^every run = the same rounds computed serially: max parameter difference [0-9.e+-]+ < 1e-5$
    Check: ^bytes moved = rounds x 4\(N-1\) x 40 bytes \(the ring's traffic over all ranks\): exact, 1/H of H=1's$
