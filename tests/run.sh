@@ -173,7 +173,7 @@ examples() {
 lessons_shown() {
     local md
     for md in README.md docs/guide/14_expert_parallel.md docs/guide/15_context_parallel.md docs/guide/16_zero_bubble.md \
-        docs/guide/17_mixed_precision.md; do
+        docs/guide/17_mixed_precision.md docs/guide/18_accumulation_clipping.md; do
         step "$md: the program prints what the page shows (tests/shown.sh)" tests/shown.sh "$md"
     done
 }

@@ -23,6 +23,9 @@
                        rank, zig-zag against contiguous shards, from the run docs/guide/15_context_parallel.md shows
      mixed_precision.svg  lesson 17's dynamic loss scale step by step (the skipped steps marked) and the losses of f16
                        compute against fp32, from the run docs/guide/17_mixed_precision.md shows
+     clipping.svg      lesson 18's step 0 on 4 ranks: each shard's squares, the global norm's one coefficient against
+                       the coefficients of clipping shard by shard, from the run docs/guide/18_accumulation_clipping.md
+                       shows
      bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
    Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
    --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
@@ -1310,6 +1313,55 @@ static void mixed_precision_picture(void)
     free(txt);
 }
 
+/* ==== (j) lesson 18: clipping by the global norm against shard by shard, from the run the lesson page shows ==== */
+#define CLIP_PAGE "docs/guide/18_accumulation_clipping.md"
+
+static void clipping_picture(void)
+{
+    static const char *const src[] = {SELF, CLIP_PAGE, NULL};
+    char *txt = must_read(CLIP_PAGE), *at;
+    double squares[4], norms[4], coefficients[4], global_norm, global_coefficient, x0 = 150, bar = 300, rowh = 44;
+    int r;
+    size_t offset, length;
+    buf b = {0};
+    /* "step 0: shards' squares a b c d; global norm G" and "...each shard's own norm n n n n, so coefficients c c c c
+       instead of C for all" */
+    at = strstr(txt, "\nstep 0: shards' squares ");
+    if (!at || sscanf(at, "\nstep 0: shards' squares %lf %lf %lf %lf; global norm %lf", &squares[0], &squares[1],
+                      &squares[2], &squares[3], &global_norm) != 5)
+        exit((fprintf(stderr, "svg: %s shows no step 0 of 4 ranks\n", CLIP_PAGE), 1));
+    at = strstr(txt, "each shard's own norm ");
+    if (!at || sscanf(at, "each shard's own norm %lf %lf %lf %lf, so coefficients %lf %lf %lf %lf instead of %lf",
+                      &norms[0], &norms[1], &norms[2], &norms[3], &coefficients[0], &coefficients[1], &coefficients[2],
+                      &coefficients[3], &global_coefficient) != 9)
+        exit((fprintf(stderr, "svg: %s shows no shard-by-shard line\n", CLIP_PAGE), 1));
+    text(&b, 10, 22, 15, 's', "Clipping sharded gradients to norm 1: lesson 18's step 0, 4 ranks, 10 parameters");
+    text(&b, 10, 40, 11, 's',
+         "Each rank holds a shard of the gradient and the sum of its squares; one allreduce adds them:");
+    text(&b, 10, 54, 11, 's',
+         "norm = sqrt(%.3g + %.3g + %.3g + %.3g) = %.3f, so every shard is multiplied by %.3f (blue).", squares[0],
+         squares[1], squares[2], squares[3], global_norm, global_coefficient);
+    text(&b, 10, 68, 11, 's',
+         "Clipped by its own norm instead, each shard gets another factor (red): the update turns and grows.");
+    for (r = 0; r < 4; r++) {
+        double y = 90 + r * rowh;
+        dpar_block_range(10, 4, r, &offset, &length);
+        rect(&b, 10, y, 130, rowh - 8, rank_fill[r]);
+        text(&b, 16, y + 15, 11, 's', "rank %d: w[%zu..%zu]", r, offset, offset + length - 1);
+        text(&b, 16, y + 29, 9, 's', "squares %.3g, norm %.3f", squares[r], norms[r]);
+        rect(&b, x0, y + 2, bar * global_coefficient, 14, "#6baed6");
+        text(&b, x0 + bar * global_coefficient + 4, y + 13, 9, 's', "%.3f global", global_coefficient);
+        rect(&b, x0, y + 19, bar * coefficients[r], 14, "#fc9272");
+        text(&b, x0 + bar * coefficients[r] + 4, y + 30, 9, 's', "%.3f own norm", coefficients[r]);
+    }
+    line(&b, x0, 86, x0, 90 + 4 * rowh - 4, "#333", 1);
+    line(&b, x0 + bar, 86, x0 + bar, 90 + 4 * rowh - 4, "#bbbbbb", 1);
+    text(&b, x0 + bar, 90 + 4 * rowh + 8, 9, 'm', "1 (not clipped)");
+    text(&b, x0, 90 + 4 * rowh + 8, 9, 'm', "0");
+    emit("clipping.svg", 680, (int)(90 + 4 * rowh + 20), &b, src);
+    free(txt);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--check")) check_mode = 1;
@@ -1323,6 +1375,7 @@ int main(int argc, char **argv)
     moe_picture();
     context_parallel_picture();
     mixed_precision_picture();
+    clipping_picture();
     bench_pictures();
     if (check_mode) { /* an SVG that nothing makes any more */
         DIR *d = opendir(OUT_DIR);
