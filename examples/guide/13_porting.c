@@ -1,10 +1,10 @@
 /* 13_porting.c - lesson 13 of the guide (docs/guide/13_porting.md): 13_serial.c made data-parallel.
-   Build: cc -std=c99 -O2 -I. examples/guide/13_porting.c -o 13_porting -pthread -lm
-   Run:   ./13_porting
+   Build: mkdir -p build && cc -std=c99 -O2 -I. examples/guide/13_porting.c -o build/lesson13 -pthread -lm
+   Run:   build/lesson13
    Check: ^deterministic mode, 8 fixed leaves: 1, 2 and 4 ranks end with the same bits \(crc32 [0-9a-f]{8}\)$
    Check: ^data-parallel = the serial trainer: max weight difference [0-9.e+-]+ < 1e-5$
-   MPI:   mpicc -std=c99 -O2 -DDPAR_MPI -I. examples/guide/13_porting.c -o 13_porting_mpi -lm
-          mpirun -np 4 ./13_porting_mpi   (the crc32 of the thread ranks, on 1, 2, 4 or 8 processes)
+   MPI:   mpicc -std=c99 -O2 -DDPAR_MPI -I. examples/guide/13_porting.c -o build/lesson13_mpi -lm
+          mpirun --oversubscribe -np 4 build/lesson13_mpi   (the crc32 of the thread ranks, on 1, 2, 4 or 8 processes)
 
    From 13_serial.c: rand() became pick(), a draw from (step, sample) alone; the static scratch buffer each rank's
    own; the gradient is summed over fixed leaves of the batch (dpar_tree_reduce, then a deterministic allreduce),

@@ -1,6 +1,6 @@
 /* 13_serial.c - lesson 13 of the guide (docs/guide/13_porting.md): the single-threaded trainer we port.
-   Build: cc -std=c99 -O2 examples/guide/13_serial.c -o 13_serial -lm
-   Run:   ./13_serial
+   Build: mkdir -p build && cc -std=c99 -O2 examples/guide/13_serial.c -o build/lesson13_serial -lm
+   Run:   build/lesson13_serial
    Check: ^loss [0-9.]+ \(first step\) -> [0-9.]+ \(last step\): falls$
    Check: ^weights = the ones that made the data: max difference [0-9.e+-]+ < 0.05$
 
