@@ -52,8 +52,8 @@ static dpar_status backward(const float *p, const float *h, const float *y, floa
         d[i] = (h[L * n * W + i] - y[i]) / BATCH * (1 - h[L * n * W + i] * h[L * n * W + i]);
     for (l = L - 1; l >= 0; l--) {
         const float *in = h + l * n * W; /* the layer's input */
-        const float *Wl = p + l * W * W;  /* its weights */
-        float *gl = g + l * W * W;        /* their gradients */
+        const float *Wl = p + l * W * W; /* its weights */
+        float *gl = g + l * W * W;       /* their gradients */
         float *swap;
         for (j = 0; j < W; j++) /* dW = d^T in: (W, W) */
             for (k = 0; k < W; k++) {
@@ -134,7 +134,8 @@ int main(int argc, char **argv)
         long asked = strtol(argv[1], &end, 10);
         ranks = *end == '\0' && asked >= 1 && asked <= MAXR && BATCH % asked == 0 ? (int)asked : 0;
         if (ranks == 0) {
-            fprintf(stderr, "04_buckets: '%s' ranks: give a number of ranks from 1 to %d that divides the batch of %d\n",
+            fprintf(stderr,
+                    "04_buckets: '%s' ranks: give a number of ranks from 1 to %d that divides the batch of %d\n",
                     argv[1], MAXR, BATCH);
             return 2;
         }

@@ -1,14 +1,15 @@
 /* 10_mpi.c - lesson 10 of the guide (docs/guide/10_mpi.md): the same data-parallel trainer on MPI processes.
    Build: mkdir -p build && mpicc -std=c99 -O2 -DDPAR_MPI -I. examples/guide/10_mpi.c -o build/lesson10 -lm
-   Run:   mpirun --oversubscribe -np 2 build/lesson10      (mpirun --oversubscribe -np 3 build/lesson10: three processes on two cores)
+   Run:   mpirun --oversubscribe -np 2 build/lesson10   (-np 3: three processes; as root: see the page)
    Check: ^ranks: 2 in 2 processes \(one rank per process\)$
    Check: ^every rank = its own serial run: max parameter difference [0-9.e+-]+ < 1e-5; replicas identical$
    Check: ^loss [0-9.]+ -> [0-9.]+: falls, as in the serial run$
 
    train() is lesson 2's loop for a linear model: each rank's share of the batch, one allreduce of the gradients.
    With -DDPAR_MPI its ranks are processes (mpirun starts them, dpar_comm_from_mpi makes their comm); without it,
-   `cc -std=c99 -O2 -I. examples/guide/10_mpi.c -o build/lesson10_threads -pthread -lm && build/lesson10_threads 2` runs the very same
-   train() on thread ranks of one process. Each rank checks itself against the serial run every process makes. */
+   `cc -std=c99 -O2 -I. examples/guide/10_mpi.c -o build/lesson10_threads -pthread -lm && build/lesson10_threads 2`
+   runs the very same train() on thread ranks of one process. Each rank checks itself against the serial run every
+   process makes. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 

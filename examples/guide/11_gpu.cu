@@ -1,6 +1,6 @@
 /* 11_gpu.cu - lesson 11 of the guide (docs/guide/11_gpu.md): a data-parallel step on GPU workers (dpar_cuda.h).
    Build: mkdir -p build && nvcc -std=c++14 -O2 -arch=sm_90 -I. examples/guide/11_gpu.cu -o build/lesson11 -lcublas
-   Run:   build/lesson11             (build/lesson11 4: four workers per GPU; build/lesson11 2 ordered: stream-ordered calls)
+   Run:   build/lesson11   (build/lesson11 4: four workers per GPU; build/lesson11 2 ordered: stream-ordered calls)
    Check: ^(every worker's weights = the host reference, bit for bit|11_gpu: skipped: no usable CUDA device.*)$
 
    Each worker of a dpar_cuda pool is a host thread that owns a GPU (or a share of one), a stream and device memory.

@@ -3,7 +3,7 @@
    Run:   build/lesson12
    Check: ^busbw = algbw x 2\(N-1\)/N = bytes sent per rank / time, at every size; dpar's own busbw agrees$
    Check: ^the trace and the counters both name rank 2, the slowed rank$
-   Check: ^trace build/lesson12_trace.json: [0-9]+ events; [0-9]+ F and [0-9]+ B spans; each stage's busy time = the runner's$
+   Check: ^trace build/lesson12_trace.json: [0-9]+ events; [0-9]+ F and [0-9]+ B spans; each stage's busy time = the
 
    Four thread ranks. 1: ring allreduces of a few sizes, timed by dpar's counters, the bandwidths computed as
    nccl-tests does. 2: with a trace on (dpar_trace_start), a few steps in which rank 2 computes longer than the
@@ -38,8 +38,8 @@ static int wrong_sums[N]; /* part 1: the wrong sums rank r saw */
 
 /* what the trace says, per rank */
 typedef struct {
-    int events;              /* every event of a rank's track */
-    double allreduce_ns[N];  /* part 2: time inside the gradient allreduces (count 4096) */
+    int events;               /* every event of a rank's track */
+    double allreduce_ns[N];   /* part 2: time inside the gradient allreduces (count 4096) */
     uint64_t pipe_busy_ns[N]; /* part 3: the F and B spans added up */
     int forward_spans;
     int backward_spans;
@@ -122,7 +122,8 @@ static int print_bandwidths(void)
         for (r = 0; r < N; r++) {
             const dpar_comm_counters *a = &ring[k][r].by_coll[DPAR_COLL_ALLREDUCE];
             if (a->time_ns > t) t = (double)a->time_ns;
-            ok &= !wrong_sums[r] && a->calls == ITERS && a->bytes_sent == ITERS * sizes[k] * 2 * (N - 1) / N; /* exact */
+            ok &=
+                !wrong_sums[r] && a->calls == ITERS && a->bytes_sent == ITERS * sizes[k] * 2 * (N - 1) / N; /* exact */
             ok &= ring[k][r].last_busbw_gbps == (double)sizes[k] / (double)ring[k][r].last.time_ns * factor;
         }
         t /= ITERS;                                                        /* ns a call */
@@ -248,8 +249,8 @@ int main(void)
            "(p-1)/(m+p-1), measured %.3f\n",
            N, M, schedule->bubble, bubble);
     if ((ok &= sums.events > 0 && sums.forward_spans == N * M && sums.backward_spans == N * M))
-        printf("trace %s: %d events; %d F and %d B spans; each stage's busy time = the runner's\n", TRACE,
-               sums.events, sums.forward_spans, sums.backward_spans);
+        printf("trace %s: %d events; %d F and %d B spans; each stage's busy time = the runner's\n", TRACE, sums.events,
+               sums.forward_spans, sums.backward_spans);
     dpar_pool_destroy(pool);
     dpar_group_destroy(group);
     dpar_pipe_schedule_destroy(schedule);
