@@ -29,6 +29,7 @@
 #include "dpar.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -417,16 +418,29 @@ static int load_idx(job *j)
     return j->y != NULL;
 }
 
-static int usage(const char *why)
+/* why the command line is refused (printf-style, naming the option and the value at fault), then the usage; 2 */
+static int usage(const char *why, ...)
 {
-    fprintf(
-        stderr,
-        "data_parallel: %s\nusage: data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] [--threads 2]"
-        " [--lr 0.05] [--replicas] [--images FILE --labels FILE] [--ckpt PATH [--ckpt-every K] [--resume | "
-        "--overwrite]]"
-        " [--params-out FILE] [--deterministic | --bitwise-check]\n",
-        why);
+    va_list ap;
+    fputs("data_parallel: ", stderr);
+    va_start(ap, why);
+    vfprintf(stderr, why, ap);
+    va_end(ap);
+    fputs("\nusage: data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] [--threads 2] [--lr 0.05]"
+          " [--replicas] [--images FILE --labels FILE] [--ckpt PATH [--ckpt-every K] [--resume | --overwrite]]"
+          " [--params-out FILE] [--deterministic | --bitwise-check]\n",
+          stderr);
     return 2;
+}
+
+/* the value of a whole-number option: 1, or 0 when it is not one ("12x", "", "1e3") */
+static int whole_number(const char *text, int *value)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || v < -1000000000L || v > 1000000000L) return 0;
+    *value = (int)v;
+    return 1;
 }
 
 /* He initialisation into params[0]; replicas start from a broadcast of this copy */
@@ -475,38 +489,52 @@ int main(int argc, char **argv)
             *flag = 1;
             continue;
         }
-        if (!v) return usage("an option without its value");
+        int *number = !strcmp(o, "--batch")        ? &j.batch
+                      : !strcmp(o, "--steps")      ? &j.steps
+                      : !strcmp(o, "--threads")    ? &j.threads
+                      : !strcmp(o, "--ckpt-every") ? &j.ckpt_every
+                                                   : NULL;
+        const char **text = !strcmp(o, "--layers")       ? &layers
+                            : !strcmp(o, "--images")     ? &j.images
+                            : !strcmp(o, "--labels")     ? &j.labels
+                            : !strcmp(o, "--ckpt")       ? &j.ckpt
+                            : !strcmp(o, "--params-out") ? &params_out
+                                                         : NULL;
+        int is_lr = !strcmp(o, "--lr");
+        if (!number && !text && !is_lr) return usage("unknown option '%s'", o);
+        if (!v) return usage("%s without its value", o);
         a++;
-        if (!strcmp(o, "--layers")) layers = v;
-        else if (!strcmp(o, "--batch")) j.batch = atoi(v);
-        else if (!strcmp(o, "--steps")) j.steps = atoi(v);
-        else if (!strcmp(o, "--threads")) j.threads = atoi(v);
-        else if (!strcmp(o, "--lr")) j.lr = (float)atof(v);
-        else if (!strcmp(o, "--images")) j.images = v;
-        else if (!strcmp(o, "--labels")) j.labels = v;
-        else if (!strcmp(o, "--ckpt")) j.ckpt = v;
-        else if (!strcmp(o, "--ckpt-every")) j.ckpt_every = atoi(v);
-        else if (!strcmp(o, "--params-out")) params_out = v;
-        else return usage("unknown option");
+        if (number && !whole_number(v, number)) return usage("%s '%s': not a whole number", o, v);
+        if (text) *text = v;
+        if (is_lr) {
+            char *end;
+            j.lr = strtof(v, &end);
+            if (end == v || *end != '\0') return usage("--lr '%s': not a number", v);
+        }
     }
     for (const char *c = layers; j.nl <= MAXL; j.nl++) { /* "784,1024,1024,10" -> widths */
         j.width[j.nl] = atoi(c);
-        if (j.width[j.nl] < 1) return usage("--layers wants positive widths, like 784,1024,1024,10");
+        if (j.width[j.nl] < 1) return usage("--layers '%s': positive widths, like 784,1024,1024,10", layers);
         if (!(c = strchr(c, ','))) break;
         c++;
     }
-    if (j.nl < 1 || j.nl > MAXL) return usage("--layers wants 2 to 9 widths");
-    if (j.threads < 1 || j.threads > 64 || j.batch < j.threads || j.batch % j.threads || j.steps < 1 || !(j.lr > 0))
-        return usage("--threads 1..64 dividing --batch, --steps >= 1, --lr > 0");
+    if (j.nl < 1 || j.nl > MAXL) return usage("--layers '%s': 2 to 9 widths", layers);
+    if (j.threads < 1 || j.threads > 64) return usage("--threads %d: 1 to 64", j.threads);
+    if (j.batch < j.threads || j.batch % j.threads)
+        return usage("--batch %d: a multiple of --threads %d (each thread an equal share)", j.batch, j.threads);
+    if (j.steps < 1) return usage("--steps %d: at least 1", j.steps);
+    if (!(j.lr > 0)) return usage("--lr %g: above 0", j.lr);
     if (!!j.images != !!j.labels) return usage("--images and --labels go together");
     if ((resume || overwrite || j.ckpt_every) && !j.ckpt)
         return usage("--resume, --overwrite and --ckpt-every need --ckpt PATH");
     if (resume && overwrite) return usage("--resume continues the checkpoint, --overwrite replaces it: give one");
-    if (j.ckpt_every < 0) return usage("--ckpt-every wants a number of steps >= 0 (0: at the end only)");
+    if (j.ckpt_every < 0) return usage("--ckpt-every %d: a number of steps >= 0 (0: at the end only)", j.ckpt_every);
     if ((det || check) && (j.ckpt || j.replicas))
         return usage("--deterministic and --bitwise-check go without --ckpt and --replicas (they keep replicas)");
     if ((det || check) && (j.batch % LEAVES || (det && LEAVES % j.threads)))
-        return usage("--deterministic cuts the batch into 4 leaves: --batch a multiple of 4, --threads 1, 2 or 4");
+        return usage("--deterministic cuts the batch into 4 leaves: --batch %d must be a multiple of 4, --threads %d "
+                     "1, 2 or 4",
+                     j.batch, j.threads);
     if (det || check) j.replicas = 1, j.threads = check ? 4 : j.threads;
     if (j.ckpt) { /* before the first step: a path that cannot be written, or a fresh run over another's checkpoint */
         int flags = resume ? DPAR_CKPT_RESUME : overwrite ? DPAR_CKPT_OVERWRITE : 0;
@@ -517,7 +545,8 @@ int main(int argc, char **argv)
     }
     if (j.images ? !load_idx(&j) : !make_synthetic(&j)) return 1;
     j.t_data = dpar_time_ns();
-    if ((size_t)(j.batch / j.threads) > j.n / (size_t)j.threads) return usage("--batch is larger than the data");
+    if ((size_t)(j.batch / j.threads) > j.n / (size_t)j.threads)
+        return usage("--batch %d is larger than the data (%zu samples)", j.batch, j.n);
     for (l = 0; l < j.nl; l++) { /* flat layout [W0 b0 W1 b1 ...]: backward finishes it from the end */
         j.woff[l] = j.np;
         j.boff[l] = j.np + (size_t)j.width[l] * j.width[l + 1];

@@ -149,6 +149,11 @@ examples() {
             step "example $name: weights shared by 3 ranks end bit for bit as 3 replicas (--replicas)" sh -c "cd '$tmp/ex' &&
                 ./data_parallel --threads 3 --batch 96 --steps 6 > s.txt && ./data_parallel --threads 3 --batch 96 --steps 6 --replicas > r.txt &&
                 grep -h crc32 s.txt r.txt && [ \"\$(sed -n 's/.*crc32 //p' s.txt)\" = \"\$(sed -n 's/.*crc32 //p' r.txt)\" ]"
+            step "example $name: a wrong command line names the option and its value (--bogus last: unknown, not 'without its value')" sh -c "cd '$tmp/ex' &&
+                ./data_parallel --steps 2 --bogus > u1.txt 2>&1; r1=\$?; ./data_parallel --threads 3 > u2.txt 2>&1; r2=\$?;
+                ./data_parallel --steps > u3.txt 2>&1; r3=\$?; cat u1.txt u2.txt u3.txt; [ \$r1 = 2 ] && [ \$r2 = 2 ] && [ \$r3 = 2 ] &&
+                grep -qx \"data_parallel: unknown option '--bogus'\" u1.txt && grep -q '^data_parallel: --batch 256: a multiple of --threads 3 ' u2.txt &&
+                grep -qx 'data_parallel: --steps without its value' u3.txt"
         fi
         if [ "$name" = context_parallel.c ]; then # the gradcheck alone; other sizes, cp 8 too; what it refuses
             step "example $name --gradcheck: the unsharded attention's dQ dK dV and the layer's dW against central differences" sh -c "cd '$tmp/ex' &&
