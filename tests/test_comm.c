@@ -2220,7 +2220,7 @@ static struct {
     int dir;
     dpar_status st[2];
     char msg[2][DPAR__ERROR_TEXT];
-    int line;
+    int line[2]; /* each rank's own: the call's line (one shared word written by both would be a race) */
 } v2;
 static void v2_rank(world *w, dpar_comm *c, int r)
 {
@@ -2233,7 +2233,7 @@ static void v2_rank(world *w, dpar_comm *c, int r)
     if (v2.dir == 1 && r == 1) sc[0] = 3; /* rank 1 sends 3 to rank 0, which expects 2 */
     if (v2.dir == 1 && r == 0) rc[1] = 2;
     (void)dpar_barrier(c);
-    v2.line = __LINE__ + 1;
+    v2.line[r] = __LINE__ + 1;
     v2.st[r] = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
     snprintf(v2.msg[r], sizeof v2.msg[r], "%s", dpar_last_error());
 }
@@ -2253,7 +2253,7 @@ static void test_alltoallv_two_ranks_one_round(void)
                             "expects 4 from rank 0 (alltoallv #2 at tests/test_comm.c:%d)"
                           : "rank 1 sends 3 elements to rank 0 in alltoallv #2 at tests/test_comm.c:%d but rank 0 "
                             "expects 2 from rank 1 (alltoallv #2 at tests/test_comm.c:%d)",
-                 v2.line, v2.line);
+                 v2.line[0], v2.line[1]);
         for (r = 0; r < 2; r++)
             CHECK_MSG(v2.st[r] == DPAR_EMISMATCH && strstr(v2.msg[r], a), "direction %d rank %d: %s: '%s'", dir, r,
                       dpar_status_string(v2.st[r]), v2.msg[r]);
