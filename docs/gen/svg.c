@@ -4,9 +4,8 @@
           build/svg --check      make every picture in memory and compare it with the file in docs/img/
 
    Pictures, each from a source that a program of the repository made:
-     ring.svg          ring allreduce on 4 ranks: dpar_allreduce (forced to the ring) run here on 4 thread ranks whose
-                       buffers go through logging memory callbacks (dpar_comm_memory): which chunk each rank reduces or
-                       copies at each step, and whose inputs it then holds
+     ring.svg          lesson 3's ring allreduce on 4 ranks, what each rank holds after each step, in the lesson's
+                       notation (chunk c of rank r starts as (c+1) * 10^r), from the run docs/guide/03_ring.md shows
      pipeline.svg      GPipe, 1F1B, interleaved 1F1B and ZB-H1 timelines of dpar_pipe_schedule_create, laid out by
                        dpar_pipe_schedule_format (its simulation: backward = 2 x forward; ZB-H1's B and W one unit
                        each), the bubble shaded
@@ -29,7 +28,7 @@
      bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
    Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
    --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
-   one whose bytes differ from what this program makes now (dpar's schedule or ring changed), and names any other SVG
+   one whose bytes differ from what this program makes now (dpar's schedules changed), and names any other SVG
    in docs/img/ (one that nothing makes any more). No time stamps: the same sources give the same bytes. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
@@ -198,115 +197,92 @@ static void emit(const char *name, int w, int h, buf *body, const char *const *s
 
 static const char *const blues[] = {"#ffffff", "#deebf7", "#9ecae1", "#4292c6", "#08519c"};
 
-/* ==== (a) the ring: dpar's ring allreduce with memory callbacks that log each reduce and copy ==== */
+/* ==== (a) the ring: lesson 3's ring allreduce on 4 ranks, from the run docs/guide/03_ring.md shows ==== */
+#define RING_PAGE "docs/guide/03_ring.md"
 #define RN 4
-static float ring_send[RN][RN], ring_recv[RN][RN];
-static struct ring_ev {
-    int copy, chunk, mask; /* a reduce (0) or a copy (1) into `chunk` of the rank's result, holding these inputs */
-} ring_log[RN][2 * RN];
-static int ring_len[RN];
+#define RING_MOMENTS (2 * RN - 1) /* the start, RN - 1 reduce-scatter steps, RN - 1 all-gather steps */
 
-static void ring_note(int w, int copy, const float *dst, float value)
+/* The table the page's run prints: "start: ...", "reduce-scatter step k: ...", "all-gather step k: ..." each followed
+   by RN lines "  rank r:  v v v v" (rank r's chunk c starts as (c+1) * 10^r, so a sum's digits say whose inputs it
+   holds). Exits with a sentence when the page shows no such run. */
+static void ring_read(int held[RING_MOMENTS][RN][RN])
 {
-    if (ring_len[w] < 2 * RN) {
-        struct ring_ev *e = &ring_log[w][ring_len[w]++];
-        e->copy = copy, e->chunk = (int)(dst - ring_recv[w]), e->mask = (int)value; /* rank r's input is 2^r */
+    char *txt = must_read(RING_PAGE);
+    char *ln;
+    int moment = -1;
+    int rows = 0;
+    int in_run = 0;
+    for (ln = strtok(txt, "\n"); ln; ln = strtok(NULL, "\n")) {
+        int r, k;
+        if (!strcmp(ln, "$ build/lesson03")) in_run = 1;
+        if (!in_run) continue;
+        if (!strncmp(ln, "start: ", 7)) {
+            moment = 0;
+        } else if (sscanf(ln, "reduce-scatter step %d:", &k) == 1) {
+            moment = k;
+        } else if (sscanf(ln, "all-gather step %d:", &k) == 1) {
+            moment = RN - 1 + k;
+        } else if (moment >= 0 && moment < RING_MOMENTS && sscanf(ln, "  rank %d:", &r) == 1 && r >= 0 && r < RN) {
+            const char *at = strchr(ln, ':') + 1;
+            int c;
+            for (c = 0; c < RN; c++) held[moment][r][c] = (int)strtol(at, (char **)&at, 10);
+            rows++;
+            if (moment == RING_MOMENTS - 1 && r == RN - 1) break;
+        }
     }
-}
-static dpar_status ring_reduce(void *u, int w, void *out, const void *a, const void *b, size_t n, dpar_dtype t,
-                               dpar_op op, int div)
-{
-    size_t i;
-    for (i = 0; i < n; i++) ((float *)out)[i] = ((const float *)a)[i] + ((const float *)b)[i];
-    ring_note(w, 0, (float *)out, ((float *)out)[0]);
-    return (void)u, (void)t, (void)op, (void)div, DPAR_OK;
-}
-static dpar_status ring_divide(void *u, int w, void *out, const void *in, size_t n, dpar_dtype t, int div)
-{
-    if (out != in) memcpy(out, in, n * sizeof(float));
-    return (void)u, (void)w, (void)t, (void)div, DPAR_OK;
-}
-static dpar_status ring_copy(void *u, int w, void *dst, const void *src, size_t bytes)
-{
-    memcpy(dst, src, bytes);
-    ring_note(w, 1, (float *)dst, ((float *)dst)[0]);
-    return (void)u, DPAR_OK;
-}
-static void *ring_alloc(void *u, int w, size_t bytes) { return (void)u, (void)w, malloc(bytes); }
-static void ring_free(void *u, int w, void *p) { (void)u, (void)w, free(p); }
-
-static dpar_status ring_rank(void *user, int r, int n)
-{
-    dpar_comm *c;
-    int i;
-    dpar_status st = dpar_group_join((dpar_group *)user, r, &c);
-    if (st != DPAR_OK) return st;
-    for (i = 0; i < RN; i++) ring_send[r][i] = (float)(1 << r); /* one element per chunk */
-    st = dpar_allreduce(c, ring_send[r], ring_recv[r], RN, DPAR_F32, DPAR_SUM);
-    dpar_comm_destroy(c);
-    return (void)n, st;
+    free(txt);
+    if (rows != RING_MOMENTS * RN)
+        exit((fprintf(stderr, "svg: %s shows no 4-rank run (%d table rows, not %d)\n", RING_PAGE, rows,
+                      RING_MOMENTS * RN),
+              1));
 }
 
 static void ring_picture(void)
 {
-    static const char *const src[] = {SELF, NULL};
-    dpar_comm_desc cd = {0};
-    dpar_pool_desc pd = {0};
-    dpar_pool *pool;
-    dpar_group *group;
-    int hold[RN][RN], r, c, s, cell = 30, pw = RN * cell + 34, x0 = 40, y0 = 78;
+    static const char *const src[] = {SELF, RING_PAGE, NULL};
+    static int held[RING_MOMENTS][RN][RN];
+    int r, c, s;
+    int cell = 36;
+    int panel_width = RN * cell + 30;
+    int x0 = 40;
+    int y0 = 92;
     buf b = {0};
-    cd.size = pd.num_threads = RN;
-    cd.algo = DPAR_ALGO_RING;
-    cd.no_check = 1;
-    cd.memory.reduce = ring_reduce, cd.memory.divide = ring_divide, cd.memory.copy = ring_copy;
-    cd.memory.alloc = ring_alloc, cd.memory.free = ring_free;
-    if (dpar_group_create(&cd, &group) != DPAR_OK || dpar_pool_create(&pd, &pool) != DPAR_OK ||
-        dpar_pool_run(pool, ring_rank, group) != DPAR_OK)
-        exit((fprintf(stderr, "svg: the ring run failed: %s\n", dpar_last_error()), 1));
-    dpar_pool_destroy(pool);
-    dpar_group_destroy(group);
-    for (r = 0; r < RN; r++) {
-        if (ring_len[r] != 2 * (RN - 1))
-            exit((fprintf(stderr, "svg: rank %d made %d reduces and copies, not 2(N-1) = %d\n", r, ring_len[r],
-                          2 * (RN - 1)),
-                  1));
-        for (c = 0; c < RN; c++) {
-            hold[r][c] = 1 << r;
-            if (ring_recv[r][c] != (float)((1 << RN) - 1)) exit((fprintf(stderr, "svg: a wrong ring sum\n"), 1));
-        }
-    }
-    text(&b, 10, 22, 15, 's', "Ring allreduce on %d ranks: what each rank holds after each step", RN);
-    text(
-        &b, 10, 40, 11, 's',
-        "Rows: ranks; columns: chunks (dpar_block_range). A cell lists the ranks whose inputs it sums; the framed cell "
-        "is the one the step wrote.");
+    ring_read(held);
+    for (r = 0; r < RN; r++)
+        for (c = 0; c < RN; c++)
+            if (held[RING_MOMENTS - 1][r][c] != 1111 * (c + 1))
+                exit((fprintf(stderr, "svg: %s: rank %d's chunk %d ends as %d, not the sum %d\n", RING_PAGE, r, c,
+                              held[RING_MOMENTS - 1][r][c], 1111 * (c + 1)),
+                      1));
+    text(&b, 10, 22, 15, 's', "Ring allreduce on %d ranks: what each rank holds after each step (lesson 3's run)", RN);
+    text(&b, 10, 40, 11, 's',
+         "Rows: ranks; columns: chunks. Rank r's chunk c starts as (c+1) x 10^r, so each digit of a sum says whether "
+         "one rank's input is in it:");
     text(&b, 10, 54, 11, 's',
-         "Reduce-scatter step k = 1..%d: rank r adds chunk r-k-1 from rank r-1 to its own; all-gather step k: "
-         "rank r copies chunk r-k (complete) from r-1.",
-         RN - 1);
-    for (s = 0; s <= 2 * (RN - 1); s++) {
-        double px = x0 + s * pw;
+         "3303 holds ranks 0, 2 and 3 (the tens digit, rank 1, is 0). Reduce-scatter step k: rank r adds chunk r-k "
+         "(mod %d), received from rank r-1;",
+         RN);
+    text(&b, 10, 68, 11, 's',
+         "all-gather step k: rank r keeps the finished chunk r-k+1 it receives from rank r-1. The framed cell is the "
+         "one the step wrote.");
+    for (s = 0; s < RING_MOMENTS; s++) {
+        double px = x0 + s * panel_width;
         text(&b, px + RN * cell / 2.0, y0 - 6, 11, 'm',
              s == 0   ? "start"
              : s < RN ? "reduce-scatter %d"
                       : "all-gather %d",
              s < RN ? s : s - RN + 1);
-        for (r = 0; r < RN && s > 0; r++) {
-            struct ring_ev *e = &ring_log[r][s - 1];
-            hold[r][e->chunk] = e->mask;
-        }
         for (r = 0; r < RN; r++)
             for (c = 0; c < RN; c++) {
-                char who[16];
-                int k, m = hold[r][c], cnt = 0, q = 0;
-                for (k = 0; k < RN; k++)
-                    if (m >> k & 1) cnt++, who[q++] = (char)('0' + k);
-                who[q] = 0;
-                rect(&b, px + c * cell, y0 + r * cell, cell, cell, blues[cnt]);
-                bp(&b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\" fill=\"%s\">%s</text>\n",
-                   px + c * cell + cell / 2.0, y0 + r * cell + cell / 2.0 + 4, cnt >= 3 ? "white" : "black", who);
-                if (s > 0 && ring_log[r][s - 1].chunk == c)
+                int value = held[s][r][c];
+                int ranks_in = 0;
+                int v;
+                for (v = value; v > 0; v /= 10) ranks_in += v % 10 != 0;
+                rect(&b, px + c * cell, y0 + r * cell, cell, cell, blues[ranks_in]);
+                bp(&b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\" fill=\"%s\">%d</text>\n",
+                   px + c * cell + cell / 2.0, y0 + r * cell + cell / 2.0 + 4, ranks_in >= 3 ? "white" : "black",
+                   value);
+                if (s > 0 && held[s - 1][r][c] != value)
                     bp(&b,
                        "<rect x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#d62728\" "
                        "stroke-width=\"2\"/>\n",
@@ -316,9 +292,9 @@ static void ring_picture(void)
     for (r = 0; r < RN; r++) text(&b, x0 - 6, y0 + r * cell + cell / 2.0 + 4, 10, 'e', "r%d", r);
     for (c = 0; c < RN; c++) text(&b, x0 + c * cell + cell / 2.0, y0 + RN * cell + 14, 9, 'm', "c%d", c);
     text(&b, 10, y0 + RN * cell + 36, 11, 's',
-         "Made by running dpar_allreduce (algo ring, one float per chunk, rank r's input 2^r) with logging memory "
-         "callbacks; every rank ends with 0123.");
-    emit("ring.svg", x0 + (2 * RN - 1) * pw, y0 + RN * cell + 48, &b, src);
+         "From the run docs/guide/03_ring.md shows (examples/guide/03_ring.c, which checks it against dpar_allreduce "
+         "and a serial sum); every rank ends with 1111 2222 3333 4444.");
+    emit("ring.svg", x0 + RING_MOMENTS * panel_width, y0 + RN * cell + 48, &b, src);
 }
 
 /* ==== (b) pipeline timelines: dpar_pipe_schedule_format's layout ==== */
@@ -567,7 +543,7 @@ static void tp_picture(void)
     static const char *const src[] = {SELF, NULL};
     buf b = {0};
     double gx = 70, x0 = 20, y0 = 80, laneh = 56, bh = 40;
-    size_t i;
+    size_t i, next;
     text(&b, 10, 22, 15, 's',
          "Tensor parallelism (Megatron): a column-parallel layer, then a row-parallel one, 2 ranks");
     text(&b, 10, 40, 11, 's',
@@ -590,11 +566,12 @@ static void tp_picture(void)
         rect(&b, x, y, w, h, t->fill);
         text(&b, x + w / 2, y + h / 2 - 2, 11, 'm', "%s", first);
         text(&b, x + w / 2, y + h / 2 + 12, 9, 'm', "%s", second);
-        if (i + 1 < sizeof tp_blocks / sizeof tp_blocks[0]) { /* an arrow to the next column's blocks */
-            const struct tp_block *u = &tp_blocks[i + 1];
+        next = i + 1; /* the next column's first block: rank 0's block skips rank 1's in its own column */
+        while (next < sizeof tp_blocks / sizeof tp_blocks[0] && tp_blocks[next].col == t->col) next++;
+        if (next < sizeof tp_blocks / sizeof tp_blocks[0]) { /* an arrow to the next column, on each lane it spans */
+            const struct tp_block *u = &tp_blocks[next];
             double ux = x0 + 40 + u->col * gx;
             int lane;
-            if (u->col == t->col) continue;
             for (lane = 0; lane < 2; lane++) {
                 double ay = y0 + lane * laneh + laneh / 2;
                 if (t->lane != 2 && t->lane != lane) continue;
