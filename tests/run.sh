@@ -179,7 +179,8 @@ examples() {
 lessons_shown() {
     local md
     for md in README.md docs/guide/0[1-9]_*.md docs/guide/1[0-6]_*.md docs/guide/17_mixed_precision.md \
-        docs/guide/18_accumulation_clipping.md; do
+        docs/guide/18_accumulation_clipping.md \
+        docs/guide/19_checkpoint_elastic.md; do
         case "$md" in
             docs/guide/11_gpu.md)
                 skip "$md: the program prints what the page shows" "its runs are recorded (a GPU's and a machine's without one)"

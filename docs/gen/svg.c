@@ -25,6 +25,8 @@
      clipping.svg      lesson 18's step 0 on 4 ranks: each shard's squares, the global norm's one coefficient against
                        the coefficients of clipping shard by shard, from the run docs/guide/18_accumulation_clipping.md
                        shows
+     elastic.svg       lesson 19's checkpoint of 4 ranks loaded by 2: each unit's blocks before and after, and the
+                       sampler's position in the epoch, from the run docs/guide/19_checkpoint_elastic.md shows
      bench_*.svg       one plot per family of bench= lines in docs/img/src/bench.txt (a make bench run)
    Each SVG opens with a comment naming its sources and their FNV-1a 64-bit hash (this file, plus the input files).
    --check fails for a picture whose stored hash differs from its sources' (a source changed; run make docs) and for
@@ -1339,6 +1341,75 @@ static void clipping_picture(void)
     free(txt);
 }
 
+/* ==== (k) lesson 19: what reshards and what must not change, from the run the lesson page shows ==== */
+#define EL_PAGE "docs/guide/19_checkpoint_elastic.md"
+
+static void elastic_picture(void)
+{
+    static const char *const src[] = {SELF, EL_PAGE, NULL};
+    char *txt = must_read(EL_PAGE), *at;
+    int blocks_before[2][8], blocks_after[2][8], count[2] = {0, 0}, after_ranks = 0, step = 0, epoch = 0, used = 0;
+    int samples = 0, unit, r;
+    double x0 = 150, scale = 14, y;
+    buf b = {0};
+    /* "unit U (N, C values): blocks of 4 ranks a b c d -> of R ranks e f" and "its position: step S, epoch E, C of the
+       epoch's N samples consumed" */
+    for (unit = 0; unit < 2; unit++) {
+        char key[32], *p;
+        snprintf(key, sizeof key, "\nunit %d (", unit);
+        at = strstr(txt, key);
+        if (!at || !(at = strstr(at, "values): blocks of 4 ranks ")))
+            exit((fprintf(stderr, "svg: %s shows no blocks of unit %d\n", EL_PAGE, unit), 1));
+        p = at + strlen("values): blocks of 4 ranks ");
+        for (r = 0; r < 4; r++) blocks_before[unit][r] = (int)strtol(p, &p, 10);
+        if (sscanf(p, " -> of %d ranks", &after_ranks) != 1 || after_ranks < 1 || after_ranks > 8)
+            exit((fprintf(stderr, "svg: %s: no '-> of R ranks' for unit %d\n", EL_PAGE, unit), 1));
+        p = strstr(p, "ranks") + 5;
+        for (r = 0; r < after_ranks; r++) blocks_after[unit][r] = (int)strtol(p, &p, 10);
+        for (r = 0; r < 4; r++) count[unit] += blocks_before[unit][r];
+    }
+    at = strstr(txt, "\nits position: step ");
+    if (!at ||
+        sscanf(at, "\nits position: step %d, epoch %d, %d of the epoch's %d samples", &step, &epoch, &used, &samples) !=
+            4 ||
+        samples < 1)
+        exit((fprintf(stderr, "svg: %s shows no position line\n", EL_PAGE), 1));
+    text(&b, 10, 22, 15, 's', "An elastic restart: lesson 19's checkpoint of 4 ranks loaded by %d", after_ranks);
+    text(&b, 10, 40, 11, 's',
+         "What reshards: each rank's block of every unit and of its Adam moments (m, v: the same blocks), by "
+         "dpar_block_range.");
+    text(&b, 10, 54, 11, 's',
+         "What must not change: the global batch, the shuffle of each epoch and the position in it (stored in the "
+         "checkpoint).");
+    y = 74;
+    for (unit = 0; unit < 2; unit++) {
+        double x = x0;
+        text(&b, 10, y + 15, 11, 's', "unit %d (%s, %d values)", unit, unit == 0 ? "W" : "b", count[unit]);
+        for (r = 0; r < 4; r++) {
+            rect(&b, x, y, blocks_before[unit][r] * scale, 20, rank_fill[r]);
+            text(&b, x + blocks_before[unit][r] * scale / 2, y + 14, 9, 'm', "r%d: %d", r, blocks_before[unit][r]);
+            x += blocks_before[unit][r] * scale;
+        }
+        text(&b, x + 8, y + 14, 10, 's', "4 ranks (saved)");
+        x = x0;
+        for (r = 0; r < after_ranks; r++) {
+            rect(&b, x, y + 26, blocks_after[unit][r] * scale, 20, rank_fill[r]);
+            text(&b, x + blocks_after[unit][r] * scale / 2, y + 40, 9, 'm', "r%d: %d", r, blocks_after[unit][r]);
+            x += blocks_after[unit][r] * scale;
+        }
+        text(&b, x + 8, y + 40, 10, 's', "%d ranks (loaded)", after_ranks);
+        y += 64;
+    }
+    text(&b, 10, y + 15, 11, 's', "epoch %d's shuffle", epoch);
+    rect(&b, x0, y, samples * 4, 20, "#ffffff");
+    rect(&b, x0, y, used * 4, 20, "#bdbdbd");
+    text(&b, x0 + used * 2, y + 14, 9, 'm', "%d consumed before step %d", used, step);
+    text(&b, x0 + used * 4 + (samples - used) * 2, y + 14, 9, 'm', "next");
+    text(&b, x0 + samples * 4 + 8, y + 14, 10, 's', "the position the checkpoint stores");
+    emit("elastic.svg", 760, (int)(y + 34), &b, src);
+    free(txt);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--check")) check_mode = 1;
@@ -1353,6 +1424,7 @@ int main(int argc, char **argv)
     context_parallel_picture();
     mixed_precision_picture();
     clipping_picture();
+    elastic_picture();
     bench_pictures();
     if (check_mode) { /* an SVG that nothing makes any more */
         DIR *d = opendir(OUT_DIR);
