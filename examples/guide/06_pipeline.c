@@ -23,53 +23,77 @@
 #define B 32 /* rows of the batch */
 #define MAXP 8
 typedef struct stage {
-    int s, sleep, held, peak; /* the stage (its layer: init + s W W); sleep: 1 in the pipeline, 0 in the serial model */
-    float dw[W * W], act[B * W]; /* its layer's gradient (added up over micro-batches); its output, every micro-batch */
+    int s;            /* the stage; its layer's weights: init + s W W */
+    int sleep;        /* 1 in the pipeline (each callback sleeps as if it computed), 0 in the serial model */
+    int held;         /* micro-batches whose activations are kept for backward, now */
+    int peak;         /* and at most */
+    float dw[W * W];  /* its layer's gradient, added up over the micro-batches */
+    float act[B * W]; /* its output, every micro-batch */
 } stage;
 static stage pipe_stages[MAXP], serial[MAXP];
 static float data[B * W], target[B * W], init[MAXP * W * W]; /* the layers' weights */
 static float grads[2][MAXP][W * W], bubble[2];               /* per schedule (0: GPipe, 1: 1F1B) */
 static int peaks[2][MAXP], p, m;
 static dpar_pipe_schedule *sched[2];
-static const struct timespec two_ms = {0, 2000000}, four_ms = {0, 4000000};
+static const struct timespec two_ms = {0, 2000000};
+static const struct timespec four_ms = {0, 4000000};
 
 /* forward of one micro-batch through this stage's layer; in: the previous stage's output (NULL: the data) */
 static dpar_status forward(void *user, int micro, int chunk, const void *in, void *out)
 {
     stage *st = (stage *)user;
-    int rows = B / m, i, j, k;
-    const float *x = in ? (const float *)in : data + micro * rows * W, *w = init + st->s * W * W;
-    float *a = st->act + micro * rows * W;
+    int rows = B / m;
+    int i, j, k;
+    const float *x = in ? (const float *)in : data + micro * rows * W; /* (rows, W) */
+    const float *w = init + st->s * W * W;                             /* (W, W) */
+    float *a = st->act + micro * rows * W;                             /* (rows, W) */
     for (i = 0; i < rows; i++)
-        for (j = 0; j < W; j++)
-            for (a[i * W + j] = 0, k = 0; k < W; k++) a[i * W + j] += x[i * W + k] * w[k * W + j];
+        for (j = 0; j < W; j++) {
+            a[i * W + j] = 0;
+            for (k = 0; k < W; k++) a[i * W + j] += x[i * W + k] * w[k * W + j];
+        }
     for (i = 0; i < rows * W; i++) a[i] = tanhf(a[i]);
     if (out) memcpy(out, a, rows * W * sizeof(float)); /* to the next stage (NULL on the last) */
-    if (++st->held > st->peak) st->peak = st->held;    /* one more micro-batch's activations kept for backward */
-    if (st->sleep) nanosleep(&two_ms, NULL);           /* as if it computed for 2 ms */
-    return (void)chunk, DPAR_OK;
+    st->held++;                                        /* one more micro-batch's activations kept for backward */
+    if (st->held > st->peak) st->peak = st->held;
+    if (st->sleep) nanosleep(&two_ms, NULL); /* as if it computed for 2 ms */
+    (void)chunk;
+    return DPAR_OK;
 }
 /* backward: dW += x^T dz; grad_in = dz W^T (NULL on the first stage); grad_out NULL on the last: the loss's */
 static dpar_status backward(void *user, int micro, int chunk, const void *in, const void *grad_out, void *grad_in)
 {
     stage *st = (stage *)user;
-    int rows = B / m, i, j, k;
-    const float *x = in ? (const float *)in : data + micro * rows * W, *a = st->act + micro * rows * W;
-    const float *w = init + st->s * W * W, *t = target + micro * rows * W, *g = (const float *)grad_out;
-    float dz[B * W], *gx = (float *)grad_in;
+    int rows = B / m;
+    int i, j, k;
+    const float *x = in ? (const float *)in : data + micro * rows * W; /* the layer's input (rows, W) */
+    const float *a = st->act + micro * rows * W;                       /* its output (rows, W) */
+    const float *w = init + st->s * W * W;                             /* its weights (W, W) */
+    const float *t = target + micro * rows * W;                        /* the last stage's target */
+    const float *da = (const float *)grad_out;                         /* the gradient of a; NULL on the last */
+    float *dx = (float *)grad_in;                                      /* the gradient of x; NULL on the first */
+    float dz[B * W];                                                   /* the gradient before tanh */
     for (i = 0; i < rows * W; i++) /* the loss 0.5 |y - t|^2 / B over the whole batch, through tanh */
-        dz[i] = (g ? g[i] : (a[i] - t[i]) / B) * (1 - a[i] * a[i]);
+        dz[i] = (da ? da[i] : (a[i] - t[i]) / B) * (1 - a[i] * a[i]);
     for (k = 0; k < W; k++)
         for (j = 0; j < W; j++)
             for (i = 0; i < rows; i++) st->dw[k * W + j] += x[i * W + k] * dz[i * W + j];
-    for (i = 0; gx && i < rows; i++)
-        for (k = 0; k < W; k++)
-            for (gx[i * W + k] = 0, j = 0; j < W; j++) gx[i * W + k] += dz[i * W + j] * w[k * W + j];
+    for (i = 0; dx && i < rows; i++)
+        for (k = 0; k < W; k++) {
+            dx[i * W + k] = 0;
+            for (j = 0; j < W; j++) dx[i * W + k] += dz[i * W + j] * w[k * W + j];
+        }
     st->held--;                               /* its activations are no longer needed */
     if (st->sleep) nanosleep(&four_ms, NULL); /* a backward: twice a forward */
-    return (void)chunk, DPAR_OK;
+    (void)chunk;
+    return DPAR_OK;
 }
-static void reset(stage *st, int s, int sleep) { memset(st, 0, sizeof *st), st->s = s, st->sleep = sleep; }
+static void reset(stage *st, int s, int sleep) /* zero gradients, nothing held */
+{
+    memset(st, 0, sizeof *st);
+    st->s = s;
+    st->sleep = sleep;
+}
 /* each stage: one step with each schedule */
 static dpar_status rank_main(void *user, int s, int n)
 {
@@ -80,17 +104,23 @@ static dpar_status rank_main(void *user, int s, int n)
         dpar_pipe_desc d = {0};
         dpar_pipe *pipe = NULL;
         dpar_pipe_stats stats = {0};
-        d.schedule = sched[kind], d.comm = comm, d.act_bytes = B / m * W * sizeof(float);
-        d.forward = forward, d.backward = backward, d.user = &pipe_stages[s];
+        d.schedule = sched[kind];
+        d.comm = comm;
+        d.act_bytes = B / m * W * sizeof(float); /* one micro-batch's activation, between stages */
+        d.forward = forward;
+        d.backward = backward;
+        d.user = &pipe_stages[s];
         st = dpar_pipe_create(&d, &pipe);
         reset(&pipe_stages[s], s, 1);                        /* zero gradients, nothing held */
         if (st == DPAR_OK) st = dpar_pipe_run(pipe, &stats); /* every op of this stage's list, in order */
-        memcpy(grads[kind][s], pipe_stages[s].dw, sizeof grads[kind][s]), peaks[kind][s] = pipe_stages[s].peak;
+        memcpy(grads[kind][s], pipe_stages[s].dw, sizeof grads[kind][s]);
+        peaks[kind][s] = pipe_stages[s].peak;
         if (s == 0) bubble[kind] = (float)stats.measured_bubble;
         dpar_pipe_destroy(pipe);
     }
     dpar_comm_destroy(comm);
-    return (void)n, st;
+    (void)n;
+    return st;
 }
 
 int main(int argc, char **argv)
@@ -100,25 +130,40 @@ int main(int argc, char **argv)
     dpar_pool *pool;
     dpar_group *group;
     dpar_pipe_schedule_desc sd = {0};
-    float g[2][B * W];
+    float g[2][B * W]; /* the serial model's gradients between layers, in turn */
     char text[8192];
-    int i, s, kind, micro, ok = 1;
-    p = argc > 1 ? atoi(argv[1]) : 4, m = argc > 2 ? atoi(argv[2]) : 8;
-    if (p < 1 || p > MAXP || m < 1 || m > B || B % m)
-        return fprintf(stderr, "usage: %s [stages 1..%d] [micro-batches dividing %d]\n", argv[0], MAXP, B), 2;
-    for (i = 0; i < B * W; i++) data[i] = sinf(0.37f * i), target[i] = 0.5f * cosf(0.11f * i);
+    int i, s, kind, micro;
+    int ok = 1;
+    p = argc > 1 ? atoi(argv[1]) : 4;
+    m = argc > 2 ? atoi(argv[2]) : 8;
+    if (p < 1 || p > MAXP || m < 1 || m > B || B % m) {
+        fprintf(stderr, "06_pipeline: %d stages, %d micro-batches: give 1 to %d stages and micro-batches dividing %d\n",
+                p, m, MAXP, B);
+        return 2;
+    }
+    for (i = 0; i < B * W; i++) {
+        data[i] = sinf(0.37f * i);
+        target[i] = 0.5f * cosf(0.11f * i);
+    }
     for (i = 0; i < MAXP * W * W; i++) init[i] = 0.4f * sinf(1.7f * i);
     for (kind = 0; kind < 2; kind++) {
-        sd.kind = kind ? DPAR_PIPE_1F1B : DPAR_PIPE_GPIPE, sd.p = p, sd.m = m;
-        if (dpar_pipe_schedule_create(&sd, &sched[kind]) != DPAR_OK)
-            return fprintf(stderr, "%s\n", dpar_last_error()), 1;
+        sd.kind = kind ? DPAR_PIPE_1F1B : DPAR_PIPE_GPIPE;
+        sd.p = p;
+        sd.m = m;
+        if (dpar_pipe_schedule_create(&sd, &sched[kind]) != DPAR_OK) {
+            fprintf(stderr, "06_pipeline: %s\n", dpar_last_error());
+            return 1;
+        }
         dpar_pipe_schedule_format(sched[kind], text, sizeof text); /* F = forward, B = backward, . = idle */
         printf("%s", text);
     }
-    cd.size = pd.num_threads = p;
+    cd.size = p;
+    pd.num_threads = p;
     if (dpar_group_create(&cd, &group) != DPAR_OK || dpar_pool_create(&pd, &pool) != DPAR_OK ||
-        dpar_pool_run(pool, rank_main, group) != DPAR_OK)
-        return fprintf(stderr, "failed: %s\n", dpar_last_error()), 1;
+        dpar_pool_run(pool, rank_main, group) != DPAR_OK) {
+        fprintf(stderr, "06_pipeline: %s\n", dpar_last_error());
+        return 1;
+    }
     /* the serial model: the same layers one after the other on this thread, micro-batch after micro-batch */
     for (s = 0; s < p; s++) reset(&serial[s], s, 0);
     for (micro = 0; micro < m; micro++) {
