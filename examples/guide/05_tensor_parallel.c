@@ -24,8 +24,12 @@
 #define LR 0.5f
 #define MAXR 16
 static float x[B * D], t[B * D], W1[D * F], W2[F * D]; /* data, targets, the whole starting weights */
-typedef struct result { /* what a rank holds after a step: y before and after allreduce #1, its gradients */
-    float ypart[B * D], y[B * D], dx[B * D], dw1[D * F], dw2[F * D];
+typedef struct result {                                /* what a rank holds after a step */
+    float ypart[B * D];                                /* its part of y, before allreduce #1 */
+    float y[B * D];                                    /* y, after it */
+    float dx[B * D];                                   /* the gradient of the block's input, after allreduce #2 */
+    float dw1[D * F];                                  /* the gradient of its slice of W1 */
+    float dw2[F * D];                                  /* and of W2 */
 } result;
 static result at0[MAXR];                       /* step 0's, per rank */
 static float w1[MAXR][D * F], w2[MAXR][F * D]; /* per rank: its slices of the weights */
@@ -40,8 +44,10 @@ static void mm(int n, int K, int m, const float *A, int ai, int ak, const float 
 {
     int i, j, k;
     for (i = 0; i < n; i++)
-        for (j = 0; j < m; j++)
-            for (C[i * m + j] = 0, k = 0; k < K; k++) C[i * m + j] += A[i * ai + k * ak] * Bm[k * bk + j * bj];
+        for (j = 0; j < m; j++) {
+            C[i * m + j] = 0;
+            for (k = 0; k < K; k++) C[i * m + j] += A[i * ai + k * ak] * Bm[k * bk + j * bj];
+        }
 }
 
 /* The serial block on f hidden units (f = F: the whole block; f = F / tp: one rank's slice, W1 (D x f), W2 (f x D)) */
@@ -65,14 +71,19 @@ static void backward(const float *w1s, const float *w2s, int f, const float *a, 
 
 static dpar_status rank_main(void *user, int r, int tp)
 {
-    int f = F / tp, i, k, step;
-    float a[B * F], dy[B * D];
-    result c; /* this step's */
+    int f = F / tp; /* my hidden units */
+    int i, k, step;
+    float a[B * F];  /* my hidden units' activations */
+    float dy[B * D]; /* the loss's gradient of y */
+    result c;        /* this step's */
     dpar_comm *comm;
     dpar_comm_stats stats;
     dpar_status st = dpar_group_join((dpar_group *)user, r, &comm);
     for (i = 0; i < D; i++) /* my slices: columns r f .. r f + f - 1 of W1, the same rows of W2 */
-        for (k = 0; k < f; k++) w1[r][i * f + k] = W1[i * F + r * f + k], w2[r][k * D + i] = W2[(r * f + k) * D + i];
+        for (k = 0; k < f; k++) {
+            w1[r][i * f + k] = W1[i * F + r * f + k];
+            w2[r][k * D + i] = W2[(r * f + k) * D + i];
+        }
     for (step = 0; step < STEPS && st == DPAR_OK; step++) {
         forward(w1[r], w2[r], f, a, c.ypart); /* column layer, tanh, row layer: no communication */
         st = dpar_allreduce(comm, c.ypart, c.y, B * D, DPAR_F32, DPAR_SUM); /* allreduce #1: y = the sum of the parts */
@@ -80,7 +91,10 @@ static dpar_status rank_main(void *user, int r, int tp)
         backward(w1[r], w2[r], f, a, dy, &c);
         if (st == DPAR_OK) /* allreduce #2: dx, for the layer below (here nobody: the check reads it) */
             st = dpar_allreduce(comm, c.dx, c.dx, B * D, DPAR_F32, DPAR_SUM);
-        for (i = 0; i < D * f; i++) w1[r][i] -= LR * c.dw1[i], w2[r][i] -= LR * c.dw2[i];
+        for (i = 0; i < D * f; i++) {
+            w1[r][i] -= LR * c.dw1[i];
+            w2[r][i] -= LR * c.dw2[i];
+        }
         if (step == 0) at0[r] = c;
     }
     if (st == DPAR_OK && (st = dpar_comm_stats_get(comm, &stats)) == DPAR_OK)
@@ -95,8 +109,10 @@ static double slices_diff(double d, int r, int f, const float *s1, const float *
 {
     int i, k;
     for (i = 0; i < D; i++)
-        for (k = 0; k < f; k++)
-            d = worst(d, s1[i * f + k], m1[i * F + r * f + k]), d = worst(d, s2[k * D + i], m2[(r * f + k) * D + i]);
+        for (k = 0; k < f; k++) {
+            d = worst(d, s1[i * f + k], m1[i * F + r * f + k]);
+            d = worst(d, s2[k * D + i], m2[(r * f + k) * D + i]);
+        }
     return d;
 }
 
@@ -109,33 +125,61 @@ int main(int argc, char **argv)
     dpar_pool *pool;
     dpar_group *group;
     double dfwd = 0, dbwd = 0, dw = 0;
-    float loss[STEPS]; /* the loss 0.5 |y - t|^2 / B */
-    int tp = argc > 1 ? atoi(argv[1]) : 2, i, r, f = F / (tp > 0 ? tp : 1), step, ok = 1;
-    if (tp < 1 || tp > MAXR || F % tp) return fprintf(stderr, "usage: %s [ranks dividing %d]\n", argv[0], F), 2;
-    for (i = 0; i < B * D; i++) x[i] = uniform(), t[i] = 0.5f * uniform();
-    for (i = 0; i < D * F; i++) W1[i] = 0.5f * uniform(), W2[i] = 0.5f * uniform();
-    cd.size = pd.num_threads = tp;
+    float loss[STEPS];                     /* the loss 0.5 |y - t|^2 / B */
+    int tp = argc > 1 ? atoi(argv[1]) : 2; /* ranks */
+    int f;                                 /* hidden units per rank */
+    int i, r, step;
+    int ok = 1;
+    if (tp < 1 || tp > MAXR || F % tp) {
+        fprintf(stderr, "05_tensor_parallel: %d ranks: give 1, 2, 4, 8 or 16 (they must divide the %d hidden units)\n",
+                tp, F);
+        return 2;
+    }
+    f = F / tp;
+    for (i = 0; i < B * D; i++) {
+        x[i] = uniform();
+        t[i] = 0.5f * uniform();
+    }
+    for (i = 0; i < D * F; i++) {
+        W1[i] = 0.5f * uniform();
+        W2[i] = 0.5f * uniform();
+    }
+    cd.size = tp;
+    pd.num_threads = tp;
     if (dpar_group_create(&cd, &group) != DPAR_OK || dpar_pool_create(&pd, &pool) != DPAR_OK ||
-        dpar_pool_run(pool, rank_main, group) != DPAR_OK)
-        return fprintf(stderr, "failed: %s\n", dpar_last_error()), 1;
+        dpar_pool_run(pool, rank_main, group) != DPAR_OK) {
+        fprintf(stderr, "05_tensor_parallel: %s\n", dpar_last_error());
+        return 1;
+    }
     printf("y = tanh(x W1) W2 on %d ranks: W1 (%d x %d) cut by columns, W2 (%d x %d) by rows\n", tp, D, F, F, D);
     for (r = 0; r < tp; r++)
         printf("rank %d: W1 columns %2d-%2d, W2 rows %2d-%2d; its part of y[0][0] %+.5f, after allreduce #1 %+.5f\n", r,
                r * f, r * f + f - 1, r * f, r * f + f - 1, at0[r].ypart[0], at0[r].y[0]);
     for (step = 0; step < STEPS; step++) { /* the serial block: the same functions on the whole weights */
         forward(W1, W2, F, a, ys);
-        for (loss[step] = 0, i = 0; i < B * D; i++)
-            dy[i] = (ys[i] - t[i]) / B, loss[step] += 0.5f * (ys[i] - t[i]) * (ys[i] - t[i]) / B;
+        loss[step] = 0;
+        for (i = 0; i < B * D; i++) {
+            dy[i] = (ys[i] - t[i]) / B;
+            loss[step] += 0.5f * (ys[i] - t[i]) * (ys[i] - t[i]) / B;
+        }
         backward(W1, W2, F, a, dy, &g);
         for (r = 0; r < tp && step == 0; r++) { /* step 0: y and the gradients */
-            for (i = 0; i < B * D; i++)
-                dfwd = worst(dfwd, at0[r].y[i], ys[i]), dbwd = worst(dbwd, at0[r].dx[i], g.dx[i]);
+            for (i = 0; i < B * D; i++) {
+                dfwd = worst(dfwd, at0[r].y[i], ys[i]);
+                dbwd = worst(dbwd, at0[r].dx[i], g.dx[i]);
+            }
             dbwd = slices_diff(dbwd, r, f, at0[r].dw1, at0[r].dw2, g.dw1, g.dw2);
         }
         if (step == 0) printf("serial:  y[0][0] %+.5f\n", ys[0]);
-        for (i = 0; i < D * F; i++) W1[i] -= LR * g.dw1[i], W2[i] -= LR * g.dw2[i];
+        for (i = 0; i < D * F; i++) {
+            W1[i] -= LR * g.dw1[i];
+            W2[i] -= LR * g.dw2[i];
+        }
     }
-    for (r = 0; r < tp; r++) dw = slices_diff(dw, r, f, w1[r], w2[r], W1, W2), ok &= calls[r] == 2 * STEPS;
+    for (r = 0; r < tp; r++) {
+        dw = slices_diff(dw, r, f, w1[r], w2[r], W1, W2);
+        ok &= calls[r] == 2 * STEPS;
+    }
     if ((ok &= dfwd <= 1e-5) != 0) printf("forward: every rank's y = the serial y (max difference %.1e)\n", dfwd);
     if ((ok &= dbwd <= 1e-5) != 0)
         printf("backward: every rank's dx and its slices of dW1, dW2 = the serial ones (max difference %.1e)\n", dbwd);
