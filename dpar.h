@@ -902,7 +902,7 @@ typedef struct dpar_comm_desc {
              DPAR_EUNSUPPORTED (deterministic with a size that is not a power of two), DPAR_ENOMEM.
    Remarks:  the group lives until it is destroyed and its last comm is destroyed.
    Thread safety: any thread.
-   See:      docs/comm.md, 'Thread ranks in five lines'. */
+   See:      docs/comm.md, 'Thread ranks: a whole program'. */
 DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **out);
 /* dpar_group_destroy: drop the creator's reference.
    Returns:  DPAR_OK (also for NULL).
