@@ -33,10 +33,16 @@ static float uniform(void) { return (float)((seed = seed * 1664525u + 1013904223
 static void make_data(void) /* non-IID: client r has 64 << r samples around its own centre, its own offset */
 {
     int r, i, k;
-    for (r = 0; r < N; r++)
-        for (nsamp[r] = 64 << r, i = 0; i < nsamp[r]; i++)
-            for (Y[r][i] = 0.3f + 0.05f * uniform() + 0.5f * (r - 1.5f), k = 0; k < D; k++)
-                Y[r][i] += sinf(k + 1.0f) * (X[r][i * D + k] = uniform() + 0.5f * (r - 1.5f));
+    for (r = 0; r < N; r++) {
+        nsamp[r] = 64 << r;
+        for (i = 0; i < nsamp[r]; i++) {
+            Y[r][i] = 0.3f + 0.05f * uniform() + 0.5f * (r - 1.5f); /* the target: an offset, noise, then w . x */
+            for (k = 0; k < D; k++) {
+                X[r][i * D + k] = uniform() + 0.5f * (r - 1.5f);
+                Y[r][i] += sinf(k + 1.0f) * X[r][i * D + k];
+            }
+        }
+    }
 }
 static float error(const float *w, int r, int s) /* the model's output minus the target, sample s of client r */
 {
@@ -47,7 +53,8 @@ static float error(const float *w, int r, int s) /* the model's output minus the
 /* SGD step t on the mean gradient of 0.5 error^2 over clients r..r+n-1, B samples each: n = 1 is a local step */
 static void sgd_step(float *w, int r, int n, int t)
 {
-    float g[P] = {0}, e;
+    float g[P] = {0}; /* the gradient */
+    float e;          /* a sample's error, scaled for the mean */
     int i, s, k;
     for (i = r; i < r + n; i++)
         for (s = t * B % nsamp[i]; s < t * B % nsamp[i] + B; s++) { /* client i's samples of step t */
@@ -60,15 +67,20 @@ static void sgd_step(float *w, int r, int n, int t)
 /* client r's weight in round k: 0 if not picked (federated: N/2 clients a round, in turn), else 1 or its samples */
 static float weight(int r, int k)
 {
-    return kind == LOCAL ? 1 : (r - k % N + N) % N >= N / 2 ? 0 : kind == FEDAVG ? nsamp[r] : 1;
+    int picked = (r - k % N + N) % N < N / 2;
+    if (kind == LOCAL) return 1;
+    if (!picked) return 0;
+    return kind == FEDAVG ? (float)nsamp[r] : 1;
 }
 static dpar_status rank_main(void *user, int r, int n)
 {
-    float acc[P + 1], *w = memset(result[r], 0, sizeof result[r]); /* my replica */
+    float acc[P + 1];     /* the weighted parameters, then the weight: what the allreduce sums */
+    float *w = result[r]; /* my replica */
     int k, i, t;
     dpar_comm *comm;
     dpar_comm_stats s;
     dpar_status st = dpar_group_join(group, r, &comm);
+    memset(w, 0, sizeof result[r]);
     for (k = 0; k < rounds && st == DPAR_OK; k++) {
         for (t = k * H; t < k * H + H && weight(r, k) > 0; t++) sgd_step(w, r, 1, t); /* my data, no messages */
         for (i = 0; i < P; i++) acc[i] = weight(r, k) * w[i];
@@ -79,14 +91,21 @@ static dpar_status rank_main(void *user, int r, int n)
     if (st == DPAR_OK) st = dpar_comm_stats_get(comm, &s);
     moved[r] = st ? 0 : s.by_coll[DPAR_COLL_ALLREDUCE].bytes_sent + s.by_coll[DPAR_COLL_ALLREDUCE].bytes_received;
     dpar_comm_destroy(comm);
-    return (void)user, (void)n, st;
+    (void)user;
+    (void)n;
+    return st;
 }
 static void serial(float *w) /* the same rounds, one client after the other */
 {
-    float local[P], acc[P], total;
+    float local[P]; /* a client's replica in this round */
+    float acc[P];   /* the weighted sum of the replicas */
+    float total;    /* the sum of the weights */
     int k, r, i, t;
-    for (memset(w, 0, P * sizeof *w), k = 0; k < rounds; k++) {
-        for (memset(acc, 0, sizeof acc), total = 0, r = 0; r < N; r++) {
+    memset(w, 0, P * sizeof *w);
+    for (k = 0; k < rounds; k++) {
+        memset(acc, 0, sizeof acc);
+        total = 0;
+        for (r = 0; r < N; r++) {
             memcpy(local, w, sizeof local); /* (a client not picked in round k has weight 0) */
             for (t = k * H; t < k * H + H; t++) sgd_step(local, r, 1, t);
             for (i = 0; i < P; i++) acc[i] += weight(r, k) * local[i];
@@ -111,25 +130,40 @@ int main(void)
     dpar_comm_desc cd = {0};
     dpar_pool_desc pd = {0};
     dpar_pool *pool;
-    float ref[P], dp[P] = {0}, d = 0, dser = 0;
+    float ref[P];      /* a run computed serially */
+    float dp[P] = {0}; /* H=1's reference: one thread on all ranks' samples */
+    float d = 0;       /* the largest difference from dp */
+    float dser = 0;    /* the largest difference from ref */
     double loss0;
     uint64_t bytes;
-    int v, r, i, t, ok = 1, exact = 1;
-    cd.size = pd.num_threads = N;
+    int v, r, i, t;
+    int ok = 1;
+    int exact = 1; /* the bytes moved = the ring's formula, every run */
+    cd.size = N;
+    pd.num_threads = N;
     cd.algo = DPAR_ALGO_RING; /* the ring at every size: its bytes follow the formula checked below */
-    if (dpar_pool_create(&pd, &pool) != DPAR_OK) return fprintf(stderr, "failed: %s\n", dpar_last_error()), 1;
+    if (dpar_pool_create(&pd, &pool) != DPAR_OK) {
+        fprintf(stderr, "09_local_sgd: %s\n", dpar_last_error());
+        return 1;
+    }
     make_data();
-    printf("%d ranks (clients) of 64..512 samples, non-IID; loss at w = 0: %.5f\n", N, loss0 = loss(dp));
+    loss0 = loss(dp);
+    printf("%d ranks (clients) of 64..512 samples, non-IID; loss at w = 0: %.5f\n", N, loss0);
     for (t = 0; t < STEPS; t++) sgd_step(dp, 0, N, t); /* the reference of H=1: one thread, all ranks' samples */
     for (v = 0; v < 5; v++) {
-        H = runs[v][0], rounds = runs[v][1], kind = runs[v][2];
-        if (dpar_group_create(&cd, &group) != DPAR_OK || dpar_pool_run(pool, rank_main, NULL) != DPAR_OK)
-            return fprintf(stderr, "failed: %s\n", dpar_last_error()), 1;
+        H = runs[v][0];
+        rounds = runs[v][1];
+        kind = runs[v][2];
+        if (dpar_group_create(&cd, &group) != DPAR_OK || dpar_pool_run(pool, rank_main, NULL) != DPAR_OK) {
+            fprintf(stderr, "09_local_sgd: %s\n", dpar_last_error());
+            return 1;
+        }
         dpar_group_destroy(group);
         serial(ref);
         for (i = 0; i < P; i++) dser = fmaxf(dser, fabsf(result[0][i] - ref[i])); /* a NaN fails the loss check */
         for (i = 0; i < P && v == 0; i++) d = fmaxf(d, fabsf(result[0][i] - dp[i]));
-        for (r = 0, bytes = 0; r < N; r++) {
+        bytes = 0;
+        for (r = 0; r < N; r++) {
             ok &= memcmp(result[r], result[0], sizeof ref) == 0; /* every rank holds the same average */
             bytes += moved[r];
         }
