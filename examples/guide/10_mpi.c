@@ -32,12 +32,14 @@ static float uniform(void) { return (float)((seed = seed * 1664525u + 1013904223
 /* the gradient of the mean 0.5 (w.x + b - y)^2 over samples first..first+n-1 into g; returns that mean loss */
 static float grad(const float *w, int first, int n, float *g)
 {
-    float loss = 0, e;
+    float loss = 0;
     int s, k;
     memset(g, 0, P * sizeof *g);
     for (s = first; s < first + n; s++) {
-        for (e = w[D] - data_y[s], k = 0; k < D; k++) e += w[k] * data_x[s * D + k];
-        for (loss += 0.5f * e * e / n, k = 0; k < D; k++) g[k] += e * data_x[s * D + k] / n;
+        float e = w[D] - data_y[s]; /* the model's error on sample s */
+        for (k = 0; k < D; k++) e += w[k] * data_x[s * D + k];
+        loss += 0.5f * e * e / n;
+        for (k = 0; k < D; k++) g[k] += e * data_x[s * D + k] / n;
         g[D] += e / n;
     }
     return loss;
@@ -47,9 +49,13 @@ static void setup(void)
 {
     float g[P];
     int i, k, step;
-    for (i = 0; i < NDATA; i++)
-        for (data_y[i] = 0.2f * uniform(), k = 0; k < D; k++)
-            data_y[i] += sinf(k + 1.0f) * (data_x[i * D + k] = uniform());
+    for (i = 0; i < NDATA; i++) {
+        data_y[i] = 0.2f * uniform(); /* noise, then w . x */
+        for (k = 0; k < D; k++) {
+            data_x[i * D + k] = uniform();
+            data_y[i] += sinf(k + 1.0f) * data_x[i * D + k];
+        }
+    }
     for (step = 0; step < STEPS; step++) { /* the serial run: one rank, the whole batch */
         ref_loss[step] = grad(ref, step * BATCH % NDATA, BATCH, g);
         for (i = 0; i < P; i++) ref[i] -= LR * g[i];
@@ -58,9 +64,20 @@ static void setup(void)
 /* One rank, on threads or processes alike: train, then check this rank and tell the others how it went. */
 static dpar_status train(dpar_comm *comm)
 {
-    int rank = dpar_comm_rank(comm), n = dpar_comm_size(comm), per = BATCH / n, step, i, j, procs = 0;
-    int32_t pid = (int32_t)getpid(), pids[MAX_RANKS], ok = 1;
-    float w[P] = {0}, g[P], lo[P], hi[P], loss, first = 0, diff = 0;
+    int rank = dpar_comm_rank(comm);
+    int n = dpar_comm_size(comm);
+    int per = BATCH / n; /* my share of each batch */
+    int procs = 0;       /* how many processes the ranks are in */
+    int step, i, j;
+    int32_t pid = (int32_t)getpid();
+    int32_t pids[MAX_RANKS]; /* every rank's process id */
+    int32_t ok = 1;
+    float w[P] = {0};   /* my replica */
+    float g[P];         /* the gradient */
+    float lo[P], hi[P]; /* each parameter's smallest and largest value over the ranks */
+    float loss;
+    float first = 0;                                                /* the first step's loss */
+    float diff = 0;                                                 /* the largest difference from the serial run */
     dpar_status st = dpar_allgather(comm, &pid, pids, n, DPAR_I32); /* every rank's process id */
     for (step = 0; step < STEPS && st == DPAR_OK; step++) {
         loss = grad(w, step * BATCH % NDATA + rank * per, per, g); /* my share of the batch */
@@ -128,7 +145,9 @@ static dpar_status rank_main(void *user, int rank, int n) /* one rank per thread
     dpar_status st = dpar_group_join(group, rank, &comm);
     if (st == DPAR_OK) st = train(comm);
     dpar_comm_destroy(comm);
-    return (void)user, (void)n, st;
+    (void)user;
+    (void)n;
+    return st;
 }
 int main(int argc, char **argv)
 {
@@ -137,10 +156,13 @@ int main(int argc, char **argv)
     dpar_pool *pool = NULL;
     dpar_status st;
     int n = argc > 1 ? atoi(argv[1]) : 2;
-    if (n < 1 || n > MAX_RANKS || BATCH % n)
-        return fprintf(stderr, "usage: %s [ranks dividing %d]\n", argv[0], BATCH), 2;
+    if (n < 1 || n > MAX_RANKS || BATCH % n) {
+        fprintf(stderr, "10_mpi: %d ranks: give a number of ranks that divides the batch of %d\n", n, BATCH);
+        return 2;
+    }
     setup();
-    cd.size = pd.num_threads = n;
+    cd.size = n;
+    pd.num_threads = n;
     if ((st = dpar_group_create(&cd, &group)) == DPAR_OK && (st = dpar_pool_create(&pd, &pool)) == DPAR_OK)
         st = dpar_pool_run(pool, rank_main, NULL);
     if (st != DPAR_OK && st != DPAR_EUSER) fprintf(stderr, "10_mpi: %s\n", dpar_last_error());
