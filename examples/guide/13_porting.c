@@ -59,9 +59,15 @@ static void gradient(const float *w, int step, int j0, int j1, float *err, float
    out: the weights at the end, then the last step's gradient. */
 static dpar_status train(dpar_comm *comm, int rank, int ranks, int leaves, float *out)
 {
-    float part[LEAVES][D + 1], *w = out, *grad = out + D + 1, err[BATCH]; /* scratch: on this rank's stack */
-    const void *mine[LEAVES];
-    int step, l, k, first = rank * leaves / ranks, last = (rank + 1) * leaves / ranks, size = BATCH / leaves;
+    float part[LEAVES][D + 1];              /* each of my leaves' gradient */
+    float err[BATCH];                       /* gradient()'s scratch: on this rank's stack, no longer a static buffer */
+    float *w = out;                         /* the weights */
+    float *grad = out + D + 1;              /* the step's gradient */
+    const void *mine[LEAVES];               /* my leaves, for the tree */
+    int first = rank * leaves / ranks;      /* my first leaf */
+    int last = (rank + 1) * leaves / ranks; /* one past my last */
+    int size = BATCH / leaves;              /* samples per leaf */
+    int step, l, k;
     dpar_status st = DPAR_OK;
     memset(w, 0, (D + 1) * sizeof(float)); /* every rank starts from the same weights: zeros */
     for (step = 0; step < STEPS && st == DPAR_OK; step++) {
@@ -95,7 +101,9 @@ static dpar_status run(int ranks, int deterministic, int run)
     dpar_pool *pool = NULL;
     int job[2] = {deterministic ? LEAVES : ranks, run};
     dpar_status st;
-    cd.size = pd.num_threads = ranks, cd.deterministic = deterministic;
+    cd.size = ranks;
+    pd.num_threads = ranks;
+    cd.deterministic = deterministic;
     if ((st = dpar_group_create(&cd, &group)) == DPAR_OK && (st = dpar_pool_create(&pd, &pool)) == DPAR_OK)
         st = dpar_pool_run(pool, rank_main, job);
     dpar_pool_destroy(pool);
@@ -112,12 +120,21 @@ static float max_diff(const float *a, const float *b, int n) /* a NaN counts as 
 
 int main(void)
 {
-    float serial[D + 1], grad[D + 1], err[BATCH], truth[D + 1], dg[3], ds;
-    int i, k, step, r, n, det, ok = 1;
+    float serial[D + 1]; /* the serial trainer's weights */
+    float grad[D + 1];
+    float err[BATCH];
+    float truth[D + 1]; /* the weights that make the data */
+    float dg[3];        /* the plain port: the last gradient's difference from 1 rank's, for 1, 2 and 4 ranks */
+    float ds;           /* the deterministic runs' difference from the serial weights */
+    int i, k, step, r, n, det;
+    int ok = 1;
     for (k = 0; k <= D; k++) truth[k] = uniform(k); /* the data: the same on every rank and process */
     for (i = 0; i < NDATA; i++) {
         data_y[i] = truth[D] + 0.01f * uniform(100 + (uint64_t)i * (D + 1));
-        for (k = 0; k < D; k++) data_y[i] += truth[k] * (data_x[i][k] = uniform(101 + (uint64_t)i * (D + 1) + k));
+        for (k = 0; k < D; k++) {
+            data_x[i][k] = uniform(101 + (uint64_t)i * (D + 1) + k);
+            data_y[i] += truth[k] * data_x[i][k];
+        }
     }
     memset(serial, 0, sizeof serial); /* the reference: the serial trainer, one thread, the whole batch */
     for (step = 0; step < STEPS; step++) {
@@ -130,9 +147,13 @@ int main(void)
         dpar_comm *comm = NULL;
         dpar_comm_desc cd = {.deterministic = 1};
         MPI_Init(NULL, NULL);
-        MPI_Comm_rank(MPI_COMM_WORLD, &r), MPI_Comm_size(MPI_COMM_WORLD, &n);
-        if (dpar_comm_from_mpi(MPI_COMM_WORLD, &cd, &comm) || train(comm, r, n, LEAVES, w) || run(1, 1, 0))
-            return fprintf(stderr, "process %d: %s\n", r, dpar_last_error()), MPI_Abort(MPI_COMM_WORLD, 1), 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &r);
+        MPI_Comm_size(MPI_COMM_WORLD, &n);
+        if (dpar_comm_from_mpi(MPI_COMM_WORLD, &cd, &comm) || train(comm, r, n, LEAVES, w) || run(1, 1, 0)) {
+            fprintf(stderr, "process %d: %s\n", r, dpar_last_error());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+            return 1;
+        }
         ok = memcmp(w, final[0][0], sizeof w) == 0 && max_diff(w, serial, D + 1) < 1e-5f;
         printf("process %d of %d: crc32 %08x: %s\n", r, n, dpar_crc32(0, w, sizeof w),
                ok ? "bit for bit those of 1 thread rank" : "FAILED: not those of 1 thread rank");
@@ -142,8 +163,12 @@ int main(void)
     }
 #endif
     for (det = 0; det <= 1; det++) /* the plain port (one leaf per rank, the ring's order), then the deterministic */
-        for (n = 1, i = 0; n <= 4; n *= 2, i++) {
-            if (run(n, det, i) != DPAR_OK) return fprintf(stderr, "failed: %s\n", dpar_last_error()), 1;
+        for (i = 0; i < 3; i++) {
+            n = 1 << i; /* 1, 2, 4 ranks */
+            if (run(n, det, i) != DPAR_OK) {
+                fprintf(stderr, "13_porting: %s\n", dpar_last_error());
+                return 1;
+            }
             if (!det) dg[i] = max_diff(final[i][0] + D + 1, final[0][0] + D + 1, D + 1); /* the last gradients */
             for (r = 0; det && r < n; r++) ok &= memcmp(final[i][r], final[0][0], sizeof final[0][0]) == 0;
         }
@@ -152,7 +177,8 @@ int main(void)
     if (ok)
         printf("deterministic mode, %d fixed leaves: 1, 2 and 4 ranks end with the same bits (crc32 %08x)\n", LEAVES,
                dpar_crc32(0, final[0][0], sizeof final[0][0]));
-    ok &= (ds = max_diff(final[0][0], serial, D + 1)) < 1e-5f;
+    ds = max_diff(final[0][0], serial, D + 1);
+    ok &= ds < 1e-5f;
     if (ok) printf("data-parallel = the serial trainer: max weight difference %.1e < 1e-5\n", ds);
     if (!ok) fprintf(stderr, "FAILED: a check against the serial trainer failed\n");
     return ok ? 0 : 1;
