@@ -99,8 +99,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "failed: %s\n", dpar_last_error());
         return 1;
     }
-    for (c = 0; c < nranks; c++) /* the reference: the sum of every rank's chunk c, in one loop */
-        for (serial[c] = 0, r = 0, p = 1; r < nranks; r++, p *= 10) serial[c] += (c + 1) * p;
+    for (c = 0; c < nranks; c++) { /* the reference: the sum of every rank's chunk c, in one loop */
+        serial[c] = 0;
+        p = 1; /* 10^r */
+        for (r = 0; r < nranks; r++) {
+            serial[c] += (c + 1) * p;
+            p *= 10;
+        }
+    }
 
     print_moment("start: rank r holds (c+1) * 10^r in chunk c", 0);
     for (s = 1; s < nranks; s++) {
