@@ -241,8 +241,10 @@ static float *grab(cp_rank *c, size_t n, int act)
 static void cp_free(cp_rank *c)
 {
     while (c->nmem > 0) free(c->mem[--c->nmem]);
-    free(c->pos), free(c->counts);
-    c->pos = NULL, c->counts = NULL;
+    free(c->pos);
+    free(c->counts);
+    c->pos = NULL;
+    c->counts = NULL;
 }
 
 /* act_formula: the attention activations of one rank, in bytes, with T = S/n, E = H Dh:
@@ -264,28 +266,53 @@ static dpar_status cp_init(cp_rank *c, int mode, int n, int r, int S, int H, int
     size_t T, E;
     int i, cz;
     memset(c, 0, sizeof *c);
-    c->mode = mode, c->n = n, c->r = r, c->S = S, c->H = H, c->Dh = Dh, c->comm = comm;
-    c->T = S / n, c->hn = H / n, c->E = (size_t)H * Dh;
-    T = (size_t)c->T, E = c->E;
+    c->mode = mode;
+    c->n = n;
+    c->r = r;
+    c->S = S;
+    c->H = H;
+    c->Dh = Dh;
+    c->comm = comm;
+    c->T = S / n;
+    c->hn = H / n;
+    c->E = (size_t)H * Dh;
+    T = (size_t)c->T;
+    E = c->E;
     if (!(c->pos = (int *)malloc(T * sizeof(int))) || !(c->counts = (size_t *)calloc(2 * (size_t)n, sizeof(size_t))))
         return DPAR_ENOMEM;
-    c->counts[(r + 1) % n] = 2 * T * E, c->counts[n + (r - 1 + n) % n] = 2 * T * E;
+    c->counts[(r + 1) % n] = 2 * T * E;
+    c->counts[n + (r - 1 + n) % n] = 2 * T * E;
     cz = c->T / 2;
     for (i = 0; i < c->T; i++) c->pos[i] = mode == MODE_RING ? chunk_index(r, n, i >= cz) * cz + i % cz : r * c->T + i;
-    c->q = grab(c, T * E, 1), c->kv = grab(c, 2 * T * E, 1), c->o = grab(c, T * E, 1);
-    c->dout = grab(c, T * E, 0), c->dq = grab(c, T * E, 0), c->dkv = grab(c, 2 * T * E, 0);
+    c->q = grab(c, T * E, 1);
+    c->kv = grab(c, 2 * T * E, 1);
+    c->o = grab(c, T * E, 1);
+    c->dout = grab(c, T * E, 0);
+    c->dq = grab(c, T * E, 0);
+    c->dkv = grab(c, 2 * T * E, 0);
     if (mode == MODE_ULYSSES) {
-        c->qh = grab(c, T * E, 1), c->kh = grab(c, T * E, 1), c->vh = grab(c, T * E, 1), c->oh = grab(c, T * E, 1);
-        c->lseh = grab(c, T * H, 1), c->stage = grab(c, T * E, 1);
-        c->douth = grab(c, T * E, 0), c->dqh = grab(c, T * E, 0), c->dkh = grab(c, T * E, 0);
+        c->qh = grab(c, T * E, 1);
+        c->kh = grab(c, T * E, 1);
+        c->vh = grab(c, T * E, 1);
+        c->oh = grab(c, T * E, 1);
+        c->lseh = grab(c, T * H, 1);
+        c->stage = grab(c, T * E, 1);
+        c->douth = grab(c, T * E, 0);
+        c->dqh = grab(c, T * E, 0);
+        c->dkh = grab(c, T * E, 0);
         c->dvh = grab(c, T * E, 0);
     } else {
         c->lse = grab(c, T * H, 1);
     }
     if (mode == MODE_RING) {
         c->l = grab(c, T * H, 1);
-        if (n > 1) c->ring[0] = grab(c, 2 * T * E, 1), c->ring[1] = grab(c, 2 * T * E, 1);
-        c->dsum = grab(c, T * H, 0), c->pkt[0] = grab(c, 4 * T * E, 0), c->pkt[1] = grab(c, 4 * T * E, 0);
+        if (n > 1) {
+            c->ring[0] = grab(c, 2 * T * E, 1);
+            c->ring[1] = grab(c, 2 * T * E, 1);
+        }
+        c->dsum = grab(c, T * H, 0);
+        c->pkt[0] = grab(c, 4 * T * E, 0);
+        c->pkt[1] = grab(c, 4 * T * E, 0);
     }
     for (i = 0; i < c->nmem; i++)
         if (!c->mem[i]) return DPAR_ENOMEM;
@@ -526,8 +553,10 @@ static void stats_read(job *j, dpar_comm *comm)
 {
     dpar_comm_stats s;
     if (!comm || dpar_comm_stats_get(comm, &s) != DPAR_OK) return;
-    j->a2a_calls = s.by_coll[DPAR_COLL_ALLTOALL].calls, j->a2a_bytes = s.by_coll[DPAR_COLL_ALLTOALL].bytes_sent;
-    j->p2p_calls = s.by_coll[DPAR_COLL_SEND].calls, j->p2p_bytes = s.by_coll[DPAR_COLL_SEND].bytes_sent;
+    j->a2a_calls = s.by_coll[DPAR_COLL_ALLTOALL].calls;
+    j->a2a_bytes = s.by_coll[DPAR_COLL_ALLTOALL].bytes_sent;
+    j->p2p_calls = s.by_coll[DPAR_COLL_SEND].calls;
+    j->p2p_bytes = s.by_coll[DPAR_COLL_SEND].bytes_sent;
     j->ar_calls = s.by_coll[DPAR_COLL_ALLREDUCE].calls;
 }
 
@@ -565,9 +594,12 @@ static dpar_status run_train(job *j, cp_rank *c)
     dpar_status st = DPAR_ENOMEM;
     int i, step;
     size_t k;
-    w = (float *)malloc(4 * EE * sizeof(float)), g = (float *)malloc((4 * EE + 1) * sizeof(float));
-    x = (float *)malloc(TE * sizeof(float)), tgt = (float *)malloc(TE * sizeof(float));
-    y = (float *)malloc(TE * sizeof(float)), dy = (float *)malloc(TE * sizeof(float));
+    w = (float *)malloc(4 * EE * sizeof(float));
+    g = (float *)malloc((4 * EE + 1) * sizeof(float));
+    x = (float *)malloc(TE * sizeof(float));
+    tgt = (float *)malloc(TE * sizeof(float));
+    y = (float *)malloc(TE * sizeof(float));
+    dy = (float *)malloc(TE * sizeof(float));
     if (!w || !g || !x || !tgt || !y || !dy) goto done;
     memcpy(w, j->w0, 4 * EE * sizeof(float)); /* every rank: the same weights (replicas) */
     for (i = 0; i < c->T; i++) {
@@ -584,7 +616,12 @@ static dpar_status run_train(job *j, cp_rank *c)
     if (c->r == 0) memcpy(j->w, w, 4 * EE * sizeof(float));
     st = DPAR_OK;
 done:
-    free(w), free(g), free(x), free(tgt), free(y), free(dy);
+    free(w);
+    free(g);
+    free(x);
+    free(tgt);
+    free(y);
+    free(dy);
     return st;
 }
 
@@ -659,7 +696,9 @@ static int run(job *j, int task, int mode, int n)
     dpar_status st;
     memset(&pd, 0, sizeof pd);
     memset(&cd, 0, sizeof cd);
-    j->task = task, j->mode = mode, j->n = pd.num_threads = cd.size = n;
+    j->task = task;
+    j->mode = mode;
+    j->n = pd.num_threads = cd.size = n;
     j->group = NULL;
     j->a2a_calls = j->a2a_bytes = j->p2p_calls = j->p2p_bytes = j->ar_calls = 0;
     if ((st = dpar_pool_create(&pd, &pool)) == DPAR_OK && (st = dpar_group_create(&cd, &j->group)) == DPAR_OK)
@@ -765,9 +804,17 @@ static int gradcheck(void)
     cp_rank c;
     int i, m, ok;
     for (i = 0; i < N; i++) {
-        q[i] = uniform(&seed, -1, 1), k[i] = uniform(&seed, -1, 1), v[i] = uniform(&seed, -1, 1);
-        g[i] = uniform(&seed, -1, 1), x[i] = uniform(&seed, -1, 1), t[i] = uniform(&seed, -1, 1);
-        qd[i] = q[i], qd[N + i] = k[i], qd[2 * N + i] = v[i], xd[i] = x[i], td[i] = t[i];
+        q[i] = uniform(&seed, -1, 1);
+        k[i] = uniform(&seed, -1, 1);
+        v[i] = uniform(&seed, -1, 1);
+        g[i] = uniform(&seed, -1, 1);
+        x[i] = uniform(&seed, -1, 1);
+        t[i] = uniform(&seed, -1, 1);
+        qd[i] = q[i];
+        qd[N + i] = k[i];
+        qd[2 * N + i] = v[i];
+        xd[i] = x[i];
+        td[i] = t[i];
     }
     for (i = 0; i < W; i++) wd[i] = w[i] = uniform(&seed, -1, 1) * 0.35f;
     /* forward: float two-pass softmax against the naive double attention with its explicit mask */
@@ -794,7 +841,9 @@ static int gradcheck(void)
     {
         float numf[3 * N];
         for (i = 0; i < 3 * N; i++) numf[i] = (float)num[i];
-        memcpy(ana, dq, sizeof dq), memcpy(ana + N, dk, sizeof dk), memcpy(ana + 2 * N, dv, sizeof dv);
+        memcpy(ana, dq, sizeof dq);
+        memcpy(ana + N, dk, sizeof dk);
+        memcpy(ana + 2 * N, dv, sizeof dv);
         err_attn = rel_err(ana, numf, 3 * N);
     }
     /* the layer (projections, attention, output projection, mean squared error) through layer_step, one rank */
@@ -836,7 +885,11 @@ static int check_block(job *j, int mode, int n, const float *ref[5])
     float *got[5];
     double err = 0, e;
     int i, same = 1, balanced = 1, overlapped_same = 1, ok;
-    got[0] = j->o, got[1] = j->lse, got[2] = j->dq, got[3] = j->dk, got[4] = j->dv;
+    got[0] = j->o;
+    got[1] = j->lse;
+    got[2] = j->dq;
+    got[3] = j->dk;
+    got[4] = j->dv;
     if (mode == MODE_RING) { /* first with the hops overlapped (dpar_ialltoallv): the same sums, the same bits */
         float *keep = (float *)malloc((4 * N + (size_t)j->S * j->H) * sizeof(float)), *kp = keep;
         j->overlap = 1;
@@ -844,12 +897,14 @@ static int check_block(job *j, int mode, int n, const float *ref[5])
         j->overlap = 0;
         for (i = 0; i < 5; i++) {
             size_t cnt = i == 1 ? (size_t)j->S * j->H : N;
-            memcpy(kp, got[i], cnt * sizeof(float)), kp += cnt;
+            memcpy(kp, got[i], cnt * sizeof(float));
+            kp += cnt;
         }
         if (!run(j, 0, mode, n)) return (free(keep), 0);
         for (i = 0, kp = keep; i < 5; i++) {
             size_t cnt = i == 1 ? (size_t)j->S * j->H : N;
-            overlapped_same &= !memcmp(kp, got[i], cnt * sizeof(float)), kp += cnt;
+            overlapped_same &= !memcmp(kp, got[i], cnt * sizeof(float));
+            kp += cnt;
         }
         free(keep);
     } else if (!run(j, 0, mode, n)) return 0;
@@ -882,7 +937,10 @@ static int check_block(job *j, int mode, int n, const float *ref[5])
 static int run_benches(job *j, const int *cps, int ncp, int S, int H, int Dh)
 {
     int p, r;
-    j->S = S, j->H = H, j->Dh = Dh, j->reps = 10;
+    j->S = S;
+    j->H = H;
+    j->Dh = Dh;
+    j->reps = 10;
     for (p = 0; p < ncp; p++) {
         int n = cps[p];
         double wait = 0, hidden;
@@ -925,17 +983,32 @@ int main(int argc, char **argv)
     size_t E, N, EE;
     float *buf, *ref_o, *ref_lse, *ref_dq, *ref_dk, *ref_dv, *ref_w, ref_loss[MAX_STEPS];
     const float *ref[5];
-    cps[0] = 1, cps[1] = 2, cps[2] = 4, modes[0] = MODE_ULYSSES, modes[1] = MODE_RING, j.lr = 10.0f;
+    cps[0] = 1;
+    cps[1] = 2;
+    cps[2] = 4;
+    modes[0] = MODE_ULYSSES;
+    modes[1] = MODE_RING;
+    j.lr = 10.0f;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--gradcheck")) only_gradcheck = 1;
-        else if (!strcmp(a, "--bench")) bench = 1, modes[0] = MODE_RING, nmodes = 1;
-        else if (!strcmp(a, "--mode") && val) {
+        else if (!strcmp(a, "--bench")) {
+            bench = 1;
+            modes[0] = MODE_RING;
+            nmodes = 1;
+        } else if (!strcmp(a, "--mode") && val) {
             i++;
-            if (!strcmp(val, "ulysses")) modes[0] = MODE_ULYSSES, nmodes = 1;
-            else if (!strcmp(val, "ring")) modes[0] = MODE_RING, nmodes = 1;
-            else if (!strcmp(val, "both")) modes[0] = MODE_ULYSSES, modes[1] = MODE_RING, nmodes = 2;
-            else goto usage;
+            if (!strcmp(val, "ulysses")) {
+                modes[0] = MODE_ULYSSES;
+                nmodes = 1;
+            } else if (!strcmp(val, "ring")) {
+                modes[0] = MODE_RING;
+                nmodes = 1;
+            } else if (!strcmp(val, "both")) {
+                modes[0] = MODE_ULYSSES;
+                modes[1] = MODE_RING;
+                nmodes = 2;
+            } else goto usage;
         } else if (!strcmp(a, "--cp") && val) {
             if (!(ncp = parse_list(argv[++i], cps, 8))) goto usage;
         } else if (!strcmp(a, "--seq") && val) S = atoi(argv[++i]), seq_given = 1;
@@ -982,21 +1055,47 @@ int main(int argc, char **argv)
     if (!gradcheck()) all_ok = 0;
     if (only_gradcheck) return all_ok ? 0 : 1;
 
-    E = (size_t)H * Dh, N = (size_t)S * E, EE = E * E;
+    E = (size_t)H * Dh;
+    N = (size_t)S * E;
+    EE = E * E;
     buf = (float *)calloc(14 * N + 12 * EE + 2 * (size_t)S * H, sizeof(float));
     if (!buf) return 1;
-    j.S = S, j.H = H, j.Dh = Dh, j.steps = steps;
+    j.S = S;
+    j.H = H;
+    j.Dh = Dh;
+    j.steps = steps;
     {
         float *b = buf, *q = b, *k = b + N, *v = b + 2 * N, *dout = b + 3 * N, *x = b + 4 * N, *tgt = b + 5 * N,
               *w0 = b + 6 * N;
-        j.q = q, j.k = k, j.v = v, j.dout = dout, j.x = x, j.tgt = tgt, j.w0 = w0;
+        j.q = q;
+        j.k = k;
+        j.v = v;
+        j.dout = dout;
+        j.x = x;
+        j.tgt = tgt;
+        j.w0 = w0;
         b += 6 * N + 4 * EE;
-        j.o = b, j.dq = b + N, j.dk = b + 2 * N, j.dv = b + 3 * N, j.w = b + 4 * N, b += 4 * N + 4 * EE;
-        ref_o = b, ref_dq = b + N, ref_dk = b + 2 * N, ref_dv = b + 3 * N, ref_w = b + 4 * N, b += 4 * N + 4 * EE;
-        j.lse = b, ref_lse = b + (size_t)S * H;
-        for (i = 0; i < (int)N; i++)
-            q[i] = uniform(&seed, -2, 2), k[i] = uniform(&seed, -2, 2), v[i] = uniform(&seed, -1, 1),
-            dout[i] = uniform(&seed, -1, 1), x[i] = uniform(&seed, -1, 1);
+        j.o = b;
+        j.dq = b + N;
+        j.dk = b + 2 * N;
+        j.dv = b + 3 * N;
+        j.w = b + 4 * N;
+        b += 4 * N + 4 * EE;
+        ref_o = b;
+        ref_dq = b + N;
+        ref_dk = b + 2 * N;
+        ref_dv = b + 3 * N;
+        ref_w = b + 4 * N;
+        b += 4 * N + 4 * EE;
+        j.lse = b;
+        ref_lse = b + (size_t)S * H;
+        for (i = 0; i < (int)N; i++) {
+            q[i] = uniform(&seed, -2, 2);
+            k[i] = uniform(&seed, -2, 2);
+            v[i] = uniform(&seed, -1, 1);
+            dout[i] = uniform(&seed, -1, 1);
+            x[i] = uniform(&seed, -1, 1);
+        }
         for (i = 0; i < S; i++) { /* the task: each token's target is the mean of the inputs up to it */
             size_t d;
             for (d = 0; d < E; d++) tgt[i * E + d] = (i ? tgt[(i - 1) * E + d] * i : 0) + x[i * E + d];
@@ -1007,10 +1106,16 @@ int main(int argc, char **argv)
 
     /* the unsharded block: the reference */
     if (!run(&j, 0, MODE_REF, 1)) return 1;
-    memcpy(ref_o, j.o, N * sizeof(float)), memcpy(ref_dq, j.dq, N * sizeof(float));
-    memcpy(ref_dk, j.dk, N * sizeof(float)), memcpy(ref_dv, j.dv, N * sizeof(float));
+    memcpy(ref_o, j.o, N * sizeof(float));
+    memcpy(ref_dq, j.dq, N * sizeof(float));
+    memcpy(ref_dk, j.dk, N * sizeof(float));
+    memcpy(ref_dv, j.dv, N * sizeof(float));
     memcpy(ref_lse, j.lse, (size_t)S * H * sizeof(float));
-    ref[0] = ref_o, ref[1] = ref_lse, ref[2] = ref_dq, ref[3] = ref_dk, ref[4] = ref_dv;
+    ref[0] = ref_o;
+    ref[1] = ref_lse;
+    ref[2] = ref_dq;
+    ref[3] = ref_dk;
+    ref[4] = ref_dv;
     printf("block: causal attention S=%d H=%d Dh=%d, forward and backward, against the unsharded block\n", S, H, Dh);
     for (m = 0; m < nmodes; m++)
         for (p = 0; p < ncp; p++)
@@ -1018,7 +1123,8 @@ int main(int argc, char **argv)
 
     /* training: the unsharded layer, then each mode and cp */
     if (!run(&j, 1, MODE_REF, 1)) return 1;
-    memcpy(ref_w, j.w, 4 * EE * sizeof(float)), memcpy(ref_loss, j.loss, (size_t)steps * sizeof(float));
+    memcpy(ref_w, j.w, 4 * EE * sizeof(float));
+    memcpy(ref_loss, j.loss, (size_t)steps * sizeof(float));
     printf("train: x -> Q K V -> causal attention (H=%d heads of %d) -> Wo, target the running mean of x, S=%d, %d "
            "steps of SGD (lr %.2f), projections' gradients allreduced\n",
            H, Dh, S, steps, j.lr);
@@ -1047,10 +1153,14 @@ int main(int argc, char **argv)
                dv backward), each (n-1)/n of T E floats (its own block stays); ring 2(n-1) + 1 sendrecvs: n-1 K/V
                blocks (2 T E) forward, n-1 K V dK dV packets (4 T E) and one dK dV hop home (2 T E) backward */
             if (mode == MODE_ULYSSES) {
-                calls = j.a2a_calls, bytes = j.a2a_bytes, want_calls = n > 1 ? 8 : 0;
+                calls = j.a2a_calls;
+                bytes = j.a2a_bytes;
+                want_calls = n > 1 ? 8 : 0;
                 want_bytes = n > 1 ? 8 * (uint64_t)(n - 1) * (T * E / n) * sizeof(float) : 0;
             } else {
-                calls = j.p2p_calls, bytes = j.p2p_bytes, want_calls = n > 1 ? 2 * (uint64_t)(n - 1) + 1 : 0;
+                calls = j.p2p_calls;
+                bytes = j.p2p_bytes;
+                want_calls = n > 1 ? 2 * (uint64_t)(n - 1) + 1 : 0;
                 want_bytes = n > 1 ? ((uint64_t)(n - 1) * 6 * T * E + 2 * T * E) * sizeof(float) : 0;
             }
             traffic_ok = calls == want_calls * steps && bytes == want_bytes * steps &&

@@ -136,9 +136,12 @@ static dpar_status gather(rank_state *r, int b)
     float *p;
     dpar_status st;
     if ((st = dpar_fsdp_gather(r->fsdp, b, &p)) != DPAR_OK) return st;
-    r->up[b].w = p, p += r->up[b].in_local * r->up[b].out_local;
-    r->up[b].b = p, p += r->up[b].bias_local;
-    r->down[b].w = p, p += r->down[b].in_local * r->down[b].out_local;
+    r->up[b].w = p;
+    p += r->up[b].in_local * r->up[b].out_local;
+    r->up[b].b = p;
+    p += r->up[b].bias_local;
+    r->down[b].w = p;
+    p += r->down[b].in_local * r->down[b].out_local;
     r->down[b].b = p;
     return DPAR_OK;
 }
@@ -294,8 +297,13 @@ static dpar_status zero_create(rank_state *r, int wr)
     int b, first = 0, count = 0;
     memset(&fd, 0, sizeof fd);
     for (b = 0; b < r->nb; b++) counts[b] = unit_count(r, b);
-    fd.comm = r->mesh.dp_comm, fd.stage = 3, fd.num_units = r->nb, fd.unit_counts = counts;
-    fd.kind = DPAR_OPTIM_SGD, fd.lr = LR, fd.leaves = NLEAF;
+    fd.comm = r->mesh.dp_comm;
+    fd.stage = 3;
+    fd.num_units = r->nb;
+    fd.unit_counts = counts;
+    fd.kind = DPAR_OPTIM_SGD;
+    fd.lr = LR;
+    fd.leaves = NLEAF;
     TRY(dpar_fsdp_create(&fd, &r->fsdp));
     TRY(dpar_fsdp_leaves(r->fsdp, &first, &count));
     if (first != r->mesh.dp_rank * r->m || count != r->m)
@@ -304,7 +312,10 @@ static dpar_status zero_create(rank_state *r, int wr)
     for (b = 0; b < r->nb; b++) { /* the same values on every replica: each keeps its shard */
         flat_copy(r, b, flat, 0, 1);
         TRY(dpar_fsdp_set_params(r->fsdp, b, flat));
-        r->own[b][0] = r->up[b].w, r->own[b][1] = r->up[b].b, r->own[b][2] = r->down[b].w, r->own[b][3] = r->down[b].b;
+        r->own[b][0] = r->up[b].w;
+        r->own[b][1] = r->up[b].b;
+        r->own[b][2] = r->down[b].w;
+        r->own[b][3] = r->down[b].b;
         r->up[b].w = r->up[b].b = r->down[b].w = r->down[b].b = NULL;
     }
 done:
@@ -343,13 +354,29 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
     float lo[D * F], hi[D * F], flat[UNIT];
     uint64_t t0 = 0;
     int step, k, b, n, pp, last;
-    md.world = world, md.dp = j->dp, md.tp = j->tp, md.pp = j->pp;
+    md.world = world;
+    md.dp = j->dp;
+    md.tp = j->tp;
+    md.pp = j->pp;
     TRY(dpar_mesh_init(&r->mesh, &md));
-    pp = r->mesh.pp_rank, last = pp == j->pp - 1;
-    r->nb = NB / j->pp, r->first = pp * r->nb, r->m = j->leaves ? NLEAF / j->dp : M;
-    j->coords[wr][0] = r->mesh.dp_rank, j->coords[wr][1] = r->mesh.tp_rank, j->coords[wr][2] = pp;
-    ud.mode = DPAR_LINEAR_COLUMN, ud.in = D, ud.out = F, ud.comm = r->mesh.tp_comm, ud.leaves = j->leaves;
-    dd.mode = DPAR_LINEAR_ROW, dd.in = F, dd.out = D, dd.comm = r->mesh.tp_comm, dd.leaves = j->leaves;
+    pp = r->mesh.pp_rank;
+    last = pp == j->pp - 1;
+    r->nb = NB / j->pp;
+    r->first = pp * r->nb;
+    r->m = j->leaves ? NLEAF / j->dp : M;
+    j->coords[wr][0] = r->mesh.dp_rank;
+    j->coords[wr][1] = r->mesh.tp_rank;
+    j->coords[wr][2] = pp;
+    ud.mode = DPAR_LINEAR_COLUMN;
+    ud.in = D;
+    ud.out = F;
+    ud.comm = r->mesh.tp_comm;
+    ud.leaves = j->leaves;
+    dd.mode = DPAR_LINEAR_ROW;
+    dd.in = F;
+    dd.out = D;
+    dd.comm = r->mesh.tp_comm;
+    dd.leaves = j->leaves;
     for (b = 0; b < r->nb; b++) {
         TRY(dpar_linear_init(&r->up[b], &ud));
         TRY(dpar_linear_init(&r->down[b], &dd));
@@ -357,7 +384,9 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
         TRY(dpar_linear_set_weights(&r->down[b], j->w2[r->first + b], j->b2[r->first + b]));
     }
     if (j->zero) TRY(zero_create(r, wr));
-    sd.kind = DPAR_PIPE_1F1B, sd.p = j->pp, sd.m = r->m;
+    sd.kind = DPAR_PIPE_1F1B;
+    sd.p = j->pp;
+    sd.m = r->m;
     TRY(dpar_pipe_schedule_create(&sd, &S));
     memset(&pd, 0, sizeof pd);
     pd.schedule = S;
@@ -381,7 +410,8 @@ static dpar_status train(rank_state *r, dpar_comm *world, int wr)
             dpar_linear *L[2] = {&r->up[b], &r->down[b]};
             if (j->leaves) { /* the leaves' tree, finished across the replicas by the deterministic allreduce */
                 TRY(leaf_grads(r, b, r->mesh.dp_comm));
-                sgd(L[0], 1.0f), sgd(L[1], 1.0f);
+                sgd(L[0], 1.0f);
+                sgd(L[1], 1.0f);
                 continue;
             }
             for (k = 0; k < 2; k++) { /* data parallelism: average with my twin in the other replica */
@@ -461,7 +491,10 @@ static dpar_status rank_main(void *user, int wr, int n)
     if ((st = dpar_group_join(r->j->group, wr, &world)) == DPAR_OK) {
         dpar_comm *mine[4];
         st = train(r, world, wr);
-        mine[0] = world, mine[1] = r->mesh.tp_comm, mine[2] = r->mesh.pp_comm, mine[3] = r->mesh.dp_comm;
+        mine[0] = world;
+        mine[1] = r->mesh.tp_comm;
+        mine[2] = r->mesh.pp_comm;
+        mine[3] = r->mesh.dp_comm;
         for (k = 0; k < 4 && st != DPAR_OK; k++) /* wake every rank that waits for me, on every comm of mine */
             if (mine[k]) dpar_comm_abort(mine[k]);
         if (r->mesh.tp_comm) dpar_mesh_destroy(&r->mesh);
@@ -478,9 +511,15 @@ static dpar_status reference(job *j, rank_state *r)
     dpar_linear_desc ud = {0}, dd = {0}; /* FULL */
     dpar_status st = DPAR_OK;
     int b, step, leaf;
-    ud.in = D, ud.out = F, ud.leaves = j->leaves;
-    dd.in = F, dd.out = D, dd.leaves = j->leaves;
-    r->j = j, r->nb = NB, r->m = NLEAF; /* replica 0 of one: its micro-batch i is leaf i */
+    ud.in = D;
+    ud.out = F;
+    ud.leaves = j->leaves;
+    dd.in = F;
+    dd.out = D;
+    dd.leaves = j->leaves;
+    r->j = j; /* replica 0 of one: its micro-batch i is leaf i */
+    r->nb = NB;
+    r->m = NLEAF;
     for (b = 0; b < NB && st == DPAR_OK; b++)
         if ((st = dpar_linear_init(&r->up[b], &ud)) == DPAR_OK &&
             (st = dpar_linear_init(&r->down[b], &dd)) == DPAR_OK &&
@@ -525,8 +564,10 @@ static dpar_status run_layout(job *j, dpar_pool *pool)
     memset(&cd, 0, sizeof cd);
     cd.size = RANKS;
     cd.deterministic = j->leaves != 0; /* allreduce in dpar_tree_reduce's tree: the leaves' sums independent of dp */
-    memset(j->coords, 0, sizeof j->coords), memset(j->diff, 0, sizeof j->diff);
-    memset(j->per_step, 0, sizeof j->per_step), memset(j->moved, 0, sizeof j->moved);
+    memset(j->coords, 0, sizeof j->coords);
+    memset(j->diff, 0, sizeof j->diff);
+    memset(j->per_step, 0, sizeof j->per_step);
+    memset(j->moved, 0, sizeof j->moved);
     if ((st = dpar_group_create(&cd, &j->group)) != DPAR_OK) return st;
     st = dpar_pool_run(pool, rank_main, j);
     dpar_group_destroy(j->group);
@@ -548,9 +589,15 @@ static int run_default(job *j, dpar_pool *pool)
     double worst = 0;
     int i, s, ok, same = 1;
     dpar_status st;
-    j->dp = DP, j->tp = TP, j->pp = PP, j->ref = &ref;
+    j->dp = DP;
+    j->tp = TP;
+    j->pp = PP;
+    j->ref = &ref;
     j->out = &ref_out;
-    if ((st = reference(j, &ref)) == DPAR_OK) j->out = &out, st = run_layout(j, pool);
+    if ((st = reference(j, &ref)) == DPAR_OK) {
+        j->out = &out;
+        st = run_layout(j, pool);
+    }
     reference_destroy(&ref);
     if (st != DPAR_OK) {
         fprintf(stderr, "hybrid: %s\n", dpar_last_error());
@@ -585,12 +632,18 @@ static int run_leaves(job *j, dpar_pool *pool, int all_layouts, int gathers)
     static result ref_out, out;
     int layouts[8][3], nl = 0, tp, pp, i, g, k, bad = 0, runs = 0;
     dpar_status st;
-    j->leaves = NLEAF, j->ref = &ref, j->out = &ref_out;
+    j->leaves = NLEAF;
+    j->ref = &ref;
+    j->out = &ref_out;
     for (pp = 1; pp <= NB; pp++) /* pp divides the blocks, tp divides the widths and the leaves, dp = 8 / (tp pp) */
         for (tp = 1; tp * pp <= RANKS; tp *= 2)
             if (NB % pp == 0 && F % tp == 0 && D % tp == 0 && NLEAF % tp == 0 &&
-                (all_layouts || (tp == TP && pp == PP)))
-                layouts[nl][0] = RANKS / (tp * pp), layouts[nl][1] = tp, layouts[nl][2] = pp, nl++;
+                (all_layouts || (tp == TP && pp == PP))) {
+                layouts[nl][0] = RANKS / (tp * pp);
+                layouts[nl][1] = tp;
+                layouts[nl][2] = pp;
+                nl++;
+            }
     if ((st = reference(j, &ref)) != DPAR_OK) {
         reference_destroy(&ref);
         fprintf(stderr, "hybrid: %s\n", dpar_last_error());
@@ -603,7 +656,10 @@ static int run_leaves(job *j, dpar_pool *pool, int all_layouts, int gathers)
             int same_w, same_loss, same_rep = 1;
             double us = 0, moved[2] = {0, 0};
             if (!(gathers & (1 << g))) continue;
-            j->dp = layouts[i][0], j->tp = layouts[i][1], j->pp = layouts[i][2], j->gather_micro = g;
+            j->dp = layouts[i][0];
+            j->tp = layouts[i][1];
+            j->pp = layouts[i][2];
+            j->gather_micro = g;
             memset(&out, 0, sizeof out);
             j->out = &out;
             if ((st = run_layout(j, pool)) != DPAR_OK) {
@@ -615,7 +671,8 @@ static int run_leaves(job *j, dpar_pool *pool, int all_layouts, int gathers)
             for (k = 0; k < RANKS; k++) {
                 same_rep &= j->identical[k];
                 us = fmax(us, j->step_us[k]);
-                moved[0] += j->moved[k][0] / RANKS, moved[1] += j->moved[k][1] / RANKS;
+                moved[0] += j->moved[k][0] / RANKS;
+                moved[1] += j->moved[k][1] / RANKS;
             }
             same_w = !memcmp(out.w1, ref_out.w1, sizeof out.w1) && !memcmp(out.b1, ref_out.b1, sizeof out.b1) &&
                      !memcmp(out.w2, ref_out.w2, sizeof out.w2) && !memcmp(out.b2, ref_out.b2, sizeof out.b2);

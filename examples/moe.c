@@ -460,9 +460,15 @@ static dpar_status gradcheck(rank_state *s)
         int o = j->gc_off[g], e = o < nrep ? -1 : (o - nrep) / PE, mine = e < 0 || (e >= s->e0 && e < s->e0 + s->el);
         float *w = e < 0 ? &s->rep[o] : mine ? &s->ex[e - s->e0][(o - nrep) % PE] : NULL;
         float keep = w ? *w : 0, up = 0, down = 0, eps = 1e-3f;
-        if (w) *w = keep + eps, up = *w - keep; /* the step the float really took */
+        if (w) { /* the step the float really took */
+            *w = keep + eps;
+            up = *w - keep;
+        }
         TRY(forward(s, &lp, &sigp));
-        if (w) *w = keep - eps, down = *w - keep;
+        if (w) {
+            *w = keep - eps;
+            down = *w - keep;
+        }
         TRY(forward(s, &lm, &sigm));
         if (w) *w = keep;
         if (w && (e >= 0 || s->r == 0)) {
@@ -482,9 +488,12 @@ static dpar_status train_rank(rank_state *s)
     double loss;
     dpar_comm_stats stats;
     dpar_status st;
-    s->el = E / s->n, s->e0 = s->r * s->el;
-    s->tl = T / s->n, s->t0 = s->r * s->tl;
-    s->nleaf = L / s->n, s->leaf0 = s->r * s->nleaf;
+    s->el = E / s->n;
+    s->e0 = s->r * s->el;
+    s->tl = T / s->n;
+    s->t0 = s->r * s->tl;
+    s->nleaf = L / s->n;
+    s->leaf0 = s->r * s->nleaf;
     s->cap = (int)ceil(cf->capacity * T * cf->k / E);
     memcpy(s->rep, j->params, (size_t)nrep * sizeof(float));
     for (i = 0; i < s->el; i++) memcpy(s->ex[i], j->params + nrep + (size_t)(s->e0 + i) * PE, sizeof s->ex[i]);
@@ -510,7 +519,8 @@ static dpar_status train_rank(rank_state *s)
     TRY(dpar_comm_stats_get(s->c, &stats));
     j->a2a_calls[s->r] = stats.by_coll[DPAR_COLL_ALLTOALLV].calls;
     j->a2a_bytes[s->r] = stats.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent;
-    j->counted[s->r] = s->counted, j->counted_self[s->r] = s->counted_self;
+    j->counted[s->r] = s->counted;
+    j->counted_self[s->r] = s->counted_self;
     for (i = 0; i < s->el; i++) memcpy(j->params + nrep + (size_t)(s->e0 + i) * PE, s->ex[i], sizeof s->ex[i]);
     return DPAR_OK;
 }
@@ -521,7 +531,10 @@ static dpar_status rank_run(job *j, dpar_comm *c, int rank, int n)
     rank_state *s = (rank_state *)calloc(1, sizeof *s);
     dpar_status st;
     if (!s) return DPAR_ENOMEM;
-    s->j = j, s->r = rank, s->n = n, s->c = c;
+    s->j = j;
+    s->r = rank;
+    s->n = n;
+    s->c = c;
     st = train_rank(s);
     j->status[rank] = st;
     if (st != DPAR_OK && (rank == 0 || j->mpi)) snprintf(j->error, sizeof j->error, "%s", dpar_last_error());
@@ -613,7 +626,9 @@ static int main_mpi(job *j, const float *start)
     }
     memcpy(j->params, start, sizeof j->params);
     memset(j->status, 0, sizeof j->status);
-    j->dropped = 0, j->mpi = 1, j->n = n;
+    j->dropped = 0;
+    j->mpi = 1;
+    j->n = n;
     memset(&cd, 0, sizeof cd);
     cd.deterministic = 1;
     cd.name = "moe";
@@ -665,19 +680,40 @@ static int moe_main(int argc, char **argv)
     long ref_dropped = 0;
     int ref_routed[E_MAX], ref_kept[E_MAX];
     config *cf = &j.cfg;
-    cf->experts = 4, cf->k = 2, cf->steps = 200, cf->dense = 1;
-    cf->capacity = 1.0, cf->alpha = 0.01, cf->lr = 2.0;
+    cf->experts = 4;
+    cf->k = 2;
+    cf->steps = 200;
+    cf->dense = 1;
+    cf->capacity = 1.0;
+    cf->alpha = 0.01;
+    cf->lr = 2.0;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--ranks") && v) list = v, i++;
-        else if (!strcmp(a, "--experts") && v) cf->experts = atoi(v), i++;
-        else if (!strcmp(a, "--k") && v) cf->k = atoi(v), i++;
-        else if (!strcmp(a, "--capacity") && v) cf->capacity = atof(v), i++;
-        else if (!strcmp(a, "--steps") && v) cf->steps = atoi(v), i++;
-        else if (!strcmp(a, "--alpha") && v) cf->alpha = atof(v), i++;
-        else if (!strcmp(a, "--lr") && v) cf->lr = atof(v), i++;
-        else if (!strcmp(a, "--trace") && v) trace = v, i++;
-        else if (!strcmp(a, "--no-dense")) cf->dense = 0;
+        if (!strcmp(a, "--ranks") && v) {
+            list = v;
+            i++;
+        } else if (!strcmp(a, "--experts") && v) {
+            cf->experts = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--k") && v) {
+            cf->k = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--capacity") && v) {
+            cf->capacity = atof(v);
+            i++;
+        } else if (!strcmp(a, "--steps") && v) {
+            cf->steps = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--alpha") && v) {
+            cf->alpha = atof(v);
+            i++;
+        } else if (!strcmp(a, "--lr") && v) {
+            cf->lr = atof(v);
+            i++;
+        } else if (!strcmp(a, "--trace") && v) {
+            trace = v;
+            i++;
+        } else if (!strcmp(a, "--no-dense")) cf->dense = 0;
         else if (!strcmp(a, "--gradcheck")) cf->gradcheck = 1;
         else if (!strcmp(a, "--wrong-count")) cf->wrong_count = 1;
         else return usage(argv[0]);
@@ -771,8 +807,10 @@ static int moe_main(int argc, char **argv)
             if (j.gc_skipped[i]) continue;
             checked++;
             if (err > worst) worst = err;
-            if (err > 1e-2)
-                bad++, printf("gradcheck: parameter %d: backward %.6e, central difference %.6e\n", j.gc_off[i], a, nu);
+            if (err > 1e-2) {
+                bad++;
+                printf("gradcheck: parameter %d: backward %.6e, central difference %.6e\n", j.gc_off[i], a, nu);
+            }
         }
         printf("moe gradcheck ranks=%d experts=%d k=%d alpha=%g capacity=%g dropped=%ld: %d entries checked (%d "
                "skipped: the routing changed), worst relative difference %.2e: %s\n",
