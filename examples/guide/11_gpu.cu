@@ -72,8 +72,11 @@ int main(int argc, char **argv)
         printf("11_gpu: skipped: no usable CUDA device (%s)\n", dpar_last_error());
         return 0;
     }
-    if (pd.workers_per_device < 1 || gpus * pd.workers_per_device > MAXW)
-        return fprintf(stderr, "usage: %s [workers per GPU, at most %d in all] [ordered]\n", argv[0], MAXW), 2;
+    if (pd.workers_per_device < 1 || gpus * pd.workers_per_device > MAXW) {
+        fprintf(stderr, "11_gpu: %d workers per GPU on %d GPUs: give 1 or more, at most %d workers in all\n",
+                pd.workers_per_device, gpus, MAXW);
+        return 2;
+    }
     for (i = 0; i < P; i++) init[i] = sinf(0.01f * i); /* weights, and gradients that differ per worker and step */
     for (s = 0; s < STEPS; s++)
         for (r = 0; r < MAXW; r++)
