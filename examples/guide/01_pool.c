@@ -60,7 +60,7 @@ int main(int argc, char **argv)
     int t, nthreads, ok = 1;
     desc.num_threads = argc > 1 ? atoi(argv[1]) : 4; /* the caller plus num_threads - 1 workers */
     if (desc.num_threads < 1 || desc.num_threads > MAX_THREADS) {
-        fprintf(stderr, "usage: %s [threads 1..%d]\n", argv[0], MAX_THREADS);
+        fprintf(stderr, "01_pool: %d threads: give 1 to %d\n", desc.num_threads, MAX_THREADS);
         return 2;
     }
     if (dpar_pool_create(&desc, &pool) != DPAR_OK) {

@@ -105,7 +105,8 @@ int main(int argc, char **argv)
     float ref[P], grad[P], ref_loss[STEPS], diff = 0, first_epoch = 0, last_epoch = 0;
     int i, k, r, step, ranks = argc > 1 ? atoi(argv[1]) : 4, ok = 1;
     if (ranks < 1 || ranks > MAX_RANKS || BATCH % ranks) {
-        fprintf(stderr, "usage: %s [ranks dividing %d]\n", argv[0], BATCH);
+        fprintf(stderr, "02_data_parallel: %d ranks: give 1 to %d ranks that divide the batch of %d\n", ranks,
+                MAX_RANKS, BATCH);
         return 2;
     }
     /* the data and the initial weights, drawn once here, before any thread starts */

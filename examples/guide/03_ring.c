@@ -90,7 +90,7 @@ int main(int argc, char **argv)
     int r, c, s, p, ok = 1, owns = 1;
     nranks = argc > 1 ? atoi(argv[1]) : 4;
     if (nranks < 2 || nranks > MAXR) {
-        fprintf(stderr, "usage: %s [ranks 2..%d]\n", argv[0], MAXR);
+        fprintf(stderr, "03_ring: %d ranks: give 2 to %d\n", nranks, MAXR);
         return 2;
     }
     cd.size = pd.num_threads = nranks;
