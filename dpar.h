@@ -10703,6 +10703,17 @@ static dpar_status dpar__pipe_fail(dpar_pipe *pp, dpar_status st, const char *wh
     return dpar__tp_fail(pp->d.comm, st, msg); /* our buffers may be freed once it returns */
 }
 
+/* a unit's backward has ended (the whole one, or its W): its saved and recompute buffers, its stashed input and its
+   output's gradient go back to their lists */
+static void dpar__pipe_unit_done(dpar_pipe *pp, size_t u)
+{
+    dpar__pipe_drop(pp, 0, u);
+    dpar__pipe_drop(pp, 1, u);
+    dpar__pipe_give(pp, pp->stash[u]);
+    dpar__pipe_give(pp, pp->grad_out[u]);
+    pp->stash[u] = pp->grad_out[u] = NULL;
+}
+
 /* activation recomputation: the unit's forward once more, on its stashed input, just before its backward (or B),
    with a recompute buffer that lives until the backward's end (its W); `out` NULL: nothing is sent. Its time counts
    as the stage's work; a span R<micro> in the trace */
@@ -10771,42 +10782,27 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             dpar_trace_event(name, "pipe", t0, t1, NULL);
             break;
         case DPAR_PIPE_BACKWARD:
+        case DPAR_PIPE_BACKWARD_INPUT: { /* a whole backward, or B: the input's gradient (stash and grad_out stay for W) */
+            int whole = op->code == DPAR_PIPE_BACKWARD;
+            dpar_pipe_backward_fn backward = whole ? pp->d.backward : pp->d.backward_input;
             buf = first ? NULL : dpar__pipe_take(pp);
             if (!first && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
             dpar_clear_error();
             if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
             if ((st = dpar__pipe_recompute(pp, op, u)) != DPAR_OK) return st;
             pp->cur[0] = pp->unit_buf[0][u], pp->cur[1] = pp->unit_buf[1][u];
-            st = pp->d.backward(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
+            st = backward(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
             pp->cur[0] = pp->cur[1] = NULL;
             t1 = dpar_time_ns();
             busy += t1 - t0;
-            if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the backward", op->micro, op->chunk);
-            dpar__pipe_drop(pp, 0, u);
-            dpar__pipe_drop(pp, 1, u);
-            dpar__pipe_give(pp, pp->stash[u]);
-            dpar__pipe_give(pp, pp->grad_out[u]);
-            pp->stash[u] = pp->grad_out[u] = NULL;
+            if (st != DPAR_OK)
+                return dpar__pipe_fail(pp, st, whole ? "the backward" : "the input gradient (B)", op->micro, op->chunk);
+            if (whole) dpar__pipe_unit_done(pp, u);
             pp->pending[u] = buf;
             snprintf(name, sizeof name, "B%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
             dpar_trace_event(name, "pipe", t0, t1, NULL);
             break;
-        case DPAR_PIPE_BACKWARD_INPUT: /* B: the input's gradient; the stash and grad_out stay for W */
-            buf = first ? NULL : dpar__pipe_take(pp);
-            if (!first && !buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
-            dpar_clear_error();
-            if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
-            if ((st = dpar__pipe_recompute(pp, op, u)) != DPAR_OK) return st;
-            pp->cur[0] = pp->unit_buf[0][u], pp->cur[1] = pp->unit_buf[1][u];
-            st = pp->d.backward_input(pp->d.user, op->micro, op->chunk, pp->stash[u], pp->grad_out[u], buf);
-            pp->cur[0] = pp->cur[1] = NULL;
-            t1 = dpar_time_ns();
-            busy += t1 - t0;
-            if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the input gradient (B)", op->micro, op->chunk);
-            pp->pending[u] = buf;
-            snprintf(name, sizeof name, "B%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
-            dpar_trace_event(name, "pipe", t0, t1, NULL);
-            break;
+        }
         case DPAR_PIPE_BACKWARD_WEIGHT: /* W: the weights' gradients; then the unit's buffers are free */
             dpar_clear_error();
             if ((st = DPAR__FAULT(c, DPAR__FOP_STAGE)) != DPAR_OK) return st; /* >>fault: a fail has poisoned c */
@@ -10816,11 +10812,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             t1 = dpar_time_ns();
             busy += t1 - t0;
             if (st != DPAR_OK) return dpar__pipe_fail(pp, st, "the weight gradient (W)", op->micro, op->chunk);
-            dpar__pipe_drop(pp, 0, u);
-            dpar__pipe_drop(pp, 1, u);
-            dpar__pipe_give(pp, pp->stash[u]);
-            dpar__pipe_give(pp, pp->grad_out[u]);
-            pp->stash[u] = pp->grad_out[u] = NULL;
+            dpar__pipe_unit_done(pp, u);
             snprintf(name, sizeof name, "W%d%s%c", op->micro, S->v > 1 ? "." : "", S->v > 1 ? 'a' + op->chunk : 0);
             dpar_trace_event(name, "pipe", t0, t1, NULL);
             break;
