@@ -10782,7 +10782,7 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
             dpar_trace_event(name, "pipe", t0, t1, NULL);
             break;
         case DPAR_PIPE_BACKWARD:
-        case DPAR_PIPE_BACKWARD_INPUT: { /* a whole backward, or B: the input's gradient (stash and grad_out stay for W) */
+        case DPAR_PIPE_BACKWARD_INPUT: { /* a whole backward, or B: the input's gradient (the buffers stay for W) */
             int whole = op->code == DPAR_PIPE_BACKWARD;
             dpar_pipe_backward_fn backward = whole ? pp->d.backward : pp->d.backward_input;
             buf = first ? NULL : dpar__pipe_take(pp);
