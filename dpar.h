@@ -5056,26 +5056,21 @@ static int dpar__fp_agree(const dpar__ctx *x, const dpar__fp *theirs, size_t the
     dpar__fp_describe(mine, b, sizeof b);
     dpar__on_comm(x->c, b, sizeof b);
     if (!same && mine->coll == DPAR_COLL_ALLTOALLV && theirs->coll == mine->coll && theirs->seq == mine->seq &&
-        theirs->dtype == mine->dtype && theirs->count != mine->count && x->vpack) {
-        /* both directions in one count: theirs = (they send me) + (they expect from me) << 32, mine = (I expect
-           from them) + (I send them) << 32. The pair that disagrees, told as "from sends, to expects" */
-        dpar__fp from, to;
-        if ((theirs->count & 0xffffffffu) != (mine->count & 0xffffffffu)) { /* their sends to me */
-            from = *theirs;
-            to = *mine;
+        theirs->dtype == mine->dtype && theirs->count != mine->count) { /* one pair's counts: the sender's, mine */
+        dpar__fp from = *theirs, to = *mine;
+        /* two ranks (vpack): both directions in one count: theirs = (they send me) + (they expect from me) << 32,
+           mine = (I expect from them) + (I send them) << 32; the pair that disagrees, told "from sends, to expects" */
+        if (x->vpack && (theirs->count & 0xffffffffu) != (mine->count & 0xffffffffu)) { /* their sends to me */
             from.count = theirs->count & 0xffffffffu;
             to.count = mine->count & 0xffffffffu;
-        } else { /* my sends to them */
+        } else if (x->vpack) { /* my sends to them */
             from = *mine;
             to = *theirs;
             from.count = mine->count >> 32;
             to.count = theirs->count >> 32;
         }
         dpar__v_story(msg, n, &from, &to, x->c);
-    } else if (!same && mine->coll == DPAR_COLL_ALLTOALLV && theirs->coll == mine->coll && theirs->seq == mine->seq &&
-               theirs->dtype == mine->dtype && theirs->count != mine->count) /* one pair's counts: the sender's, mine */
-        dpar__v_story(msg, n, theirs, mine, x->c);
-    else if (same) /* only possible with no_check, or a bug: never read past the buffer */
+    } else if (same) /* only possible with no_check, or a bug: never read past the buffer */
         snprintf(msg, n, "rank %d offered %zu bytes where rank %d expected %zu (%s vs %s)", theirs->rank, their_bytes,
                  mine->rank, my_bytes, a, b);
     else snprintf(msg, n, "rank %d called %s while rank %d called %s", mine->rank, b, theirs->rank, a);
@@ -9965,10 +9960,11 @@ static void dpar__pipe_fwd(dpar_pipe_schedule *S, int s, int micro, int chunk)
     dpar__pipe_add(S, s, DPAR_PIPE_FORWARD, micro, chunk);
     if (!dpar__pipe_last(S, s, chunk)) dpar__pipe_add(S, s, DPAR_PIPE_SEND_ACT, micro, chunk);
 }
+/* ZB-H1's split schedules: B in the backward's place, its W placed apart (dpar__pipe_zb_backward) */
 static void dpar__pipe_bwd(dpar_pipe_schedule *S, int s, int micro, int chunk)
 {
     if (!dpar__pipe_last(S, s, chunk)) dpar__pipe_add(S, s, DPAR_PIPE_RECV_GRAD, micro, chunk);
-    dpar__pipe_add(S, s, DPAR_PIPE_BACKWARD, micro, chunk);
+    dpar__pipe_add(S, s, S->kind == DPAR_PIPE_ZB_H1 ? DPAR_PIPE_BACKWARD_INPUT : DPAR_PIPE_BACKWARD, micro, chunk);
     if (!dpar__pipe_first(S, s, chunk)) dpar__pipe_add(S, s, DPAR_PIPE_SEND_GRAD, micro, chunk);
 }
 
@@ -9988,9 +9984,7 @@ static void dpar__pipe_unit(const dpar_pipe_schedule *S, int k, int backward, in
    activation needs p - 1 forwards). */
 static void dpar__pipe_zb_backward(dpar_pipe_schedule *S, int s, int micro)
 {
-    if (s < S->p - 1) dpar__pipe_add(S, s, DPAR_PIPE_RECV_GRAD, micro, 0);
-    dpar__pipe_add(S, s, DPAR_PIPE_BACKWARD_INPUT, micro, 0);
-    if (s > 0) dpar__pipe_add(S, s, DPAR_PIPE_SEND_GRAD, micro, 0);
+    dpar__pipe_bwd(S, s, micro, 0); /* B */
     if (micro - s >= 0) dpar__pipe_add(S, s, DPAR_PIPE_BACKWARD_WEIGHT, micro - s, 0);
 }
 static void dpar__pipe_generate_zb(dpar_pipe_schedule *S)
