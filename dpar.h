@@ -823,12 +823,18 @@ typedef struct dpar_request dpar_request;
              peer's reads of this rank's buffers are behind this rank's stream too, so synchronising it (or an event
              after the call) is all a caller needs before the host or another stream touches the buffers. Errors
              that the callbacks see later (a queued kernel that failed) come back from the next callback.
+   For dpar_zero and dpar_fsdp on such a comm (optional; without them they return DPAR_EUNSUPPORTED), queued on the
+             worker's stream like the others when the memory is stream-ordered:
+     clear(user, worker, p, bytes)       p's bytes = 0 (cudaMemsetAsync)
+     update(user, worker, u)             one optimizer step on u->n elements of this rank's memory, the math that
+                                         dpar_optim_update states, every operation rounded on its own
    Required: reduce, divide, copy, alloc and free, all or none (none: host memory, the default).
    Remarks:  such a group has none of the shared-memory speed-ups (direct buckets and dpar_steal return
              DPAR_EUNSUPPORTED on it), and only thread groups take one (MPI comms return DPAR_EUNSUPPORTED). dpar's
-             layers that compute on the host (dpar_linear, dpar_zero, the pipeline runner, shard plans, checkpoints)
-             are for host buffers.
+             layers that compute on the host (dpar_linear, the pipeline runner, shard plans, checkpoints) are for
+             host buffers; dpar_zero and dpar_fsdp compute through clear and update (their f32 flat forms).
    See:      docs/comm.md, 'Buffers in device memory'; docs/cuda.md. */
+typedef struct dpar_optim_update dpar_optim_update;
 typedef struct dpar_comm_memory {
     void *user;
     dpar_status (*enter)(void *user, int worker);
@@ -841,6 +847,8 @@ typedef struct dpar_comm_memory {
     void (*free)(void *user, int worker, void *p);
     dpar_status (*record)(void *user, int worker, uint64_t *ticket); /* stream-ordered: both or neither */
     dpar_status (*wait)(void *user, int worker, int peer, uint64_t ticket);
+    dpar_status (*clear)(void *user, int worker, void *p, size_t bytes); /* dpar_zero, dpar_fsdp: both or neither */
+    dpar_status (*update)(void *user, int worker, const dpar_optim_update *u);
 } dpar_comm_memory;
 /* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
    AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES (twice that on more
@@ -978,9 +986,12 @@ typedef struct dpar_comm_ops {
     void (*destroy)(void *user);
 } dpar_comm_ops;
 /* dpar_comm_from_ops: make this rank's comm over ops (copied).
+   desc->memory: where the library's buffers are, when the host cannot read them (NCCL's: device memory): reduce,
+             divide, copy, alloc, free, clear and update, all or none, no record, wait or peer_access. The collectives
+             are the library's; only dpar_zero and dpar_fsdp use them, for their own buffers and steps.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL ops or out, no run, no exchange with the checker on, rank outside 0..size-1, a
-             desc with memory callbacks or deterministic: the library decides the order), DPAR_ENOMEM. On error *out is
-             NULL and ops->destroy has not been called.
+             desc deterministic (the library decides the order), memory callbacks incomplete), DPAR_ENOMEM. On error
+             *out is NULL and ops->destroy has not been called.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_comm_desc *desc, dpar_comm **out);
 
@@ -1326,8 +1337,29 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
 /* dpar_zero: ZeRO stage 1 (DeepSpeed): the optimizer state cut over the data-parallel ranks.
    Step:     reduce-scatter the gradients (the average over ranks), update this rank's block of the parameters
              with its block of the state, all-gather the parameters.
-   See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'. */
+   Device:   on a comm whose buffers are device memory (a dpar_cuda pool's worker: dpar_comm_memory with clear and
+             update), params and grads are device memory, the state is allocated there too and every step runs on
+             the device (its stream, when the pool is stream-ordered); the flat form only, no checkpoints
+             (DPAR_EUNSUPPORTED). Bitwise the host's training.
+   See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'; docs/cuda.md, 'ZeRO and FSDP on device memory'. */
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
+
+/* dpar_optim_update: one optimizer step on n elements, the math of dpar_zero and dpar_fsdp (dpar_comm_memory.update
+   computes it on device memory):
+     SGD:   g' = g + weight_decay p;  m = momentum m + g';  p -= lr m
+     ADAM:  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g g;
+            p -= lr ((m / c1) / (sqrt(v / c2) + eps) + weight_decay p),  c1 = 1 - beta1^step, c2 = 1 - beta2^step
+            (powf on the host, in float: a device computes c1 and c2 the same way, or gets other bits)
+   Each operation is rounded on its own (no fused multiply-add), so a device gives the host's bits. */
+struct dpar_optim_update {
+    dpar_optim kind;
+    float lr, momentum, beta1, beta2, eps, weight_decay;
+    long step;         /* counts from 1 */
+    float *params, *m; /* n floats each, updated; m: SGD's momentum, Adam's first moment */
+    float *v;          /* Adam's second moment (SGD: NULL) */
+    const float *grads;
+    size_t n;
+};
 
 /* dpar_tensor: one array of a model where it lives (a weight matrix, a bias, their gradients), for the objects that
    take a list of them instead of one flat array (dpar_zero_desc, dpar_fsdp_desc, dpar_buckets_desc), as PyTorch DDP
@@ -1424,7 +1456,12 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
              subtrees inside its leaves (M at most on a rank: 1 when N is a power of two dividing L, 3 for 12 leaves
              on 3 ranks, about 2 log2 L at worst); one alltoall moves M times the bytes of the reduce-scatter, and a
              rank holds its leaves' gradients and 2 M more unit-sized buffers.
-   See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'. */
+   Device:   on a comm whose buffers are device memory (dpar_comm_memory with clear and update: a dpar_cuda pool's
+             worker), the shards, the unit buffers and what gather and grads return are device memory, and
+             set_params / get_params take device memory; stages 2 and 3 in f32, flat units, no leaves, no loss scale,
+             no checkpoints (the rest returns DPAR_EUNSUPPORTED at create). Gradients are not checked for inf/NaN
+             there (f32 at scale 1 skips no step), so a step costs no host round trip. Bitwise the host's training.
+   See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'; docs/cuda.md, 'ZeRO and FSDP on device memory'. */
 typedef struct dpar_fsdp dpar_fsdp;
 
 /* dpar_fsdp_desc: how to make a sharded model; a zero field means its default. */
@@ -1477,7 +1514,8 @@ typedef struct dpar_fsdp_desc {
    Thread safety: the rank's thread. */
 DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **out);
 /* dpar_fsdp_set_params / dpar_fsdp_get_params: copy a unit's full parameters in (every rank passes the same values:
-   each keeps its part) / out (collective: the shards are all-gathered into `full`).
+   each keeps its part) / out (collective: the shards are all-gathered into `full`). On device memory (see
+   dpar_fsdp) `full` is device memory.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL fsdp or full, a unit out of range, a gather in flight); get: the comm's errors.
    Thread safety: the rank's thread; get is collective. */
 DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *fsdp, int unit, const float *full);
@@ -4913,7 +4951,8 @@ struct dpar_comm {
     void *tp_data;       /* the transport's own state of this rank (its section alone reads it) */
     dpar_comm_desc desc; /* as given when the comm was made (name: this comm's) */
     int rank, size;
-    int worker; /* the rank this thread joined its first group with: dpar_comm_memory's `worker` */
+    int worker;                  /* the rank this thread joined its first group with: dpar_comm_memory's `worker` */
+    dpar_comm_memory ops_memory; /* dpar_comm_from_ops: the memory its buffers are in, for dpar_zero and dpar_fsdp */
     dpar_allocator allocator;
     uint64_t timeout_ns; /* 0: none */
     int check, det;
@@ -7852,9 +7891,13 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
                              "dpar_group_create: memory.record and memory.wait go together (stream-"
                              "ordered memory), %s is missing",
                              m->record ? "wait" : "record");
-        if (!set && (m->enter || m->peer_access || m->record))
-            return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter, memory.peer_access or memory.record "
-                                          "without the memory callbacks");
+        if (!m->clear != !m->update)
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_group_create: memory.clear and memory.update go together, %s is missing",
+                             m->clear ? "update" : "clear");
+        if (!set && (m->enter || m->peer_access || m->record || m->clear))
+            return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter, memory.peer_access, memory.record or "
+                                          "memory.clear without the memory callbacks");
     }
     if (desc->algo < DPAR_ALGO_AUTO || desc->algo > DPAR_ALGO_SLICE)
         return dpar__err(DPAR_EINVAL, "dpar_group_create: algo = %d (auto, ring, oneshot or slice)", desc->algo);
@@ -8167,11 +8210,20 @@ DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_com
                          "are required)",
                          ops ? "incomplete" : "NULL");
     if ((st = dpar__check_allocator("dpar_comm_from_ops", &d.allocator)) != DPAR_OK) return st;
-    if (d.memory.reduce || d.memory.alloc || d.deterministic || d.timeout_ms < -1)
+    if (d.deterministic || d.timeout_ms < -1)
         return dpar__err(DPAR_EINVAL,
-                         "dpar_comm_from_ops: memory callbacks, deterministic or timeout_ms %d: the "
-                         "library decides where the bytes are and in which order they are combined",
+                         "dpar_comm_from_ops: deterministic or timeout_ms %d: the library decides in which order the "
+                         "bytes are combined",
                          d.timeout_ms);
+    {
+        const dpar_comm_memory *m = &d.memory; /* for dpar_zero and dpar_fsdp only: the library moves the bytes */
+        int set = !!m->reduce + !!m->divide + !!m->copy + !!m->alloc + !!m->free + !!m->clear + !!m->update;
+        if (set != 0 && (set != 7 || m->record || m->wait || m->peer_access))
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_comm_from_ops: memory callbacks: reduce, divide, copy, alloc, free, clear and "
+                             "update all or none (%d of 7 set), no record, wait or peer_access (the library's)",
+                             set);
+    }
     if ((st = dpar__env_check("dpar_comm_from_ops")) != DPAR_OK) return st;
     c = (dpar_comm *)dpar__calloc(&d.allocator, 1, sizeof *c);
     o = (dpar__ops *)dpar__calloc(&d.allocator, 1, sizeof *o);
@@ -8181,6 +8233,8 @@ DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_com
         return dpar__err(DPAR_ENOMEM, "dpar_comm_from_ops: out of memory");
     }
     d.size = ops->size;
+    c->ops_memory = d.memory;
+    memset(&d.memory, 0, sizeof d.memory); /* the comm's own scratch and checks stay in host memory */
     dpar__comm_init(c, &d, ops->rank, ops->size);
     o->ops = *ops;
     pthread_mutex_init(&o->lock, NULL);
@@ -9019,13 +9073,110 @@ static size_t *dpar__tensors_number(const dpar_allocator *a, const dpar_tensor *
     return start;
 }
 
+/* one optimizer step on the host (dpar_optim_update's math): dpar_zero's, dpar_fsdp's */
+static void dpar__optim_apply(const dpar_optim_update *u)
+{
+    float *p = u->params, *m = u->m, *v = u->v;
+    const float *g = u->grads;
+    size_t i;
+    if (u->kind == DPAR_OPTIM_SGD) {
+        float lr = u->lr, mu = u->momentum, wd = u->weight_decay;
+        for (i = 0; i < u->n; i++) {
+            float gi = g[i] + wd * p[i];
+            m[i] = mu * m[i] + gi;
+            p[i] -= lr * m[i];
+        }
+    } else {
+        float lr = u->lr, b1 = u->beta1, b2 = u->beta2, eps = u->eps, wd = u->weight_decay;
+        float c1 = 1.0f - powf(b1, (float)u->step), c2 = 1.0f - powf(b2, (float)u->step);
+        for (i = 0; i < u->n; i++) {
+            m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+            p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
+        }
+    }
+}
+
+/* the optimizer's constants from a desc (dpar_zero_desc, dpar_fsdp_desc: the same fields, defaults applied) */
+#define DPAR__OPTIM_HYPER(h, d)                                                                                       \
+    ((h).kind = (d).kind, (h).lr = (d).lr, (h).momentum = (d).momentum, (h).beta1 = (d).beta1, (h).beta2 = (d).beta2, \
+     (h).eps = (d).eps, (h).weight_decay = (d).weight_decay)
+
+/* dpar_zero and dpar_fsdp on a comm whose buffers are device memory (dpar_comm_memory): their buffers
+   made, cleared, copied, added and stepped through its callbacks; a failing callback poisons the comm */
+static const dpar_comm_memory *dpar__dev(const dpar_comm *c)
+{
+    return c->desc.memory.reduce ? &c->desc.memory : c->ops_memory.reduce ? &c->ops_memory : NULL;
+}
+/* the device can run them (fn: the caller, what: the part it was asked for that the device path lacks, or NULL) */
+static dpar_status dpar__dev_check(const dpar_comm *c, const char *fn, const char *what)
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    if (m && !m->update)
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "%s: the comm's buffers are device memory and its dpar_comm_memory has no "
+                         "clear and update callbacks",
+                         fn);
+    if (m && what) return dpar__err(DPAR_EUNSUPPORTED, "%s: %s on device memory (f32 flat arrays only)", fn, what);
+    return DPAR_OK;
+}
+static void *dpar__dev_alloc(dpar_comm *c, size_t bytes) /* cleared */
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    void *p = m->alloc(m->user, c->worker, bytes ? bytes : 1);
+    if (p && m->clear(m->user, c->worker, p, bytes) != DPAR_OK) {
+        m->free(m->user, c->worker, p);
+        return NULL;
+    }
+    return p;
+}
+static void dpar__dev_free(dpar_comm *c, void *p)
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    if (p) m->free(m->user, c->worker, p);
+}
+/* a callback's status; first (with `enter`) the device's earlier work on the buffers ordered before what comes */
+static dpar_status dpar__dev_result(dpar_comm *c, dpar_status st) { return st == DPAR_OK ? st : dpar__bad_call(c, st); }
+static dpar_status dpar__dev_enter(dpar_comm *c, const dpar_comm_memory *m)
+{
+    return m->enter ? dpar__dev_result(c, m->enter(m->user, c->worker)) : DPAR_OK;
+}
+static dpar_status dpar__dev_clear(dpar_comm *c, void *p, size_t bytes)
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    if (!m) return memset(p, 0, bytes), DPAR_OK;
+    DPAR__TRY(dpar__dev_enter(c, m));
+    return dpar__dev_result(c, m->clear(m->user, c->worker, p, bytes));
+}
+static dpar_status dpar__dev_copy(dpar_comm *c, void *dst, const void *src, size_t bytes)
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    if (!m) return memcpy(dst, src, bytes), DPAR_OK;
+    DPAR__TRY(dpar__dev_enter(c, m));
+    return dpar__dev_result(c, m->copy(m->user, c->worker, dst, src, bytes));
+}
+static dpar_status dpar__dev_add(dpar_comm *c, float *out, const float *in, size_t n) /* out += in (device only) */
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    DPAR__TRY(dpar__dev_enter(c, m));
+    return dpar__dev_result(c, m->reduce(m->user, c->worker, out, out, in, n, DPAR_F32, DPAR_SUM, 0));
+}
+static dpar_status dpar__dev_update(dpar_comm *c, const dpar_optim_update *u)
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    if (!m) return dpar__optim_apply(u), DPAR_OK;
+    DPAR__TRY(dpar__dev_enter(c, m));
+    return dpar__dev_result(c, m->update(m->user, c->worker, u));
+}
+
 struct dpar_zero {
     dpar_comm *comm;
     dpar_zero_desc d;
     size_t count, off, len;
-    float *m, *v; /* SGD: m is the momentum; Adam: the two moments. len floats each */
+    float *m, *v; /* SGD: m is the momentum; Adam: the two moments. len floats each (device memory: the comm's) */
     long step;
-    dpar_tensor *tp, *tg; /* the tensor form: the parameters and gradients (nt each), numbered by tstart */
+    dpar_optim_update hyper; /* the optimizer's constants */
+    dpar_tensor *tp, *tg;    /* the tensor form: the parameters and gradients (nt each), numbered by tstart */
     size_t *tstart;
     int nt;
     float *stage; /* the tensor form: count floats, the gradients then the parameters, contiguous */
@@ -9042,6 +9193,8 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
     if ((unsigned)desc->kind > 1) return dpar__err(DPAR_EINVAL, "dpar_zero_create: kind %d", (int)desc->kind);
     if (!(desc->lr > 0))
         return dpar__err(DPAR_EINVAL, "dpar_zero_create: lr = %g (must be positive)", (double)desc->lr);
+    DPAR__TRY(dpar__dev_check(dp, "dpar_zero_create",
+                              desc->num_tensors || desc->params || desc->grads ? "the tensor form" : NULL));
     DPAR__TRY(dpar__check_allocator("dpar_zero_create", &desc->allocator));
     z = (dpar_zero *)dpar__calloc(&desc->allocator, 1, sizeof *z);
     if (!z) return dpar__err(DPAR_ENOMEM, "dpar_zero_create: out of memory");
@@ -9052,6 +9205,7 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
     if (z->d.eps == 0) z->d.eps = 1e-8f;
     z->count = desc->count;
     z->d.params = z->d.grads = NULL;
+    DPAR__OPTIM_HYPER(z->hyper, z->d);
     if (desc->num_tensors || desc->params || desc->grads) { /* the tensor form */
         size_t total = 0, gtotal = 0;
         int i, n = desc->num_tensors;
@@ -9093,8 +9247,13 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
         memcpy(z->tg, desc->grads, (size_t)n * sizeof(dpar_tensor));
     }
     dpar_block_range(z->count, dp->size, dp->rank, &z->off, &z->len);
-    z->m = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
-    if (desc->kind == DPAR_OPTIM_ADAM) z->v = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
+    if (dpar__dev(dp)) { /* the state beside the parameters, in the comm's device memory */
+        z->m = (float *)dpar__dev_alloc(dp, (z->len + 1) * sizeof(float));
+        if (desc->kind == DPAR_OPTIM_ADAM) z->v = (float *)dpar__dev_alloc(dp, (z->len + 1) * sizeof(float));
+    } else {
+        z->m = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
+        if (desc->kind == DPAR_OPTIM_ADAM) z->v = (float *)dpar__calloc(&desc->allocator, z->len + 1, sizeof(float));
+    }
     if (!z->m || (desc->kind == DPAR_OPTIM_ADAM && !z->v)) {
         dpar_zero_destroy(z);
         return dpar__err(DPAR_ENOMEM, "dpar_zero_create: out of memory");
@@ -9104,26 +9263,16 @@ DPAR_API dpar_status dpar_zero_create(const dpar_zero_desc *desc, dpar_zero **ou
 }
 
 /* the optimizer on n elements of this rank's block, from element `at` of it (m, v: the state there) */
-static void dpar__zero_update(const dpar_zero *z, float *p, const float *g, size_t at, size_t n)
+static dpar_status dpar__zero_update(dpar_zero *z, float *p, const float *g, size_t at, size_t n)
 {
-    float *m = z->m + at, *v = z->v ? z->v + at : NULL;
-    size_t i;
-    if (z->d.kind == DPAR_OPTIM_SGD) {
-        float lr = z->d.lr, mu = z->d.momentum, wd = z->d.weight_decay;
-        for (i = 0; i < n; i++) {
-            float gi = g[i] + wd * p[i];
-            m[i] = mu * m[i] + gi;
-            p[i] -= lr * m[i];
-        }
-    } else {
-        float lr = z->d.lr, b1 = z->d.beta1, b2 = z->d.beta2, eps = z->d.eps, wd = z->d.weight_decay;
-        float c1 = 1.0f - powf(b1, (float)z->step), c2 = 1.0f - powf(b2, (float)z->step);
-        for (i = 0; i < n; i++) {
-            m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-            v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-            p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
-        }
-    }
+    dpar_optim_update u = z->hyper;
+    u.step = z->step;
+    u.params = p;
+    u.grads = g;
+    u.m = z->m + at;
+    u.v = z->v ? z->v + at : NULL;
+    u.n = n;
+    return dpar__dev_update(z->comm, &u);
 }
 
 DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
@@ -9140,7 +9289,7 @@ DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
         for (i = lo < hi ? dpar__tensor_at(z->tstart, z->nt, lo) : z->nt; i < z->nt && z->tstart[i] < hi; i++) {
             size_t a = z->tstart[i] > lo ? z->tstart[i] : lo, e = z->tstart[i + 1] < hi ? z->tstart[i + 1] : hi;
             float *p = (float *)z->tp[i].data + (a - z->tstart[i]);
-            dpar__zero_update(z, p, z->stage + a, a - lo, e - a);
+            DPAR__TRY(dpar__zero_update(z, p, z->stage + a, a - lo, e - a));
             memcpy(z->stage + a, p, (e - a) * sizeof(float)); /* my block of the parameters, for the all-gather */
         }
         DPAR__TRY(dpar_allgather(z->comm, z->stage + z->off, z->stage, z->count, DPAR_F32));
@@ -9151,7 +9300,7 @@ DPAR_API dpar_status dpar_zero_step(dpar_zero *z, float *params, float *grads)
     /* my block of the averaged gradient, in place: grads + off */
     DPAR__TRY(dpar_reduce_scatter(z->comm, grads, grads + z->off, z->count, DPAR_F32, DPAR_AVG));
     z->step++;
-    dpar__zero_update(z, params + z->off, grads + z->off, 0, z->len);
+    DPAR__TRY(dpar__zero_update(z, params + z->off, grads + z->off, 0, z->len));
     /* everyone's blocks of the parameters, in place */
     return dpar_allgather(z->comm, params + z->off, params, z->count, DPAR_F32);
 }
@@ -9172,8 +9321,13 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *z)
     dpar_allocator a;
     if (!z) return DPAR_OK;
     a = z->d.allocator;
-    dpar__free(&a, z->m);
-    dpar__free(&a, z->v);
+    if (dpar__dev(z->comm)) {
+        dpar__dev_free(z->comm, z->m);
+        dpar__dev_free(z->comm, z->v);
+    } else {
+        dpar__free(&a, z->m);
+        dpar__free(&a, z->v);
+    }
     dpar__free(&a, z->tp);
     dpar__free(&a, z->tg);
     dpar__free(&a, z->tstart);
@@ -9215,6 +9369,8 @@ struct dpar_fsdp {
     long good, skipped;
     size_t bytes;
     long step;
+    int dev; /* the buffers below the tables (p, g, m, v, full, buf, gbuf) are the comm's device memory */
+    dpar_optim_update hyper; /* the optimizer's constants */
     /* the tensor form: the params and grads lists (tg NULL: none), numbered by tstart; unit u is tensors
        ufirst[u] .. ufirst[u + 1] - 1. At stage 2 tp holds the full parameters (full is NULL) */
     dpar_tensor *tp, *tg;
@@ -9234,6 +9390,20 @@ static void *dpar__fsdp_alloc(dpar_fsdp *f, size_t n, size_t size)
     void *p = dpar__calloc(&f->d.allocator, n ? n : 1, size);
     if (p) f->bytes += (n ? n : 1) * size;
     return p;
+}
+/* a buffer of the model's values: in the comm's device memory when its buffers are there (zeroed either way) */
+static void *dpar__fsdp_data(dpar_fsdp *f, size_t n, size_t size)
+{
+    void *p;
+    if (!f->dev) return dpar__fsdp_alloc(f, n, size);
+    p = dpar__dev_alloc(f->comm, (n ? n : 1) * size);
+    if (p) f->bytes += (n ? n : 1) * size;
+    return p;
+}
+static void dpar__fsdp_data_free(dpar_fsdp *f, void *p)
+{
+    if (f->dev) dpar__dev_free(f->comm, p);
+    else dpar__free(&f->d.allocator, p);
 }
 
 /* wait for the prefetch in flight, if any (its buffer is dropped when it failed) */
@@ -9311,9 +9481,10 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *f)
     st = dpar__fsdp_settle(f); /* its buffer is about to go */
     a = f->d.allocator;
     dpar__free(&a, f->count), dpar__free(&a, f->off), dpar__free(&a, f->len), dpar__free(&a, f->soff);
-    dpar__free(&a, f->foff), dpar__free(&a, f->fresh), dpar__free(&a, f->p), dpar__free(&a, f->g);
-    dpar__free(&a, f->m), dpar__free(&a, f->v), dpar__free(&a, f->full), dpar__free(&a, f->buf[0]);
-    dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]), dpar__free(&a, f->gbuf);
+    dpar__free(&a, f->foff), dpar__free(&a, f->fresh), dpar__fsdp_data_free(f, f->p), dpar__fsdp_data_free(f, f->g);
+    dpar__fsdp_data_free(f, f->m), dpar__fsdp_data_free(f, f->v), dpar__fsdp_data_free(f, f->full);
+    dpar__fsdp_data_free(f, f->buf[0]), dpar__fsdp_data_free(f, f->gbuf);
+    dpar__free(&a, f->send[0]), dpar__free(&a, f->send[1]);
     dpar__free(&a, f->gwide), dpar__free(&a, f->tp), dpar__free(&a, f->tg), dpar__free(&a, f->tstart);
     dpar__free(&a, f->ufirst), dpar__free(&a, f->lfirst), dpar__free(&a, f->nstart), dpar__free(&a, f->nlo);
     dpar__free(&a, f->nhi), dpar__free(&a, f->lgrad), dpar__free(&a, f->lsend), dpar__free(&a, f->lrecv);
@@ -9478,6 +9649,12 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
                          "dpar_fsdp_create: leaves %d: the deterministic mode wants %d to 65536 leaves (one per rank "
                          "at least), f32 compute and no grads tensors",
                          desc->leaves, desc->comm->size);
+    DPAR__TRY(dpar__dev_check(desc->comm, "dpar_fsdp_create",
+                              half                                               ? "16-bit compute"
+                              : desc->params                                     ? "the tensor form"
+                              : desc->leaves                                     ? "the leaves (the deterministic mode)"
+                              : desc->loss_scale > 0 && desc->loss_scale != 1.0f ? "a loss scale"
+                                                                                 : NULL));
     DPAR__TRY(dpar__check_allocator("dpar_fsdp_create", &desc->allocator));
     f = (dpar_fsdp *)dpar__calloc(&desc->allocator, 1, sizeof *f);
     if (!f) return dpar__err(DPAR_ENOMEM, "dpar_fsdp_create: out of memory");
@@ -9490,6 +9667,8 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
     if (f->d.beta2 == 0) f->d.beta2 = 0.999f;
     if (f->d.eps == 0) f->d.eps = 1e-8f;
     f->comm = c = desc->comm;
+    f->dev = dpar__dev(c) != NULL;
+    DPAR__OPTIM_HYPER(f->hyper, f->d);
     f->U = desc->num_units;
     f->stage = desc->stage ? desc->stage : 3;
     f->ct = desc->compute;
@@ -9533,21 +9712,21 @@ DPAR_API dpar_status dpar_fsdp_create(const dpar_fsdp_desc *desc, dpar_fsdp **ou
         f->fresh[u] = 1;
     }
     if (ok) {
-        f->g = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
-        f->m = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
-        if (f->d.kind == DPAR_OPTIM_ADAM) f->v = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
-        if (f->stage == 2) f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces);
+        f->g = (float *)dpar__fsdp_data(f, f->slen, sizeof(float));
+        f->m = (float *)dpar__fsdp_data(f, f->slen, sizeof(float));
+        if (f->d.kind == DPAR_OPTIM_ADAM) f->v = (float *)dpar__fsdp_data(f, f->slen, sizeof(float));
+        if (f->stage == 2) f->gbuf = dpar__fsdp_data(f, f->maxc, f->ces);
         if (half && f->rt == DPAR_F32) f->gwide = (float *)dpar__fsdp_alloc(f, f->maxc, sizeof(float));
-        if (f->stage == 3 || half || f->tp) f->p = (float *)dpar__fsdp_alloc(f, f->slen, sizeof(float));
+        if (f->stage == 3 || half || f->tp) f->p = (float *)dpar__fsdp_data(f, f->slen, sizeof(float));
         if (f->stage == 2) {
-            if (!f->tp) f->full = dpar__fsdp_alloc(f, f->total, f->ces);
+            if (!f->tp) f->full = dpar__fsdp_data(f, f->total, f->ces);
         } else {
             size_t second = 0; /* the second largest unit (the largest again when two tie) */
             int big = 0;
             for (u = 1; u < f->U; u++) big = f->count[u] > f->count[big] ? u : big;
             for (u = 0; u < f->U; u++) second = u != big && f->count[u] > second ? f->count[u] : second;
             f->cap = f->maxc + second;
-            f->buf[0] = f->buf[1] = dpar__fsdp_alloc(f, f->cap, f->ces);
+            f->buf[0] = f->buf[1] = dpar__fsdp_data(f, f->cap, f->ces);
             if (half) f->send[0] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
             if (half) f->send[1] = dpar__fsdp_alloc(f, f->maxlen, f->ces);
         }
@@ -9590,6 +9769,10 @@ DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *f
     DPAR__TRY(dpar__fsdp_unit(f, unit, full, "dpar_fsdp_set_params"));
     if (f->held[0] >= 0 || f->held[1] >= 0)
         return dpar__err(DPAR_EINVAL, "dpar_fsdp_set_params: a unit is gathered or being gathered");
+    if (f->dev) { /* full is device memory too */
+        if (f->p) return dpar__dev_copy(f->comm, f->p + f->soff[unit], full + f->off[unit], f->len[unit] * 4);
+        return dpar__dev_copy(f->comm, (float *)f->full + f->foff[unit], full, f->count[unit] * 4);
+    }
     if (f->p) memcpy(f->p + f->soff[unit], full + f->off[unit], f->len[unit] * sizeof(float));
     if (f->stage == 2 && f->tp) /* the tensors are the full copy (in the compute type) */
         dpar__fsdp_tmove(f, f->tp, (void *)full, DPAR_F32, f->foff[unit], f->foff[unit] + f->count[unit], 0);
@@ -9600,10 +9783,7 @@ DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *f
 DPAR_API dpar_status dpar_fsdp_get_params(dpar_fsdp *f, int unit, float *full)
 {
     DPAR__TRY(dpar__fsdp_unit(f, unit, full, "dpar_fsdp_get_params"));
-    if (!f->p) {
-        memcpy(full, (float *)f->full + f->foff[unit], f->count[unit] * sizeof(float));
-        return DPAR_OK;
-    }
+    if (!f->p) return dpar__dev_copy(f->comm, full, (float *)f->full + f->foff[unit], f->count[unit] * sizeof(float));
     DPAR__TRY(dpar__fsdp_settle(f)); /* the calls stay in order on every rank */
     return dpar_allgather(f->comm, f->p + f->soff[unit], full, f->count[unit], DPAR_F32);
 }
@@ -9777,15 +9957,15 @@ static dpar_status dpar__fsdp_grads(dpar_fsdp *f, int unit, void **grads)
     /* stage 3: a free pooled buffer (the unit's own, released once backward no longer reads it), else the third */
     for (s = 0; f->stage == 3 && s < 2 && (f->held[s] != -1 || !dpar__fsdp_place(f, s, f->count[unit])); s++) continue;
     if (f->stage == 3 && s < 2) {
-        f->held[s] = -2;
         at = f->buf[s];
     } else {
-        if (!f->gbuf && !(f->gbuf = dpar__fsdp_alloc(f, f->maxc, f->ces)))
+        if (!f->gbuf && !(f->gbuf = dpar__fsdp_data(f, f->maxc, f->ces)))
             return dpar__err(DPAR_ENOMEM, "dpar_fsdp_grads: out of memory (a third unit-sized buffer)");
         s = 2;
         at = f->gbuf;
     }
-    memset(at, 0, f->count[unit] * f->ces);
+    DPAR__TRY(dpar__dev_clear(f->comm, at, f->count[unit] * f->ces));
+    if (s < 2) f->held[s] = -2;
     f->gunit = unit;
     f->gslot = s;
     *grads = at;
@@ -9862,7 +10042,11 @@ DPAR_API dpar_status dpar_fsdp_reduce(dpar_fsdp *f, int unit)
             g[i] = f->fresh[unit] ? x : g[i] + x;
         }
     }
-    if (mine) {
+    if (mine && f->dev) { /* the first one a copy, then sums (no inf/NaN check: the scale is 1) */
+        g = f->g + f->soff[unit];
+        DPAR__TRY(f->fresh[unit] ? dpar__dev_copy(f->comm, g, mine, f->len[unit] * sizeof(float))
+                                 : dpar__dev_add(f->comm, g, mine, f->len[unit]));
+    } else if (mine) {
         g = f->g + f->soff[unit];
         for (i = 0; i < f->len[unit]; i++) {
             x = f->scale != 1.0f ? mine[i] / f->scale : mine[i];
@@ -9881,14 +10065,13 @@ DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
 {
     int u;
     int32_t bad, any = 0;
-    size_t i;
     if (!f) return dpar__err(DPAR_EINVAL, "dpar_fsdp_step: fsdp is NULL");
     if (f->gunit >= 0 || (f->held[0] >= 0 && f->taken[0]) || (f->held[1] >= 0 && f->taken[1]))
         return dpar__err(DPAR_EBUSY, "dpar_fsdp_step: a unit is still gathered or its gradients not reduced");
     DPAR__TRY(dpar__fsdp_settle(f)); /* a prefetch of the old parameters */
     f->held[0] = f->held[1] = f->last = -1;
-    bad = f->bad; /* every rank skips together, or none does */
-    DPAR__TRY(dpar_allreduce(f->comm, &bad, &any, 1, DPAR_I32, DPAR_MAX));
+    bad = f->bad; /* every rank skips together, or none does (device memory: f32 at scale 1, nothing to skip) */
+    if (!f->dev) DPAR__TRY(dpar_allreduce(f->comm, &bad, &any, 1, DPAR_I32, DPAR_MAX));
     f->bad = 0;
     if (any) {
         for (u = 0; u < f->U; u++) f->fresh[u] = 1; /* the step's gradients are dropped */
@@ -9899,25 +10082,15 @@ DPAR_API dpar_status dpar_fsdp_step(dpar_fsdp *f)
     }
     f->step++;
     for (u = 0; u < f->U; u++) { /* dpar_zero_step's math on this rank's block of each unit */
-        float *p = dpar__fsdp_master(f, u);
-        float *g = f->g + f->soff[u], *m = f->m + f->soff[u], *v = f->v ? f->v + f->soff[u] : NULL;
-        if (f->fresh[u]) memset(g, 0, f->len[u] * sizeof(float)); /* no gradient this step */
-        if (f->d.kind == DPAR_OPTIM_SGD) {
-            float lr = f->d.lr, mu = f->d.momentum, wd = f->d.weight_decay;
-            for (i = 0; i < f->len[u]; i++) {
-                float gi = g[i] + wd * p[i];
-                m[i] = mu * m[i] + gi;
-                p[i] -= lr * m[i];
-            }
-        } else {
-            float lr = f->d.lr, b1 = f->d.beta1, b2 = f->d.beta2, eps = f->d.eps, wd = f->d.weight_decay;
-            float c1 = 1.0f - powf(b1, (float)f->step), c2 = 1.0f - powf(b2, (float)f->step);
-            for (i = 0; i < f->len[u]; i++) {
-                m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-                v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-                p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
-            }
-        }
+        dpar_optim_update k = f->hyper;
+        k.step = f->step;
+        k.params = dpar__fsdp_master(f, u);
+        k.grads = f->g + f->soff[u];
+        k.m = f->m + f->soff[u];
+        k.v = f->v ? f->v + f->soff[u] : NULL;
+        k.n = f->len[u];
+        if (f->fresh[u]) DPAR__TRY(dpar__dev_clear(f->comm, f->g + f->soff[u], k.n * sizeof(float))); /* no gradient */
+        DPAR__TRY(dpar__dev_update(f->comm, &k));
         f->fresh[u] = 1;
     }
     if (f->dynamic && ++f->good >= 1000) f->scale *= 2.0f, f->good = 0;
@@ -12812,6 +12985,7 @@ static dpar_status dpar__ckpt_zero(dpar_zero *z, float *params, const char *path
     dpar_allocator a;
     dpar_status st;
     if (!z) return dpar__err(DPAR_EINVAL, "%s: zero is NULL", api);
+    if (dpar__dev(z->comm)) return dpar__err(DPAR_EUNSUPPORTED, "%s: the state is in device memory", api);
     if (!prefix) prefix = "zero.";
     if ((z->count && !params) || strlen(prefix) > 56) {
         st = dpar__err(DPAR_EINVAL, "%s: params is NULL, or the prefix is longer than 56 characters", api);
@@ -12911,6 +13085,7 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
     dpar_allocator a;
     dpar_status st;
     if (!f) return dpar__err(DPAR_EINVAL, "%s: fsdp is NULL", api);
+    if (dpar__dev(f->comm)) return dpar__err(DPAR_EUNSUPPORTED, "%s: the shards are in device memory", api);
     if (!prefix) prefix = "fsdp.";
     if (strlen(prefix) > 40 || f->gunit >= 0 || (f->held[0] >= 0 && f->taken[0]) || (f->held[1] >= 0 && f->taken[1])) {
         st = dpar__err(DPAR_EINVAL,

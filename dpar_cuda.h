@@ -1877,6 +1877,96 @@ static void dpar_cuda__nc_destroy(void *user)
     free(k);
 }
 
+/* the comm's memory for dpar_zero and dpar_fsdp (dpar_comm_from_ops's desc.memory): the comm's device, every op on
+   its stream and finished before it returns, as its NCCL calls are */
+static dpar_status dpar_cuda__nm_done(const dpar_cuda__nc *k, cudaError_t e, int before, const char *what)
+{
+    if (e == cudaSuccess) e = cudaStreamSynchronize(k->stream);
+    if (before >= 0) cudaSetDevice(before);
+    if (e == cudaSuccess) return DPAR_OK;
+    (void)cudaGetLastError();
+    return dpar_set_error(DPAR_ESYSTEM, "%s on NCCL rank %d's device %d: %s", what, k->rank, k->device,
+                          cudaGetErrorName(e));
+}
+static int dpar_cuda__nm_enter(const dpar_cuda__nc *k)
+{
+    int before = -1;
+    cudaGetDevice(&before);
+    cudaSetDevice(k->device);
+    return before;
+}
+static void *dpar_cuda__nm_alloc(void *user, int worker, size_t bytes)
+{
+    const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
+    void *p = NULL;
+    int before = dpar_cuda__nm_enter(k);
+    (void)worker;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) (void)cudaGetLastError(), p = NULL;
+    if (before >= 0) cudaSetDevice(before);
+    return p;
+}
+static void dpar_cuda__nm_free(void *user, int worker, void *p)
+{
+    const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
+    int before = dpar_cuda__nm_enter(k);
+    (void)worker;
+    cudaStreamSynchronize(k->stream);
+    cudaFree(p);
+    if (before >= 0) cudaSetDevice(before);
+}
+static dpar_status dpar_cuda__nm_copy(void *user, int worker, void *dst, const void *src, size_t bytes)
+{
+    const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
+    int before = dpar_cuda__nm_enter(k);
+    (void)worker;
+    return dpar_cuda__nm_done(k, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, k->stream), before,
+                              "cudaMemcpyAsync (dpar_zero, dpar_fsdp)");
+}
+static dpar_status dpar_cuda__nm_clear(void *user, int worker, void *p, size_t bytes)
+{
+    const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
+    int before = dpar_cuda__nm_enter(k);
+    (void)worker;
+    return dpar_cuda__nm_done(k, cudaMemsetAsync(p, 0, bytes, k->stream), before, "cudaMemsetAsync (dpar_fsdp)");
+}
+/* a kernel's status (its launch's text) or the stream's after it */
+static dpar_status dpar_cuda__nm_kernel(const dpar_cuda__nc *k, dpar_status st, int before, const char *what)
+{
+    if (st != DPAR_OK) {
+        if (before >= 0) cudaSetDevice(before);
+        return st;
+    }
+    return dpar_cuda__nm_done(k, cudaSuccess, before, what);
+}
+static dpar_status dpar_cuda__nm_reduce(void *user, int worker, void *out, const void *a, const void *b, size_t n,
+                                        dpar_dtype t, dpar_op op, int div)
+{
+    const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
+    int before = dpar_cuda__nm_enter(k);
+    (void)worker;
+    return dpar_cuda__nm_kernel(k, dpar_cuda_reduce(out, a, b, n, t, op, div, k->stream), before, "dpar_cuda_reduce");
+}
+static dpar_status dpar_cuda__nm_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t,
+                                        int div)
+{
+    const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
+    int before = dpar_cuda__nm_enter(k);
+    (void)worker;
+    return dpar_cuda__nm_kernel(k, dpar_cuda_divide(out, in, n, t, div, k->stream), before, "dpar_cuda_divide");
+}
+static dpar_status dpar_cuda__nm_update(void *user, int worker, const dpar_optim_update *u)
+{
+    const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
+    int before = dpar_cuda__nm_enter(k);
+    dpar_status st =
+        u->kind == DPAR_OPTIM_SGD
+            ? dpar_cuda_sgd_f32(u->params, u->m, u->grads, u->n, u->lr, u->momentum, u->weight_decay, k->stream)
+            : dpar_cuda_adamw_f32(u->params, u->m, u->v, u->grads, u->n, u->lr, u->beta1, u->beta2, u->eps,
+                                  u->weight_decay, u->step, k->stream);
+    (void)worker;
+    return dpar_cuda__nm_kernel(k, st, before, "an optimizer step (dpar_zero, dpar_fsdp)");
+}
+
 static dpar_status dpar_cuda__nccl_wrap(ncclComm_t nc, cudaStream_t stream, int own_comm, int own_stream,
                                         dpar_cuda__nc_fate *fate, const dpar_comm_desc *desc, dpar_comm **out)
 {
@@ -1904,6 +1994,15 @@ static dpar_status dpar_cuda__nccl_wrap(ncclComm_t nc, cudaStream_t stream, int 
     ops.run = dpar_cuda__nc_run;
     ops.exchange = dpar_cuda__nc_exchange;
     ops.destroy = dpar_cuda__nc_destroy;
+    memset(&d.memory, 0, sizeof d.memory); /* the buffers are this device's: dpar_zero and dpar_fsdp step there */
+    d.memory.user = k;
+    d.memory.reduce = dpar_cuda__nm_reduce;
+    d.memory.divide = dpar_cuda__nm_divide;
+    d.memory.copy = dpar_cuda__nm_copy;
+    d.memory.alloc = dpar_cuda__nm_alloc;
+    d.memory.free = dpar_cuda__nm_free;
+    d.memory.clear = dpar_cuda__nm_clear;
+    d.memory.update = dpar_cuda__nm_update;
     if ((st = dpar_comm_from_ops(&ops, &d, out)) != DPAR_OK) {
         free(k);
         return st;
@@ -2323,6 +2422,26 @@ static dpar_status dpar_cuda__c_copy(void *user, int worker, void *dst, const vo
     return dpar_cuda__c_done(p, w, e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaMemcpyAsync"),
                              "cudaMemcpyAsync in a comm call");
 }
+/* dpar_zero's and dpar_fsdp's: zeros, and the optimizer's step (the kernels that give the host's bits) */
+static dpar_status dpar_cuda__c_clear(void *user, int worker, void *ptr, size_t bytes)
+{
+    const dpar_cuda_pool *p = (const dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    cudaError_t e = cudaMemsetAsync(ptr, 0, bytes, dpar_cuda__c_stream(p, w));
+    return dpar_cuda__c_done(p, w, e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, "cudaMemsetAsync"),
+                             "cudaMemsetAsync (dpar_zero, dpar_fsdp)");
+}
+static dpar_status dpar_cuda__c_update(void *user, int worker, const dpar_optim_update *u)
+{
+    const dpar_cuda_pool *p = (const dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    cudaStream_t s = dpar_cuda__c_stream(p, w);
+    dpar_status st = u->kind == DPAR_OPTIM_SGD
+                         ? dpar_cuda_sgd_f32(u->params, u->m, u->grads, u->n, u->lr, u->momentum, u->weight_decay, s)
+                         : dpar_cuda_adamw_f32(u->params, u->m, u->v, u->grads, u->n, u->lr, u->beta1, u->beta2, u->eps,
+                                               u->weight_decay, u->step, s);
+    return dpar_cuda__c_done(p, w, st, "an optimizer step (dpar_zero, dpar_fsdp)");
+}
 static int dpar_cuda__c_peer_access(void *user, int worker, int peer)
 {
     dpar_cuda_pool *p = (dpar_cuda_pool *)user;
@@ -2500,6 +2619,8 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         cd.memory.peer_access = dpar_cuda__c_peer_access;
         cd.memory.alloc = dpar_cuda__c_alloc;
         cd.memory.free = dpar_cuda__c_free;
+        cd.memory.clear = dpar_cuda__c_clear;
+        cd.memory.update = dpar_cuda__c_update;
         if (p->stream_ordered) {
             cd.memory.record = dpar_cuda__c_record;
             cd.memory.wait = dpar_cuda__c_wait;

@@ -14,6 +14,7 @@ static void test_step_hook(void);
 #include "dpar_test.h"
 #include "json.h"
 #include "coll_matrix.h"
+#include "fsdp_case.h"
 
 /* random delays between the steps of the algorithms, switched on by one test */
 static int hook_on;
@@ -1268,6 +1269,33 @@ static void fake_free(void *user, int worker, void *p)
     __atomic_add_fetch(&fdev.frees, 1, __ATOMIC_RELAXED);
     free(p);
 }
+/* dpar_zero's and dpar_fsdp's callbacks: zeros, and the optimizer's step on decoded copies (the host's math) */
+static dpar_status fake_clear(void *user, int worker, void *p, size_t bytes)
+{
+    void *zeros = calloc(bytes ? bytes : 1, 1);
+    (void)user;
+    fake_worker(worker);
+    fake_write(p, zeros, bytes);
+    free(zeros);
+    return DPAR_OK;
+}
+static dpar_status fake_update(void *user, int worker, const dpar_optim_update *u)
+{
+    dpar_optim_update h = *u;
+    size_t bytes = u->n * sizeof(float);
+    (void)user;
+    fake_worker(worker);
+    h.params = (float *)fake_read(u->params, bytes);
+    h.m = (float *)fake_read(u->m, bytes);
+    h.v = u->v ? (float *)fake_read(u->v, bytes) : NULL;
+    h.grads = (const float *)fake_read(u->grads, bytes);
+    dpar__optim_apply(&h);
+    fake_write(u->params, h.params, bytes);
+    fake_write(u->m, h.m, bytes);
+    if (u->v) fake_write(u->v, h.v, bytes);
+    free(h.params), free(h.m), free(h.v), free((void *)h.grads);
+    return DPAR_OK;
+}
 static dpar_comm_desc fake_desc(int n, int peer_access)
 {
     dpar_comm_desc d;
@@ -1285,6 +1313,8 @@ static dpar_comm_desc fake_desc(int n, int peer_access)
     d.memory.peer_access = fake_peer_access;
     d.memory.alloc = fake_alloc;
     d.memory.free = fake_free;
+    d.memory.clear = fake_clear;
+    d.memory.update = fake_update;
     return d;
 }
 
@@ -1510,9 +1540,10 @@ static void test_memory_callbacks_split_and_refusals(void)
    return; record returns a ticket (the stream's op count so far, + 1); wait queues an op that blocks the stream
    until the peer's stream has run up to the ticket. An op that fails (fdev.fail_worker) fails on the stream; the
    worker's next callback returns the error, as CUDA reports a kernel's fault at a later call. */
-enum { FAS_REDUCE, FAS_DIVIDE, FAS_COPY, FAS_WAIT };
+enum { FAS_REDUCE, FAS_DIVIDE, FAS_COPY, FAS_WAIT, FAS_CLEAR, FAS_UPDATE };
 typedef struct {
     int kind, div, peer;
+    dpar_optim_update u; /* FAS_UPDATE's */
     void *out;
     const void *a, *b;
     size_t n;
@@ -1564,6 +1595,8 @@ static void *fas_main(void *arg)
             pthread_mutex_unlock(&fas.lock);
         } else if (op.kind == FAS_REDUCE) st = fake_reduce(NULL, worker, op.out, op.a, op.b, op.n, op.t, op.op, op.div);
         else if (op.kind == FAS_DIVIDE) st = fake_divide(NULL, worker, op.out, op.a, op.n, op.t, op.div);
+        else if (op.kind == FAS_CLEAR) st = fake_clear(NULL, worker, op.out, op.n);
+        else if (op.kind == FAS_UPDATE) st = fake_update(NULL, worker, &op.u);
         else st = fake_copy(NULL, worker, op.out, op.a, op.n);
         pthread_mutex_lock(&fas.lock);
         if (st != DPAR_OK && s->error == DPAR_OK) {
@@ -1622,6 +1655,22 @@ static dpar_status fas_copy(void *user, int worker, void *dst, const void *src, 
     (void)user;
     memset(&o, 0, sizeof o);
     o.kind = FAS_COPY, o.out = dst, o.a = src, o.n = bytes;
+    return fas_queue(worker, &o);
+}
+static dpar_status fas_clear(void *user, int worker, void *p, size_t bytes)
+{
+    fas_op o;
+    (void)user;
+    memset(&o, 0, sizeof o);
+    o.kind = FAS_CLEAR, o.out = p, o.n = bytes;
+    return fas_queue(worker, &o);
+}
+static dpar_status fas_update(void *user, int worker, const dpar_optim_update *u)
+{
+    fas_op o;
+    (void)user;
+    memset(&o, 0, sizeof o);
+    o.kind = FAS_UPDATE, o.u = *u;
     return fas_queue(worker, &o);
 }
 static dpar_status fas_record(void *user, int worker, uint64_t *ticket)
@@ -1691,6 +1740,8 @@ static dpar_comm_desc fas_desc(int n, int peer_access)
     d.memory.free = fas_free;
     d.memory.record = fas_record;
     d.memory.wait = fas_wait;
+    d.memory.clear = fas_clear;
+    d.memory.update = fas_update;
     return d;
 }
 static void fas_stop(void)
@@ -2012,8 +2063,227 @@ static void test_ops_comm_errors(void)
     d.deterministic = 1;
     CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c);
     d.deterministic = 0;
+    d.memory.reduce = fake_reduce; /* one of the seven memory callbacks */
+    CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c && strstr(dpar_last_error(), "1 of 7"));
+    memset(&d.memory, 0, sizeof d.memory);
     CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_OK && c);
     CHECK(dpar_comm_destroy(c) == DPAR_OK);
+}
+
+/* ---- dpar_zero and dpar_fsdp on device memory: the same training on host memory, the fake blocking device and the
+   fake stream-ordered one; the parameters after FC_STEPS steps bitwise equal. The host may touch a device buffer
+   (here: to compute a unit's gradients from its parameters) only after its worker's stream is done. */
+typedef struct {
+    int device; /* 0: host memory; 1: the fake device; 2: the fake stream-ordered device; 3: the fake device under
+                   a comm another library runs (dpar_comm_from_ops, desc.memory the fake's callbacks) */
+    int stage;  /* 1: dpar_zero; 2, 3: dpar_fsdp */
+    dpar_optim kind;
+    float *out[4][FC_U]; /* each rank's parameters after the steps, host memory */
+} devopt_job;
+/* host bytes into device memory and back (the host's own memory: a copy) */
+static void devopt_in(const devopt_job *j, int r, void *dev, const void *host, size_t bytes)
+{
+    if (j->device == 2) fas_sync(r); /* what the stream queued on the buffer (a clear) has run */
+    memcpy(dev, host, bytes);
+    if (j->device) fake_code(dev, bytes);
+}
+static void devopt_out(const devopt_job *j, int r, void *host, const void *dev, size_t bytes)
+{
+    void *decoded;
+    if (j->device == 2) fas_sync(r);
+    if (!j->device) {
+        memcpy(host, dev, bytes);
+        return;
+    }
+    decoded = fake_read(dev, bytes); /* the key is the device address's */
+    memcpy(host, decoded, bytes);
+    free(decoded);
+}
+static void devopt_train(world *w, dpar_comm *c, int r);
+static void devopt_rank(world *w, dpar_comm *inner, int r)
+{
+    devopt_job *j = (devopt_job *)w->user;
+    lib_rank l;
+    dpar_comm *c = NULL;
+    dpar_comm_ops ops;
+    dpar_comm_desc d;
+    if (j->device != 3) {
+        devopt_train(w, inner, r);
+        return;
+    }
+    memset(&d, 0, sizeof d);
+    d.memory.reduce = fake_reduce, d.memory.divide = fake_divide, d.memory.copy = fake_copy;
+    d.memory.alloc = fake_alloc, d.memory.free = fake_free, d.memory.clear = fake_clear, d.memory.update = fake_update;
+    d.no_check = 1, d.name = "lib";
+    memset(&ops, 0, sizeof ops);
+    memset(&l, 0, sizeof l);
+    l.inner = inner;
+    ops.user = &l, ops.rank = r, ops.size = w->n, ops.run = lib_run;
+    if (dpar_comm_from_ops(&ops, &d, &c) != DPAR_OK) {
+        note(w, "rank %d: from_ops with memory: %s", r, dpar_last_error());
+        return;
+    }
+    devopt_train(w, c, r);
+    if (l.runs < 3) note(w, "rank %d: the library ran %ld collectives", r, l.runs);
+    dpar_comm_destroy(c);
+}
+static void devopt_train(world *w, dpar_comm *c, int r)
+{
+    devopt_job *j = (devopt_job *)w->user;
+    size_t total = 0, i, at[FC_U + 1];
+    float *host = NULL, *hgrad = NULL, *dev = NULL, *dgrad = NULL, s[FC_U];
+    int u, step;
+    for (u = 0; u < FC_U; u++) at[u] = total, total += fc_counts[u];
+    at[FC_U] = total;
+    host = (float *)malloc(total * 4), hgrad = (float *)malloc(total * 4);
+    dev = (float *)malloc(total * 4), dgrad = (float *)malloc(total * 4); /* "device memory" */
+    for (u = 0; u < FC_U; u++)
+        for (i = 0; i < fc_counts[u]; i++) host[at[u] + i] = fc_init(u, i);
+    devopt_in(j, r, dev, host, total * 4);
+    if (j->stage == 1) { /* ZeRO-1 on the flat array: gradients from the parameters, reduce-scatter, step, gather */
+        dpar_zero *z = NULL;
+        dpar_zero_desc d;
+        memset(&d, 0, sizeof d);
+        d.comm = c, d.count = total, d.kind = j->kind, d.lr = 0.05f, d.momentum = 0.9f, d.weight_decay = 0.01f;
+        expect_ok(w, dpar_zero_create(&d, &z), "zero_create", r);
+        for (step = 0; z && step < FC_STEPS; step++) {
+            devopt_out(j, r, host, dev, total * 4);
+            for (u = 0; u < FC_U; u++) {
+                s[u] = fc_forward(host + at[u], r, step, u);
+                fc_backward(hgrad + at[u], host + at[u], s[u], r, step, u);
+            }
+            devopt_in(j, r, dgrad, hgrad, total * 4);
+            expect_ok(w, dpar_zero_step(z, dev, dgrad), "zero_step", r);
+        }
+        expect_ok(w, dpar_zero_destroy(z), "zero_destroy", r);
+    } else { /* FSDP: each unit gathered for forward and backward, its gradients reduced, the step */
+        dpar_fsdp *f = NULL;
+        dpar_fsdp_desc d;
+        float *pp, *gg;
+        memset(&d, 0, sizeof d);
+        d.comm = c, d.stage = j->stage, d.num_units = FC_U, d.unit_counts = fc_counts, d.kind = j->kind;
+        d.lr = 0.05f, d.momentum = 0.9f, d.weight_decay = 0.01f;
+        expect_ok(w, dpar_fsdp_create(&d, &f), "fsdp_create", r);
+        for (u = 0; f && u < FC_U; u++) expect_ok(w, dpar_fsdp_set_params(f, u, dev + at[u]), "set_params", r);
+        for (step = 0; f && step < FC_STEPS; step++) {
+            for (u = 0; u < FC_U; u++) {
+                expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+                devopt_out(j, r, host, pp, fc_counts[u] * 4);
+                s[u] = fc_forward(host, r, step, u);
+                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+            }
+            for (u = FC_U - 1; u >= 0; u--) {
+                if (step == 2 && u == 1) continue; /* a unit without gradients this step: its shard's are zero */
+                expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
+                devopt_out(j, r, host, pp, fc_counts[u] * 4);
+                fc_backward(hgrad, host, s[u], r, step, u);
+                expect_ok(w, dpar_fsdp_release(f, u), "release", r);
+                expect_ok(w, dpar_fsdp_grads(f, u, &gg), "grads", r);
+                devopt_in(j, r, gg, hgrad, fc_counts[u] * 4);
+                expect_ok(w, dpar_fsdp_reduce(f, u), "reduce", r);
+            }
+            expect_ok(w, dpar_fsdp_step(f), "step", r);
+        }
+        for (u = 0; f && u < FC_U; u++) expect_ok(w, dpar_fsdp_get_params(f, u, dev + at[u]), "get_params", r);
+        expect_ok(w, dpar_fsdp_destroy(f), "fsdp_destroy", r);
+    }
+    devopt_out(j, r, host, dev, total * 4);
+    for (u = 0; u < FC_U; u++) memcpy(j->out[r][u], host + at[u], fc_counts[u] * 4);
+    free(host), free(hgrad), free(dev), free(dgrad);
+}
+static void test_zero_and_fsdp_on_device_memory(void)
+{
+    static const int ns[] = {1, 3, 4};
+    devopt_job job[4];
+    int ni, stage, kind, dv, r, u;
+    for (dv = 0; dv < 4; dv++)
+        for (r = 0; r < 4; r++)
+            for (u = 0; u < FC_U; u++) job[dv].out[r][u] = (float *)malloc(fc_counts[u] * 4);
+    for (ni = 0; ni < 3; ni++)
+        for (stage = 1; stage <= 3; stage++)
+            for (kind = 0; kind < 2; kind++) {
+                int N = ns[ni];
+                for (dv = 0; dv < 4; dv++) {
+                    dpar_comm_desc d;
+                    if (dv == 0) memset(&d, 0, sizeof d);
+                    else d = dv == 2 ? fas_desc(N, 1) : fake_desc(N, 1);
+                    job[dv].device = dv, job[dv].stage = stage, job[dv].kind = (dpar_optim)kind;
+                    CHECK_MSG(run_world_desc(N, &d, devopt_rank, &job[dv], NULL, 0) == 0, "N=%d stage %d %s device %d",
+                              N, stage, kind ? "adam" : "sgd", dv);
+                    if (dv == 2) fas_stop();
+                    if (dv) CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
+                    if (dv) CHECK(!fdev.bad_worker);
+                    for (r = 0; dv && r < N; r++)
+                        for (u = 0; u < FC_U; u++)
+                            CHECK_MSG(memcmp(job[dv].out[r][u], job[0].out[r][u], fc_counts[u] * 4) == 0,
+                                      "N=%d stage %d %s device %d rank %d unit %d: not the host's bits", N, stage,
+                                      kind ? "adam" : "sgd", dv, r, u);
+                }
+            }
+    for (dv = 0; dv < 4; dv++)
+        for (r = 0; r < 4; r++)
+            for (u = 0; u < FC_U; u++) free(job[dv].out[r][u]);
+}
+
+/* on device memory, what the device path lacks is refused, naming it; callbacks missing: refused too */
+static void devopt_refusals_rank(world *w, dpar_comm *c, int r)
+{
+    float x[8];
+    size_t one = 8;
+    dpar_tensor t = {x, 8, DPAR_F32};
+    dpar_zero_desc zd;
+    dpar_fsdp_desc fd;
+    dpar_zero *z = NULL;
+    dpar_fsdp *f = NULL;
+    int missing = *(int *)w->user;
+    memset(&zd, 0, sizeof zd);
+    zd.comm = c, zd.count = 8, zd.lr = 0.1f;
+    memset(&fd, 0, sizeof fd);
+    fd.comm = c, fd.num_units = 1, fd.unit_counts = &one, fd.lr = 0.1f;
+    if (missing) {
+        if (dpar_zero_create(&zd, &z) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "no clear and update"))
+            note(w, "rank %d: zero without update: %s", r, dpar_last_error());
+        if (dpar_fsdp_create(&fd, &f) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "no clear and update"))
+            note(w, "rank %d: fsdp without update: %s", r, dpar_last_error());
+        return;
+    }
+    zd.params = &t, zd.grads = &t, zd.num_tensors = 1, zd.count = 0;
+    if (dpar_zero_create(&zd, &z) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "the tensor form"))
+        note(w, "rank %d: zero's tensor form: %s", r, dpar_last_error());
+    fd.compute = DPAR_BF16;
+    if (dpar_fsdp_create(&fd, &f) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "16-bit compute"))
+        note(w, "rank %d: fsdp bf16: %s", r, dpar_last_error());
+    fd.compute = DPAR_F32, fd.leaves = 4;
+    if (dpar_fsdp_create(&fd, &f) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "leaves"))
+        note(w, "rank %d: fsdp leaves: %s", r, dpar_last_error());
+    fd.leaves = 0, fd.loss_scale = 8.0f;
+    if (dpar_fsdp_create(&fd, &f) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "a loss scale"))
+        note(w, "rank %d: fsdp loss scale: %s", r, dpar_last_error());
+    fd.loss_scale = 0;
+    expect_ok(w, dpar_fsdp_create(&fd, &f), "fsdp_create", r);
+    if (f && dpar_ckpt_save_fsdp(f, "/nonexistent/x", NULL, NULL, 0) != DPAR_EUNSUPPORTED)
+        note(w, "rank %d: a checkpoint of device shards: %s", r, dpar_last_error());
+    dpar_fsdp_destroy(f);
+    zd.params = zd.grads = NULL, zd.num_tensors = 0, zd.count = 8;
+    expect_ok(w, dpar_zero_create(&zd, &z), "zero_create", r);
+    if (z && dpar_ckpt_save_zero(z, x, "/nonexistent/x", NULL, NULL, 0) != DPAR_EUNSUPPORTED)
+        note(w, "rank %d: a checkpoint of device state: %s", r, dpar_last_error());
+    dpar_zero_destroy(z);
+}
+static void test_zero_and_fsdp_on_device_refusals(void)
+{
+    int missing;
+    dpar_group *g = NULL;
+    dpar_comm_desc d;
+    for (missing = 0; missing < 2; missing++) {
+        d = fake_desc(2, 1);
+        if (missing) d.memory.clear = NULL, d.memory.update = NULL;
+        CHECK(run_world_desc(2, &d, devopt_refusals_rank, &missing, NULL, 0) == 0);
+        CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
+    }
+    d = fake_desc(2, 1);
+    d.memory.update = NULL; /* one of the pair */
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL && strstr(dpar_last_error(), "update is missing"));
 }
 
 /* ---- alltoallv: random counts, the count check, bad input, timeouts ---- */
@@ -2589,6 +2859,8 @@ int main(int argc, char **argv)
     RUN(test_memory_async_matrix);
     RUN(test_memory_async_host_does_not_wait);
     RUN(test_memory_async_failure_reaches_every_rank);
+    RUN(test_zero_and_fsdp_on_device_memory);
+    RUN(test_zero_and_fsdp_on_device_refusals);
     RUN(test_ops_comm_runs_the_matrix);
     RUN(test_ops_comm_errors);
     RUN(test_alltoallv_random_counts_every_dtype);

@@ -7,6 +7,8 @@
 #define DPAR_CUDA_IMPLEMENTATION
 #include "dpar_cuda.h"
 #include "dpar_test.h"
+#include "coll_matrix.h"
+#include "fsdp_case.h"
 
 static int gpus = 0;
 static char no_gpu[200]; /* the skip reason, with CUDA's */
@@ -919,6 +921,191 @@ static void test_pool_comm_failure_reaches_every_worker(void)
 }
 
 /* ---- NCCL: the same collectives through NCCL (DPAR_NCCL builds: gpu.sh's test_cuda_nccl) ---- */
+/* ---- dpar_zero and dpar_fsdp on the pool's device memory: the same training as on host thread ranks, the
+   parameters after FC_STEPS steps bitwise equal (the optimizer kernels round every operation on its own). The
+   gradients come from the host (fsdp_case.h's model), computed from the gathered parameters read back. ---- */
+typedef struct {
+    int stage; /* 1: dpar_zero; 2, 3: dpar_fsdp */
+    dpar_optim kind;
+    dpar_cuda_pool *ordered; /* a stream-ordered pool: the host reads after dpar_cuda_comm_sync */
+    float *out[2][4][FC_U];  /* [0]: host ranks, [1]: the pool's workers */
+    char first[4][600];
+} gopt_job;
+typedef struct {
+    gopt_job *j;
+    int device, rank;
+    cudaStream_t stream;
+} gopt_ctx;
+static void gopt_in(const gopt_ctx *x, void *dst, const void *src, size_t bytes)
+{
+    if (!x->device) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, x->stream); /* behind what the stream has queued */
+    cudaStreamSynchronize(x->stream);                                    /* src is reused */
+}
+static void gopt_out(const gopt_ctx *x, void *dst, const void *src, size_t bytes)
+{
+    if (!x->device) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    if (x->j->ordered) dpar_cuda_comm_sync(x->j->ordered, x->rank);
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+#define GOPT_TRY(call)                                                                                       \
+    do {                                                                                                     \
+        if ((st = (call)) != DPAR_OK) {                                                                      \
+            snprintf(x->j->first[x->rank], sizeof x->j->first[x->rank], "%s: %s", #call, dpar_last_error()); \
+            goto done;                                                                                       \
+        }                                                                                                    \
+    } while (0)
+static dpar_status gopt_train(const gopt_ctx *x, dpar_comm *c)
+{
+    gopt_job *j = x->j;
+    size_t total = 0, i, at[FC_U + 1];
+    float *host, *hgrad, *dev = NULL, *dgrad = NULL, s[FC_U], *pp, *gg;
+    dpar_zero *z = NULL;
+    dpar_fsdp *f = NULL;
+    dpar_status st = DPAR_OK;
+    int u, step, r = x->rank;
+    for (u = 0; u < FC_U; u++) at[u] = total, total += fc_counts[u];
+    host = (float *)malloc(total * 4), hgrad = (float *)malloc(total * 4);
+    if (x->device) cudaMalloc(&dev, total * 4), cudaMalloc(&dgrad, total * 4);
+    else dev = (float *)malloc(total * 4), dgrad = (float *)malloc(total * 4);
+    for (u = 0; u < FC_U; u++)
+        for (i = 0; i < fc_counts[u]; i++) host[at[u] + i] = fc_init(u, i);
+    gopt_in(x, dev, host, total * 4);
+    if (j->stage == 1) {
+        dpar_zero_desc d;
+        memset(&d, 0, sizeof d);
+        d.comm = c, d.count = total, d.kind = j->kind, d.lr = 0.05f, d.momentum = 0.9f, d.weight_decay = 0.01f;
+        GOPT_TRY(dpar_zero_create(&d, &z));
+        for (step = 0; step < FC_STEPS; step++) {
+            gopt_out(x, host, dev, total * 4);
+            for (u = 0; u < FC_U; u++) {
+                s[u] = fc_forward(host + at[u], r, step, u);
+                fc_backward(hgrad + at[u], host + at[u], s[u], r, step, u);
+            }
+            gopt_in(x, dgrad, hgrad, total * 4);
+            GOPT_TRY(dpar_zero_step(z, dev, dgrad));
+        }
+    } else {
+        dpar_fsdp_desc d;
+        memset(&d, 0, sizeof d);
+        d.comm = c, d.stage = j->stage, d.num_units = FC_U, d.unit_counts = fc_counts, d.kind = j->kind;
+        d.lr = 0.05f, d.momentum = 0.9f, d.weight_decay = 0.01f;
+        GOPT_TRY(dpar_fsdp_create(&d, &f));
+        for (u = 0; u < FC_U; u++) GOPT_TRY(dpar_fsdp_set_params(f, u, dev + at[u]));
+        for (step = 0; step < FC_STEPS; step++) {
+            for (u = 0; u < FC_U; u++) {
+                GOPT_TRY(dpar_fsdp_gather(f, u, &pp));
+                gopt_out(x, host, pp, fc_counts[u] * 4);
+                s[u] = fc_forward(host, r, step, u);
+                GOPT_TRY(dpar_fsdp_release(f, u));
+            }
+            for (u = FC_U - 1; u >= 0; u--) {
+                if (step == 2 && u == 1) continue; /* a unit without gradients this step */
+                GOPT_TRY(dpar_fsdp_gather(f, u, &pp));
+                gopt_out(x, host, pp, fc_counts[u] * 4);
+                fc_backward(hgrad, host, s[u], r, step, u);
+                GOPT_TRY(dpar_fsdp_release(f, u));
+                GOPT_TRY(dpar_fsdp_grads(f, u, &gg));
+                gopt_in(x, gg, hgrad, fc_counts[u] * 4);
+                GOPT_TRY(dpar_fsdp_reduce(f, u));
+            }
+            GOPT_TRY(dpar_fsdp_step(f));
+        }
+        for (u = 0; u < FC_U; u++) GOPT_TRY(dpar_fsdp_get_params(f, u, dev + at[u]));
+    }
+    gopt_out(x, host, dev, total * 4);
+    for (u = 0; u < FC_U; u++) memcpy(j->out[x->device][r][u], host + at[u], fc_counts[u] * 4);
+done:
+    dpar_zero_destroy(z);
+    dpar_fsdp_destroy(f);
+    if (x->device) cudaFree(dev), cudaFree(dgrad);
+    else free(dev), free(dgrad);
+    free(host), free(hgrad);
+    return st;
+}
+static void gopt_host_rank(world *w, dpar_comm *c, int r)
+{
+    gopt_ctx x = {(gopt_job *)w->user, 0, r, NULL};
+    if (gopt_train(&x, c) != DPAR_OK) note(w, "host rank %d: %s", r, x.j->first[r]);
+}
+static dpar_status gopt_body(void *user, const dpar_cuda_worker *w)
+{
+    gopt_ctx x = {(gopt_job *)user, 1, w->rank, (cudaStream_t)w->stream};
+    return gopt_train(&x, w->comm);
+}
+/* one case: the pool made from d trains as host thread ranks of its size do */
+static void gopt_case(dpar_cuda_pool_desc *d, int stage, int kind, const char *what)
+{
+    dpar_cuda_pool *p = NULL;
+    gopt_job *j = (gopt_job *)calloc(1, sizeof *j);
+    int r, u, k, n;
+    CHECK_MSG(dpar_cuda_pool_create(d, &p) == DPAR_OK, "%s", dpar_last_error());
+    if (!p) {
+        free(j);
+        return;
+    }
+    n = dpar_cuda_pool_size(p);
+    for (k = 0; k < 2; k++)
+        for (r = 0; r < 4; r++)
+            for (u = 0; u < FC_U; u++) j->out[k][r][u] = (float *)calloc(fc_counts[u], 4);
+    j->stage = stage, j->kind = (dpar_optim)kind;
+    j->ordered = d->stream_ordered ? p : NULL;
+    CHECK(n <= 4 && run_world(n, gopt_host_rank, j) == 0);
+    CHECK_MSG(dpar_cuda_pool_run(p, gopt_body, j) == DPAR_OK, "%s %s", dpar_last_error(), j->first[0]);
+    for (r = 0; r < n && r < 4; r++)
+        for (u = 0; u < FC_U; u++)
+            CHECK_MSG(!memcmp(j->out[0][r][u], j->out[1][r][u], fc_counts[u] * 4),
+                      "%s of %d, %s %s, worker %d unit %d: not the host's bits", what, n,
+                      stage == 1   ? "zero-1"
+                      : stage == 2 ? "fsdp stage 2"
+                                   : "fsdp stage 3",
+                      kind ? "adam" : "sgd", r, u);
+    CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+    for (k = 0; k < 2; k++)
+        for (r = 0; r < 4; r++)
+            for (u = 0; u < FC_U; u++) free(j->out[k][r][u]);
+    free(j);
+}
+static void test_pool_zero_and_fsdp_bitwise_host(void)
+{
+    int ordered, stage, kind, ni;
+    NEED_GPU();
+    for (ordered = 0; ordered < 2; ordered++)
+        for (ni = 2; ni <= 4; ni += 2)
+            for (stage = 1; stage <= 3; stage++)
+                for (kind = 0; kind < 2; kind++) {
+                    dpar_cuda_pool_desc d;
+                    int dev0 = 0;
+                    memset(&d, 0, sizeof d);
+                    d.devices = &dev0, d.num_devices = 1, d.workers_per_device = ni;
+                    d.stream_ordered = ordered;
+                    d.comm.timeout_ms = 20000;
+                    gopt_case(&d, stage, kind, ordered ? "stream-ordered pool" : "blocking pool");
+                }
+}
+#ifdef DPAR_NCCL
+/* the same over NCCL comms (one worker per device): dpar_zero and dpar_fsdp through the comm's desc.memory */
+static void test_nccl_zero_and_fsdp_bitwise_host(void)
+{
+    int stage, kind;
+    NEED_GPU();
+    for (stage = 1; stage <= 3; stage++)
+        for (kind = 0; kind < 2; kind++) {
+            dpar_cuda_pool_desc d;
+            memset(&d, 0, sizeof d);
+            d.nccl = 1;
+            d.comm.timeout_ms = 20000;
+            gopt_case(&d, stage, kind, "NCCL pool");
+        }
+}
+#endif
+
 static void test_nccl_without_a_device(void) /* argument checks and the build's answer, no device needed */
 {
     dpar_comm *c = (dpar_comm *)1;
@@ -1181,12 +1368,14 @@ int main(int argc, char **argv)
     RUN(test_pool_comm_failure_reaches_every_worker);
     RUN(test_pool_comm_stream_ordered);
     RUN(test_pool_comm_stream_ordered_does_not_wait);
+    RUN(test_pool_zero_and_fsdp_bitwise_host);
     RUN(test_nccl_without_a_device);
 #ifdef DPAR_NCCL
     RUN(test_nccl_pool_collectives);
     RUN(test_nccl_create_over_a_host_comm);
     RUN(test_nccl_failure_reaches_every_worker);
     RUN(test_nccl_wait_notices_completion);
+    RUN(test_nccl_zero_and_fsdp_bitwise_host);
 #endif
     return dt_summary();
 }
