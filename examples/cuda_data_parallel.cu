@@ -28,6 +28,11 @@
    --zero 1: ZeRO-1 (DeepSpeed's stage 1): a reduce-scatter gives each worker its block of the averaged gradients,
    each worker steps its block with momentum kept for that block only (1/N of the optimizer state), and an all-gather
    brings every worker the new weights: the same traffic as the allreduce, the same math as the reference.
+   --zero 2 | 3: dpar_fsdp on the workers' device memory, each layer (its weights and bias) one unit. Stage 3 keeps
+   only each worker's block of every layer's weights, gradients and momentum; a layer's weights are gathered into one
+   of two pooled buffers for its forward and again for its backward (the next layer's gather prefetched meanwhile),
+   its gradients reduce-scattered as soon as backward has made them. Stage 2 keeps the full weights and shards the
+   gradients and the optimizer state. Same math as the reference (SGD without momentum).
    --bf16: the gradients are cast to bf16 before they travel and averaged in bf16 (half the bytes), then cast back
    for SGD on the fp32 weights; the reference rounds the same way (each worker's gradients to bf16, summed in bf16,
    divided once), so the 2e-3 bound stays.
@@ -35,7 +40,7 @@
    allreduce after backward and (stream-ordered pools) overlapped, printed as step_ms, with
    comm_hidden = (after - overlap) / (after - compute): the share of the allreduce's time that overlap hid.
    Options: --layers 784,1024,1024,10 --batch 256 --steps 30 --lr 0.05 --workers-per-device 1 --nccl --ordered
-   --overlap --bf16 --zero 0|1 --timing-steps 20 --cpu N */
+   --overlap --bf16 --zero 0|1|2|3 --timing-steps 20 --cpu N */
 #define DPAR_IMPLEMENTATION
 #define DPAR_CUDA_IMPLEMENTATION
 #include "dpar_cuda.h"
@@ -57,7 +62,9 @@ typedef struct {
     float loss[MAXW][1024]; /* worker r's mean loss of each step (the mean over workers is computed on device) */
     double seconds;         /* worker 0's time for steps 1.. */
     int bf16;               /* --bf16: the gradients travel and are averaged in bf16 (the weights stay fp32) */
-    int zero;               /* --zero 1: ZeRO-1, each worker keeps the momentum of its block of the weights only */
+    int zero;               /* --zero 1: ZeRO-1, each worker keeps the momentum of its block of the weights only;
+                               2, 3: dpar_fsdp's stages on the device */
+    size_t fsdp_bytes;      /* --zero 2|3: what worker 0's dpar_fsdp holds (dpar_fsdp_memory) */
     int ordered;            /* the pool is stream-ordered (--ordered, --overlap) */
     int comm_mode;          /* how the training steps reduce their gradients (COMM_AFTER or COMM_OVERLAP) */
     int timing_steps;       /* steps of each mode timed after training (--timing-steps) */
@@ -107,6 +114,7 @@ typedef struct {
     float *act[MAXL + 1], *delta[MAXL + 1];
     float *lossv; /* each sample's loss */
     int *labels;
+    dpar_fsdp *fsdp; /* --zero 2|3: the layers' shards (the worker's own weights and gradients are then freed) */
 } worker_state;
 
 /* reduce layer l's gradients (weights then bias: one contiguous range) over the workers, averaged; in bf16 when
@@ -152,8 +160,24 @@ static dpar_status zero_step(worker_state *k, int comm_mode, float lr)
     return dpar_allgather(comm, k->p + k->off, k->p, j->np, DPAR_F32);
 }
 
+/* layer l's weights, its bias right after them: the worker's copy, or (--zero 2|3) the unit dpar_fsdp gathered */
+static dpar_status layer_weights(worker_state *k, int l, float **weights)
+{
+    if (k->fsdp) return dpar_fsdp_gather(k->fsdp, l, weights);
+    *weights = k->p + k->j->woff[l];
+    return DPAR_OK;
+}
+/* where layer l's gradients go: the worker's array, or (--zero 2|3) dpar_fsdp's zeroed unit buffer */
+static dpar_status layer_grads(worker_state *k, int l, float **grads)
+{
+    if (k->fsdp) return dpar_fsdp_grads(k->fsdp, l, grads);
+    *grads = k->g + k->j->woff[l];
+    return DPAR_OK;
+}
+
 /* one training step on the batch in act[0] and labels: forward, backward, the gradients' allreduce (comm_mode),
-   SGD. Everything is queued on the streams; nothing here waits for the device */
+   SGD. Everything is queued on the streams; nothing here waits for the device (--zero 2|3 on a blocking pool: each
+   gather and reduce-scatter waits for its own work) */
 static dpar_status train_step(worker_state *k, int comm_mode, float lr)
 {
     job *j = k->j;
@@ -161,27 +185,39 @@ static dpar_status train_step(worker_state *k, int comm_mode, float lr)
     cudaStream_t s = k->s;
     for (l = 0; l < L; l++) { /* act[l+1] = relu(act[l] W_l + b_l); logits last */
         int in = j->width[l], out = j->width[l + 1];
-        TRY(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, 1.0f, k->act[l], in, k->p + j->woff[l], out, 0.0f,
+        float *weights;
+        TRY(layer_weights(k, l, &weights));
+        TRY(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_NO_TRANS, b, out, in, 1.0f, k->act[l], in, weights, out, 0.0f,
                             k->act[l + 1], out, k->w->cublas, s));
-        TRY(dpar_cuda_bias_add_f32(k->act[l + 1], k->p + j->boff[l], (size_t)b, (size_t)out, s));
+        TRY(dpar_cuda_bias_add_f32(k->act[l + 1], weights + (size_t)in * out, (size_t)b, (size_t)out, s));
         if (l + 1 < L) TRY(dpar_cuda_relu_forward_f32(k->act[l + 1], k->act[l + 1], (size_t)b * out, s));
+        if (k->fsdp) TRY(dpar_fsdp_release(k->fsdp, l));
     }
     TRY(dpar_cuda_softmax_xent_forward_f32(k->lossv, k->act[L], k->labels, (size_t)b, C, s));
     TRY(dpar_cuda_softmax_xent_backward_f32(k->delta[L], k->act[L], k->labels, (size_t)b, C, s));
     for (l = L - 1; l >= 0; l--) { /* gradients: bias, weights, then the input's (through relu) */
         int in = j->width[l], out = j->width[l + 1];
-        TRY(dpar_cuda_bias_backward_f32(k->g + j->boff[l], k->delta[l + 1], (size_t)b, (size_t)out, s));
+        float *weights, *grads;
+        TRY(layer_weights(k, l, &weights));
+        TRY(layer_grads(k, l, &grads));
+        TRY(dpar_cuda_bias_backward_f32(grads + (size_t)in * out, k->delta[l + 1], (size_t)b, (size_t)out, s));
         TRY(dpar_cuda_sgemm(DPAR_TRANS, DPAR_NO_TRANS, in, out, b, 1.0f, k->act[l], in, k->delta[l + 1], out, 0.0f,
-                            k->g + j->woff[l], out, k->w->cublas, s));
+                            grads, out, k->w->cublas, s));
         if (comm_mode == COMM_OVERLAP)
             TRY(reduce_gradients(k, j->woff[l], j->boff[l] + out - j->woff[l], comm_mode, l));
         if (l > 0) {
-            TRY(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, in, out, 1.0f, k->delta[l + 1], out, k->p + j->woff[l],
-                                out, 0.0f, k->delta[l], in, k->w->cublas, s));
+            TRY(dpar_cuda_sgemm(DPAR_NO_TRANS, DPAR_TRANS, b, in, out, 1.0f, k->delta[l + 1], out, weights, out, 0.0f,
+                                k->delta[l], in, k->w->cublas, s));
             TRY(dpar_cuda_relu_backward_f32(k->delta[l], k->delta[l], k->act[l], (size_t)b * in, s));
         }
+        if (k->fsdp) { /* this layer's weights are no longer read; its gradients are reduce-scattered now */
+            TRY(dpar_fsdp_release(k->fsdp, l));
+            TRY(dpar_fsdp_reduce(k->fsdp, l));
+        }
     }
-    /* the data-parallel step: average the gradients, then SGD (ZeRO-1: on this worker's block only) */
+    /* the data-parallel step: average the gradients, then SGD (ZeRO-1: on this worker's block only; ZeRO-2 and 3: the
+       gradients were reduce-scattered layer by layer, dpar_fsdp steps every layer's block at its desc's lr) */
+    if (k->fsdp) return dpar_fsdp_step(k->fsdp);
     if (j->zero) return zero_step(k, comm_mode, lr);
     if (comm_mode == COMM_AFTER) TRY(reduce_gradients(k, 0, j->np, comm_mode, 0));
     if (comm_mode == COMM_OVERLAP) { /* the optimizer waits for the comm stream's last allreduce */
@@ -287,6 +323,25 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
     if (w->rank == 0) CU(cudaMemcpyAsync(k->p, j->init, j->np * 4, cudaMemcpyHostToDevice, k->s));
     TRY(dpar_broadcast(w->comm, k->p, k->p, j->np, DPAR_F32, 0));
     TRY(use_mode(k, j->comm_mode));
+    if (j->zero >= 2) { /* each layer a unit; its full weights copied in from the broadcast copy, then freed */
+        dpar_fsdp_desc fd;
+        size_t units[MAXL];
+        for (l = 0; l < L; l++) units[l] = j->boff[l] + (size_t)j->width[l + 1] - j->woff[l];
+        memset(&fd, 0, sizeof fd);
+        fd.comm = w->comm;
+        fd.stage = j->zero;
+        fd.num_units = L;
+        fd.unit_counts = units;
+        fd.kind = DPAR_OPTIM_SGD;
+        fd.lr = j->lr;
+        TRY(dpar_fsdp_create(&fd, &k->fsdp));
+        for (l = 0; l < L; l++) TRY(dpar_fsdp_set_params(k->fsdp, l, k->p + j->woff[l]));
+        CU(cudaStreamSynchronize(k->s));
+        cudaFree(k->p), cudaFree(k->g), cudaFree(k->g16), cudaFree(k->mom_base);
+        k->p = k->g = k->mom_base = k->mom = NULL;
+        k->g16 = NULL;
+        if (w->rank == 0) TRY(dpar_fsdp_memory(k->fsdp, &j->fsdp_bytes, NULL));
+    }
     memset(&sd, 0, sizeof sd);
     sd.n = j->n, sd.ranks = w->size, sd.rank = w->rank, sd.seed = 7, sd.drop_last = 1;
     TRY(dpar_sampler_init(&sampler, &sd));
@@ -308,12 +363,13 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
     if (w->rank == 0) j->seconds = (double)(dpar_time_ns() - t0) * 1e-9;
     if (j->timing_steps > 0) { /* the same step without the allreduce, with it after backward, and overlapped */
         double ms[3] = {0, 0, 0};
-        TRY(time_steps(k, COMM_NONE, j->timing_steps, &ms[COMM_NONE]));
+        if (!k->fsdp) TRY(time_steps(k, COMM_NONE, j->timing_steps, &ms[COMM_NONE])); /* dpar_fsdp always gathers */
         TRY(time_steps(k, COMM_AFTER, j->timing_steps, &ms[COMM_AFTER]));
         if (j->ordered && !j->zero) TRY(time_steps(k, COMM_OVERLAP, j->timing_steps, &ms[COMM_OVERLAP]));
         if (w->rank == 0) memcpy(j->step_ms, ms, sizeof ms);
     }
     CU(cudaStreamSynchronize(k->cs));
+    TRY(dpar_fsdp_destroy(k->fsdp));
     dpar_sampler_destroy(&sampler);
     for (l = 0; l <= L; l++) cudaFree(k->act[l]), cudaFree(k->delta[l]);
     cudaFree(k->p), cudaFree(k->g), cudaFree(k->g16), cudaFree(k->mom_base), cudaFree(k->lossv), cudaFree(dmean);
@@ -411,7 +467,7 @@ static int usage(const char *why)
 {
     fprintf(stderr,
             "cuda_data_parallel: %s\nusage: cuda_data_parallel [--layers 784,1024,1024,10] [--batch 256] [--steps 30] "
-            "[--lr 0.05] [--workers-per-device 1] [--nccl] [--ordered] [--overlap] [--bf16] [--zero 0|1] "
+            "[--lr 0.05] [--workers-per-device 1] [--nccl] [--ordered] [--overlap] [--bf16] [--zero 0|1|2|3] "
             "[--timing-steps 20]\n",
             why);
     return 2;
@@ -471,10 +527,13 @@ int main(int argc, char **argv)
     if (j.nl < 1 || j.nl > MAXL || j.steps < 1 || j.steps > 1024 || !(j.lr > 0) || per_device < 1)
         return usage("2 to 9 widths, --steps 1..1024, --lr > 0, --workers-per-device >= 1");
     if (j.timing_steps < 0 || j.timing_steps > 10000) return usage("--timing-steps wants 0..10000");
-    if (j.zero != 0 && j.zero != 1) return usage("--zero wants 0 or 1 (ZeRO-2 and 3 are dpar_fsdp's, on the CPU)");
-    if (j.zero && j.comm_mode == COMM_OVERLAP)
+    if (j.zero < 0 || j.zero > 3) return usage("--zero wants 0, 1, 2 or 3");
+    if (j.zero == 1 && j.comm_mode == COMM_OVERLAP)
         return usage("--zero 1 and --overlap: ZeRO-1's reduce-scatter is one call after backward (a layer's gradients "
                      "are not one worker's block)");
+    if (j.zero >= 2 && (j.comm_mode == COMM_OVERLAP || j.bf16))
+        return usage("--zero 2|3 with --overlap or --bf16: dpar_fsdp on the device reduces each layer as backward "
+                     "makes it already, in fp32 (use --ordered for a stream-ordered pool)");
     if (nccl && j.ordered)
         return usage("--ordered and --overlap are the device ring's (an NCCL comm's calls go on the worker's stream)");
     if (!cpu && (dpar_cuda_device_count(&gpus) != DPAR_OK || gpus == 0)) {
@@ -525,10 +584,12 @@ int main(int argc, char **argv)
            layers, j.np, j.workers, gpus, j.batch / j.workers, nccl ? "NCCL" : "dpar's ring on device buffers");
     printf("gradients: %s, %s%s\n", j.bf16 ? "bf16 (fp32 weights)" : "fp32",
            j.comm_mode == COMM_OVERLAP ? "each layer's reduced on a comm stream during backward (--overlap)"
+           : j.zero >= 2               ? "dpar_fsdp (each layer's gathered for forward and backward, its gradients "
+                                         "reduce-scattered as backward makes them)"
            : j.zero                    ? "ZeRO-1 (a reduce-scatter, SGD on each worker's block, an all-gather)"
                                        : "one allreduce after backward",
            j.ordered ? ", stream-ordered pool" : "");
-    if (j.zero) {
+    if (j.zero == 1) {
         size_t block_offset, block_floats;
         dpar_block_range(j.np, j.workers, 0, &block_offset, &block_floats);
         printf("zero 1: worker 0 keeps the momentum of %zu of the %zu weights (%.1f MiB instead of %.1f)\n",
@@ -538,6 +599,10 @@ int main(int argc, char **argv)
     if (dpar_cuda_pool_run(pool, worker_main, &j) != DPAR_OK)
         return fprintf(stderr, "cuda_data_parallel: %s\n", dpar_last_error()), 1;
     dpar_cuda_pool_destroy(pool);
+    if (j.zero >= 2) /* without it: fp32 weights, gradients and momentum, 12 bytes a parameter */
+        printf("zero %d: worker 0's dpar_fsdp holds %.1f MiB (dpar_fsdp_memory) instead of %.1f MiB of weights, "
+               "gradients and momentum\n",
+               j.zero, j.fsdp_bytes / 1048576.0, j.np * 12.0 / 1048576.0);
     if (!reference(&j, ref)) return fprintf(stderr, "cuda_data_parallel: the reference failed\n"), 1;
     for (k = 0; k < j.steps; k++) {
         float gpu = j.loss[0][k], d = fabsf(gpu - ref[k]);
@@ -554,7 +619,8 @@ int main(int argc, char **argv)
     if (j.timing_steps > 0) { /* comm_hidden: the share of the allreduce's time that overlap took off the step */
         double alone = j.step_ms[COMM_NONE], after = j.step_ms[COMM_AFTER], overlap = j.step_ms[COMM_OVERLAP];
         int overlapped = j.ordered && !j.zero; /* ZeRO-1's steps are not overlapped */
-        printf("step_ms compute=%.3f %s=%.3f", alone, j.zero ? "zero1_after" : "allreduce_after", after);
+        if (j.zero >= 2) printf("step_ms fsdp%d=%.3f", j.zero, after);
+        else printf("step_ms compute=%.3f %s=%.3f", alone, j.zero ? "zero1_after" : "allreduce_after", after);
         if (overlapped && after - alone > 0.01 * alone)
             printf(" overlap=%.3f comm_hidden=%.2f", overlap, (after - overlap) / (after - alone));
         else if (overlapped)

@@ -7,11 +7,12 @@
 #   tests/gpu.sh --build    the build part only (what make test runs where there is no GPU)
 #   tests/gpu.sh --run      the run part only, on what an earlier --build left in $BUILD/gpu (build on
 #                           one machine, carry $BUILD/gpu to the one with the GPU, run there)
-#   tests/gpu.sh --quick    a bounded run of what --build left (no sanitizers, each step capped, under 8 minutes
+#   tests/gpu.sh --quick    a bounded run of what --build left (no sanitizers, each step capped, under 9 minutes
 #                           in all): test_cuda, test_cuda_nccl, the kernel lines, the allreduce of 2, 4 and 8
 #                           workers of one device from 4 KiB to 256 MiB blocking and stream-ordered with the ring
 #                           step's cost t0, NCCL's latency, and the trainer's step time with and without overlap
-#                           (comm_hidden) and with ZeRO-1; every bench=, step_ms and train line is printed
+#                           (comm_hidden), with ZeRO-1 and with ZeRO-3 (dpar_fsdp on the device); every bench=,
+#                           step_ms and train line is printed
 # Every step's whole output is appended to $BUILD/gpu/log; a run step ends after GPU_STEP_TIMEOUT
 # seconds (default 300), so a hang fails its step instead of the whole script.
 # Ends with `N passed, N failed[, N skipped]` like tests/run.sh. Environment: NVCC, BUILD, CUDA_ARCH.
@@ -81,8 +82,8 @@ if [ "$mode" = --build ]; then summary; exit; fi
 G=$BUILD/gpu
 if [ ! -x "$G/test_cuda" ]; then skip "GPU runs" "$G/test_cuda was not built (run tests/gpu.sh --build first)"; summary; exit; fi
 if [ "$mode" = --quick ]; then
-    # each step capped (the caps add up to 465 s); the figures are printed as they come, the whole output in the log
-    quick() { local cap=$1 name=$2; shift 2; GPU_STEP_TIMEOUT=$cap run_step "$name" "$@"; grep -E '^(bench=|step_ms|train|gradients|loss within|the GPU|  nccl|ok |FAIL|skip)' "$G/out" || true; }
+    # each step capped (the caps add up to 535 s); the figures are printed as they come, the whole output in the log
+    quick() { local cap=$1 name=$2; shift 2; GPU_STEP_TIMEOUT=$cap run_step "$name" "$@"; grep -E '^(bench=|step_ms|train|gradients|loss within|the GPU|zero |  nccl|ok |FAIL|skip)' "$G/out" || true; }
     nvidia-smi -L 2>&1 | head -8
     timeout 120 "$G/test_cuda" >"$G/out" 2>&1
     rc=$?
@@ -99,7 +100,10 @@ if [ "$mode" = --quick ]; then
     quick 30 "cuda_data_parallel --workers-per-device 2 --overlap" "$G/cuda_data_parallel" --workers-per-device 2 --overlap
     quick 30 "cuda_data_parallel --workers-per-device 2 --overlap --bf16" "$G/cuda_data_parallel" --workers-per-device 2 --overlap --bf16
     quick 30 "cuda_data_parallel --workers-per-device 2 --ordered --zero 1" "$G/cuda_data_parallel" --workers-per-device 2 --ordered --zero 1
+    quick 25 "cuda_data_parallel --workers-per-device 2 --zero 3" "$G/cuda_data_parallel" --workers-per-device 2 --zero 3
+    quick 25 "cuda_data_parallel --workers-per-device 2 --ordered --zero 3" "$G/cuda_data_parallel" --workers-per-device 2 --ordered --zero 3
     [ -x "$G/cuda_data_parallel_nccl" ] && quick 30 "cuda_data_parallel_nccl --nccl" "$G/cuda_data_parallel_nccl" --nccl
+    [ -x "$G/cuda_data_parallel_nccl" ] && quick 20 "cuda_data_parallel_nccl --nccl --zero 3" "$G/cuda_data_parallel_nccl" --nccl --zero 3
     summary
     exit
 fi
