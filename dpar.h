@@ -957,6 +957,8 @@ DPAR_API dpar_status dpar_comm_fail(dpar_comm *comm, dpar_status why, const char
      exchange(user, mine, all, bytes, deadline_ns)   an allgather of `bytes` host bytes per rank into `all`
                               (rank q's at all + q * bytes); required unless desc->no_check
      destroy(user)            the comm is destroyed (may be NULL)
+     run_group(user, calls, n)   optional: carry out a batch's n calls together (NCCL: one ncclGroupStart/End),
+                              in order; return the first failure (dpar_batch_end). NULL: run, call by call
    Remarks:  on such a comm point-to-point calls and dpar_comm_split return DPAR_EUNSUPPORTED, and run receives every
              collective, also on one rank. Poison is this rank's alone: other ranks learn of a failure from the
              library (or their deadline).
@@ -984,6 +986,7 @@ typedef struct dpar_comm_ops {
     dpar_status (*run)(void *user, const dpar_comm_call *call);
     dpar_status (*exchange)(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline_ns);
     void (*destroy)(void *user);
+    dpar_status (*run_group)(void *user, const dpar_comm_call *calls, int n);
 } dpar_comm_ops;
 /* dpar_comm_from_ops: make this rank's comm over ops (copied).
    desc->memory: where the library's buffers are, when the host cannot read them (NCCL's: device memory): reduce,
@@ -994,6 +997,23 @@ typedef struct dpar_comm_ops {
              *out is NULL and ops->destroy has not been called.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_comm_desc *desc, dpar_comm **out);
+
+/* dpar_batch_begin / dpar_batch_end: the collectives this rank calls on comm between them are one batch, as between
+   ncclGroupStart and ncclGroupEnd. On a comm another library runs (dpar_comm_from_ops: NCCL) each call only checks
+   its arguments and is recorded; dpar_batch_end checks the whole batch with one exchange (the calls' count and a
+   hash of their fingerprints; only when they differ, one exchange per call up to the first difference, to name it)
+   and hands the calls to the library together (ops.run_group: one NCCL group). On other comms each call runs when
+   it is made, as always, so a program written for the batch works on every comm.
+   Rules:    a batched call's buffers are not to be read or written until dpar_batch_end has returned; every rank
+             batches the same calls in the same order; inside a batch: no async call (dpar_i..., DPAR_EINVAL), no
+             nested batch, and on a library's comm no alltoallv (DPAR_EUNSUPPORTED).
+   Returns:  begin: DPAR_OK; DPAR_EINVAL (NULL comm, a batch open already). end: DPAR_OK; DPAR_EINVAL (no batch open);
+             DPAR_EMISMATCH (every rank: the first call where two ranks' batches differ, naming both, or a rank whose
+             batch ended sooner); the library's and the comm's errors. After an error the batch is closed.
+   Thread safety: the comm's thread.
+   See:      docs/comm.md, 'Batches'. */
+DPAR_API dpar_status dpar_batch_begin(dpar_comm *comm);
+DPAR_API dpar_status dpar_batch_end(dpar_comm *comm);
 
 /* dpar_send / dpar_recv / dpar_sendrecv: point-to-point messages, which arrive in order between two ranks.
    Macros:   the names below; they call these _at functions with the caller's file and line.
@@ -4953,6 +4973,7 @@ struct dpar_comm {
     int rank, size;
     int worker;                  /* the rank this thread joined its first group with: dpar_comm_memory's `worker` */
     dpar_comm_memory ops_memory; /* dpar_comm_from_ops: the memory its buffers are in, for dpar_zero and dpar_fsdp */
+    int batch;                   /* dpar_batch_begin .. _end: a batch is open */
     dpar_allocator allocator;
     uint64_t timeout_ns; /* 0: none */
     int check, det;
@@ -7135,6 +7156,11 @@ static dpar_status dpar__icollective(dpar_comm *comm, dpar__call *call, dpar_req
         st = dpar__err(DPAR_EUNSUPPORTED, "%s at %s:%d: %s", api, call->file, call->line, comm->no_async);
         return dpar__bad_call(comm, st);
     }
+    if (comm->batch)
+        return dpar__err(DPAR_EINVAL,
+                         "%s at %s:%d: an async call inside a batch (dpar_batch_begin): call it before "
+                         "or after",
+                         api, call->file, call->line);
     pthread_mutex_lock(&comm->qlock);
     q = comm->free_reqs;
     if (q) comm->free_reqs = q->next;
@@ -7980,6 +8006,9 @@ typedef struct dpar__ops {
     int poison; /* atomic: 0, or the status every call now returns (this rank's) */
     char poison_msg[DPAR__ERROR_TEXT];
     pthread_mutex_t lock;
+    dpar_comm_call *bcalls; /* the open batch's calls (bn of them, room for bcap; kept between batches) */
+    struct dpar__ofp *bfps; /* and their fingerprints */
+    int bn, bcap;
 } dpar__ops;
 #define DPAR__O(c) ((dpar__ops *)(c)->tp_data)
 
@@ -8056,30 +8085,16 @@ static void dpar__o_fp(dpar__ofp *f, const dpar__fp *from)
     snprintf(f->file, sizeof f->file, "%s", n >= sizeof f->file ? file + n - (sizeof f->file - 1) : file);
 }
 
-/* every rank sees every rank's fingerprint: a disagreement fails every rank, naming both sides. alltoallv: then every
-   rank's counts (what it sends to each rank, what it expects from each), so every rank finds the same first pair
-   that disagrees (the library offers an allgather, not messages that could carry them pair by pair) */
-static dpar_status dpar__o_check(dpar__ctx *x, const dpar__call *call)
+/* the fingerprints every rank sent (all[q]; all[size]: this rank's, of call `mine`) agree, else every rank fails
+   naming the first other rank that differs and both calls; in a batch (ended: a rank's batch that had no call left,
+   its count in `count`) */
+static dpar_status dpar__o_compare(dpar_comm *c, const dpar__ofp *all, const dpar__fp *mine_fp, int batch)
 {
-    dpar_comm *c = x->c;
-    dpar__ops *o = DPAR__O(c);
-    dpar__ofp *all;
-    char *scr = NULL, msg[DPAR__ERROR_TEXT];
-    dpar_status st;
+    char msg[DPAR__ERROR_TEXT];
     int q;
-    size_t N = (size_t)c->size, fps = (N + 1) * sizeof(dpar__ofp), vb = 2 * N * sizeof(uint64_t);
-    DPAR__TRY(dpar__scratch(c, fps + (call->coll == DPAR_COLL_ALLTOALLV ? vb * (N + 1) : 0), &scr));
-    all = (dpar__ofp *)(void *)scr;
-    dpar__o_fp(&all[c->size], &x->fp);
-    st = o->ops.exchange(o->ops.user, &all[c->size], all, sizeof(dpar__ofp), x->deadline);
-    if (st != DPAR_OK) {
-        snprintf(msg, sizeof msg, "%s rank %d: the contract check's exchange failed: %.400s", c->name, c->rank,
-                 dpar__tls_error);
-        return dpar__o_poison(c, st, msg);
-    }
     for (q = 0; q < c->size; q++) {
         const dpar__ofp *t = &all[q], *m = &all[c->size];
-        dpar__fp theirs, mine = x->fp;
+        dpar__fp theirs, mine = *mine_fp;
         char a[200], b[200];
         if (t->seq == m->seq && t->count == m->count && t->coll == m->coll && t->dtype == m->dtype && t->op == m->op &&
             t->root == m->root)
@@ -8090,22 +8105,50 @@ static dpar_status dpar__o_check(dpar__ctx *x, const dpar__call *call)
         if ((unsigned)theirs.coll >= DPAR_COLL_COUNT || (unsigned)theirs.dtype >= DPAR_DTYPE_COUNT ||
             (unsigned)theirs.op >= DPAR_OP_COUNT)
             theirs.coll = DPAR_COLL_BARRIER; /* bytes the library garbled: never index a name table with them */
-        dpar__fp_describe(&theirs, a, sizeof a);
-        dpar__fp_describe(&mine, b, sizeof b);
+        if (t->coll == -1)
+            snprintf(a, sizeof a, "nothing more (its batch ended after %llu calls)", (unsigned long long)t->count);
+        else dpar__fp_describe(&theirs, a, sizeof a);
+        if (m->coll == -1)
+            snprintf(b, sizeof b, "nothing more (its batch ended after %llu calls)", (unsigned long long)m->count);
+        else dpar__fp_describe(&mine, b, sizeof b);
         dpar__on_comm(c, b, sizeof b);
-        snprintf(msg, sizeof msg, "rank %d called %s while rank %d called %s", c->rank, b, q, a);
+        snprintf(msg, sizeof msg, "rank %d called %s while rank %d called %s%s", c->rank, b, q, a,
+                 batch ? " (in a batch, dpar_batch_begin)" : "");
         return dpar__o_poison(c, DPAR_EMISMATCH, msg);
     }
+    return DPAR_OK;
+}
+
+static dpar_status dpar__o_exchange_failed(dpar_comm *c, dpar_status st)
+{
+    char msg[DPAR__ERROR_TEXT];
+    snprintf(msg, sizeof msg, "%s rank %d: the contract check's exchange failed: %.400s", c->name, c->rank,
+             dpar__tls_error);
+    return dpar__o_poison(c, st, msg);
+}
+/* every rank sees every rank's fingerprint: a disagreement fails every rank, naming both sides. alltoallv: then every
+   rank's counts (what it sends to each rank, what it expects from each), so every rank finds the same first pair
+   that disagrees (the library offers an allgather, not messages that could carry them pair by pair) */
+static dpar_status dpar__o_check(dpar__ctx *x, const dpar__call *call)
+{
+    dpar_comm *c = x->c;
+    dpar__ops *o = DPAR__O(c);
+    dpar__ofp *all;
+    char *scr = NULL, msg[DPAR__ERROR_TEXT];
+    dpar_status st;
+    size_t N = (size_t)c->size, fps = (N + 1) * sizeof(dpar__ofp), vb = 2 * N * sizeof(uint64_t);
+    DPAR__TRY(dpar__scratch(c, fps + (call->coll == DPAR_COLL_ALLTOALLV ? vb * (N + 1) : 0), &scr));
+    all = (dpar__ofp *)(void *)scr;
+    dpar__o_fp(&all[c->size], &x->fp);
+    st = o->ops.exchange(o->ops.user, &all[c->size], all, sizeof(dpar__ofp), x->deadline);
+    if (st != DPAR_OK) return dpar__o_exchange_failed(c, st);
+    DPAR__TRY(dpar__o_compare(c, all, &x->fp, 0));
     if (call->coll == DPAR_COLL_ALLTOALLV) { /* row i of counts: rank i's sendcounts, then its recvcounts */
         uint64_t *counts = (uint64_t *)(void *)(scr + fps), *mine = counts + 2 * N * N;
         size_t i, j;
         for (i = 0; i < N; i++) mine[i] = call->v[i], mine[N + i] = call->v[2 * N + i];
         st = o->ops.exchange(o->ops.user, mine, counts, vb, x->deadline);
-        if (st != DPAR_OK) {
-            snprintf(msg, sizeof msg, "%s rank %d: the contract check's exchange failed: %.400s", c->name, c->rank,
-                     dpar__tls_error);
-            return dpar__o_poison(c, st, msg);
-        }
+        if (st != DPAR_OK) return dpar__o_exchange_failed(c, st);
         for (i = 0; i < N; i++)
             for (j = 0; j < N; j++)
                 if (counts[i * 2 * N + j] != counts[j * 2 * N + N + i]) { /* i sends to j; j expects from i */
@@ -8123,6 +8166,124 @@ static dpar_status dpar__o_check(dpar__ctx *x, const dpar__call *call)
     return DPAR_OK;
 }
 
+/* the call as the library gets it */
+static void dpar__o_call(const dpar__ctx *x, const dpar__call *call, dpar_comm_call *cc)
+{
+    memset(cc, 0, sizeof *cc);
+    cc->coll = call->coll;
+    cc->send = call->send;
+    cc->recv = call->recv;
+    cc->count = call->count;
+    cc->dtype = call->dtype;
+    cc->op = call->op;
+    cc->root = call->root;
+    cc->seq = call->seq;
+    cc->deadline_ns = x->deadline;
+    cc->file = call->file;
+    cc->line = call->line;
+    if (call->coll == DPAR_COLL_ALLTOALLV) {
+        size_t N = (size_t)x->c->size;
+        cc->count = call->count + call->vrecv;
+        cc->sendcounts = call->v, cc->sdispls = call->v + N, cc->recvcounts = call->v + 2 * N;
+        cc->rdispls = call->v + 3 * N;
+    }
+}
+
+/* batches on a library's comm: a call inside a batch is recorded (its arguments were checked), and dpar_batch_end
+   checks the batch with one exchange and runs it (ops.run_group, else call by call) */
+static dpar_status dpar__o_record(dpar__ctx *x, const dpar__call *call)
+{
+    dpar_comm *c = x->c;
+    dpar__ops *o = DPAR__O(c);
+    if (call->coll == DPAR_COLL_ALLTOALLV || call->host)
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "%s: %s at %s:%d inside a batch (its counts are checked call by call: call "
+                         "it before dpar_batch_begin or after dpar_batch_end)",
+                         c->name, dpar_coll_name(call->coll), call->file, call->line);
+    if (o->bn == o->bcap) { /* grown by doubling, kept: a steady loop of batches allocates nothing */
+        int cap = o->bcap ? 2 * o->bcap : 16;
+        dpar_comm_call *calls = (dpar_comm_call *)dpar__alloc(&c->allocator, (size_t)cap * sizeof *calls);
+        dpar__ofp *fps = (dpar__ofp *)dpar__alloc(&c->allocator, (size_t)cap * sizeof *fps);
+        if (!calls || !fps) {
+            dpar__free(&c->allocator, calls);
+            dpar__free(&c->allocator, fps);
+            return dpar__err(DPAR_ENOMEM, "%s: out of memory (a batch of %d calls)", c->name, o->bn + 1);
+        }
+        if (o->bn)
+            memcpy(calls, o->bcalls, (size_t)o->bn * sizeof *calls), memcpy(fps, o->bfps, (size_t)o->bn * sizeof *fps);
+        dpar__free(&c->allocator, o->bcalls);
+        dpar__free(&c->allocator, o->bfps);
+        o->bcalls = calls, o->bfps = fps, o->bcap = cap;
+    }
+    dpar__o_call(x, call, &o->bcalls[o->bn]);
+    dpar__o_fp(&o->bfps[o->bn], &x->fp);
+    o->bn++;
+    return DPAR_OK;
+}
+/* the fields the checker compares, hashed over the batch (FNV-1a, 64 bits) */
+static uint64_t dpar__o_batch_hash(const dpar__ofp *f, int n)
+{
+    uint64_t h = 14695981039346656037ull;
+    int i, k;
+    for (i = 0; i < n; i++) {
+        uint64_t w[6];
+        w[0] = f[i].seq, w[1] = f[i].count, w[2] = (uint64_t)(uint32_t)f[i].coll, w[3] = (uint64_t)(uint32_t)f[i].dtype;
+        w[4] = (uint64_t)(uint32_t)f[i].op, w[5] = (uint64_t)(uint32_t)f[i].root;
+        for (k = 0; k < 6; k++) h = (h ^ w[k]) * 1099511628211ull;
+    }
+    return h;
+}
+static dpar_status dpar__o_batch_end(dpar_comm *c)
+{
+    dpar__ops *o = DPAR__O(c);
+    uint64_t deadline = c->timeout_ns ? dpar__now_ns() + c->timeout_ns : 0;
+    int n = o->bn, i, q;
+    dpar_status st = DPAR_OK;
+    char msg[DPAR__ERROR_TEXT];
+    o->bn = 0;
+    DPAR__TRY(dpar__o_poisoned(c));
+    if (c->check) { /* one exchange: every rank's count and hash; where they differ, call by call to the first */
+        size_t N = (size_t)c->size;
+        uint64_t *all, maxn = (uint64_t)n;
+        int differ = 0;
+        char *scr = NULL;
+        dpar__ofp *fps;
+        DPAR__TRY(dpar__scratch(c, (N + 1) * (2 * sizeof(uint64_t) + sizeof(dpar__ofp)), &scr));
+        all = (uint64_t *)(void *)scr;
+        fps = (dpar__ofp *)(void *)(scr + (N + 1) * 2 * sizeof(uint64_t));
+        all[2 * N] = (uint64_t)n, all[2 * N + 1] = dpar__o_batch_hash(o->bfps, n);
+        if ((st = o->ops.exchange(o->ops.user, &all[2 * N], all, 2 * sizeof(uint64_t), deadline)) != DPAR_OK)
+            return dpar__o_exchange_failed(c, st);
+        for (q = 0; q < c->size; q++) {
+            differ |= all[2 * q] != all[2 * N] || all[2 * q + 1] != all[2 * N + 1];
+            if (all[2 * q] > maxn) maxn = all[2 * q];
+        }
+        for (i = 0; differ && (uint64_t)i < maxn; i++) {
+            dpar__fp mine;
+            memset(&mine, 0, sizeof mine);
+            if (i < n) {
+                fps[N] = o->bfps[i];
+                mine.seq = fps[N].seq, mine.count = fps[N].count, mine.coll = fps[N].coll;
+                mine.dtype = fps[N].dtype, mine.op = fps[N].op, mine.root = fps[N].root;
+                mine.file = o->bfps[i].file, mine.line = fps[N].line;
+            } else { /* this rank's batch has ended */
+                memset(&fps[N], 0, sizeof fps[N]);
+                fps[N].coll = -1, fps[N].count = (uint64_t)n;
+            }
+            mine.rank = c->rank;
+            if ((st = o->ops.exchange(o->ops.user, &fps[N], fps, sizeof(dpar__ofp), deadline)) != DPAR_OK)
+                return dpar__o_exchange_failed(c, st);
+            DPAR__TRY(dpar__o_compare(c, fps, &mine, 1));
+        }
+    }
+    for (i = 0; i < n; i++) o->bcalls[i].deadline_ns = deadline;
+    if (n && o->ops.run_group) st = o->ops.run_group(o->ops.user, o->bcalls, n);
+    for (i = 0; i < n && !o->ops.run_group && st == DPAR_OK; i++) st = o->ops.run(o->ops.user, &o->bcalls[i]);
+    if (st == DPAR_OK) return DPAR_OK;
+    snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
+    return dpar__o_poison(c, st, msg);
+}
+
 static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *done)
 {
     dpar_comm *c = x->c;
@@ -8136,6 +8297,7 @@ static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *don
                          "%s: an all-gather of uneven blocks of one's own layout (a shard plan) is "
                          "not on a comm run by another library",
                          c->name);
+    if (c->batch) return dpar__o_record(x, call);
     if (c->check) DPAR__TRY(dpar__o_check(x, call));
     if (call->host) { /* dpar_alltoallv_counts: host words, an alltoall through the exchange (an allgather) */
         size_t b = call->count * dpar__dtype_sizes[call->dtype], N = (size_t)c->size, q;
@@ -8149,24 +8311,7 @@ static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *don
         snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
         return dpar__o_poison(c, st, msg);
     }
-    memset(&cc, 0, sizeof cc);
-    cc.coll = call->coll;
-    cc.send = call->send;
-    cc.recv = call->recv;
-    cc.count = call->count;
-    cc.dtype = call->dtype;
-    cc.op = call->op;
-    cc.root = call->root;
-    cc.seq = call->seq;
-    cc.deadline_ns = x->deadline;
-    cc.file = call->file;
-    cc.line = call->line;
-    if (call->coll == DPAR_COLL_ALLTOALLV) {
-        size_t N = (size_t)c->size;
-        cc.count = call->count + call->vrecv;
-        cc.sendcounts = call->v, cc.sdispls = call->v + N, cc.recvcounts = call->v + 2 * N;
-        cc.rdispls = call->v + 3 * N;
-    }
+    dpar__o_call(x, call, &cc);
     st = o->ops.run(o->ops.user, &cc);
     if (st == DPAR_OK) return DPAR_OK;
     snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
@@ -8176,6 +8321,8 @@ static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *don
 static void dpar__o_destroy(dpar_comm *c)
 {
     dpar__ops *o = DPAR__O(c);
+    dpar__free(&c->allocator, o->bcalls);
+    dpar__free(&c->allocator, o->bfps);
     if (o->ops.destroy) o->ops.destroy(o->ops.user);
     pthread_mutex_destroy(&o->lock);
     dpar__free(&c->allocator, o);
@@ -8242,6 +8389,24 @@ DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_com
     c->tp_data = o;
     *out = c;
     return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_batch_begin(dpar_comm *comm)
+{
+    if (!comm) return dpar__err(DPAR_EINVAL, "dpar_batch_begin: comm is NULL");
+    if (comm->batch) return dpar__err(DPAR_EINVAL, "dpar_batch_begin: %s: a batch is open already", comm->name);
+    comm->batch = 1;
+    if (comm->tp == &dpar__ops_transport) DPAR__O(comm)->bn = 0;
+    return DPAR_OK;
+}
+
+DPAR_API dpar_status dpar_batch_end(dpar_comm *comm)
+{
+    if (!comm || !comm->batch)
+        return dpar__err(DPAR_EINVAL, "dpar_batch_end: %s", comm ? "no batch is open" : "comm is NULL");
+    comm->batch = 0;
+    if (comm->tp != &dpar__ops_transport) return DPAR_OK; /* its calls ran when they were made */
+    return dpar__o_batch_end(comm);
 }
 
 /* >>gemm: dpar_sgemm: OpenBLAS or the built-in blocked kernel; one GEMM over a pool ------------- */

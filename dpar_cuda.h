@@ -1725,16 +1725,37 @@ static dpar_status dpar_cuda__nc_exchange_on(void *user, const void *mine, void 
                             "the NCCL comm's contract check", "cudaMemcpy");
 }
 
-static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
+/* the division after a sum where NCCL has no average (integers; NCCL before 2.10): on the stream after the call */
+static dpar_status dpar_cuda__nc_divide_after(dpar_cuda__nc *k, const dpar_comm_call *c)
 {
-    dpar_cuda__nc *k = (dpar_cuda__nc *)user;
+    size_t o, l;
+    if (!dpar_cuda__nc_divides(c->op) || c->count == 0) return DPAR_OK;
+    switch (c->coll) {
+    case DPAR_COLL_REDUCE:
+        return k->rank == c->root ? dpar_cuda_divide(c->recv, c->recv, c->count, c->dtype, k->size, k->stream)
+                                  : DPAR_OK;
+    case DPAR_COLL_ALLREDUCE: return dpar_cuda_divide(c->recv, c->recv, c->count, c->dtype, k->size, k->stream);
+    case DPAR_COLL_REDUCE_SCATTER:
+        dpar_block_range(c->count, k->size, k->rank, &o, &l);
+        return l ? dpar_cuda_divide(c->recv, c->recv, l, c->dtype, k->size, k->stream) : DPAR_OK;
+    default: return DPAR_OK;
+    }
+}
+/* whether the call needs the comm's scratch (two of them cannot share one NCCL group) */
+static int dpar_cuda__nc_uses_scratch(const dpar_comm_call *c)
+{
+    return c->coll == DPAR_COLL_BARRIER || (c->coll == DPAR_COLL_ALLTOALL && c->send == c->recv && c->count);
+}
+/* enqueue one call's NCCL operations on the comm's stream (inside the caller's group, if any); the division of an
+   average is the caller's (dpar_cuda__nc_divide_after: a kernel launched inside a group would run before it) */
+static dpar_status dpar_cuda__nc_enqueue(dpar_cuda__nc *k, const dpar_comm_call *c)
+{
     ncclDataType_t nt = ncclUint8;
     ncclRedOp_t op = dpar_cuda__nccl_op(c->op);
     size_t es = dpar_dtype_size(c->dtype), N = (size_t)k->size, o, l, q;
     const char *send = (const char *)c->send;
     char *recv = (char *)c->recv;
     ncclResult_t r = ncclSuccess;
-    dpar_status st = DPAR_OK;
     char what[64];
     DPAR_CUDA__TRY(dpar_cuda__nc_dead(k));
     snprintf(what, sizeof what, "%s #%llu", dpar_coll_name(c->coll), (unsigned long long)c->seq);
@@ -1752,14 +1773,8 @@ static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
         break;
     case DPAR_COLL_REDUCE:
         r = ncclReduce(send, k->rank == c->root ? recv : (void *)send, c->count, nt, op, c->root, k->nc, k->stream);
-        if (r == ncclSuccess && dpar_cuda__nc_divides(c->op) && k->rank == c->root)
-            st = dpar_cuda_divide(recv, recv, c->count, c->dtype, k->size, k->stream);
         break;
-    case DPAR_COLL_ALLREDUCE:
-        r = ncclAllReduce(send, recv, c->count, nt, op, k->nc, k->stream);
-        if (r == ncclSuccess && dpar_cuda__nc_divides(c->op))
-            st = dpar_cuda_divide(recv, recv, c->count, c->dtype, k->size, k->stream);
-        break;
+    case DPAR_COLL_ALLREDUCE: r = ncclAllReduce(send, recv, c->count, nt, op, k->nc, k->stream); break;
     case DPAR_COLL_REDUCE_SCATTER:
         dpar_block_range(c->count, k->size, k->rank, &o, &l);
         if (c->count % N == 0) {
@@ -1778,8 +1793,6 @@ static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
                 if (r == ncclSuccess) r = ge;
             }
         }
-        if (r == ncclSuccess && dpar_cuda__nc_divides(c->op) && l)
-            st = dpar_cuda_divide(recv, recv, l, c->dtype, k->size, k->stream);
         break;
     case DPAR_COLL_ALLGATHER:
         if (c->count % N == 0) {
@@ -1834,9 +1847,44 @@ static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
         break;
     default: return dpar_set_error(DPAR_EINVAL, "NCCL comm: call %d", (int)c->coll);
     }
-    if (r != ncclSuccess) return dpar_cuda__nccl_check(r, k, what);
-    if (st != DPAR_OK) return st;
+    return r != ncclSuccess ? dpar_cuda__nccl_check(r, k, what) : DPAR_OK;
+}
+static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
+{
+    dpar_cuda__nc *k = (dpar_cuda__nc *)user;
+    char what[64];
+    snprintf(what, sizeof what, "%s #%llu", dpar_coll_name(c->coll), (unsigned long long)c->seq);
+    DPAR_CUDA__TRY(dpar_cuda__nc_enqueue(k, c));
+    DPAR_CUDA__TRY(dpar_cuda__nc_divide_after(k, c));
+    if (c->coll != DPAR_COLL_BARRIER && c->count == 0) return DPAR_OK;
     return dpar_cuda__nc_wait(k, c->deadline_ns, what);
+}
+/* a batch (dpar_batch_end): every call's operations in one NCCL group, the averages' divisions after it, one wait;
+   call by call when two of them would share the scratch */
+static dpar_status dpar_cuda__nc_run_group_on(void *user, const dpar_comm_call *calls, int n)
+{
+    dpar_cuda__nc *k = (dpar_cuda__nc *)user;
+    ncclResult_t r;
+    dpar_status st = DPAR_OK;
+    char what[96];
+    int i, scratch = 0;
+    for (i = 0; i < n; i++) scratch += dpar_cuda__nc_uses_scratch(&calls[i]);
+    if (n == 1 || scratch > 1) {
+        for (i = 0; i < n && st == DPAR_OK; i++) st = dpar_cuda__nc_run_on(user, &calls[i]);
+        return st;
+    }
+    DPAR_CUDA__TRY(dpar_cuda__nc_dead(k));
+    cudaSetDevice(k->device);
+    ncclGroupStart();
+    for (i = 0; i < n && st == DPAR_OK; i++) st = dpar_cuda__nc_enqueue(k, &calls[i]);
+    r = ncclGroupEnd();
+    if (st != DPAR_OK) return st;
+    snprintf(what, sizeof what, "a batch of %d calls (%s #%llu ...)", n, dpar_coll_name(calls[0].coll),
+             (unsigned long long)calls[0].seq);
+    if (r != ncclSuccess) return dpar_cuda__nccl_check(r, k, what);
+    for (i = 0; i < n && st == DPAR_OK; i++) st = dpar_cuda__nc_divide_after(k, &calls[i]);
+    if (st != DPAR_OK) return st;
+    return dpar_cuda__nc_wait(k, calls[n - 1].deadline_ns, what);
 }
 
 /* the calling thread's current device is the same after a call as before */
@@ -1855,6 +1903,15 @@ static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
     dpar_status st;
     cudaGetDevice(&before);
     st = dpar_cuda__nc_run_on(user, c);
+    if (before >= 0) cudaSetDevice(before);
+    return st;
+}
+static dpar_status dpar_cuda__nc_run_group(void *user, const dpar_comm_call *calls, int n)
+{
+    int before = -1;
+    dpar_status st;
+    cudaGetDevice(&before);
+    st = dpar_cuda__nc_run_group_on(user, calls, n);
     if (before >= 0) cudaSetDevice(before);
     return st;
 }
@@ -1994,6 +2051,7 @@ static dpar_status dpar_cuda__nccl_wrap(ncclComm_t nc, cudaStream_t stream, int 
     ops.run = dpar_cuda__nc_run;
     ops.exchange = dpar_cuda__nc_exchange;
     ops.destroy = dpar_cuda__nc_destroy;
+    ops.run_group = dpar_cuda__nc_run_group;
     memset(&d.memory, 0, sizeof d.memory); /* the buffers are this device's: dpar_zero and dpar_fsdp step there */
     d.memory.user = k;
     d.memory.reduce = dpar_cuda__nm_reduce;

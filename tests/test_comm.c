@@ -1920,8 +1920,8 @@ static void test_memory_async_failure_reaches_every_rank(void)
    threads comm, so the whole matrix can check it against the serial references ---- */
 typedef struct {
     dpar_comm *inner;
-    long runs, exchanges;
-    uint64_t fail_at; /* run of this collective number fails (0: none) */
+    long runs, exchanges, groups; /* groups: run_group calls (their calls count as runs too) */
+    uint64_t fail_at;             /* run of this collective number fails (0: none) */
     int destroyed;
 } lib_rank;
 static dpar_status lib_run(void *user, const dpar_comm_call *k)
@@ -2284,6 +2284,123 @@ static void test_zero_and_fsdp_on_device_refusals(void)
     d = fake_desc(2, 1);
     d.memory.update = NULL; /* one of the pair */
     CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL && strstr(dpar_last_error(), "update is missing"));
+}
+
+/* ---- batches (dpar_batch_begin/_end): on a library's comm the calls are recorded, checked with one exchange and
+   handed over together (run_group); nothing is written before dpar_batch_end; a difference is named on every
+   rank; on a threads comm the same program runs call by call ---- */
+static dpar_status lib_run_group(void *user, const dpar_comm_call *calls, int n)
+{
+    lib_rank *l = (lib_rank *)user;
+    int i;
+    l->groups++;
+    for (i = 0; i < n; i++) DPAR__TRY(lib_run(user, &calls[i]));
+    return DPAR_OK;
+}
+enum { BATCH_N = 1001 };
+typedef struct {
+    int mode; /* 0: run_group; 1: no run_group (call by call); 2: rank 1 broadcasts at call 2; 3: rank 2's batch
+                 is a call shorter; 4: the inner threads comm itself */
+} batch_job;
+static void batch_rank(world *w, dpar_comm *inner, int r)
+{
+    batch_job *j = (batch_job *)w->user;
+    lib_rank l;
+    dpar_comm *c = inner;
+    dpar_comm_ops ops;
+    dpar_comm_desc d;
+    float *a = (float *)malloc(BATCH_N * 4), *b = (float *)malloc(BATCH_N * 4), *g = (float *)malloc(BATCH_N * 4);
+    float *e = (float *)malloc(BATCH_N * 4);
+    size_t off, len, i;
+    int N = w->n, q;
+    dpar_status st;
+    memset(&l, 0, sizeof l);
+    if (j->mode != 4) { /* the library over the inner comm, the checker on */
+        memset(&ops, 0, sizeof ops);
+        memset(&d, 0, sizeof d);
+        l.inner = inner;
+        ops.user = &l, ops.rank = r, ops.size = N, ops.run = lib_run, ops.exchange = lib_exchange;
+        if (j->mode != 1) ops.run_group = lib_run_group;
+        d.name = "lib";
+        if (dpar_comm_from_ops(&ops, &d, &c) != DPAR_OK) {
+            note(w, "rank %d: from_ops: %s", r, dpar_last_error());
+            return;
+        }
+    }
+    for (i = 0; i < BATCH_N; i++) a[i] = (float)(r + 1) * (float)(i % 7), b[i] = (float)(i + r), e[i] = (float)(r * 2);
+    dpar_block_range(BATCH_N, N, r, &off, &len);
+    for (i = 0; i < len; i++) g[off + i] = (float)(r * 1000) + (float)i;
+    expect_ok(w, dpar_batch_begin(c), "batch_begin", r);
+    if (dpar_batch_begin(c) != DPAR_EINVAL) note(w, "rank %d: a nested batch accepted", r);
+    expect_ok(w, dpar_allreduce(c, a, a, BATCH_N, DPAR_F32, DPAR_SUM), "allreduce", r);
+    if (j->mode < 4 && a[1] != (float)(r + 1)) note(w, "rank %d: the batched allreduce wrote before the end", r);
+    expect_ok(w,
+              j->mode == 2 && r == 1 ? dpar_broadcast(c, b, b, BATCH_N, DPAR_F32, 0)
+                                     : dpar_allreduce(c, b, b, BATCH_N, DPAR_F32, DPAR_MAX),
+              "second call", r);
+    expect_ok(w, dpar_allgather(c, g + off, g, BATCH_N, DPAR_F32), "allgather", r);
+    if (j->mode != 3 || r != 2) expect_ok(w, dpar_allreduce(c, e, e, BATCH_N, DPAR_F32, DPAR_AVG), "avg", r);
+    {
+        dpar_request *req = NULL;
+        if (dpar_iallreduce(c, e, e, 1, DPAR_F32, DPAR_SUM, &req) != DPAR_EINVAL || req)
+            note(w, "rank %d: an async call inside a batch accepted", r);
+    }
+    if (j->mode < 4) {
+        size_t counts[8] = {0};
+        if (dpar_alltoallv(c, a, counts, NULL, b, counts, NULL, DPAR_F32) != DPAR_EUNSUPPORTED)
+            note(w, "rank %d: alltoallv inside a library's batch: %s", r, dpar_last_error());
+    }
+    st = dpar_batch_end(c);
+    if (j->mode == 2 || j->mode == 3) {
+        const char *want = j->mode == 2 ? "broadcast" : "its batch ended after 3 calls";
+        if (st != DPAR_EMISMATCH || !strstr(dpar_last_error(), want) || !strstr(dpar_last_error(), "in a batch"))
+            note(w, "rank %d: mode %d gave %s: %s", r, j->mode, dpar_status_string(st), dpar_last_error());
+    } else {
+        expect_ok(w, st, "batch_end", r);
+        for (i = 0; i < BATCH_N; i++) {
+            float sa = 0, want_g;
+            int owner = 0;
+            size_t qo = 0, ql = 0;
+            for (q = 0; q < N; q++) sa += (float)(q + 1) * (float)(i % 7);
+            for (q = 0; q < N; q++) {
+                dpar_block_range(BATCH_N, N, q, &qo, &ql);
+                if (i >= qo && i < qo + ql) {
+                    owner = q;
+                    break;
+                }
+            }
+            want_g = (float)(owner * 1000) + (float)(i - qo);
+            if (a[i] != sa || b[i] != (float)(i + N - 1) || g[i] != want_g || e[i] != (float)(N - 1)) {
+                note(w, "rank %d mode %d element %zu: %g %g %g %g, want %g %g %g %g", r, j->mode, i, a[i], b[i], g[i],
+                     e[i], sa, (double)(i + N - 1), want_g, (double)(N - 1));
+                break;
+            }
+        }
+        if (j->mode < 4 && (l.exchanges != 1 || l.runs != 4 || l.groups != (j->mode == 0)))
+            note(w, "rank %d mode %d: %ld exchanges, %ld runs, %ld groups (want 1, 4, %d)", r, j->mode, l.exchanges,
+                 l.runs, l.groups, j->mode == 0);
+        if (j->mode < 4) { /* the next batch: the same again, its room kept */
+            expect_ok(w, dpar_batch_begin(c), "batch_begin", r);
+            expect_ok(w, dpar_allreduce(c, e, e, BATCH_N, DPAR_F32, DPAR_SUM), "allreduce", r);
+            expect_ok(w, dpar_batch_end(c), "batch_end", r);
+            if (e[0] != (float)(N * (N - 1)) || l.exchanges != 2) note(w, "rank %d: the second batch", r);
+        }
+    }
+    if (dpar_batch_end(c) != DPAR_EINVAL) note(w, "rank %d: an end without a batch accepted", r);
+    if (c != inner) dpar_comm_destroy(c);
+    free(a), free(b), free(g), free(e);
+}
+static void test_batches(void)
+{
+    batch_job j;
+    int ni;
+    for (ni = 0; ni < 5; ni++)
+        for (j.mode = 0; j.mode < 5; j.mode++) {
+            int N = Ns[ni];
+            if ((j.mode == 2 || j.mode == 3) && N < 3) continue;
+            CHECK_MSG(run_world(N, batch_rank, &j) == 0, "N=%d mode %d", N, j.mode);
+        }
+    CHECK(dpar_batch_begin(NULL) == DPAR_EINVAL && dpar_batch_end(NULL) == DPAR_EINVAL);
 }
 
 /* ---- alltoallv: random counts, the count check, bad input, timeouts ---- */
@@ -2863,6 +2980,7 @@ int main(int argc, char **argv)
     RUN(test_zero_and_fsdp_on_device_refusals);
     RUN(test_ops_comm_runs_the_matrix);
     RUN(test_ops_comm_errors);
+    RUN(test_batches);
     RUN(test_alltoallv_random_counts_every_dtype);
     RUN(test_alltoallv_mismatch_names_both_sides);
     RUN(test_alltoallv_two_ranks_one_round);

@@ -1104,6 +1104,71 @@ static void test_nccl_zero_and_fsdp_bitwise_host(void)
             gopt_case(&d, stage, kind, "NCCL pool");
         }
 }
+
+/* a batch over NCCL: an f32 sum, an i32 average (summed by NCCL, divided after the group) and an uneven
+   reduce-scatter (a group inside the group) in one ncclGroupStart/End, right once dpar_batch_end returns */
+static dpar_status nccl_batch_body(void *user, const dpar_cuda_worker *w)
+{
+    char *first = (char *)user + 600 * (size_t)w->rank;
+    const size_t n = 1001;
+    float *hf = (float *)malloc(n * 4), *df = NULL, *dr = NULL;
+    int32_t *hi = (int32_t *)malloc(n * 4), *di = NULL;
+    size_t i, off, len;
+    int N = w->size, q;
+    dpar_status st;
+    cudaMalloc(&df, n * 4), cudaMalloc(&di, n * 4), cudaMalloc(&dr, n * 4);
+    for (i = 0; i < n; i++) hf[i] = (float)(w->rank + 1) * (float)(i % 5), hi[i] = (int32_t)(w->rank * 7 + (int)i);
+    cudaMemcpy(df, hf, n * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(di, hi, n * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dr, hf, n * 4, cudaMemcpyHostToDevice);
+    dpar_block_range(n, N, w->rank, &off, &len);
+    st = dpar_batch_begin(w->comm);
+    if (st == DPAR_OK) st = dpar_allreduce(w->comm, df, df, n, DPAR_F32, DPAR_SUM);
+    if (st == DPAR_OK) st = dpar_allreduce(w->comm, di, di, n, DPAR_I32, DPAR_AVG);
+    if (st == DPAR_OK) st = dpar_reduce_scatter(w->comm, dr, dr + off, n, DPAR_F32, DPAR_SUM);
+    if (st == DPAR_OK) st = dpar_batch_end(w->comm);
+    if (st != DPAR_OK) {
+        snprintf(first, 600, "%s", dpar_last_error());
+    } else {
+        float *rf = (float *)malloc(n * 4), *rr = (float *)malloc(n * 4);
+        int32_t *ri = (int32_t *)malloc(n * 4);
+        cudaMemcpy(rf, df, n * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(ri, di, n * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(rr, dr, n * 4, cudaMemcpyDeviceToHost);
+        for (i = 0; i < n; i++) {
+            float sf = 0;
+            int64_t si = 0;
+            for (q = 0; q < N; q++) sf += (float)(q + 1) * (float)(i % 5), si += q * 7 + (int)i;
+            if (rf[i] != sf || ri[i] != (int32_t)(si / N) || (i >= off && i < off + len && rr[i] != sf)) {
+                snprintf(first, 600, "element %zu: %g %d %g, want %g %d %g", i, rf[i], ri[i], rr[i], sf, (int)(si / N),
+                         sf);
+                break;
+            }
+        }
+        free(rf), free(ri), free(rr);
+    }
+    cudaFree(df), cudaFree(di), cudaFree(dr);
+    free(hf), free(hi);
+    return st;
+}
+static void test_nccl_batch(void)
+{
+    dpar_cuda_pool_desc d;
+    dpar_cuda_pool *p = NULL;
+    char *first = (char *)calloc(64, 600);
+    int r;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.nccl = 1;
+    d.comm.timeout_ms = 20000;
+    CHECK_MSG(dpar_cuda_pool_create(&d, &p) == DPAR_OK, "%s", dpar_last_error());
+    if (p) {
+        CHECK_MSG(dpar_cuda_pool_run(p, nccl_batch_body, first) == DPAR_OK, "%s", dpar_last_error());
+        for (r = 0; r < dpar_cuda_pool_size(p); r++) CHECK_MSG(!first[600 * r], "worker %d: %s", r, first + 600 * r);
+        CHECK(dpar_cuda_pool_destroy(p) == DPAR_OK);
+    }
+    free(first);
+}
 #endif
 
 static void test_nccl_without_a_device(void) /* argument checks and the build's answer, no device needed */
@@ -1376,6 +1441,7 @@ int main(int argc, char **argv)
     RUN(test_nccl_failure_reaches_every_worker);
     RUN(test_nccl_wait_notices_completion);
     RUN(test_nccl_zero_and_fsdp_bitwise_host);
+    RUN(test_nccl_batch);
 #endif
     return dt_summary();
 }
