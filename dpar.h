@@ -5584,7 +5584,8 @@ static dpar_status dpar__barrier(dpar__ctx *x)
    (what the sender sends), which the receiver's fetch compares with what it expects before it reads a byte. One pair
    that disagrees is seen by one rank only, so the checker ends with a dissemination: no rank finishes it before every
    rank has finished its checks, and the rank that saw the mismatch poisons the comm instead of starting it, so every
-   rank fails. fp_only: the messages are empty (the check before MPI's own alltoallv). */
+   rank fails. fp_only 1: the messages are empty (the check before MPI's own alltoallv); 2: the counts were checked
+   already, so no closing round. */
 static dpar_status dpar__alltoallv_pairwise(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es,
                                             int fp_only)
 {
@@ -5599,14 +5600,14 @@ static dpar_status dpar__alltoallv_pairwise(dpar__ctx *x, const char *send, char
         dpar__v_story(msg, sizeof msg, &me, &x->fp, c);
         return dpar__tp_fail(c, DPAR_EMISMATCH, msg);
     }
-    if (!fp_only && sc[r]) DPAR__TRY(dpar__tp_copy(x, recv + rd[r] * es, send + sd[r] * es, sc[r] * es));
+    if (fp_only != 1 && sc[r]) DPAR__TRY(dpar__tp_copy(x, recv + rd[r] * es, send + sd[r] * es, sc[r] * es));
     /* two ranks: each message carries both directions of the pair (what I send you, what I expect from you, in
        one 64-bit count when both fit 32 bits), so each rank checks both and neither can return with a mismatch
        the other saw: no closing dissemination (one round instead of two) */
     x->vpack = N == 2 && sc[1 - r] <= 0xffffffffu && rc[1 - r] <= 0xffffffffu;
     for (i = 1; i < N; i++) {
         int dst = (r + i) % N, src = (r + N - i) % N;
-        size_t sb = fp_only ? 0 : sc[dst] * es, rb = fp_only ? 0 : rc[src] * es;
+        size_t sb = fp_only == 1 ? 0 : sc[dst] * es, rb = fp_only == 1 ? 0 : rc[src] * es;
         x->fp.count = x->vpack ? sc[dst] + ((uint64_t)rc[dst] << 32) : sc[dst];
         DPAR__TRY(dpar__post(x, dst, sb ? send + sd[dst] * es : NULL, sb));
         x->fp.count = x->vpack ? rc[src] + ((uint64_t)sc[src] << 32) : rc[src];
@@ -5614,7 +5615,7 @@ static dpar_status dpar__alltoallv_pairwise(dpar__ctx *x, const char *send, char
     }
     for (i = 1; i < N; i++) DPAR__TRY(dpar__drain(x, (r + i) % N, 0));
     x->fp.count = 0;
-    if (x->vpack) return DPAR_OK;
+    if (x->vpack || fp_only == 2) return DPAR_OK; /* 2: the counts were checked already (dpar__sm_alltoallv) */
     return dpar__agree(x);
 }
 
@@ -5998,6 +5999,98 @@ static dpar_status dpar__sm_setup(dpar__ctx *x)
     c->sm = (dpar__sm *)peers[0];
     c->sm_state = c->sm ? 1 : -1;
     dpar__sm_enter(x);
+    return DPAR_OK;
+}
+
+/* the story of pair (i, j) whose counts disagree, from the records of the node's block (every rank tells it) */
+static dpar_status dpar__sm_v_story(dpar__ctx *x, int i, uint64_t sends, int j, uint64_t expects)
+{
+    dpar__sm *sh = x->c->sm;
+    char msg[DPAR__ERROR_TEXT], text[2][sizeof(((dpar__sm_rank *)0)->text)];
+    dpar__fp from, to;
+    size_t k, w;
+    for (w = 0; w < 2; w++) { /* the callers' file names, as their processes copied them */
+        const dpar__sm_rank *rec = dpar__sm_at(sh, w ? j : i);
+        for (k = 0; k < sizeof text[w]; k++) text[w][k] = DPAR__LOAD(&rec->text[k], DPAR__RELAXED);
+        text[w][sizeof text[w] - 1] = 0;
+    }
+    memset(&from, 0, sizeof from);
+    memset(&to, 0, sizeof to);
+    from.rank = i, from.count = sends, from.seq = x->fp.seq, from.file = text[0];
+    from.line = DPAR__LOAD(&dpar__sm_at(sh, i)->line, DPAR__ACQUIRE);
+    to.rank = j, to.count = expects, to.seq = x->fp.seq, to.file = text[1];
+    to.line = DPAR__LOAD(&dpar__sm_at(sh, j)->line, DPAR__ACQUIRE);
+    dpar__v_story(msg, sizeof msg, &from, &to, x->c);
+    return dpar__tp_poison(x->c, DPAR_EMISMATCH, msg);
+}
+/* alltoallv between processes of one node (the MPI transport's shared block): instead of N - 1 rounds of messages
+   and a dissemination, each rank writes a header (its N send counts, its N receive counts) and what it sends, packed
+   in rank order, into its staging buffer, and the ranks meet. Every rank then reads every header, so every rank finds
+   the same first pair whose counts disagree and returns the same story (no closing round), and copies, from each
+   sender's buffer, the bytes of its own block that the round brought. A part of up to two buffers takes a second
+   round (a second meeting); when some part is larger (every rank sees it in the headers), the blocks go in the
+   pairwise rounds instead, without their closing round (the counts are checked): there MPI's messages, which copy
+   once, beat two copies through the block (bench_mpi). A rank whose part will not go through the block writes only
+   its header. The buffers alternate by phase, so a round's writes never meet the reads of the round before it (a
+   rank that writes has passed a meeting every reader of the round before last came to after reading).
+   *done 0: the pairwise rounds. */
+static dpar_status dpar__sm_alltoallv(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es, int *done)
+{
+    dpar_comm *c = x->c;
+    dpar__sm *sh = c->sm;
+    size_t N = (size_t)c->size, me = (size_t)c->rank, q, k, head = 2 * N * sizeof(uint64_t), total = 0, rounds = 1;
+    size_t most = 2 * sh->stage - head; /* the largest part that goes through the block */
+    const size_t *sc = v, *sd = v + N, *rc = v + 2 * N, *rd = v + 3 * N;
+    size_t *at; /* per sender q: where my block starts in its part */
+    char *scr = NULL;
+    dpar_status st;
+    *done = 0;
+    if ((st = dpar__scratch(c, N * sizeof(size_t), &scr)) != DPAR_OK)
+        return dpar__tp_fail(c, st, dpar_last_error()); /* the others must not wait for me */
+    at = (size_t *)(void *)scr;
+    for (q = 0; q < N; q++) total += sc[q] * es;
+    for (k = 0; k < rounds; k++) {
+        uint32_t phase = ++c->sm_phase;
+        char *mine = dpar__sm_stage(sh, c->rank, phase);
+        size_t lo = k ? sh->stage - head : 0, first = k ? 0 : head; /* this round: my part's bytes from lo, at first */
+        size_t room = sh->stage - first, b;
+        if (k == 0) {
+            uint64_t *h = (uint64_t *)(void *)mine;
+            for (q = 0; q < N; q++) h[q] = sc[q], h[N + q] = rc[q];
+        }
+        for (q = 0, b = 0; total <= most && q < N && b < lo + room; b += sc[q] * es, q++) {
+            size_t from = b > lo ? b : lo, to = b + sc[q] * es < lo + room ? b + sc[q] * es : lo + room;
+            if (from < to) memcpy(mine + first + (from - lo), send + sd[q] * es + (from - b), to - from);
+        }
+        DPAR__TRY(dpar__sm_meet(x, phase, k == 0, "arrive"));
+        if (k == 0) { /* every pair, in the same order on every rank: i's count for j against j's for i */
+            for (q = 0; q < N * N; q++) {
+                size_t i = q / N, j = q % N;
+                const uint64_t *hi = (const uint64_t *)(const void *)dpar__sm_stage(sh, (int)i, phase);
+                const uint64_t *hj = (const uint64_t *)(const void *)dpar__sm_stage(sh, (int)j, phase);
+                if (hi[j] != hj[N + i]) return dpar__sm_v_story(x, (int)i, hi[j], (int)j, hj[N + i]);
+            }
+            for (q = 0; q < N; q++) { /* where my block starts in q's part; the rounds the longest part needs */
+                const uint64_t *hq = (const uint64_t *)(const void *)dpar__sm_stage(sh, (int)q, phase);
+                size_t j, len = 0;
+                for (j = 0, at[q] = 0; j < N; j++) {
+                    if (j < me) at[q] += (size_t)hq[j] * es;
+                    len += (size_t)hq[j] * es;
+                }
+                if (len > most) return DPAR_OK; /* the pairwise rounds */
+                if (head + len > sh->stage) rounds = 2;
+            }
+        }
+        for (q = 0; q < N; q++) { /* the bytes of my block from q that this round brought */
+            size_t from = at[q] > lo ? at[q] : lo, to = at[q] + rc[q] * es < lo + room ? at[q] + rc[q] * es : lo + room;
+            if (from < to)
+                memcpy(recv + rd[q] * es + (from - at[q]), dpar__sm_stage(sh, (int)q, phase) + first + (from - lo),
+                       to - from);
+        }
+    }
+    for (q = 0; q < N; q++)
+        if (q != me) x->sent += sc[q] * es, x->received += rc[q] * es;
+    *done = 1;
     return DPAR_OK;
 }
 
@@ -6391,7 +6484,13 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
                         : dpar__allreduce_auto(&x, send, recv, call->count, call->dtype, call->op, &algo);
             break;
         case DPAR_COLL_ALLTOALL: st = dpar__alltoall_pairwise(&x, send, recv, call->count, es); break;
-        case DPAR_COLL_ALLTOALLV: st = dpar__alltoallv_pairwise(&x, send, recv, call->v, es, 0); break;
+        case DPAR_COLL_ALLTOALLV: { /* processes of one node: through their shared block (small parts) */
+            int done = 0, sm = c->sm && c->sm->processes && c->sm->n == N && c->sm_state == 1 &&
+                               2 * (size_t)N * sizeof(uint64_t) <= c->sm->stage;
+            if (sm) st = dpar__sm_alltoallv(&x, send, recv, call->v, es, &done);
+            if (st == DPAR_OK && !done) st = dpar__alltoallv_pairwise(&x, send, recv, call->v, es, sm ? 2 : 0);
+            break;
+        }
         default: st = dpar__err(DPAR_EINVAL, "internal: collective %d", (int)call->coll); break;
         }
     }

@@ -1263,6 +1263,12 @@ static void test_alltoallv_over_mpi(void)
                 sc[q] = (size_t)(me + q) % 5, rc[q] = (size_t)(q + me) % 5;
                 if (q != me) sent += sc[q] * es;
             }
+            { /* f32: element k of what rank a sends to rank b is a * 100 + b * 5 + k (packed by destination) */
+                size_t at = 0, k;
+                for (q = 0; q < nprocs; q++)
+                    for (k = 0; k < sc[q]; k++) x[at++] = (float)(me * 100 + q * 5) + (float)k;
+                memset(y, 0, sizeof y);
+            }
             if (kind == 0 && me == 0) sc[nprocs - 1] = 7; /* rank N-1 expects (N-1) % 5 */
             if (kind == 3) { /* the last process is busy elsewhere past the others' timeout */
                 char who[64];
@@ -1291,7 +1297,13 @@ static void test_alltoallv_over_mpi(void)
                           "native %d rank %d: %s: %s", native, me, dpar_status_string(st), dpar_last_error());
                 if (me == 0 && native) printf("    e.g. %s\n", dpar_last_error());
             } else {
+                size_t at = 0, k;
                 CHECK_MSG(st == DPAR_OK, "native %d rank %d: %s", native, me, dpar_last_error());
+                for (q = 0; kind == 1 && q < nprocs; q++)
+                    for (k = 0; k < rc[q]; k++, at++)
+                        CHECK_MSG(y[at] == (float)(q * 100 + me * 5) + (float)k,
+                                  "native %d rank %d: element %zu from rank %d is %g, want %d", native, me, k, q,
+                                  (double)y[at], q * 100 + me * 5 + (int)k);
                 dpar_comm_stats_get(c, &cs);
                 CHECK_MSG(cs.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent == (native && kind == 1 ? 0 : sent),
                           "native %d kind %d rank %d: %llu bytes sent by dpar, want %zu", native, kind, me,
@@ -1300,6 +1312,48 @@ static void test_alltoallv_over_mpi(void)
             }
             dpar_comm_destroy(c);
         }
+}
+
+/* alltoallv parts of every size through the node's staging buffers (64 KiB a process, 256 KiB for two): one round,
+   two rounds, and parts beyond two buffers (the pairwise rounds); every element where the serial reference puts it,
+   zero counts and uneven ones among them */
+static void test_alltoallv_large_over_mpi(void)
+{
+    size_t units[3], sc[16], rc[16], q, k, at;
+    int ui;
+    units[0] = 7, units[1] = nprocs == 2 ? 40000 : 8000, units[2] = nprocs == 2 ? 80000 : 30011;
+    for (ui = 0; ui < 3; ui++) {
+        size_t sent = 0, got = 0, u = units[ui];
+        float *x, *y;
+        dpar_comm_desc d;
+        dpar_comm *c;
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = 20000;
+        if (nprocs > 16 || !(c = world_comm(&d))) {
+            CHECK(nprocs > 16);
+            return;
+        }
+        for (q = 0; q < (size_t)nprocs; q++) { /* rank a sends (a + 2 q) % 3 units of floats to rank q */
+            sc[q] = (size_t)((me + 2 * (int)q) % 3) * u, rc[q] = (size_t)(((int)q + 2 * me) % 3) * u;
+            sent += sc[q], got += rc[q];
+        }
+        x = (float *)malloc((sent + 1) * sizeof(float));
+        y = (float *)calloc(got + 1, sizeof(float));
+        for (q = 0, at = 0; q < (size_t)nprocs; q++)
+            for (k = 0; k < sc[q]; k++) x[at++] = (float)(me * 1000000 + (int)q * 250000) + (float)k;
+        CHECK_MSG(dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32) == DPAR_OK, "rank %d unit %zu: %s", me, u,
+                  dpar_last_error());
+        for (q = 0, at = 0; q < (size_t)nprocs; q++)
+            for (k = 0; k < rc[q]; k++, at++)
+                if (y[at] != (float)((int)q * 1000000 + me * 250000) + (float)k) {
+                    CHECK_MSG(0, "rank %d unit %zu: element %zu from rank %zu is %g", me, u, k, q, (double)y[at]);
+                    q = (size_t)nprocs;
+                    break;
+                }
+        free(x);
+        free(y);
+        dpar_comm_destroy(c);
+    }
 }
 
 static void test_hybrid_collectives(void)
@@ -1652,6 +1706,7 @@ int main(int argc, char **argv)
         MRUN(test_env_refused_on_one_process);
         MRUN(test_mismatch_timeout_abort_over_mpi);
         MRUN(test_alltoallv_over_mpi);
+        MRUN(test_alltoallv_large_over_mpi);
         MRUN(test_faults_over_mpi);
         MRUN(test_given_up_receives_write_nothing_later);
         MRUN(test_faults_in_modules_over_mpi);
