@@ -1952,14 +1952,14 @@ static dpar_status lib_exchange(void *user, const void *mine, void *all, size_t 
     return dpar_allgather(l->inner, mine, all, bytes * (size_t)dpar_comm_size(l->inner), DPAR_U8);
 }
 static void lib_destroy(void *user) { ((lib_rank *)user)->destroyed = 1; }
-static dpar_comm *lib_comm(lib_rank *l, dpar_comm *inner, int no_check)
+/* the library's comm over inner with desc d (name "lib"); run_group: the batch callback, or NULL */
+static dpar_comm *lib_comm_with(lib_rank *l, dpar_comm *inner, dpar_comm_desc d,
+                                dpar_status (*run_group)(void *, const dpar_comm_call *, int))
 {
     dpar_comm_ops ops;
-    dpar_comm_desc d;
     dpar_comm *c = NULL;
     memset(l, 0, sizeof *l);
     memset(&ops, 0, sizeof ops);
-    memset(&d, 0, sizeof d);
     l->inner = inner;
     ops.user = l;
     ops.rank = dpar_comm_rank(inner);
@@ -1967,9 +1967,16 @@ static dpar_comm *lib_comm(lib_rank *l, dpar_comm *inner, int no_check)
     ops.run = lib_run;
     ops.exchange = lib_exchange;
     ops.destroy = lib_destroy;
+    ops.run_group = run_group;
     d.name = "lib";
-    d.no_check = no_check;
     return dpar_comm_from_ops(&ops, &d, &c) == DPAR_OK ? c : NULL;
+}
+static dpar_comm *lib_comm(lib_rank *l, dpar_comm *inner, int no_check)
+{
+    dpar_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.no_check = no_check;
+    return lib_comm_with(l, inner, d, NULL);
 }
 static void ops_matrix_rank(world *w, dpar_comm *inner, int r)
 {
@@ -2105,7 +2112,6 @@ static void devopt_rank(world *w, dpar_comm *inner, int r)
     devopt_job *j = (devopt_job *)w->user;
     lib_rank l;
     dpar_comm *c = NULL;
-    dpar_comm_ops ops;
     dpar_comm_desc d;
     if (j->device != 3) {
         devopt_train(w, inner, r);
@@ -2114,12 +2120,8 @@ static void devopt_rank(world *w, dpar_comm *inner, int r)
     memset(&d, 0, sizeof d);
     d.memory.reduce = fake_reduce, d.memory.divide = fake_divide, d.memory.copy = fake_copy;
     d.memory.alloc = fake_alloc, d.memory.free = fake_free, d.memory.clear = fake_clear, d.memory.update = fake_update;
-    d.no_check = 1, d.name = "lib";
-    memset(&ops, 0, sizeof ops);
-    memset(&l, 0, sizeof l);
-    l.inner = inner;
-    ops.user = &l, ops.rank = r, ops.size = w->n, ops.run = lib_run;
-    if (dpar_comm_from_ops(&ops, &d, &c) != DPAR_OK) {
+    d.no_check = 1;
+    if (!(c = lib_comm_with(&l, inner, d, NULL))) {
         note(w, "rank %d: from_ops with memory: %s", r, dpar_last_error());
         return;
     }
@@ -2307,7 +2309,6 @@ static void batch_rank(world *w, dpar_comm *inner, int r)
     batch_job *j = (batch_job *)w->user;
     lib_rank l;
     dpar_comm *c = inner;
-    dpar_comm_ops ops;
     dpar_comm_desc d;
     float *a = (float *)malloc(BATCH_N * 4), *b = (float *)malloc(BATCH_N * 4), *g = (float *)malloc(BATCH_N * 4);
     float *e = (float *)malloc(BATCH_N * 4);
@@ -2316,13 +2317,8 @@ static void batch_rank(world *w, dpar_comm *inner, int r)
     dpar_status st;
     memset(&l, 0, sizeof l);
     if (j->mode != 4) { /* the library over the inner comm, the checker on */
-        memset(&ops, 0, sizeof ops);
         memset(&d, 0, sizeof d);
-        l.inner = inner;
-        ops.user = &l, ops.rank = r, ops.size = N, ops.run = lib_run, ops.exchange = lib_exchange;
-        if (j->mode != 1) ops.run_group = lib_run_group;
-        d.name = "lib";
-        if (dpar_comm_from_ops(&ops, &d, &c) != DPAR_OK) {
+        if (!(c = lib_comm_with(&l, inner, d, j->mode != 1 ? lib_run_group : NULL))) {
             note(w, "rank %d: from_ops: %s", r, dpar_last_error());
             return;
         }
