@@ -1623,12 +1623,24 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *fsdp);
              step); 1F1B's order of forwards and B's, stage s doing each W s backwards late, so that later stages'
              W's fill 1F1B's cool-down bubbles. At most p stashes on every stage (1F1B's most); with F = B = W the
              bubble is (p - 1) / (3 m + p - 1), a third of 1F1B's idle time.
-   See:      docs/pipeline.md, 'Schedules are data' (the bubble of each kind). */
+   ZBV:      zero bubble in a V (Qi et al., 2024, ZB-V): two chunks per stage (v = 2) placed as a V, stage s holding
+             virtual stages s and 2p - 1 - s, so the first and the last (the loss) are both on stage 0 and the turn
+             is a local hand-off on stage p - 1; split backward. Made by a greedy list scheduler on the desc's op
+             costs: B first, then F while the stage holds fewer than 2p chunk stashes (1F1B's activation memory:
+             a chunk is half a stage), then W. Its forward ramp is half of ZB-H1's (chunks are half as long).
+   DUALPIPEV: DeepSeek's DualPipeV order (the V of ZBV, v = 2, m >= 2p): warm-up forwards of chunk 0, then
+             chunk-0 forwards paired with chunk-1 backwards and chunk-1 forwards with chunk-0 backwards, some W's
+             deferred (its zero-bubble steps). dpar runs a pair's two ops one after the other: the overlap of one
+             micro-batch's forward with another's backward, which hides DeepSeek's expert all-to-all on a GPU, is
+             not in a CPU stage runner.
+   See:      docs/pipeline.md, 'Schedules are data' (the bubble of each kind) and 'V schedules'. */
 typedef enum dpar_pipe_kind {
     DPAR_PIPE_GPIPE = 0,
     DPAR_PIPE_1F1B = 1,
     DPAR_PIPE_INTERLEAVED = 2,
-    DPAR_PIPE_ZB_H1 = 3
+    DPAR_PIPE_ZB_H1 = 3,
+    DPAR_PIPE_ZBV = 4,
+    DPAR_PIPE_DUALPIPEV = 5
 } dpar_pipe_kind;
 
 typedef enum dpar_pipe_opcode {
@@ -1664,7 +1676,8 @@ typedef struct dpar_pipe_schedule_desc {
     dpar_pipe_kind kind;      /* default DPAR_PIPE_GPIPE */
     int p;                    /* required: stages, 1..4096 */
     int m;                    /* required: micro-batches, 1..65535; INTERLEAVED: a multiple of p, at least p */
-    int v;                    /* model chunks per stage; 0: 1; above 1 only with INTERLEAVED (1..64) */
+    int v;                    /* model chunks per stage; 0: 1 (ZBV, DUALPIPEV: 2, the only value); above 1
+                                 with INTERLEAVED (1..64) */
     dpar_allocator allocator; /* the schedule's memory (zero: malloc/free) */
     double cost_forward;      /* the op costs the schedule is made and simulated with (any unit, measured per stage */
     double cost_input_grad;   /* as bench_pipe does); 0: 1 each, so a whole backward is twice a forward */
@@ -1672,9 +1685,8 @@ typedef struct dpar_pipe_schedule_desc {
 } dpar_pipe_schedule_desc;
 /* dpar_pipe_schedule_create: make the schedule of the desc's `kind`, already checked.
    Returns:  DPAR_OK; DPAR_EINVAL naming what is wrong (NULL desc or out, p outside 1..4096, m outside 1..65535, a
-             bad kind or v, interleaved with m not a multiple of p, half an allocator, a cost negative, above 1e9 or
-             not a number, ...); DPAR_ENOMEM. On error
-             *out is NULL.
+             bad kind or v, interleaved with m not a multiple of p, DUALPIPEV with m below 2p, half an allocator, a
+             cost negative, above 1e9 or not a number, ...); DPAR_ENOMEM. On error *out is NULL.
    Thread safety: any thread. */
 DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *desc, dpar_pipe_schedule **out);
 /* dpar_pipe_schedule_check: prove a schedule safe before it runs; it also recomputes bubble and peak_stash.
@@ -1694,6 +1706,12 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *schedule);
    Returns:  like snprintf: the length it needs.
    Thread safety: any thread. */
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *schedule, char *buf, size_t size);
+/* dpar_pipe_virtual_stage: which part of the model (stage, chunk) runs: its virtual stage, 0..p v - 1, in the
+   model's order. Interleaved (and v = 1): chunk * p + stage. V schedules (ZBV, DUALPIPEV): stage on chunk 0,
+   2p - 1 - stage on chunk 1.
+   Returns:  the virtual stage; -1 for a NULL schedule or a stage or chunk outside it.
+   Thread safety: any thread. */
+DPAR_API int dpar_pipe_virtual_stage(const dpar_pipe_schedule *schedule, int stage, int chunk);
 /* dpar_pipe_schedule_destroy: free a schedule made by dpar_pipe_schedule_create.
    Returns:  DPAR_OK (also for NULL).
    Thread safety: any thread, once no runner uses it. */
@@ -1705,11 +1723,12 @@ DPAR_API dpar_status dpar_pipe_schedule_destroy(dpar_pipe_schedule *schedule);
    backward: `in` is the same activation again, `grad_out` the gradient of your output (NULL on the last: from
              the loss); write the gradient of your input to `grad_in` (NULL on the first). Accumulate
              parameter gradients (+=) across micro-batches.
-   Split:    schedules with B and W ops (ZB_H1) call backward_input for B (the same arguments as backward;
-             write grad_in, keep what W needs, leave the parameter gradients alone) and backward_weight for W (`in`
-             and `grad_out` as B had them; accumulate the parameter gradients). W runs after B of the same
-             (micro-batch, chunk); dpar's schedules run the W's of a stage in micro-batch order, as their whole
-             backwards, so the gradient sums come out in the same order (bitwise the same).
+   Split:    schedules with B and W ops (ZB_H1, ZBV, DUALPIPEV) call backward_input for B (the same arguments as
+             backward; write grad_in, keep what W needs, leave the parameter gradients alone) and backward_weight
+             for W (`in` and `grad_out` as B had them; accumulate the parameter gradients). W runs after B of the
+             same (micro-batch, chunk); dpar's schedules run the W's of each chunk in micro-batch order, as their
+             whole backwards, so the gradient sums come out in the same order (bitwise the same).
+   Chunks:   which layers (stage, chunk) runs: dpar_pipe_virtual_stage (interleaved and V schedules differ).
    Buffers:  activations and gradients are act_bytes each.
    Returns:  DPAR_OK or an error (dpar_set_error). */
 typedef dpar_status (*dpar_pipe_forward_fn)(void *user, int micro, int chunk, const void *in, void *out);
@@ -10379,9 +10398,31 @@ DPAR_API dpar_status dpar_fsdp_memory(const dpar_fsdp *f, size_t *bytes, size_t 
 }
 
 /* >>pipe: pipeline schedules as checked data, the stage runner ---------------------------------- */
-/* virtual stage of (stage s, chunk c) is c * p + s; the next one lives on stage (s + 1) % p */
-static int dpar__pipe_first(const dpar_pipe_schedule *S, int s, int c) { return (void)S, s == 0 && c == 0; }
-static int dpar__pipe_last(const dpar_pipe_schedule *S, int s, int c) { return s == S->p - 1 && c == S->v - 1; }
+/* the virtual stage of (stage s, chunk c): c * p + s (the next one lives on stage (s + 1) % p), or in a V (ZBV,
+   DUALPIPEV: two chunks) s on chunk 0 and 2p - 1 - s on chunk 1, so the turn from p - 1 to p stays on stage p - 1 */
+static int dpar__pipe_vshape(const dpar_pipe_schedule *S)
+{
+    return S->kind == DPAR_PIPE_ZBV || S->kind == DPAR_PIPE_DUALPIPEV;
+}
+static int dpar__pipe_vs(const dpar_pipe_schedule *S, int s, int c)
+{
+    return dpar__pipe_vshape(S) && c == 1 ? 2 * S->p - 1 - s : c * S->p + s;
+}
+static void dpar__pipe_place(const dpar_pipe_schedule *S, int vs, int *s, int *c)
+{
+    if (dpar__pipe_vshape(S) && vs >= S->p) *s = 2 * S->p - 1 - vs, *c = 1;
+    else *s = vs % S->p, *c = vs / S->p;
+}
+static int dpar__pipe_first(const dpar_pipe_schedule *S, int s, int c) { return dpar__pipe_vs(S, s, c) == 0; }
+static int dpar__pipe_last(const dpar_pipe_schedule *S, int s, int c)
+{
+    return dpar__pipe_vs(S, s, c) == S->p * S->v - 1;
+}
+DPAR_API int dpar_pipe_virtual_stage(const dpar_pipe_schedule *S, int stage, int chunk)
+{
+    if (!S || stage < 0 || stage >= S->p || chunk < 0 || chunk >= S->v) return -1;
+    return dpar__pipe_vs(S, stage, chunk);
+}
 
 static void dpar__pipe_add(dpar_pipe_schedule *S, int s, int code, int micro, int chunk)
 {
@@ -10440,12 +10481,253 @@ static void dpar__pipe_generate_zb(dpar_pipe_schedule *S)
     }
 }
 
-static void dpar__pipe_generate(dpar_pipe_schedule *S)
+/* ---- V schedules (ZBV, DUALPIPEV): each stage's compute ops first, then their messages (dpar__pipe_wire) ---- */
+static double dpar__pipe_cost(const dpar_pipe_schedule *S, int code);
+
+/* ZBV: a greedy list scheduler on the op costs. At each time T (the earliest clock of a stage with ops left), every
+   stage whose clock is T takes, of what it may start now: a B (the lowest micro-batch; chunk 1 first, it is nearer
+   the loss), else a forward while it holds fewer than `limit` chunk stashes (chunk 1 first), else a W (the lowest
+   micro-batch). Stages with nothing to start wait for the next event (an arrival or another stage's clock). Each
+   chunk's F's, B's and W's run in micro-batch order (so its gradient sums come out as a whole backward's). Returns
+   0; 1 when `limit` stashes cannot finish (the caller raises it); -1 out of memory. */
+static int dpar__pipe_greedy_v(dpar_pipe_schedule *S, int limit)
+{
+    int p = S->p, m = S->m, n = 2 * p, s, c, i, rc = 0, total = 6 * m;
+    const double inf = 1e300;
+    double *t = (double *)dpar__calloc(&S->allocator, (size_t)p, sizeof(double));
+    double *act = (double *)dpar__calloc(&S->allocator, (size_t)n * (size_t)m * 2, sizeof(double));
+    double *grad = act ? act + (size_t)n * (size_t)m : NULL; /* when (virtual stage, micro) has its input, grad */
+    int *next = (int *)dpar__calloc(&S->allocator, (size_t)p * 7, sizeof(int)); /* f, b, w per chunk; stashes */
+    if (!t || !act || !next) {
+        rc = -1;
+        goto out;
+    }
+    for (i = 0; i < 2 * n * m; i++) act[i] = inf;
+    for (i = 0; i < m; i++) act[i] = 0; /* virtual stage 0 reads its micro-batches itself */
+    for (s = 0; s < p; s++) S->num_ops[s] = 0;
+    for (;;) {
+        double T = inf, when = inf;
+        int any = 0;
+        for (s = 0; s < p; s++)
+            if (S->num_ops[s] < total && t[s] < T) T = t[s];
+        if (T == inf) break;
+        for (s = 0; s < p; s++) {
+            int *f = next + 7 * s, *b = f + 2, *w = f + 4, *stash = f + 6, code = -1, micro = 0, chunk = 0, vs;
+            double d;
+            if (S->num_ops[s] == total || t[s] != T) continue;
+            for (c = 1; c >= 0; c--) { /* B */
+                vs = dpar__pipe_vs(S, s, c);
+                if (b[c] < f[c] && grad[vs * m + b[c]] <= T && (code < 0 || b[c] < micro))
+                    code = DPAR_PIPE_BACKWARD_INPUT, micro = b[c], chunk = c;
+            }
+            for (c = 1; c >= 0 && code < 0 && *stash < limit; c--) /* F */
+                if (f[c] < m && act[dpar__pipe_vs(S, s, c) * m + f[c]] <= T)
+                    code = DPAR_PIPE_FORWARD, micro = f[c], chunk = c;
+            for (c = 1; c >= 0; c--) /* W */
+                if (w[c] < b[c] && (code < 0 || (code == DPAR_PIPE_BACKWARD_WEIGHT && w[c] < micro)))
+                    code = DPAR_PIPE_BACKWARD_WEIGHT, micro = w[c], chunk = c;
+            if (code < 0) continue;
+            dpar__pipe_add(S, s, code, micro, chunk);
+            d = dpar__pipe_cost(S, code);
+            t[s] = T + d;
+            vs = dpar__pipe_vs(S, s, chunk);
+            if (code == DPAR_PIPE_FORWARD) {
+                f[chunk]++, (*stash)++;
+                if (vs == n - 1) grad[vs * m + micro] = t[s]; /* the loss: its B may follow */
+                else act[(vs + 1) * m + micro] = t[s];
+            } else if (code == DPAR_PIPE_BACKWARD_INPUT) {
+                b[chunk]++;
+                if (vs > 0) grad[(vs - 1) * m + micro] = t[s];
+            } else {
+                w[chunk]++, (*stash)--;
+            }
+            any = 1;
+        }
+        if (any) continue;
+        /* nobody could start at T: the next event */
+        for (s = 0; s < p; s++) {
+            if (S->num_ops[s] == total) continue;
+            if (t[s] > T && t[s] < when) when = t[s];
+            for (c = 0; c < 2; c++) {
+                int *f = next + 7 * s, *b = f + 2, vs = dpar__pipe_vs(S, s, c);
+                if (b[c] < f[c] && grad[vs * m + b[c]] > T && grad[vs * m + b[c]] < when) when = grad[vs * m + b[c]];
+                if (f[c] < m && act[vs * m + f[c]] > T && act[vs * m + f[c]] < when) when = act[vs * m + f[c]];
+            }
+        }
+        if (when == inf) { /* every stage waits for another: too few stashes */
+            rc = 1;
+            break;
+        }
+        for (s = 0; s < p; s++)
+            if (S->num_ops[s] < total && t[s] == T) t[s] = when;
+    }
+out:
+    dpar__free(&S->allocator, t);
+    dpar__free(&S->allocator, act);
+    dpar__free(&S->allocator, next);
+    return rc;
+}
+
+/* DUALPIPEV: DeepSeek's DualPipeV order (dualpipev.py's eight steps) on stage s of p: each chunk's forwards and
+   backwards in micro-batch order; a B followed at once by its W, or with its W deferred into a FIFO that the later
+   "weight" steps empty (DualPipeV's zero-bubble steps). A pair of ops DualPipeV overlaps runs here one after the
+   other, the forward first. */
+typedef struct {
+    dpar_pipe_schedule *S;
+    int s, f[2], b[2], head, tail;
+    int *fifo; /* the deferred W's: micro-batch * 2 + chunk */
+} dpar__dpv;
+static void dpar__dpv_forward(dpar__dpv *g, int c) { dpar__pipe_add(g->S, g->s, DPAR_PIPE_FORWARD, g->f[c]++, c); }
+static void dpar__dpv_backward(dpar__dpv *g, int c, int defer)
+{
+    int micro = g->b[c]++;
+    dpar__pipe_add(g->S, g->s, DPAR_PIPE_BACKWARD_INPUT, micro, c);
+    if (defer) g->fifo[g->tail++] = micro * 2 + c;
+    else dpar__pipe_add(g->S, g->s, DPAR_PIPE_BACKWARD_WEIGHT, micro, c);
+}
+static void dpar__dpv_weight(dpar__dpv *g)
+{
+    int u = g->fifo[g->head++];
+    dpar__pipe_add(g->S, g->s, DPAR_PIPE_BACKWARD_WEIGHT, u / 2, u % 2);
+}
+static int dpar__pipe_generate_dpv(dpar_pipe_schedule *S)
+{
+    int p = S->p, m = S->m, s, i, defer;
+    dpar__dpv g;
+    memset(&g, 0, sizeof g);
+    g.S = S;
+    g.fifo = (int *)dpar__calloc(&S->allocator, 2 * (size_t)m, sizeof(int));
+    if (!g.fifo) return -1;
+    for (s = 0; s < p; s++) {
+        g.s = s, g.f[0] = g.f[1] = g.b[0] = g.b[1] = g.head = g.tail = 0;
+        S->num_ops[s] = 0;
+        for (i = 0; i < (p - s - 1) * 2; i++) dpar__dpv_forward(&g, 0); /* 1: chunk 0's warm-up */
+        for (i = 0; i < s + 1; i++) {                                   /* 2: F0 F1 */
+            dpar__dpv_forward(&g, 0);
+            dpar__dpv_forward(&g, 1);
+        }
+        for (i = 0; i < p - s - 1; i++) { /* 3: B1 W1 F1 */
+            dpar__dpv_backward(&g, 1, 1);
+            dpar__dpv_weight(&g);
+            dpar__dpv_forward(&g, 1);
+        }
+        for (i = 0; i < m - 2 * p + s + 1; i++) { /* 4, the main step: F0 with B1, F1 with B0 */
+            dpar__dpv_forward(&g, 0);
+            dpar__dpv_backward(&g, 1, 0);
+            dpar__dpv_forward(&g, 1);
+            dpar__dpv_backward(&g, 0, 0);
+        }
+        for (i = 0; i < p - s - 1; i++) { /* 5: B1, F1 with B0 */
+            dpar__dpv_backward(&g, 1, 0);
+            dpar__dpv_forward(&g, 1);
+            dpar__dpv_backward(&g, 0, 0);
+        }
+        for (i = 0, defer = 0; i < s + 1; i++) { /* 6: B1 B0, the second half's W's deferred */
+            if (i == (s + 1) / 2 && s % 2 == 1) defer = 1;
+            dpar__dpv_backward(&g, 1, defer);
+            if (i == (s + 1) / 2 && s % 2 == 0) defer = 1;
+            dpar__dpv_backward(&g, 0, defer);
+        }
+        for (i = 0; i < p - s - 1; i++) { /* 7: W B0 */
+            dpar__dpv_weight(&g);
+            dpar__dpv_backward(&g, 0, 1);
+        }
+        while (g.head < g.tail) dpar__dpv_weight(&g); /* 8: the W's left (s + 1) */
+    }
+    dpar__free(&S->allocator, g.fifo);
+    return 0;
+}
+
+/* A V schedule's messages. Each stage's compute ops (in S->ops) get a send right after the compute that makes its
+   message, and before a compute that needs one, the receives of that channel up to it: a channel (an ordered pair of
+   stages; a stage's own for the turn) delivers in the order it was sent, so a stage may receive a message early and
+   hold it. Returns 0, -1 out of memory. */
+static int dpar__pipe_wire(dpar_pipe_schedule *S)
+{
+    int p = S->p, m = S->m, n = 2 * p, s, k, rc = 0;
+    size_t per = 3 * (size_t)m * 2; /* compute ops of a stage */
+    dpar_pipe_op *comp = (dpar_pipe_op *)dpar__calloc(&S->allocator, per * (size_t)p, sizeof(dpar_pipe_op));
+    /* [p] compute ops, [3p] a channel's next message to receive, [3p + 1] where its messages start, [3p] their
+       count; a channel (from, to) is from * 3 + to - from + 1 */
+    int *ncomp = (int *)dpar__calloc(&S->allocator, (size_t)p * 10 + 1, sizeof(int));
+    int *chan = (int *)dpar__calloc(&S->allocator, (size_t)n * (size_t)m * 2, sizeof(int)); /* messages, in order */
+    int *pos = (int *)dpar__calloc(&S->allocator, (size_t)n * (size_t)m * 2, sizeof(int));  /* (vs, micro, grad) */
+    int *cursor = ncomp ? ncomp + p : NULL, *start = ncomp ? ncomp + 4 * p : NULL,
+        *len = ncomp ? ncomp + 7 * p + 1 : NULL;
+    if (!comp || !ncomp || !chan || !pos) {
+        rc = -1;
+        goto out;
+    }
+    /* a message is (the receiver's virtual stage, micro-batch, gradient?) */
+    for (s = 0; s < p; s++) { /* how many each channel carries */
+        ncomp[s] = S->num_ops[s];
+        memcpy(comp + per * (size_t)s, S->ops[s], (size_t)ncomp[s] * sizeof(dpar_pipe_op));
+        for (k = 0; k < ncomp[s]; k++) {
+            const dpar_pipe_op *op = comp + per * (size_t)s + k;
+            int vs = dpar__pipe_vs(S, s, op->chunk), to, tc, grad = op->code != DPAR_PIPE_FORWARD;
+            if (op->code == DPAR_PIPE_BACKWARD_WEIGHT || (grad && vs == 0) || (!grad && vs == n - 1)) continue;
+            dpar__pipe_place(S, grad ? vs - 1 : vs + 1, &to, &tc);
+            start[s * 3 + to - s + 1 + 1]++;
+        }
+    }
+    for (k = 0; k < 3 * p; k++) start[k + 1] += start[k];
+    for (s = 0; s < p; s++) {
+        for (k = 0; k < ncomp[s]; k++) {
+            const dpar_pipe_op *op = comp + per * (size_t)s + k;
+            int vs = dpar__pipe_vs(S, s, op->chunk), to, tc, ch, grad = op->code != DPAR_PIPE_FORWARD, dest;
+            if (op->code == DPAR_PIPE_BACKWARD_WEIGHT || (grad && vs == 0) || (!grad && vs == n - 1)) continue;
+            dest = grad ? vs - 1 : vs + 1;
+            dpar__pipe_place(S, dest, &to, &tc);
+            ch = s * 3 + to - s + 1;
+            pos[((size_t)dest * (size_t)m + (size_t)op->micro) * 2 + (size_t)grad] = start[ch] + len[ch];
+            chan[start[ch] + len[ch]++] = (dest * m + op->micro) * 2 + grad;
+        }
+    }
+    for (s = 0; s < p; s++) {
+        S->num_ops[s] = 0;
+        for (k = 0; k < ncomp[s]; k++) {
+            const dpar_pipe_op op = comp[per * (size_t)s + (size_t)k];
+            int vs = dpar__pipe_vs(S, s, op.chunk), grad = op.code != DPAR_PIPE_FORWARD;
+            if (op.code != DPAR_PIPE_BACKWARD_WEIGHT && (grad ? vs < n - 1 : vs > 0)) { /* receive up to its input */
+                int from, fc, ch, want;
+                dpar__pipe_place(S, grad ? vs + 1 : vs - 1, &from, &fc);
+                ch = from * 3 + s - from + 1;
+                want = pos[((size_t)vs * (size_t)m + (size_t)op.micro) * 2 + (size_t)grad];
+                while (start[ch] + cursor[ch] <= want) {
+                    int msg = chan[start[ch] + cursor[ch]++], ms, mc;
+                    dpar__pipe_place(S, msg / 2 / m, &ms, &mc);
+                    dpar__pipe_add(S, s, msg % 2 ? DPAR_PIPE_RECV_GRAD : DPAR_PIPE_RECV_ACT, msg / 2 % m, mc);
+                }
+            }
+            dpar__pipe_add(S, s, op.code, op.micro, op.chunk);
+            if (op.code != DPAR_PIPE_BACKWARD_WEIGHT && (grad ? vs > 0 : vs < n - 1))
+                dpar__pipe_add(S, s, grad ? DPAR_PIPE_SEND_GRAD : DPAR_PIPE_SEND_ACT, op.micro, op.chunk);
+        }
+    }
+out:
+    dpar__free(&S->allocator, comp);
+    dpar__free(&S->allocator, ncomp);
+    dpar__free(&S->allocator, chan);
+    dpar__free(&S->allocator, pos);
+    return rc;
+}
+
+static int dpar__pipe_generate_v(dpar_pipe_schedule *S)
+{
+    int limit = 2 * S->p, rc;
+    if (S->kind == DPAR_PIPE_DUALPIPEV) rc = dpar__pipe_generate_dpv(S);
+    else
+        while ((rc = dpar__pipe_greedy_v(S, limit)) == 1) limit++; /* at 2 m stashes nothing waits for memory */
+    return rc ? rc : dpar__pipe_wire(S);
+}
+
+static int dpar__pipe_generate(dpar_pipe_schedule *S)
 {
     int p = S->p, m = S->m, v = S->v, s, i, k;
+    if (dpar__pipe_vshape(S)) return dpar__pipe_generate_v(S);
     if (S->kind == DPAR_PIPE_ZB_H1) {
         dpar__pipe_generate_zb(S);
-        return;
+        return 0;
     }
     for (s = 0; s < p; s++) {
         S->num_ops[s] = 0;
@@ -10479,6 +10761,7 @@ static void dpar__pipe_generate(dpar_pipe_schedule *S)
             }
         }
     }
+    return 0;
 }
 
 static const char *dpar__pipe_names[] = {"forward",
@@ -10494,13 +10777,7 @@ static const char *dpar__pipe_names[] = {"forward",
    (grad) virtual stage. */
 static void dpar__pipe_peer(const dpar_pipe_schedule *S, int s, int c, int act, int *ps, int *pc)
 {
-    if (act) {
-        *ps = (s + 1) % S->p;
-        *pc = s == S->p - 1 ? c + 1 : c;
-    } else {
-        *ps = (s + S->p - 1) % S->p;
-        *pc = s == 0 ? c - 1 : c;
-    }
+    dpar__pipe_place(S, dpar__pipe_vs(S, s, c) + (act ? 1 : -1), ps, pc);
 }
 
 static int dpar__pipe_compute(int code)
@@ -10571,9 +10848,10 @@ static int dpar__pipe_simulate(dpar_pipe_schedule *S, double *makespan, double *
                 } else if (op->code == DPAR_PIPE_SEND_ACT || op->code == DPAR_PIPE_SEND_GRAD) {
                     dpar__pipe_peer(S, s, op->chunk, op->code == DPAR_PIPE_SEND_ACT, &ps, &pcc);
                     ch = s * p + ps;
-                    if (qtail[ch] - qhead[ch] >= DPAR__QDEPTH) break; /* the channel is full: wait */
+                    /* the channel is full: wait (a stage's own, the V's turn, is a local hand-off: never full) */
+                    if (ps != s && qtail[ch] - qhead[ch] >= DPAR__QDEPTH) break;
                     at = (size_t)ch * (size_t)maxq;
-                    if (qtail[ch] >= DPAR__QDEPTH && freed[at + (size_t)(qtail[ch] - DPAR__QDEPTH)] > t[s])
+                    if (ps != s && qtail[ch] >= DPAR__QDEPTH && freed[at + (size_t)(qtail[ch] - DPAR__QDEPTH)] > t[s])
                         t[s] = freed[at + (size_t)(qtail[ch] - DPAR__QDEPTH)];
                     ready[at + (size_t)qtail[ch]++] = t[s];
                 } else {
@@ -10656,6 +10934,7 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
     if (S->kind == DPAR_PIPE_INTERLEAVED && (m < p || m % p))
         DPAR__PIPE_FAIL(
             "an interleaved schedule needs m at least p and a multiple of it (rule: m >= p); m = %d, p = %d", m, p);
+    if (dpar__pipe_vshape(S) && v != 2) DPAR__PIPE_FAIL("a V schedule has 2 chunks per stage (rule: v = 2); v = %d", v);
     seen = (unsigned char *)dpar__calloc(&S->allocator, (size_t)p * (size_t)m * (size_t)v, 1);
     if (!seen) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_check: out of memory");
 #define DPAR__SEEN(s, i, c) seen[(m * (size_t)(s) + (size_t)(i)) * v + (size_t)(c)]
@@ -10818,8 +11097,10 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
     if (!desc) return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: desc is NULL (p and m are required)");
     DPAR__TRY(dpar__check_allocator("dpar_pipe_schedule_create", &desc->allocator));
     a = desc->allocator, kind = desc->kind, p = desc->p, m = desc->m, v = desc->v ? desc->v : 1;
-    if ((unsigned)kind > DPAR_PIPE_ZB_H1)
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: kind %d (0..%d)", (int)kind, (int)DPAR_PIPE_ZB_H1);
+    if ((unsigned)kind > DPAR_PIPE_DUALPIPEV)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: kind %d (0..%d)", (int)kind,
+                         (int)DPAR_PIPE_DUALPIPEV);
+    if ((kind == DPAR_PIPE_ZBV || kind == DPAR_PIPE_DUALPIPEV) && !desc->v) v = 2;
     {
         const double costs[3] = {desc->cost_forward, desc->cost_input_grad, desc->cost_weight_grad};
         static const char *names[3] = {"cost_forward", "cost_input_grad", "cost_weight_grad"};
@@ -10834,7 +11115,13 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
                          "dpar_pipe_schedule_create: p = %d, m = %d (1..4096 stages, 1..65535 "
                          "micro-batches)",
                          p, m);
-    if (kind != DPAR_PIPE_INTERLEAVED && v != 1)
+    if ((kind == DPAR_PIPE_ZBV || kind == DPAR_PIPE_DUALPIPEV) && v != 2)
+        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: v = %d, but a V schedule (%s) has 2 chunks per stage",
+                         v, kind == DPAR_PIPE_ZBV ? "ZBV" : "DUALPIPEV");
+    if (kind == DPAR_PIPE_DUALPIPEV && m < 2 * p)
+        return dpar__err(DPAR_EINVAL,
+                         "dpar_pipe_schedule_create: DUALPIPEV needs at least 2p micro-batches; m = %d, p = %d", m, p);
+    if (kind != DPAR_PIPE_INTERLEAVED && kind != DPAR_PIPE_ZBV && kind != DPAR_PIPE_DUALPIPEV && v != 1)
         return dpar__err(DPAR_EINVAL,
                          "dpar_pipe_schedule_create: v = %d chunks per stage needs "
                          "DPAR_PIPE_INTERLEAVED",
@@ -10868,7 +11155,10 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
             dpar_pipe_schedule_destroy(S);
             return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
         }
-    dpar__pipe_generate(S);
+    if (dpar__pipe_generate(S)) {
+        dpar_pipe_schedule_destroy(S);
+        return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
+    }
     if ((st = dpar_pipe_schedule_check(S)) != DPAR_OK) { /* dpar's own schedules always pass */
         dpar_pipe_schedule_destroy(S);
         return st;
@@ -10879,7 +11169,7 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
 
 DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *buf, size_t size)
 {
-    static const char *kinds[] = {"GPipe", "1F1B", "interleaved 1F1B", "ZB-H1"};
+    static const char *kinds[] = {"GPipe", "1F1B", "interleaved 1F1B", "ZB-H1", "ZB-V", "DualPipeV"};
     dpar_pipe_schedule *S = (dpar_pipe_schedule *)(uintptr_t)S0; /* the simulation only reads it */
     double makespan = 0, *busy, **start;
     int p, s, k, cells, *peak, bad = 0;
@@ -10898,7 +11188,7 @@ DPAR_API size_t dpar_pipe_schedule_format(const dpar_pipe_schedule *S0, char *bu
     start = (double **)dpar__calloc(&S->allocator, (size_t)p, sizeof(double *));
     for (s = 0; s < p && start; s++)
         start[s] = (double *)dpar__calloc(&S->allocator, (size_t)S->num_ops[s] + 1, sizeof(double));
-    DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", (unsigned)S->kind < 4 ? kinds[S->kind] : "?", p, S->m,
+    DPAR__OUT("%s, p=%d stages, m=%d micro-batches%s", (unsigned)S->kind < 6 ? kinds[S->kind] : "?", p, S->m,
               S->v > 1 ? "" : "");
     if (S->v > 1) DPAR__OUT(", v=%d chunks", S->v);
     DPAR__OUT(": predicted bubble %.3f, peak stash", S->bubble);
@@ -10964,6 +11254,8 @@ struct dpar_pipe {
     void **stash, **grad_out, **pending; /* [m * v]: input activation, output gradient, made but not sent */
     void *ring[2][DPAR__QDEPTH];         /* the last buffers posted to the next [0] and previous [1] stage */
     uint32_t posted[2];
+    void **local; /* [2 m v]: messages to this stage itself (a V's turn, p = 1), in order */
+    int *local_tag, local_head, local_tail;
     /* dpar_pipe_saved's buffers: [0] saved_bytes, [1] recompute_bytes; per unit, a free list, every buffer */
     void **unit_buf[2], **spare[2], **every[2];
     int nspare[2], nevery[2], live[2], peak[2], predicted[2];
@@ -11081,6 +11373,12 @@ DPAR_API dpar_status dpar_pipe_create(const dpar_pipe_desc *d, dpar_pipe **out)
     }
     pp->grad_out = pp->stash + n;
     pp->pending = pp->stash + 2 * n;
+    pp->local = (void **)dpar__calloc(&d->allocator, 2 * n, sizeof(void *));
+    pp->local_tag = (int *)dpar__calloc(&d->allocator, 2 * n, sizeof(int));
+    if (!pp->local || !pp->local_tag) {
+        dpar_pipe_destroy(pp);
+        return dpar__err(DPAR_ENOMEM, "dpar_pipe_create: out of memory");
+    }
     { /* dpar_pipe_saved's lists: a unit's, the spare ones, every one; at most n of each kind live at once */
         int k;
         for (k = 0; k < 2; k++) {
@@ -11109,6 +11407,8 @@ DPAR_API dpar_status dpar_pipe_destroy(dpar_pipe *pp)
         dpar__free(&pp->d.allocator, pp->unit_buf[k]);
     }
     dpar__free(&pp->d.allocator, pp->stash);
+    dpar__free(&pp->d.allocator, pp->local);
+    dpar__free(&pp->d.allocator, pp->local_tag);
     dpar__free(&pp->d.allocator, pp);
     return DPAR_OK;
 }
@@ -11179,6 +11479,8 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
     DPAR__TRY(dpar_barrier(c)); /* a common start: the bubble is measured from here */
     {                           /* this run's peaks; buffers a failed run left held go back to the lists */
         size_t u, n = (size_t)S->m * (size_t)S->v;
+        while (pp->local_head < pp->local_tail) dpar__pipe_give(pp, pp->local[pp->local_head++]);
+        pp->local_head = pp->local_tail = 0;
         for (k = 0; k < 2; k++) {
             for (u = 0; u < n; u++) dpar__pipe_drop(pp, k, u);
             pp->peak[k] = 0;
@@ -11251,7 +11553,13 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         case DPAR_PIPE_SEND_GRAD:
             dir = op->code == DPAR_PIPE_SEND_ACT ? 0 : 1;
             dpar__pipe_peer(S, pp->stage, op->chunk, !dir, &peer, &pc);
-            st = dpar__pipe_send(pp, dir, peer, (op->code << 24) | (pc << 16) | op->micro, pp->pending[u]);
+            if (peer == pp->stage) { /* to itself (a V's turn): the buffer is handed over, nothing is copied */
+                pp->local_tag[pp->local_tail] = (op->code << 24) | (pc << 16) | op->micro;
+                pp->local[pp->local_tail++] = pp->pending[u];
+            } else { /* a ring per neighbour: what a channel has consumed is free */
+                st = dpar__pipe_send(pp, peer == (pp->stage + 1) % p ? 0 : 1, peer,
+                                     (op->code << 24) | (pc << 16) | op->micro, pp->pending[u]);
+            }
             pp->pending[u] = NULL;
             snprintf(name, sizeof name, "send %s %d", dir ? "grad" : "act", op->micro);
             dpar_trace_event(name, "pipe", t0, dpar_time_ns(), NULL);
@@ -11259,11 +11567,19 @@ DPAR_API dpar_status dpar_pipe_run(dpar_pipe *pp, dpar_pipe_stats *stats)
         default: /* the receives */
             dir = op->code == DPAR_PIPE_RECV_ACT ? 0 : 1;
             dpar__pipe_peer(S, pp->stage, op->chunk, dir, &peer, &pc);
-            buf = dpar__pipe_take(pp);
-            if (!buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
-            /* the tag of the sender's SEND op */
-            st = dpar__recv_tagged(c, peer, buf, pp->d.act_bytes,
-                                   ((op->code - 1) << 24) | (op->chunk << 16) | op->micro, "dpar_pipe_run");
+            if (peer == pp->stage) { /* from itself: the buffer handed over (a checked schedule keeps the order) */
+                int tag = ((op->code - 1) << 24) | (op->chunk << 16) | op->micro;
+                if (pp->local_head == pp->local_tail || pp->local_tag[pp->local_head] != tag)
+                    return dpar__pipe_fail(pp, DPAR_EINVAL, "a hand-off to itself (not sent yet, or out of order)",
+                                           op->micro, op->chunk);
+                buf = pp->local[pp->local_head++];
+            } else {
+                buf = dpar__pipe_take(pp);
+                if (!buf) return dpar__pipe_fail(pp, DPAR_ENOMEM, "a buffer", op->micro, op->chunk);
+                /* the tag of the sender's SEND op */
+                st = dpar__recv_tagged(c, peer, buf, pp->d.act_bytes,
+                                       ((op->code - 1) << 24) | (op->chunk << 16) | op->micro, "dpar_pipe_run");
+            }
             if (dir == 0) pp->stash[u] = buf;
             else pp->grad_out[u] = buf;
             snprintf(name, sizeof name, "recv %s %d", dir ? "grad" : "act", op->micro);

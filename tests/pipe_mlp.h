@@ -1,14 +1,15 @@
-/* pipe_mlp.h - a 4-layer MLP trained two ways, for the pipeline tests (threads and MPI): all at once
+/* pipe_mlp.h - an 8-layer MLP trained two ways, for the pipeline tests (threads and MPI): all at once
    (the sequential reference) and split into p pipeline stages with m micro-batches of the same
-   global batch. Layers 8 -> 16 -> 16 -> 16 -> 4, ReLU between, mean squared error, SGD. */
+   global batch. Layers 8 -> 16 -> ... -> 16 -> 4, ReLU between, mean squared error, SGD. Eight layers: a V schedule
+   of 4 stages has 8 virtual stages. */
 #ifndef DPAR_TEST_PIPE_MLP_H
 #define DPAR_TEST_PIPE_MLP_H
 
-#define PM_LAYERS 4
+#define PM_LAYERS 8
 #define PM_BATCH 16
 #define PM_WIDTH 16
 #define PM_LR 0.1f
-static const int pm_dims[PM_LAYERS + 1] = {8, PM_WIDTH, PM_WIDTH, PM_WIDTH, 4};
+static const int pm_dims[PM_LAYERS + 1] = {8, PM_WIDTH, PM_WIDTH, PM_WIDTH, PM_WIDTH, PM_WIDTH, PM_WIDTH, PM_WIDTH, 4};
 
 typedef struct pm_data {
     float w[PM_LAYERS][PM_WIDTH * PM_WIDTH], b[PM_LAYERS][PM_WIDTH]; /* the starting model */
@@ -138,6 +139,7 @@ static void pm_train_sequential(dpar_linear *L, const pm_data *d, int steps)
 /* ---- one pipeline stage: layers [lo, hi) of the model, micro-batches of PM_BATCH / m rows ---- */
 typedef struct pm_stage {
     const pm_data *d;
+    const dpar_pipe_schedule *S;       /* where (stage, chunk) sits in the model (NULL: chunk * p + stage) */
     int stage, p, m, v, rows, fail_at; /* fail_at: the forward of this micro-batch fails (-1: none) */
     int lo, hi;                        /* the layers of chunk 0; chunk c: pm_range */
     dpar_linear L[PM_LAYERS];
@@ -146,10 +148,10 @@ typedef struct pm_stage {
     float gl[64][PM_LAYERS][PM_BATCH * PM_WIDTH];       /* split backward: each layer's output gradient, B to W */
 } pm_stage;
 
-/* the layers of (stage, chunk): virtual stage chunk * p + stage of p * v */
+/* the layers of (stage, chunk): its virtual stage of p * v (dpar_pipe_virtual_stage: interleaved or V) */
 static void pm_range(const pm_stage *st, int chunk, int *lo, int *hi)
 {
-    int vs = chunk * st->p + st->stage, n = st->p * st->v;
+    int vs = st->S ? dpar_pipe_virtual_stage(st->S, st->stage, chunk) : chunk * st->p + st->stage, n = st->p * st->v;
     *lo = vs * PM_LAYERS / n;
     *hi = (vs + 1) * PM_LAYERS / n;
 }
@@ -222,6 +224,7 @@ static dpar_status pm_train_stage(pm_stage *st, dpar_comm *comm, dpar_pipe_sched
     dpar_pipe *pp;
     dpar_status rc = DPAR_OK;
     int s, c, lo, hi;
+    st->S = S;
     st->p = S->p;
     st->m = S->m;
     st->v = S->v;

@@ -84,6 +84,89 @@ static void test_schedules_match_closed_forms(void)
     printf("    %d schedules checked\n", checked);
 }
 
+/* V schedules (ZBV, DualPipeV): the V placement (dpar_pipe_virtual_stage), each chunk's W's in micro-batch order
+   after their B's (the whole backward's sums), the stash bounds, and the bubble against the lower bound of a flushed
+   step with F = B = W: every stage has 6m unit ops, and stage p - 1 waits p - 1 chunk forwards for its first
+   activation, so the makespan is at least 6m + p - 1 and the bubble at least (p-1)/(6m+p-1). DualPipeV meets it
+   for every m >= 2p; ZBV's greedy meets it for p <= 4 and stays within 0.025 of it up to p = 8. */
+static int v_ok(const dpar_pipe_schedule *S, char *why, size_t n)
+{
+    int s, k, c;
+    for (s = 0; s < S->p; s++) {
+        int next_w[2] = {0, 0}, b_done[2] = {0, 0};
+        if (dpar_pipe_virtual_stage(S, s, 0) != s || dpar_pipe_virtual_stage(S, s, 1) != 2 * S->p - 1 - s)
+            return snprintf(why, n, "stage %d is not placed in a V", s), 0;
+        for (k = 0; k < S->num_ops[s]; k++) {
+            const dpar_pipe_op *op = &S->ops[s][k];
+            if (op->code == DPAR_PIPE_BACKWARD) return snprintf(why, n, "stage %d has a whole backward", s), 0;
+            if (op->code == DPAR_PIPE_BACKWARD_INPUT && op->micro != b_done[op->chunk]++)
+                return snprintf(why, n, "stage %d op %d: B out of order", s, k), 0;
+            if (op->code == DPAR_PIPE_BACKWARD_WEIGHT &&
+                (op->micro != next_w[op->chunk]++ || op->micro >= b_done[op->chunk]))
+                return snprintf(why, n, "stage %d op %d: W out of order or before its B", s, k), 0;
+        }
+        for (c = 0; c < 2; c++)
+            if (next_w[c] != S->m) return snprintf(why, n, "stage %d chunk %d: %d W's", s, c, next_w[c]), 0;
+    }
+    return 1;
+}
+
+static void test_v_schedules(void)
+{
+    int kind, p, m, bad = 0, checked = 0, met = 0, full = 0;
+    double worst = 0;
+    for (kind = DPAR_PIPE_ZBV; kind <= DPAR_PIPE_DUALPIPEV; kind++)
+        for (p = 1; p <= 8; p++)
+            for (m = 1; m <= 32; m++) {
+                dpar_pipe_schedule *S;
+                double bound = (double)(p - 1) / (6.0 * m + p - 1);
+                int s, ops = 0, stash_ok = 1, most = kind == DPAR_PIPE_ZBV ? 2 * p : 2 * p + 1;
+                char why[128] = "";
+                if (kind == DPAR_PIPE_DUALPIPEV && m < 2 * p) {
+                    CHECK(sched(p, m, 0, (dpar_pipe_kind)kind, &S) == DPAR_EINVAL && !S &&
+                          strstr(dpar_last_error(), "at least 2p micro-batches"));
+                    continue;
+                }
+                if (sched(p, m, 0, (dpar_pipe_kind)kind, &S) != DPAR_OK) {
+                    printf("    kind %d p=%d m=%d: %s\n", kind, p, m, dpar_last_error());
+                    bad++;
+                    continue;
+                }
+                for (s = 0; s < p; s++) {
+                    ops += S->num_ops[s];
+                    stash_ok &= S->peak_stash[s] <= most;
+                }
+                if (m >= 2 * p && S->bubble - bound > worst && kind == DPAR_PIPE_ZBV) worst = S->bubble - bound;
+                met += kind == DPAR_PIPE_ZBV && m >= 2 * p && fabs(S->bubble - bound) < 1e-12;
+                full += kind == DPAR_PIPE_ZBV && m >= 2 * p;
+                if (S->v != 2 || !v_ok(S, why, sizeof why) || !stash_ok || S->bubble < bound - 1e-12 ||
+                    (m >= 2 * p && (kind == DPAR_PIPE_DUALPIPEV || p <= 4) && fabs(S->bubble - bound) > 1e-12) ||
+                    (m >= 2 * p && S->bubble - bound > 0.025) ||
+                    ops != 3 * m * 2 * p + 4 * m * (2 * p - 1)) { /* F, B, W per unit; 4 messages per boundary */
+                    if (bad++ < 5)
+                        printf("    kind %d p=%d m=%d: bubble %.6f (bound %.6f), stash ok %d, %d ops %s\n", kind, p, m,
+                               S->bubble, bound, stash_ok, ops, why);
+                }
+                checked++;
+                dpar_pipe_schedule_destroy(S);
+            }
+    CHECK_MSG(bad == 0, "%d of %d V schedules off their bounds", bad, checked);
+    printf("    %d V schedules checked; ZBV meets the bound in %d of its %d with m >= 2p, at most %.4f above it\n",
+           checked, met, full, worst);
+    { /* v: 0 or 2 */
+        dpar_pipe_schedule *S;
+        CHECK(sched(4, 8, 3, DPAR_PIPE_ZBV, &S) == DPAR_EINVAL && strstr(dpar_last_error(), "2 chunks per stage"));
+        CHECK(sched(4, 8, 2, DPAR_PIPE_ZBV, &S) == DPAR_OK && S->v == 2);
+        CHECK(dpar_pipe_virtual_stage(S, 3, 1) == 4 && dpar_pipe_virtual_stage(S, 0, 1) == 7 &&
+              dpar_pipe_virtual_stage(S, 4, 0) == -1 && dpar_pipe_virtual_stage(S, 0, 2) == -1 &&
+              dpar_pipe_virtual_stage(NULL, 0, 0) == -1);
+        dpar_pipe_schedule_destroy(S);
+        CHECK(sched(4, 8, 2, DPAR_PIPE_INTERLEAVED, &S) == DPAR_OK && dpar_pipe_virtual_stage(S, 3, 1) == 7 &&
+              dpar_pipe_virtual_stage(S, 0, 1) == 4);
+        dpar_pipe_schedule_destroy(S);
+    }
+}
+
 static dpar_pipe_schedule *make(int p, int m, int v, dpar_pipe_kind k)
 {
     dpar_pipe_schedule *S = NULL;
@@ -172,6 +255,33 @@ static void test_checker_rejects_broken_schedules(void)
     S = make(2, 4, 1, DPAR_PIPE_ZB_H1);
     S->ops[0][find(S, 0, DPAR_PIPE_BACKWARD_WEIGHT, 0)].code = DPAR_PIPE_BACKWARD_INPUT;
     expect_broken(S, "appears twice");
+    /* the V's turn, a hand-off on stage p - 1 to itself: without its receive; received before it is sent (the
+       stage would wait for itself); a V schedule's chunks */
+    S = make(3, 6, 2, DPAR_PIPE_ZBV);
+    {
+        int k;
+        for (k = 0; k < S->num_ops[2]; k++)
+            if (S->ops[2][k].code == DPAR_PIPE_RECV_ACT && S->ops[2][k].chunk == 1 && S->ops[2][k].micro == 2) break;
+        CHECK(k < S->num_ops[2]);
+        remove_op(S, 2, k);
+    }
+    expect_broken(S, "comes before its activation is received");
+    S = make(3, 6, 2, DPAR_PIPE_DUALPIPEV);
+    {
+        int k, send = -1, recv = -1;
+        for (k = 0; k < S->num_ops[2]; k++) {
+            const dpar_pipe_op *op = &S->ops[2][k];
+            if (op->micro == 0 && op->code == DPAR_PIPE_SEND_ACT && op->chunk == 0) send = k;
+            if (op->micro == 0 && op->code == DPAR_PIPE_RECV_ACT && op->chunk == 1) recv = k;
+        }
+        CHECK(send >= 0 && recv == send + 1); /* the hand-off: sent, then received at once */
+        swap_ops(S, 2, send, recv);
+        swap_ops(S, 2, send - 1, send); /* the receive before the forward that makes it */
+    }
+    expect_broken(S, "rule: no deadlock");
+    S = make(2, 4, 2, DPAR_PIPE_ZBV);
+    S->v = 3;
+    expect_broken(S, "rule: v = 2");
     /* costs: bad ones refused; a W twice as long as F and B moves the predicted bubble as the simulation says */
     {
         dpar_pipe_schedule_desc d = {0};
@@ -189,7 +299,7 @@ static void test_checker_rejects_broken_schedules(void)
         d.kind = DPAR_PIPE_ZB_H1, d.m = 2;
         CHECK(dpar_pipe_schedule_create(&d, &T) == DPAR_OK && fabs(T->bubble - 1.0 / 9) < 1e-12);
         dpar_pipe_schedule_destroy(T);
-        CHECK(sched(2, 4, 1, (dpar_pipe_kind)4, &T) == DPAR_EINVAL && T == NULL);
+        CHECK(sched(2, 4, 1, (dpar_pipe_kind)6, &T) == DPAR_EINVAL && T == NULL);
     }
     /* out of range */
     S = make(2, 2, 1, DPAR_PIPE_GPIPE);
@@ -242,10 +352,12 @@ static void pipe_rank(world *w, dpar_comm *c, int r)
 static void test_pipelined_mlp_matches_sequential(void)
 {
     static const int ps[] = {2, 4}, ms[] = {4, 8};
-    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_INTERLEAVED, DPAR_PIPE_ZB_H1};
-    static const char *names[] = {"1f1b", "gpipe", "interleaved", "zb-h1"};
-    /* the 1F1B run's weights and biases, per (p, m): ZB-H1 (the same forwards and per-micro-batch gradient sums in
-       the same order, only W moved) must give the same bits */
+    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B,  DPAR_PIPE_GPIPE, DPAR_PIPE_INTERLEAVED,
+                                           DPAR_PIPE_ZB_H1, DPAR_PIPE_ZBV,   DPAR_PIPE_DUALPIPEV};
+    static const char *names[] = {"1f1b", "gpipe", "interleaved", "zb-h1", "zbv", "dualpipev"};
+    /* the 1F1B run's weights and biases, per (p, m): every other schedule (the same forwards, and each layer's
+       per-micro-batch gradients summed in micro-batch order: whole backwards, or B and W with each chunk's W's in
+       order; only the places of the ops differ) must give the same bits, wherever its layers sit */
     static float bits[2][2][PM_LAYERS][PM_WIDTH * PM_WIDTH + PM_WIDTH];
     pipe_job *j = (pipe_job *)calloc(1, sizeof *j);
     dpar_linear ref[PM_LAYERS];
@@ -255,12 +367,12 @@ static void test_pipelined_mlp_matches_sequential(void)
     j->steps = 20;
     j->fail_stage = -1;
     for (r = 0; r < 4; r++) j->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage));
-    for (ki = 0; ki < 4; ki++)
+    for (ki = 0; ki < 6; ki++)
         for (pi = 0; pi < 2; pi++)
             for (mi = 0; mi < 2; mi++) {
-                int p = ps[pi], m = ms[mi], v = ki == 2 ? 2 : 1, same = 1;
+                int p = ps[pi], m = ms[mi], v = ki == 2 || ki >= 4 ? 2 : 1, same = 1, c, lo, hi;
                 double worst = 0;
-                if (ki == 2 && p * v > PM_LAYERS) continue; /* 4 layers: 2 stages x 2 chunks at most */
+                if (ki == 5 && m < 2 * p) continue; /* DualPipeV needs 2p micro-batches */
                 j->S = make(p, m, v, kinds[ki]);
                 CHECK(run_world(p, pipe_rank, j) == 0);
                 for (r = 0; r < p; r++) {
@@ -268,18 +380,18 @@ static void test_pipelined_mlp_matches_sequential(void)
                     CHECK_MSG(j->result[r] == DPAR_OK, "stage %d: %s", r, j->msg[r]);
                     d = pm_compare(j->st[r], ref);
                     if (d > worst) worst = d;
-                    for (l = j->st[r]->lo; l < j->st[r]->hi && v == 1; l++) {
-                        float *w = bits[pi][mi][l], *b = w + PM_WIDTH * PM_WIDTH;
-                        size_t nw = (size_t)pm_dims[l] * pm_dims[l + 1] * sizeof(float);
-                        size_t nb = (size_t)pm_dims[l + 1] * sizeof(float);
-                        if (ki == 0) memcpy(w, j->st[r]->L[l].w, nw), memcpy(b, j->st[r]->L[l].b, nb);
-                        else same &= !memcmp(w, j->st[r]->L[l].w, nw) && !memcmp(b, j->st[r]->L[l].b, nb);
-                    }
+                    for (c = 0; c < v; c++)
+                        for (pm_range(j->st[r], c, &lo, &hi), l = lo; l < hi; l++) {
+                            float *w = bits[pi][mi][l], *b = w + PM_WIDTH * PM_WIDTH;
+                            size_t nw = (size_t)pm_dims[l] * pm_dims[l + 1] * sizeof(float);
+                            size_t nb = (size_t)pm_dims[l + 1] * sizeof(float);
+                            if (ki == 0) memcpy(w, j->st[r]->L[l].w, nw), memcpy(b, j->st[r]->L[l].b, nb);
+                            else same &= !memcmp(w, j->st[r]->L[l].w, nw) && !memcmp(b, j->st[r]->L[l].b, nb);
+                        }
                     pm_stage_free(j->st[r]);
                 }
                 CHECK_MSG(worst <= 1e-5, "%s p=%d m=%d: %.2e from sequential training", names[ki], p, m, worst);
-                if (ki == 1 || ki == 3) /* GPipe and ZB-H1 add each micro-batch's gradients in 1F1B's order */
-                    CHECK_MSG(same, "%s p=%d m=%d: not bitwise equal to 1F1B's weights", names[ki], p, m);
+                CHECK_MSG(same, "%s p=%d m=%d: not bitwise equal to 1F1B's weights", names[ki], p, m);
                 printf("    %s p=%d m=%d v=%d: within %.1e of sequential after 20 steps\n", names[ki], p, m, v, worst);
                 dpar_pipe_schedule_destroy(j->S);
             }
@@ -367,8 +479,8 @@ static dpar_status rc_forward(void *user, int micro, int chunk, const void *in, 
     float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH];
     const float *x = in ? (const float *)in : st->d->x + (size_t)micro * st->rows * 8;
     void *re;
-    int lo = st->lo, hi = st->hi, l, i;
-    (void)chunk;
+    int lo, hi, l, i;
+    pm_range(st, chunk, &lo, &hi);
     dpar_pipe_saved(r->pp, &re);
     rc_arrays(r, &acts, &pre);
     if (re && r->mode == RC_SELECTIVE) { /* the outputs are kept: the inputs are the input and ReLUs of them */
@@ -389,7 +501,9 @@ static dpar_status rc_backward(void *user, int micro, int chunk, const void *in,
     rc_stage *r = (rc_stage *)user;
     pm_stage *st = r->st;
     float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH], dy[PM_BATCH * 4];
-    (void)in, (void)chunk;
+    int lo, hi;
+    (void)in;
+    pm_range(st, chunk, &lo, &hi);
     rc_arrays(r, &acts, &pre);
     if (r->mode != RC_KEEP && acts == (float(*)[PM_BATCH * PM_WIDTH]) r->scratch)
         return dpar_set_error(DPAR_EUSER, "a backward without its recomputed activations");
@@ -399,17 +513,19 @@ static dpar_status rc_backward(void *user, int micro, int chunk, const void *in,
         for (i = 0; i < st->rows * 4; i++) dy[i] = 2.0f * (y[i] - t[i]) / (PM_BATCH * 4);
         grad_out = dy;
     }
-    pm_backward(st->L, st->lo, st->hi, (const float *)grad_out, (float *)grad_in, st->rows, acts, pre);
+    pm_backward(st->L, lo, hi, (const float *)grad_out, (float *)grad_in, st->rows, acts, pre);
     return DPAR_OK;
 }
-/* the split halves (ZB-H1): B with the recomputed arrays, W with the same ones (they live until W) */
+/* the split halves (ZB-H1, ZBV, DualPipeV): B with the recomputed arrays, W with the same ones (they live until W) */
 static dpar_status rc_backward_input(void *user, int micro, int chunk, const void *in, const void *grad_out,
                                      void *grad_in)
 {
     rc_stage *r = (rc_stage *)user;
     pm_stage *st = r->st;
     float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH], dy[PM_BATCH * 4];
-    (void)in, (void)chunk;
+    int lo, hi;
+    (void)in;
+    pm_range(st, chunk, &lo, &hi);
     rc_arrays(r, &acts, &pre);
     if (!grad_out) {
         const float *y = pre[PM_LAYERS - 1], *t = st->d->t + (size_t)micro * st->rows * 4;
@@ -417,17 +533,19 @@ static dpar_status rc_backward_input(void *user, int micro, int chunk, const voi
         for (i = 0; i < st->rows * 4; i++) dy[i] = 2.0f * (y[i] - t[i]) / (PM_BATCH * 4);
         grad_out = dy;
     }
-    pm_backward_input(st->L, st->lo, st->hi, (const float *)grad_out, (float *)grad_in, st->rows, acts, pre,
-                      st->gl[micro]);
+    pm_backward_input(st->L, lo, hi, (const float *)grad_out, (float *)grad_in, st->rows, acts, pre,
+                      st->gl[micro * st->v + chunk]);
     return DPAR_OK;
 }
 static dpar_status rc_backward_weight(void *user, int micro, int chunk, const void *in, const void *grad_out)
 {
     rc_stage *r = (rc_stage *)user;
     float(*acts)[PM_BATCH * PM_WIDTH], (*pre)[PM_BATCH * PM_WIDTH];
-    (void)in, (void)chunk, (void)grad_out;
+    int lo, hi;
+    (void)in, (void)grad_out;
+    pm_range(r->st, chunk, &lo, &hi);
     rc_arrays(r, &acts, &pre);
-    pm_backward_weight(r->st->L, r->st->lo, r->st->hi, r->st->rows, acts, r->st->gl[micro]);
+    pm_backward_weight(r->st->L, lo, hi, r->st->rows, acts, r->st->gl[micro * r->st->v + chunk]);
     return DPAR_OK;
 }
 
@@ -449,13 +567,17 @@ static void rc_rank(world *w, dpar_comm *c, int r)
     rc_stage *rs = &j->rc[r];
     dpar_pipe_desc pd;
     dpar_status rc = DPAR_OK;
-    int s;
+    int s, ch, lo, hi;
     (void)w;
     memset(st, 0, sizeof *st);
-    st->d = &j->d, st->fail_at = -1, st->p = j->S->p, st->m = j->S->m, st->v = 1, st->stage = r;
+    st->d = &j->d, st->fail_at = -1, st->p = j->S->p, st->m = j->S->m, st->v = j->S->v, st->stage = r;
+    st->S = j->S;
     st->rows = PM_BATCH / st->m;
     pm_range(st, 0, &st->lo, &st->hi);
-    pm_layers(st->L, st->d, st->lo, st->hi);
+    for (ch = 0; ch < st->v; ch++) {
+        pm_range(st, ch, &lo, &hi);
+        pm_layers(st->L, st->d, lo, hi);
+    }
     rs->st = st, rs->mode = j->mode;
     j->count[r].sizes[0] = j->mode == RC_FULL ? 0 : j->mode == RC_KEEP ? RC_ACTS + RC_PRE : RC_PRE;
     j->count[r].sizes[1] = j->mode == RC_KEEP ? 0 : j->mode == RC_FULL ? RC_ACTS + RC_PRE : RC_ACTS;
@@ -469,18 +591,35 @@ static void rc_rank(world *w, dpar_comm *c, int r)
     rc = dpar_pipe_create(&pd, &rs->pp);
     for (s = 0; s < j->steps && rc == DPAR_OK; s++) {
         rc = dpar_pipe_run(rs->pp, &j->stats[r]);
-        if (rc == DPAR_OK) pm_sgd(st->L, st->lo, st->hi);
+        for (ch = 0; ch < st->v && rc == DPAR_OK; ch++) {
+            pm_range(st, ch, &lo, &hi);
+            pm_sgd(st->L, lo, hi);
+        }
     }
     j->result[r] = rc;
     snprintf(j->msg[r], sizeof j->msg[r], "%s", rc == DPAR_OK ? "" : dpar_last_error());
     dpar_pipe_destroy(rs->pp);
 }
 
+/* the most units of stage s between their B and their W at once (a recompute buffer lives from just before B to
+   the end of W), counted from the ops */
+static int b_to_w(const dpar_pipe_schedule *S, int s)
+{
+    int k, live = 0, most = 0;
+    for (k = 0; k < S->num_ops[s]; k++) {
+        live += S->ops[s][k].code == DPAR_PIPE_BACKWARD_INPUT;
+        if (live > most) most = live;
+        live -= S->ops[s][k].code == DPAR_PIPE_BACKWARD_WEIGHT;
+    }
+    return most;
+}
+
 static void test_recomputation_same_bits_predicted_memory(void)
 {
     static const char *modes[] = {"keep", "full", "selective"};
-    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_ZB_H1};
-    static const char *names[] = {"1f1b", "gpipe", "zb-h1"};
+    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_1F1B, DPAR_PIPE_GPIPE, DPAR_PIPE_ZB_H1, DPAR_PIPE_ZBV,
+                                           DPAR_PIPE_DUALPIPEV};
+    static const char *names[] = {"1f1b", "gpipe", "zb-h1", "zbv", "dualpipev"};
     rc_job *j = (rc_job *)calloc(1, sizeof *j);
     pipe_job *ref = (pipe_job *)calloc(1, sizeof *ref);
     int ki, mode, r, l, p = 4, m = 8;
@@ -490,9 +629,9 @@ static void test_recomputation_same_bits_predicted_memory(void)
         j->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage)), ref->st[r] = (pm_stage *)calloc(1, sizeof(pm_stage));
     j->steps = ref->steps = 5;
     ref->fail_stage = -1;
-    for (ki = 0; ki < 3; ki++) {
+    for (ki = 0; ki < 5; ki++) {
         /* the reference: the stage that keeps everything itself, the same schedule */
-        ref->S = make(p, m, 1, kinds[ki]);
+        ref->S = make(p, m, ki >= 3 ? 2 : 1, kinds[ki]);
         CHECK(run_world(p, pipe_rank, ref) == 0);
         for (mode = 0; mode < 3; mode++) {
             j->S = ref->S;
@@ -502,10 +641,14 @@ static void test_recomputation_same_bits_predicted_memory(void)
                 const dpar_pipe_stats *st = &j->stats[r];
                 /* the predictions' closed forms: saved buffers live from F to the backward's end (1F1B and GPipe:
                    the schedule's stash; ZB-H1: until W); recompute ones from the backward (B) to its end: 1 for a
-                   whole backward, on ZB-H1 stage r's W comes r B's later, so r + 1 */
+                   whole backward, on ZB-H1 stage r's W comes r B's later, so r + 1; V schedules: counted from the
+                   ops (B to W) */
                 int want_saved = mode == RC_FULL ? 0 : j->S->peak_stash[r];
-                int want_re = mode == RC_KEEP ? 0 : kinds[ki] == DPAR_PIPE_ZB_H1 ? (r + 1 < m ? r + 1 : m) : 1;
-                int same = 1;
+                int want_re = mode == RC_KEEP                ? 0
+                              : kinds[ki] == DPAR_PIPE_ZB_H1 ? (r + 1 < m ? r + 1 : m)
+                              : j->S->v == 2                 ? b_to_w(j->S, r)
+                                                             : 1;
+                int same = 1, c, lo, hi;
                 CHECK_MSG(j->result[r] == DPAR_OK, "%s %s stage %d: %s", names[ki], modes[mode], r, j->msg[r]);
                 CHECK_MSG(st->predicted_saved == want_saved && st->peak_saved == want_saved &&
                               j->count[r].count[0] == want_saved && st->predicted_recomputed == want_re &&
@@ -514,11 +657,12 @@ static void test_recomputation_same_bits_predicted_memory(void)
                           "(want %d)",
                           names[ki], modes[mode], r, st->predicted_saved, st->peak_saved, j->count[r].count[0],
                           want_saved, st->predicted_recomputed, st->peak_recomputed, j->count[r].count[1], want_re);
-                for (l = j->st[r]->lo; l < j->st[r]->hi; l++) {
-                    size_t nw = (size_t)pm_dims[l] * pm_dims[l + 1] * sizeof(float);
-                    same &= !memcmp(j->st[r]->L[l].w, ref->st[r]->L[l].w, nw) &&
-                            !memcmp(j->st[r]->L[l].b, ref->st[r]->L[l].b, (size_t)pm_dims[l + 1] * sizeof(float));
-                }
+                for (c = 0; c < j->S->v; c++)
+                    for (pm_range(j->st[r], c, &lo, &hi), l = lo; l < hi; l++) {
+                        size_t nw = (size_t)pm_dims[l] * pm_dims[l + 1] * sizeof(float);
+                        same &= !memcmp(j->st[r]->L[l].w, ref->st[r]->L[l].w, nw) &&
+                                !memcmp(j->st[r]->L[l].b, ref->st[r]->L[l].b, (size_t)pm_dims[l + 1] * sizeof(float));
+                    }
                 CHECK_MSG(same, "%s %s stage %d: not the bits of the stage that keeps everything", names[ki],
                           modes[mode], r);
                 pm_stage_free(j->st[r]);
@@ -749,6 +893,7 @@ int main(int argc, char **argv)
 {
     DT_MAIN_BEGIN(argc, argv);
     RUN(test_schedules_match_closed_forms);
+    RUN(test_v_schedules);
     RUN(test_checker_rejects_broken_schedules);
     RUN(test_pipelined_mlp_matches_sequential);
     RUN(test_failing_callback_stops_every_stage);
