@@ -1,7 +1,8 @@
 /* bench_pipe.c - pipeline bubbles, predicted by the schedule and measured by the runner.
 
    p = 2 and 4 stages of thread ranks, m = 4, 8, 16 micro-batches, GPipe, 1F1B, interleaved
-   (v = 2) and ZB-H1 (the backward split into B and W of a forward's time each). The stages are balanced: a
+   (v = 2), ZB-H1 (the backward split into B and W of a forward's time each), and the V schedules ZB-V and
+   DualPipeV (v = 2, split; DualPipeV needs m >= 2p). The stages are balanced: a
    forward takes 2 ms / v and a backward twice that (the callbacks sleep, so 4 stages share 2 cores without
    competing for them). measured_bubble =
    1 - (time in callbacks over all stages) / (p x the longest stage's run), median of 3 runs.
@@ -10,8 +11,8 @@
    stages compete for the cores (and caches) as real ones do; gemm_ms is one GEMM's time on rank 0
    during the run against alone_ms, the same GEMM timed alone before. After each of those, issue 38's summary line
    bench=pipe schedule=S p=P m=M predicted=X measured=Y peak_act=Z: the same case's bubbles (computing stages) and
-   peak_act, the most micro-batches' activations any stage stashes (the schedule's peak_stash, largest over the stages:
-   stage 0's for every kind here).
+   peak_act, the most activations any stage stashes, in whole stages' activations (the schedule's peak_stash, largest
+   over the stages, divided by v: a chunk's activation is 1/v of a stage's).
 
    Build: cc -std=c99 -O2 -I. bench/bench_pipe.c -o bench_pipe -pthread -lm
    Run:   ./bench_pipe */
@@ -80,7 +81,7 @@ static dpar_status bwd(void *user, int micro, int chunk, const void *in, const v
     return DPAR_OK;
 }
 
-/* the split backward's halves (ZB-H1): B and W, a forward's time each */
+/* the split backward's halves (ZB-H1, ZB-V, DualPipeV): B and W, a forward's time each */
 static dpar_status bwd_input(void *user, int micro, int chunk, const void *in, const void *g, void *gi)
 {
     (void)micro, (void)chunk, (void)in, (void)g, (void)gi;
@@ -167,7 +168,7 @@ static int cmp_double(const void *a, const void *b)
 int main(void)
 {
     static const int ps[] = {2, 4}, ms[] = {4, 8, 16};
-    static const char *names[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+    static const char *names[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"};
     int pi, mi, kind, compute;
     double alone = gemm_alone_ms();
     for (compute = 0; compute < 2; compute++)
@@ -177,7 +178,7 @@ int main(void)
             memset(&pd, 0, sizeof pd);
             pd.num_threads = ps[pi];
             dpar_pool_create(&pd, &pool);
-            for (kind = 0; kind < 4; kind++)
+            for (kind = 0; kind < 6; kind++)
                 for (mi = 0; mi < 3; mi++) {
                     job j;
                     dpar_comm_desc cd;
@@ -186,7 +187,8 @@ int main(void)
                     memset(&cd, 0, sizeof cd);
                     cd.size = ps[pi];
                     j.compute = compute;
-                    sd.kind = (dpar_pipe_kind)kind, sd.p = ps[pi], sd.m = ms[mi], sd.v = kind == 2 ? 2 : 1;
+                    if (kind == DPAR_PIPE_DUALPIPEV && ms[mi] < 2 * ps[pi]) continue; /* it needs 2p micro-batches */
+                    sd.kind = (dpar_pipe_kind)kind, sd.p = ps[pi], sd.m = ms[mi], sd.v = kind == 2 || kind >= 4 ? 2 : 1;
                     if (dpar_pipe_schedule_create(&sd, &j.S) != DPAR_OK || dpar_group_create(&cd, &j.g) != DPAR_OK) {
                         fprintf(stderr, "bench_pipe: %s\n", dpar_last_error());
                         return 1;
@@ -194,14 +196,14 @@ int main(void)
                     dpar_pool_run(pool, stage_main, &j);
                     qsort(j.measured, 3, sizeof(double), cmp_double);
                     if (compute) {
-                        int s, peak_act = 0; /* the most activations any stage stashes (stage 0's, for these kinds) */
+                        int s, peak_stash = 0; /* the most chunk activations any stage stashes */
                         for (s = 0; s < ps[pi]; s++)
-                            if (j.S->peak_stash[s] > peak_act) peak_act = j.S->peak_stash[s];
+                            if (j.S->peak_stash[s] > peak_stash) peak_stash = j.S->peak_stash[s];
                         printf("bench=pipeline_gemm sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f "
                                "gemm_ms=%.3f alone_ms=%.3f\n",
                                names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1], j.gemm_ms, alone);
-                        printf("bench=pipe schedule=%s p=%d m=%d predicted=%.3f measured=%.3f peak_act=%d\n",
-                               names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1], peak_act);
+                        printf("bench=pipe schedule=%s p=%d m=%d predicted=%.3f measured=%.3f peak_act=%g\n",
+                               names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1], (double)peak_stash / j.S->v);
                     } else
                         printf("bench=pipeline sched=%s p=%d m=%d predicted_bubble=%.3f measured_bubble=%.3f\n",
                                names[kind], ps[pi], ms[mi], j.S->bubble, j.measured[1]);

@@ -1,7 +1,7 @@
 /* pipeline.c - an 8-layer MLP cut into pipeline stages on thread ranks, trained with the 1F1B schedule (or
-   zero-bubble ZB-H1, or GPipe).
+   zero-bubble ZB-H1, ZB-V, DualPipeV, or GPipe).
    Build: cc -std=c99 -O2 -I. examples/pipeline.c -o pipeline -pthread -lm
-   Run:   ./pipeline            (./pipeline --stages 2 --micro 16, ./pipeline --schedule zb-h1)
+   Run:   ./pipeline            (./pipeline --stages 2 --micro 16, ./pipeline --schedule zb-h1, --schedule zbv)
    Check: ^stage 0 +\|F0
    Check: ^bubble: predicted 0\.[0-9]+ .*measured [0-9.]+
    Check: ^pipeline: 1F1B p=[0-9]+ m=[0-9]+ matches sequential training.*parameters bitwise equal, OK$
@@ -29,7 +29,14 @@
    runs each W s backwards later), which brings the bubble from (p - 1) / (m + p - 1) to (p - 1) / (3 m + p - 1)
    when F, B and W take the same time. B keeps each layer's output gradient for W; W makes the same
    dpar_linear_backward calls for the weights as a whole backward, in the same micro-batch order, so the
-   parameters are still bitwise those of sequential training. */
+   parameters are still bitwise those of sequential training.
+
+   --schedule zbv and --schedule dualpipev cut the model into 2p pieces and give each stage two of them, placed as a
+   V: stage s holds piece s and piece 2p - 1 - s (dpar_pipe_virtual_stage says which), so the activations go down
+   the stages and come back up, the last stage hands its first piece's output to its second piece itself, and the
+   loss is on stage 0. Each stage then waits only p - 1 half-stage forwards at the start, and the B's and W's of
+   its two pieces fill the rest: the bubble falls to (p - 1) / (6 m + p - 1) with F = B = W (per piece). ZB-V holds
+   at most 2p pieces' activations (1F1B's memory), DualPipeV (DeepSeek's order, m >= 2p) 2p + 1. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -49,9 +56,9 @@
 static const int dims[LAYERS + 1] = {IN, H, H, H, H, H, H, H, OUT};
 
 typedef struct job job;
-typedef struct stage { /* one stage: layers [lo, hi), micro-batches of `rows` rows */
+typedef struct stage { /* one stage: layers [lo[c], hi[c]) of each of its chunks, micro-batches of `rows` rows */
     const job *j;
-    int lo, hi, m, rows;
+    int lo[2], hi[2], chunks, m, rows;
     dpar_linear L[LAYERS];
     float *acts, *pre, *g, *gx; /* per micro-batch: each layer's input and its output before the ReLU */
     float *grads;               /* --schedule zb-h1, per micro-batch: each layer's output gradient (B to W) */
@@ -74,15 +81,19 @@ static float *act(stage *st, int micro, int l) { return st->acts + ((size_t)micr
 static float *pre(stage *st, int micro, int l) { return st->pre + ((size_t)micro * LAYERS + l) * st->rows * H; }
 static float *grad(stage *st, int micro, int l) { return st->grads + ((size_t)micro * LAYERS + l) * st->rows * H; }
 
-static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
+/* a stage of `chunks` chunks: chunk c holds layers [lo[c], hi[c]) */
+static dpar_status stage_init(stage *st, const job *j, int chunks, const int *lo, const int *hi, int m)
 {
     dpar_status rc;
     dpar_linear_desc ld = {0}; /* FULL layers with a bias */
-    int l;
+    int l, c;
     memset(st, 0, sizeof *st);
     st->j = j;
-    st->lo = lo;
-    st->hi = hi;
+    st->chunks = chunks;
+    for (c = 0; c < chunks; c++) {
+        st->lo[c] = lo[c];
+        st->hi[c] = hi[c];
+    }
     st->m = m;
     st->rows = B / m;
     st->acts = (float *)calloc((size_t)m * (LAYERS + 1) * st->rows * H, sizeof(float));
@@ -91,18 +102,20 @@ static dpar_status stage_init(stage *st, const job *j, int lo, int hi, int m)
     st->g = (float *)calloc((size_t)st->rows * H * 2, sizeof(float));
     st->gx = st->g + st->rows * H;
     if (!st->acts || !st->pre || !st->g || !st->grads) return dpar_set_error(DPAR_ENOMEM, "stage_init: out of memory");
-    for (l = lo; l < hi; l++) {
-        ld.in = dims[l], ld.out = dims[l + 1];
-        if ((rc = dpar_linear_init(&st->L[l], &ld)) != DPAR_OK) return rc;
-        if ((rc = dpar_linear_set_weights(&st->L[l], j->w[l], j->b[l])) != DPAR_OK) return rc;
-    }
+    for (c = 0; c < chunks; c++)
+        for (l = lo[c]; l < hi[c]; l++) {
+            ld.in = dims[l], ld.out = dims[l + 1];
+            if ((rc = dpar_linear_init(&st->L[l], &ld)) != DPAR_OK) return rc;
+            if ((rc = dpar_linear_set_weights(&st->L[l], j->w[l], j->b[l])) != DPAR_OK) return rc;
+        }
     return DPAR_OK;
 }
 
 static void stage_free(stage *st)
 {
-    int l;
-    for (l = st->lo; l < st->hi; l++) dpar_linear_destroy(&st->L[l]);
+    int l, c;
+    for (c = 0; c < st->chunks; c++)
+        for (l = st->lo[c]; l < st->hi[c]; l++) dpar_linear_destroy(&st->L[l]);
     free(st->acts);
     free(st->grads);
     free(st->pre);
@@ -114,16 +127,16 @@ static dpar_status stage_forward(void *user, int micro, int chunk, const void *i
 {
     stage *st = (stage *)user;
     const float *x = in ? (const float *)in : st->j->x + (size_t)micro * st->rows * IN;
-    int l, i, n = st->rows * dims[st->hi];
+    int lo = st->lo[chunk], hi = st->hi[chunk]; /* this chunk's layers */
+    int l, i, n = st->rows * dims[hi];
     dpar_status rc;
-    (void)chunk; /* one chunk per stage with 1F1B */
-    memcpy(act(st, micro, st->lo), x, (size_t)st->rows * dims[st->lo] * sizeof(float));
-    for (l = st->lo; l < st->hi; l++) {
+    memcpy(act(st, micro, lo), x, (size_t)st->rows * dims[lo] * sizeof(float));
+    for (l = lo; l < hi; l++) {
         if ((rc = dpar_linear_forward(&st->L[l], act(st, micro, l), pre(st, micro, l), st->rows)) != DPAR_OK) return rc;
         if (l < LAYERS - 1) /* ReLU between layers: the next layer's input */
             for (i = 0; i < st->rows * dims[l + 1]; i++) act(st, micro, l + 1)[i] = fmaxf(pre(st, micro, l)[i], 0.0f);
     }
-    if (out) memcpy(out, act(st, micro, st->hi), (size_t)n * sizeof(float));
+    if (out) memcpy(out, act(st, micro, hi), (size_t)n * sizeof(float));
     else { /* the last stage: mean squared error against this micro-batch's targets */
         const float *y = pre(st, micro, LAYERS - 1), *t = st->j->t + (size_t)micro * st->rows * OUT;
         for (i = 0; i < n; i++) st->loss += (double)(y[i] - t[i]) * (y[i] - t[i]);
@@ -135,22 +148,22 @@ static dpar_status stage_forward(void *user, int micro, int chunk, const void *i
 static dpar_status stage_backward(void *user, int micro, int chunk, const void *in, const void *grad_out, void *grad_in)
 {
     stage *st = (stage *)user;
+    int lo = st->lo[chunk], hi = st->hi[chunk];
     int l, i;
     dpar_status rc;
-    (void)chunk;
     (void)in; /* the stage stashed every layer's input itself */
     if (grad_out) memcpy(st->g, grad_out, (size_t)st->rows * H * sizeof(float));
     else { /* the last stage: d loss / d y, normalised by the whole batch so micro-batches add up to it */
         const float *y = pre(st, micro, LAYERS - 1), *t = st->j->t + (size_t)micro * st->rows * OUT;
         for (i = 0; i < st->rows * OUT; i++) st->g[i] = 2.0f * (y[i] - t[i]) / (B * OUT);
     }
-    for (l = st->hi - 1; l >= st->lo; l--) {
-        float *dx = l > st->lo ? st->gx : (float *)grad_in; /* NULL on the first stage: not needed */
-        if (l < LAYERS - 1)                                 /* through the ReLU after layer l */
+    for (l = hi - 1; l >= lo; l--) {
+        float *dx = l > lo ? st->gx : (float *)grad_in; /* NULL on the first stage: not needed */
+        if (l < LAYERS - 1)                             /* through the ReLU after layer l */
             for (i = 0; i < st->rows * dims[l + 1]; i++)
                 if (pre(st, micro, l)[i] <= 0) st->g[i] = 0;
         if ((rc = dpar_linear_backward(&st->L[l], act(st, micro, l), st->g, dx, st->rows)) != DPAR_OK) return rc;
-        if (l > st->lo) memcpy(st->g, st->gx, (size_t)st->rows * dims[l] * sizeof(float));
+        if (l > lo) memcpy(st->g, st->gx, (size_t)st->rows * dims[l] * sizeof(float));
     }
     return DPAR_OK;
 }
@@ -160,19 +173,19 @@ static dpar_status stage_backward_input(void *user, int micro, int chunk, const 
                                         void *grad_in)
 {
     stage *st = (stage *)user;
+    int lo = st->lo[chunk], hi = st->hi[chunk];
     int l, i;
-    (void)chunk;
+    float *g = grad(st, micro, hi - 1);
     (void)in;
-    float *g = grad(st, micro, st->hi - 1);
     if (grad_out) memcpy(g, grad_out, (size_t)st->rows * H * sizeof(float));
     else { /* the last stage: d loss / d y, as in stage_backward */
         const float *y = pre(st, micro, LAYERS - 1), *t = st->j->t + (size_t)micro * st->rows * OUT;
         for (i = 0; i < st->rows * OUT; i++) g[i] = 2.0f * (y[i] - t[i]) / (B * OUT);
     }
-    for (l = st->hi - 1; l >= st->lo; l--) {
+    for (l = hi - 1; l >= lo; l--) {
         float *out_grad = grad(st, micro, l);
-        float *dx = l > st->lo ? grad(st, micro, l - 1) : (float *)grad_in; /* NULL on the first stage */
-        if (l < LAYERS - 1)                                                 /* through the ReLU after layer l */
+        float *dx = l > lo ? grad(st, micro, l - 1) : (float *)grad_in; /* NULL on the first stage */
+        if (l < LAYERS - 1)                                             /* through the ReLU after layer l */
             for (i = 0; i < st->rows * dims[l + 1]; i++)
                 if (pre(st, micro, l)[i] <= 0) out_grad[i] = 0;
         if (dx) { /* dx = out_grad W^T: the product dpar_linear_backward makes */
@@ -188,11 +201,11 @@ static dpar_status stage_backward_input(void *user, int micro, int chunk, const 
 static dpar_status stage_backward_weight(void *user, int micro, int chunk, const void *in, const void *grad_out)
 {
     stage *st = (stage *)user;
+    int lo = st->lo[chunk], hi = st->hi[chunk];
     int l;
-    (void)chunk;
     (void)in;
     (void)grad_out; /* B kept what W needs */
-    for (l = st->hi - 1; l >= st->lo; l--) {
+    for (l = hi - 1; l >= lo; l--) {
         dpar_status rc = dpar_linear_backward(&st->L[l], act(st, micro, l), grad(st, micro, l), NULL, st->rows);
         if (rc != DPAR_OK) return rc;
     }
@@ -201,12 +214,13 @@ static dpar_status stage_backward_weight(void *user, int micro, int chunk, const
 
 static void stage_sgd(stage *st)
 {
-    int l, i;
-    for (l = st->lo; l < st->hi; l++) {
-        for (i = 0; i < dims[l] * dims[l + 1]; i++) st->L[l].w[i] -= LR * st->L[l].dw[i];
-        for (i = 0; i < dims[l + 1]; i++) st->L[l].b[i] -= LR * st->L[l].db[i];
-        dpar_linear_zero_grad(&st->L[l]);
-    }
+    int l, i, c;
+    for (c = 0; c < st->chunks; c++)
+        for (l = st->lo[c]; l < st->hi[c]; l++) {
+            for (i = 0; i < dims[l] * dims[l + 1]; i++) st->L[l].w[i] -= LR * st->L[l].dw[i];
+            for (i = 0; i < dims[l + 1]; i++) st->L[l].b[i] -= LR * st->L[l].db[i];
+            dpar_linear_zero_grad(&st->L[l]);
+        }
 }
 
 static dpar_status rank_main(void *user, int rank, int n)
@@ -218,12 +232,19 @@ static dpar_status rank_main(void *user, int rank, int n)
     dpar_pipe_desc pd;
     dpar_pipe_stats ps;
     dpar_status rc;
-    int step;
+    int step, chunk, lo[2], hi[2];
+    int pieces = n * j->S->v; /* the model in p v pieces (virtual stages) of LAYERS / (p v) layers */
+    int has_loss = dpar_pipe_virtual_stage(j->S, rank, j->S->v - 1) == pieces - 1; /* the last piece is mine */
     if ((rc = dpar_group_join(j->group, rank, &c)) != DPAR_OK) {
         fprintf(stderr, "stage %d: dpar_group_join: %s\n", rank, dpar_last_error());
         return rc;
     }
-    rc = stage_init(st, j, rank * LAYERS / n, (rank + 1) * LAYERS / n, j->m);
+    for (chunk = 0; chunk < j->S->v; chunk++) { /* which piece each of my chunks is */
+        int piece = dpar_pipe_virtual_stage(j->S, rank, chunk);
+        lo[chunk] = piece * LAYERS / pieces;
+        hi[chunk] = (piece + 1) * LAYERS / pieces;
+    }
+    rc = stage_init(st, j, j->S->v, lo, hi, j->m);
     memset(&pd, 0, sizeof pd);
     pd.schedule = j->S;
     pd.comm = c;
@@ -238,7 +259,7 @@ static dpar_status rank_main(void *user, int rank, int n)
         st->loss = 0;
         if ((rc = dpar_pipe_run(pipe, &ps)) != DPAR_OK) break; /* every op of this stage, in order */
         stage_sgd(st);                                         /* all m micro-batches have added up */
-        if (rank == n - 1) j->loss[step] = (float)(st->loss / (B * OUT));
+        if (has_loss) j->loss[step] = (float)(st->loss / (B * OUT));
         if (rank == 0 && step > 0) j->bubble_sum += ps.measured_bubble; /* step 0 warms the buffers up */
         if (rank == 0) j->stats = ps;
     }
@@ -274,7 +295,7 @@ int main(int argc, char **argv)
     char *text, how[64];
     size_t len;
     double worst = 0, seq_loss = 0, d;
-    int i, k, l, r, s, ok, cpus;
+    int i, k, l, r, s, ok, cpus, c, whole_lo = 0, whole_hi = LAYERS;
     unsigned long long seed = 7;
     const char *schedule_name = "1F1B";
     dpar_pipe_kind kind = DPAR_PIPE_1F1B;
@@ -291,20 +312,32 @@ int main(int argc, char **argv)
             } else if (!strcmp(name, "zb-h1")) {
                 kind = DPAR_PIPE_ZB_H1;
                 schedule_name = "ZB-H1";
+            } else if (!strcmp(name, "zbv")) {
+                kind = DPAR_PIPE_ZBV;
+                schedule_name = "ZB-V";
+            } else if (!strcmp(name, "dualpipev")) {
+                kind = DPAR_PIPE_DUALPIPEV;
+                schedule_name = "DualPipeV";
             } else if (!strcmp(name, "gpipe")) {
                 kind = DPAR_PIPE_GPIPE;
                 schedule_name = "GPipe";
             } else {
-                fprintf(stderr, "pipeline: --schedule '%s': it takes 1f1b, zb-h1 or gpipe\n", name);
+                fprintf(stderr, "pipeline: --schedule '%s': it takes 1f1b, zb-h1, zbv, dualpipev or gpipe\n", name);
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: %s [--stages P] [--micro M] [--schedule 1f1b|zb-h1|gpipe]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--stages P] [--micro M] [--schedule 1f1b|zb-h1|zbv|dualpipev|gpipe]\n",
+                    argv[0]);
             return 2;
         }
     }
     if (j.p < 1 || j.p > LAYERS || j.m < 1 || j.m > B || B % j.m) {
         fprintf(stderr, "pipeline: --stages must be 1..%d and --micro divide the batch of %d\n", LAYERS, B);
+        return 2;
+    }
+    if ((kind == DPAR_PIPE_ZBV || kind == DPAR_PIPE_DUALPIPEV) && 2 * j.p > LAYERS) {
+        fprintf(stderr, "pipeline: a V schedule cuts the %d layers into 2p pieces: --stages 1..%d\n", LAYERS,
+                LAYERS / 2);
         return 2;
     }
     j.steps = getenv("DPAR_TEST_QUICK") ? 40 : MAX_STEPS;
@@ -332,8 +365,11 @@ int main(int argc, char **argv)
         dpar_pipe_schedule_format(j.S, text, len);
         printf("pipeline: %d layers on %d stages, batch %d in %d micro-batches of %d rows; the schedule "
                "(F = forward, B = backward%s, . = idle):\n%s",
-               LAYERS, j.p, B, j.m, B / j.m, kind == DPAR_PIPE_ZB_H1 ? " (its input half), W = weight gradients" : "",
+               LAYERS, j.p, B, j.m, B / j.m, kind >= DPAR_PIPE_ZB_H1 ? " (its input half), W = weight gradients" : "",
                text);
+        if (j.S->v == 2)
+            printf("(a and b: each stage's two chunks; stage s holds pieces %s of the model's %d)\n",
+                   kind == DPAR_PIPE_INTERLEAVED ? "s and p + s" : "s and 2p - 1 - s", 2 * j.p);
         free(text);
     }
 
@@ -354,7 +390,7 @@ int main(int argc, char **argv)
 
     /* the reference: the whole model on this thread, the same micro-batches one after another
        (gradient accumulation): the same arithmetic in the same order, without the overlap */
-    if ((rc = stage_init(&ref, &j, 0, LAYERS, j.m)) != DPAR_OK) {
+    if ((rc = stage_init(&ref, &j, 1, &whole_lo, &whole_hi, j.m)) != DPAR_OK) {
         fprintf(stderr, "pipeline: %s\n", dpar_last_error());
         return 1;
     }
@@ -372,10 +408,11 @@ int main(int argc, char **argv)
     }
     for (r = 0; r < j.p; r++) {
         stage *st = &j.stages[r];
-        for (l = st->lo; l < st->hi; l++) {
-            if ((d = rel_diff(st->L[l].w, ref.L[l].w, dims[l] * dims[l + 1])) > worst) worst = d;
-            if ((d = rel_diff(st->L[l].b, ref.L[l].b, dims[l + 1])) > worst) worst = d;
-        }
+        for (c = 0; c < st->chunks; c++)
+            for (l = st->lo[c]; l < st->hi[c]; l++) {
+                if ((d = rel_diff(st->L[l].w, ref.L[l].w, dims[l] * dims[l + 1])) > worst) worst = d;
+                if ((d = rel_diff(st->L[l].b, ref.L[l].b, dims[l + 1])) > worst) worst = d;
+            }
         stage_free(st);
     }
     stage_free(&ref);

@@ -566,6 +566,25 @@ zero_bubble() {
         DPAR_TEST_QUICK=1 '$d/pl' --schedule zb-h1 --stages 2 --micro 16 | grep '^pipeline: ZB-H1 p=2 m=16 matches.*bitwise equal, OK'"
 }
 
+# examples/pipeline.c --schedule zbv and dualpipev: two chunks per stage placed as a V (the turn a local hand-off on
+# the last stage, the loss on stage 0), the bubble at the bound (p-1)/(6m+p-1) = 3/51 for p = 4, m = 8, and the
+# same bits as sequential training on 4, 3 and 2 stages
+v_schedules() {
+    local d="$tmp/v"
+    rm -rf "$d" && mkdir -p "$d"
+    step "example pipeline.c --schedule zbv and dualpipev: a V of 2 chunks per stage, bubble 3/51, parameters bitwise those of sequential training" sh -c "
+        cc -std=c99 -O2 -I. examples/pipeline.c -o '$d/pl' -pthread -lm &&
+        DPAR_TEST_QUICK=1 '$d/pl' --schedule zbv > '$d/zbv.txt' && grep 'F0b' '$d/zbv.txt' | head -n 1 &&
+        grep -q '^ZB-V, p=4 stages, m=8 micro-batches, v=2 chunks: predicted bubble 0.059, peak stash 8 8 8 8' '$d/zbv.txt' &&
+        grep -q '^pipeline: ZB-V p=4 m=8 matches sequential training.*bitwise equal, OK' '$d/zbv.txt' &&
+        DPAR_TEST_QUICK=1 '$d/pl' --schedule dualpipev > '$d/dpv.txt' &&
+        grep -q '^DualPipeV, p=4 stages, m=8 micro-batches, v=2 chunks: predicted bubble 0.059, peak stash 9 9 9 9' '$d/dpv.txt' &&
+        grep -q '^pipeline: DualPipeV p=4 m=8 matches sequential training.*bitwise equal, OK' '$d/dpv.txt' &&
+        DPAR_TEST_QUICK=1 '$d/pl' --schedule zbv --stages 3 --micro 16 | grep '^pipeline: ZB-V p=3 m=16 matches.*bitwise equal, OK' &&
+        DPAR_TEST_QUICK=1 '$d/pl' --schedule dualpipev --stages 2 --micro 4 | grep '^pipeline: DualPipeV p=2 m=4 matches.*bitwise equal, OK' &&
+        ! '$d/pl' --schedule zbv --stages 5 2> '$d/err.txt' && grep -q 'a V schedule cuts the 8 layers into 2p pieces' '$d/err.txt'"
+}
+
 NO_MPI_REASON=
 if [ "${1:-}" = "--no-mpi-reason" ]; then
     NO_MPI_REASON=$2
@@ -582,6 +601,7 @@ if [ "${1:-}" = "--matrix" ]; then
     demo
     dp_ranks
     zero_bubble
+    v_schedules
     tp_bitwise
     hybrid_layouts
     strategy_traces

@@ -10,6 +10,7 @@
                        dpar_pipe_schedule_format (its simulation: backward = 2 x forward; ZB-H1's B and W one unit
                        each), the bubble shaded
      zero_bubble.svg   lesson 16's 1F1B and ZB-H1 (4 stages, 8 micro-batches), B and W drawn apart
+     v_schedules.svg   the V schedules ZB-V and DualPipeV (4 stages, 8 micro-batches, 2 chunks per stage in a V)
      dp_step.svg       one data-parallel step of docs/img/src/dp_step.trace.json, a DPAR_TRACE file that
                        docs/gen/dp_record.c recorded (make docs-record): backward per layer and the buckets'
                        allreduces on the progress threads
@@ -346,13 +347,16 @@ static void pipe_panel(buf *b, dpar_pipe_kind kind, int p, int m, int v, double 
                       S->bubble),
               1));
     text(b, x0, y + 12, 12, 's', "%s: p=%d stages, m=%d micro-batches%s; bubble %.1f%% (%d idle cells of %d)",
-         kind == DPAR_PIPE_GPIPE   ? "GPipe"
-         : kind == DPAR_PIPE_1F1B  ? "1F1B"
-         : kind == DPAR_PIPE_ZB_H1 ? "ZB-H1 (zero bubble)"
-                                   : "interleaved 1F1B",
+         kind == DPAR_PIPE_GPIPE       ? "GPipe"
+         : kind == DPAR_PIPE_1F1B      ? "1F1B"
+         : kind == DPAR_PIPE_ZB_H1     ? "ZB-H1 (zero bubble)"
+         : kind == DPAR_PIPE_ZBV       ? "ZB-V (zero bubble in a V)"
+         : kind == DPAR_PIPE_DUALPIPEV ? "DualPipeV (DeepSeek's order, in a V)"
+                                       : "interleaved 1F1B",
          p, m, v > 1 ? ", v=2 chunks per stage" : "", 100.0 * S->bubble, idle, p * cells);
     text(b, x0 + cells * scale + 8, y + 18 + p * rowh / 2 - 4, 10, 's', "stage 0 holds up to");
-    text(b, x0 + cells * scale + 8, y + 18 + p * rowh / 2 + 10, 10, 's', "%d activations", S->peak_stash[0]);
+    text(b, x0 + cells * scale + 8, y + 18 + p * rowh / 2 + 10, 10, 's', "%d %sactivations", S->peak_stash[0],
+         v > 1 ? "chunk " : "");
     free(txt);
     dpar_pipe_schedule_destroy(S);
 }
@@ -391,6 +395,26 @@ static void zero_bubble_picture(void)
     pipe_panel(&b, DPAR_PIPE_1F1B, 4, 8, 1, 66, unit, x0);
     pipe_panel(&b, DPAR_PIPE_ZB_H1, 4, 8, 1, 66 + ph, unit, x0);
     emit("zero_bubble.svg", 980, (int)(66 + 2 * ph), &b, src);
+}
+
+/* the V schedules: two chunks per stage placed as a V (stage s: chunks s and 2p - 1 - s), 4 stages, 8 micro-batches */
+static void v_schedules_picture(void)
+{
+    static const char *const src[] = {SELF, NULL};
+    buf b = {0};
+    double unit = 24, x0 = 60, ph = 112;
+    text(&b, 10, 22, 15, 's',
+         "V schedules, 4 stages, 8 micro-batches, 2 chunks per stage (a: going down, b: coming up)");
+    text(&b, 10, 40, 11, 's',
+         "Stage s holds the model's pieces s (a) and 7 - s (b): the last stage turns a into b itself, the loss is on "
+         "stage 0. Blue: F; orange: B; green: W; grey: idle.");
+    text(
+        &b, 10, 54, 11, 's',
+        "A chunk is half a stage, so the last stage waits 3 half-forwards: bubble (p-1)/(6m+p-1) = 5.9% with F = B = W "
+        "(ZB-H1: 11.1%, 1F1B: 27.3%).");
+    pipe_panel(&b, DPAR_PIPE_ZBV, 4, 8, 2, 66, unit, x0);
+    pipe_panel(&b, DPAR_PIPE_DUALPIPEV, 4, 8, 2, 66 + ph, unit, x0);
+    emit("v_schedules.svg", 980, (int)(66 + 2 * ph), &b, src);
 }
 
 /* ==== (c) one data-parallel step from a DPAR_TRACE file ==== */
@@ -1417,6 +1441,7 @@ int main(int argc, char **argv)
     ring_picture();
     pipeline_picture();
     zero_bubble_picture();
+    v_schedules_picture();
     dp_picture();
     tp_picture();
     memory_picture();
