@@ -4,6 +4,7 @@
    Run:   ./pipeline            (./pipeline --stages 2 --micro 16, ./pipeline --schedule zb-h1, --schedule zbv)
    Check: ^stage 0 +\|F0
    Check: ^bubble: predicted 0\.[0-9]+ .*measured [0-9.]+
+   Check: ^bubble with the op costs measured here \(mean per op: F [0-9.]+ ms, backward [0-9.]+ ms\): predicted 0\.[0-9]+$
    Check: ^pipeline: 1F1B p=[0-9]+ m=[0-9]+ matches sequential training.*parameters bitwise equal, OK$
 
    Pipeline parallelism gives each rank (a stage) a contiguous run of layers; the activations flow
@@ -36,7 +37,11 @@
    the stages and come back up, the last stage hands its first piece's output to its second piece itself, and the
    loss is on stage 0. Each stage then waits only p - 1 half-stage forwards at the start, and the B's and W's of
    its two pieces fill the rest: the bubble falls to (p - 1) / (6 m + p - 1) with F = B = W (per piece). ZB-V holds
-   at most 2p pieces' activations (1F1B's memory), DualPipeV (DeepSeek's order, m >= 2p) 2p + 1. */
+   at most 2p pieces' activations (1F1B's memory), DualPipeV (DeepSeek's order, m >= 2p) 2p + 1.
+
+   The schedule's bubble is predicted with F = B = W (a whole backward 2). The stages time their callbacks, and at
+   the end the same schedule is simulated again with the mean times they measured (dpar_pipe_schedule_check with
+   the schedule's cost[]): that prediction is what these stages, on this machine, could reach at best. */
 #define DPAR_IMPLEMENTATION
 #include "dpar.h"
 
@@ -63,6 +68,8 @@ typedef struct stage { /* one stage: layers [lo[c], hi[c]) of each of its chunks
     float *acts, *pre, *g, *gx; /* per micro-batch: each layer's input and its output before the ReLU */
     float *grads;               /* --schedule zb-h1, per micro-batch: each layer's output gradient (B to W) */
     double loss;                /* the last stage: the loss summed over the step's micro-batches */
+    double op_ms[3];            /* time in forwards, backwards (or B), W's from the second step on */
+    long ops[3];                /* how many */
 } stage;
 
 struct job {
@@ -212,6 +219,43 @@ static dpar_status stage_backward_weight(void *user, int micro, int chunk, const
     return DPAR_OK;
 }
 
+/* the callbacks the runner calls: the ones above, each timed (its kind's total time and count), so that the
+   schedule's bubble can be predicted again with the op costs these stages really have */
+static void count_op(stage *st, int kind, uint64_t start)
+{
+    st->op_ms[kind] += (double)(dpar_time_ns() - start) * 1e-6;
+    st->ops[kind]++;
+}
+static dpar_status timed_forward(void *user, int micro, int chunk, const void *in, void *out)
+{
+    uint64_t start = dpar_time_ns();
+    dpar_status rc = stage_forward(user, micro, chunk, in, out);
+    count_op((stage *)user, 0, start);
+    return rc;
+}
+static dpar_status timed_backward(void *user, int micro, int chunk, const void *in, const void *grad_out, void *grad_in)
+{
+    uint64_t start = dpar_time_ns();
+    dpar_status rc = stage_backward(user, micro, chunk, in, grad_out, grad_in);
+    count_op((stage *)user, 1, start);
+    return rc;
+}
+static dpar_status timed_backward_input(void *user, int micro, int chunk, const void *in, const void *grad_out,
+                                        void *grad_in)
+{
+    uint64_t start = dpar_time_ns();
+    dpar_status rc = stage_backward_input(user, micro, chunk, in, grad_out, grad_in);
+    count_op((stage *)user, 1, start);
+    return rc;
+}
+static dpar_status timed_backward_weight(void *user, int micro, int chunk, const void *in, const void *grad_out)
+{
+    uint64_t start = dpar_time_ns();
+    dpar_status rc = stage_backward_weight(user, micro, chunk, in, grad_out);
+    count_op((stage *)user, 2, start);
+    return rc;
+}
+
 static void stage_sgd(stage *st)
 {
     int l, i, c;
@@ -249,14 +293,18 @@ static dpar_status rank_main(void *user, int rank, int n)
     pd.schedule = j->S;
     pd.comm = c;
     pd.act_bytes = (size_t)st->rows * H * sizeof(float);
-    pd.forward = stage_forward;
-    pd.backward = stage_backward;
-    pd.backward_input = stage_backward_input;
-    pd.backward_weight = stage_backward_weight;
+    pd.forward = timed_forward;
+    pd.backward = timed_backward;
+    pd.backward_input = timed_backward_input;
+    pd.backward_weight = timed_backward_weight;
     pd.user = st;
     if (rc == DPAR_OK) rc = dpar_pipe_create(&pd, &pipe);
     for (step = 0; step < j->steps && rc == DPAR_OK; step++) {
         st->loss = 0;
+        if (step == 1) { /* the op costs from the second step on: the first one also allocates the buffers */
+            memset(st->op_ms, 0, sizeof st->op_ms);
+            memset(st->ops, 0, sizeof st->ops);
+        }
         if ((rc = dpar_pipe_run(pipe, &ps)) != DPAR_OK) break; /* every op of this stage, in order */
         stage_sgd(st);                                         /* all m micro-batches have added up */
         if (has_loss) j->loss[step] = (float)(st->loss / (B * OUT));
@@ -424,6 +472,30 @@ int main(int argc, char **argv)
         printf(", and with %d stages on %d CPUs at most %d compute at once (at least %.3f idle)", j.p, cpus, cpus,
                1.0 - (double)cpus / j.p);
     printf("\n");
+    { /* the same schedule simulated again with the op costs these stages measured (the mean per op over them) */
+        double total_ms[3] = {0, 0, 0};
+        long count[3] = {0, 0, 0};
+        double forward_ms, backward_ms, weight_ms;
+        int split;
+        for (r = 0; r < j.p; r++)
+            for (k = 0; k < 3; k++) {
+                total_ms[k] += j.stages[r].op_ms[k];
+                count[k] += j.stages[r].ops[k];
+            }
+        split = count[2] > 0; /* B and W apart, or whole backwards */
+        forward_ms = count[0] ? total_ms[0] / count[0] : 0;
+        backward_ms = count[1] ? total_ms[1] / count[1] : 0;
+        weight_ms = split ? total_ms[2] / count[2] : 0;
+        j.S->cost[0] = forward_ms;
+        j.S->cost[1] = split ? backward_ms : backward_ms / 2; /* the simulation runs a whole backward as B + W */
+        j.S->cost[2] = split ? weight_ms : backward_ms / 2;
+        if (forward_ms > 0 && backward_ms > 0 && dpar_pipe_schedule_check(j.S) == DPAR_OK) {
+            printf("bubble with the op costs measured here (mean per op: F %.3f ms, %s %.3f ms", forward_ms,
+                   split ? "B" : "backward", backward_ms);
+            if (split) printf(", W %.3f ms", weight_ms);
+            printf("): predicted %.3f\n", j.S->bubble);
+        }
+    }
     snprintf(how, sizeof how, worst == 0 ? "bitwise equal" : "within %.1e (relative)", worst);
     ok = worst == 0 && j.loss[j.steps - 1] < 0.5f * j.loss[0]; /* the gate is what the line claims: bitwise */
     printf("pipeline: %s p=%d m=%d %s sequential training: loss %.6f -> %.6f (sequential %.6f), parameters "

@@ -576,6 +576,7 @@ v_schedules() {
         cc -std=c99 -O2 -I. examples/pipeline.c -o '$d/pl' -pthread -lm &&
         DPAR_TEST_QUICK=1 '$d/pl' --schedule zbv > '$d/zbv.txt' && grep 'F0b' '$d/zbv.txt' | head -n 1 &&
         grep -q '^ZB-V, p=4 stages, m=8 micro-batches, v=2 chunks: predicted bubble 0.059, peak stash 8 8 8 8' '$d/zbv.txt' &&
+        grep -q '^bubble with the op costs measured here (mean per op: F [0-9.]* ms, B [0-9.]* ms, W [0-9.]* ms): predicted 0\.[0-9]*\$' '$d/zbv.txt' &&
         grep -q '^pipeline: ZB-V p=4 m=8 matches sequential training.*bitwise equal, OK' '$d/zbv.txt' &&
         DPAR_TEST_QUICK=1 '$d/pl' --schedule dualpipev > '$d/dpv.txt' &&
         grep -q '^DualPipeV, p=4 stages, m=8 micro-batches, v=2 chunks: predicted bubble 0.059, peak stash 9 9 9 9' '$d/dpv.txt' &&
