@@ -10717,8 +10717,10 @@ static int dpar__pipe_generate_v(dpar_pipe_schedule *S)
     int limit = 2 * S->p, rc;
     if (S->kind == DPAR_PIPE_DUALPIPEV) rc = dpar__pipe_generate_dpv(S);
     else
-        while ((rc = dpar__pipe_greedy_v(S, limit)) == 1) limit++; /* at 2 m stashes nothing waits for memory */
-    return rc ? rc : dpar__pipe_wire(S);
+        /* more stashes until it finishes: at 2m nothing waits for memory, and a list scheduler without a resource
+           limit always finds a ready op in a DAG, so the loop ends there at the latest */
+        while ((rc = dpar__pipe_greedy_v(S, limit)) == 1 && limit < 2 * S->m) limit++;
+    return rc ? rc : dpar__pipe_wire(S); /* -1 out of memory, 1 no order found, 0 */
 }
 
 static int dpar__pipe_generate(dpar_pipe_schedule *S)
@@ -11155,9 +11157,10 @@ DPAR_API dpar_status dpar_pipe_schedule_create(const dpar_pipe_schedule_desc *de
             dpar_pipe_schedule_destroy(S);
             return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
         }
-    if (dpar__pipe_generate(S)) {
+    if ((s = dpar__pipe_generate(S)) != 0) { /* -1: out of memory; 1: ZBV's scheduler found no order */
         dpar_pipe_schedule_destroy(S);
-        return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory");
+        return s < 0 ? dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_create: out of memory")
+                     : dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_create: ZBV found no order (a bug of dpar's)");
     }
     if ((st = dpar_pipe_schedule_check(S)) != DPAR_OK) { /* dpar's own schedules always pass */
         dpar_pipe_schedule_destroy(S);
