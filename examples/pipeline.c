@@ -4,7 +4,7 @@
    Run:   ./pipeline            (./pipeline --stages 2 --micro 16, ./pipeline --schedule zb-h1, --schedule zbv)
    Check: ^stage 0 +\|F0
    Check: ^bubble: predicted 0\.[0-9]+ .*measured [0-9.]+
-   Check: ^bubble with the op costs measured here \(mean per op: F [0-9.]+ ms, backward [0-9.]+ ms\): predicted 0\.[0-9]+$
+   Check: ^bubble with the op costs measured here \(mean per op: F [0-9.]+ ms, backward .*\): predicted 0\.[0-9]+$
    Check: ^pipeline: 1F1B p=[0-9]+ m=[0-9]+ matches sequential training.*parameters bitwise equal, OK$
 
    Pipeline parallelism gives each rank (a stage) a contiguous run of layers; the activations flow
