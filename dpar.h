@@ -1625,9 +1625,11 @@ DPAR_API dpar_status dpar_fsdp_destroy(dpar_fsdp *fsdp);
              bubble is (p - 1) / (3 m + p - 1), a third of 1F1B's idle time.
    ZBV:      zero bubble in a V (Qi et al., 2024, ZB-V): two chunks per stage (v = 2) placed as a V, stage s holding
              virtual stages s and 2p - 1 - s, so the first and the last (the loss) are both on stage 0 and the turn
-             is a local hand-off on stage p - 1; split backward. Made by a greedy list scheduler on the desc's op
-             costs: B first, then F while the stage holds fewer than 2p chunk stashes (1F1B's activation memory:
-             a chunk is half a stage), then W. Its forward ramp is half of ZB-H1's (chunks are half as long).
+             is a local hand-off on stage p - 1; split backward; at most 2p chunk stashes (1F1B's activation
+             memory: a chunk is half a stage). Of two orders, the one that simulates shorter on the desc's op costs:
+             DUALPIPEV's with each pair's backward first (m >= 2p), and a greedy list scheduler's (B first, then F
+             under 2p stashes, then W). With F = B = W and m >= 2p the bubble is (p - 1) / (6 m + p - 1), the least
+             a flushed step of half-stage chunks can have.
    DUALPIPEV: DeepSeek's DualPipeV order (the V of ZBV, v = 2, m >= 2p): warm-up forwards of chunk 0, then
              chunk-0 forwards paired with chunk-1 backwards and chunk-1 forwards with chunk-0 backwards, some W's
              deferred (its zero-bubble steps). dpar runs a pair's two ops one after the other: the overlap of one
@@ -10571,7 +10573,8 @@ out:
 /* DUALPIPEV: DeepSeek's DualPipeV order (dualpipev.py's eight steps) on stage s of p: each chunk's forwards and
    backwards in micro-batch order; a B followed at once by its W, or with its W deferred into a FIFO that the later
    "weight" steps empty (DualPipeV's zero-bubble steps). A pair of ops DualPipeV overlaps runs here one after the
-   other, the forward first. */
+   other, the forward first; backward_first: the backward first (ZBV's fixed order: the pair's forward then never
+   adds a stash before the backward frees one, so at most 2p, 1F1B's memory, where DualPipeV holds 2p + 1). */
 typedef struct {
     dpar_pipe_schedule *S;
     int s, f[2], b[2], head, tail;
@@ -10590,7 +10593,13 @@ static void dpar__dpv_weight(dpar__dpv *g)
     int u = g->fifo[g->head++];
     dpar__pipe_add(g->S, g->s, DPAR_PIPE_BACKWARD_WEIGHT, u / 2, u % 2);
 }
-static int dpar__pipe_generate_dpv(dpar_pipe_schedule *S)
+static void dpar__dpv_pair(dpar__dpv *g, int forward_chunk, int backward_first)
+{
+    if (backward_first) dpar__dpv_backward(g, 1 - forward_chunk, 0);
+    dpar__dpv_forward(g, forward_chunk);
+    if (!backward_first) dpar__dpv_backward(g, 1 - forward_chunk, 0);
+}
+static int dpar__pipe_generate_dpv(dpar_pipe_schedule *S, int backward_first)
 {
     int p = S->p, m = S->m, s, i, defer;
     dpar__dpv g;
@@ -10612,15 +10621,12 @@ static int dpar__pipe_generate_dpv(dpar_pipe_schedule *S)
             dpar__dpv_forward(&g, 1);
         }
         for (i = 0; i < m - 2 * p + s + 1; i++) { /* 4, the main step: F0 with B1, F1 with B0 */
-            dpar__dpv_forward(&g, 0);
-            dpar__dpv_backward(&g, 1, 0);
-            dpar__dpv_forward(&g, 1);
-            dpar__dpv_backward(&g, 0, 0);
+            dpar__dpv_pair(&g, 0, backward_first);
+            dpar__dpv_pair(&g, 1, backward_first);
         }
         for (i = 0; i < p - s - 1; i++) { /* 5: B1, F1 with B0 */
             dpar__dpv_backward(&g, 1, 0);
-            dpar__dpv_forward(&g, 1);
-            dpar__dpv_backward(&g, 0, 0);
+            dpar__dpv_pair(&g, 1, backward_first);
         }
         for (i = 0, defer = 0; i < s + 1; i++) { /* 6: B1 B0, the second half's W's deferred */
             if (i == (s + 1) / 2 && s % 2 == 1) defer = 1;
@@ -10712,15 +10718,61 @@ out:
     return rc;
 }
 
+static int dpar__pipe_simulate(dpar_pipe_schedule *S, double *makespan, double *busy, int *peak, double **start,
+                               char *msg, size_t n);
+/* the schedule's simulated makespan (a huge one when it cannot be laid out); -1 when out of memory */
+static double dpar__pipe_makespan(dpar_pipe_schedule *S)
+{
+    double makespan = 1e300, *busy = (double *)dpar__calloc(&S->allocator, (size_t)S->p, sizeof(double));
+    int *peak = (int *)dpar__calloc(&S->allocator, (size_t)S->p, sizeof(int)), rc;
+    char msg[64];
+    if (!busy || !peak) makespan = -1;
+    else if ((rc = dpar__pipe_simulate(S, &makespan, busy, peak, NULL, msg, sizeof msg)) != 0)
+        makespan = rc < 0 ? -1 : 1e300;
+    dpar__free(&S->allocator, busy);
+    dpar__free(&S->allocator, peak);
+    return makespan;
+}
+
+/* ZBV: the greedy's order on the desc's costs; with m >= 2p also the fixed V order (DualPipeV's with each pair's
+   backward first: at most 2p stashes, and with equal costs the bound (p-1)/(6m+p-1) for every p), and the one of
+   the two that simulates shorter (the fixed one on a tie). Returns -1 out of memory, 1 no order found, 0. */
 static int dpar__pipe_generate_v(dpar_pipe_schedule *S)
 {
-    int limit = 2 * S->p, rc;
-    if (S->kind == DPAR_PIPE_DUALPIPEV) rc = dpar__pipe_generate_dpv(S);
-    else
-        /* more stashes until it finishes: at 2m nothing waits for memory, and a list scheduler without a resource
-           limit always finds a ready op in a DAG, so the loop ends there at the latest */
-        while ((rc = dpar__pipe_greedy_v(S, limit)) == 1 && limit < 2 * S->m) limit++;
-    return rc ? rc : dpar__pipe_wire(S); /* -1 out of memory, 1 no order found, 0 */
+    int limit = 2 * S->p, rc, s;
+    double greedy, fixed;
+    dpar_pipe_op **saved;
+    int *saved_num;
+    if (S->kind == DPAR_PIPE_DUALPIPEV) return (rc = dpar__pipe_generate_dpv(S, 0)) != 0 ? rc : dpar__pipe_wire(S);
+    /* more stashes until it finishes: at 2m nothing waits for memory, and a list scheduler without a resource limit
+       always finds a ready op in a DAG, so the loop ends there at the latest */
+    while ((rc = dpar__pipe_greedy_v(S, limit)) == 1 && limit < 2 * S->m) limit++;
+    if (rc || (rc = dpar__pipe_wire(S)) != 0 || S->m < 2 * S->p) return rc;
+    if ((greedy = dpar__pipe_makespan(S)) < 0) return -1;
+    saved = (dpar_pipe_op **)dpar__calloc(&S->allocator, (size_t)S->p, sizeof(dpar_pipe_op *));
+    saved_num = (int *)dpar__calloc(&S->allocator, (size_t)S->p, sizeof(int));
+    for (s = 0; s < S->p && saved && saved_num; s++) { /* keep the greedy's ops: the fixed order goes into new ones */
+        saved[s] = S->ops[s];
+        saved_num[s] = S->num_ops[s];
+        S->ops[s] = (dpar_pipe_op *)dpar__calloc(&S->allocator, (size_t)S->m * (size_t)S->v * 7, sizeof(dpar_pipe_op));
+        if (!S->ops[s]) break;
+    }
+    if (!saved || !saved_num || s < S->p || (rc = dpar__pipe_generate_dpv(S, 1)) != 0 ||
+        (rc = dpar__pipe_wire(S)) != 0 || (fixed = dpar__pipe_makespan(S)) < 0)
+        rc = -1;
+    else if (fixed > greedy) rc = 1; /* keep the greedy's */
+    for (s = 0; s < S->p && saved && saved_num; s++) {
+        if (rc && saved[s]) { /* back to the greedy's ops */
+            dpar__free(&S->allocator, S->ops[s]);
+            S->ops[s] = saved[s];
+            S->num_ops[s] = saved_num[s];
+        } else {
+            dpar__free(&S->allocator, saved[s]);
+        }
+    }
+    dpar__free(&S->allocator, saved);
+    dpar__free(&S->allocator, saved_num);
+    return rc < 0 ? -1 : 0;
 }
 
 static int dpar__pipe_generate(dpar_pipe_schedule *S)
@@ -10801,7 +10853,7 @@ static double dpar__pipe_cost(const dpar_pipe_schedule *S, int code)
 /* The simulation: stages run their ops in order, each compute op for its cost (dpar__pipe_cost); a receive waits for
    its message; a send waits while DPAR__QDEPTH messages are unconsumed on its channel. A channel is
    an ordered pair of stages, shared by activations and gradients (as on the transport). Returns 0,
-   or 1 with the deadlock story. Fills per-op start times when `start` is not NULL. */
+   1 with the deadlock story, or -1 out of memory. Fills per-op start times when `start` is not NULL. */
 typedef struct {
     double ready;
 } dpar__pipe_msg;
@@ -10819,7 +10871,7 @@ static int dpar__pipe_simulate(dpar_pipe_schedule *S, double *makespan, double *
     int rc = 0;
     if (!pc || !stash || !t || !ready || !freed || !qhead || !qtail) {
         snprintf(msg, n, "out of memory simulating the schedule");
-        rc = 1;
+        rc = -1;
         goto out;
     }
     for (s = 0; s < p; s++) {
@@ -11062,9 +11114,9 @@ DPAR_API dpar_status dpar_pipe_schedule_check(dpar_pipe_schedule *S)
 #undef DPAR__ATV
     busy = (double *)dpar__calloc(&S->allocator, (size_t)p, sizeof(double));
     if (!busy) return dpar__err(DPAR_ENOMEM, "dpar_pipe_schedule_check: out of memory");
-    if (dpar__pipe_simulate(S, &makespan, busy, S->peak_stash, NULL, msg, sizeof msg)) {
+    if ((k = dpar__pipe_simulate(S, &makespan, busy, S->peak_stash, NULL, msg, sizeof msg)) != 0) {
         dpar__free(&S->allocator, busy);
-        return dpar__err(DPAR_EINVAL, "dpar_pipe_schedule_check: %s", msg);
+        return dpar__err(k < 0 ? DPAR_ENOMEM : DPAR_EINVAL, "dpar_pipe_schedule_check: %s", msg);
     }
     for (s = 0; s < p; s++) total += busy[s];
     S->bubble = makespan > 0 ? 1.0 - total / (p * makespan) : 0.0;

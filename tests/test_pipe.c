@@ -87,8 +87,9 @@ static void test_schedules_match_closed_forms(void)
 /* V schedules (ZBV, DualPipeV): the V placement (dpar_pipe_virtual_stage), each chunk's W's in micro-batch order
    after their B's (the whole backward's sums), the stash bounds, and the bubble against the lower bound of a flushed
    step with F = B = W: every stage has 6m unit ops, and stage p - 1 waits p - 1 chunk forwards for its first
-   activation, so the makespan is at least 6m + p - 1 and the bubble at least (p-1)/(6m+p-1). DualPipeV meets it
-   for every m >= 2p; ZBV's greedy meets it for p <= 4 and stays within 0.025 of it up to p = 8. */
+   activation, so the makespan is at least 6m + p - 1 and the bubble at least (p-1)/(6m+p-1). Both meet it for every
+   m >= 2p (ZBV with 2p stashes, DualPipeV 2p + 1); below, ZBV's greedy. With other costs: the same bound in time,
+   (p-1) F over 2m (F + B + W) + (p-1) F. */
 static int v_ok(const dpar_pipe_schedule *S, char *why, size_t n)
 {
     int s, k, c;
@@ -113,8 +114,7 @@ static int v_ok(const dpar_pipe_schedule *S, char *why, size_t n)
 
 static void test_v_schedules(void)
 {
-    int kind, p, m, bad = 0, checked = 0, met = 0, full = 0;
-    double worst = 0;
+    int kind, p, m, bad = 0, checked = 0;
     for (kind = DPAR_PIPE_ZBV; kind <= DPAR_PIPE_DUALPIPEV; kind++)
         for (p = 1; p <= 8; p++)
             for (m = 1; m <= 32; m++) {
@@ -136,12 +136,8 @@ static void test_v_schedules(void)
                     ops += S->num_ops[s];
                     stash_ok &= S->peak_stash[s] <= most;
                 }
-                if (m >= 2 * p && S->bubble - bound > worst && kind == DPAR_PIPE_ZBV) worst = S->bubble - bound;
-                met += kind == DPAR_PIPE_ZBV && m >= 2 * p && fabs(S->bubble - bound) < 1e-12;
-                full += kind == DPAR_PIPE_ZBV && m >= 2 * p;
                 if (S->v != 2 || !v_ok(S, why, sizeof why) || !stash_ok || S->bubble < bound - 1e-12 ||
-                    (m >= 2 * p && (kind == DPAR_PIPE_DUALPIPEV || p <= 4) && fabs(S->bubble - bound) > 1e-12) ||
-                    (m >= 2 * p && S->bubble - bound > 0.025) ||
+                    (m >= 2 * p && fabs(S->bubble - bound) > 1e-12) ||
                     ops != 3 * m * 2 * p + 4 * m * (2 * p - 1)) { /* F, B, W per unit; 4 messages per boundary */
                     if (bad++ < 5)
                         printf("    kind %d p=%d m=%d: bubble %.6f (bound %.6f), stash ok %d, %d ops %s\n", kind, p, m,
@@ -151,8 +147,41 @@ static void test_v_schedules(void)
                 dpar_pipe_schedule_destroy(S);
             }
     CHECK_MSG(bad == 0, "%d of %d V schedules off their bounds", bad, checked);
-    printf("    %d V schedules checked; ZBV meets the bound in %d of its %d with m >= 2p, at most %.4f above it\n",
-           checked, met, full, worst);
+    printf("    %d V schedules checked at F = B = W\n", checked);
+    { /* ZBV on other costs (its greedy adapts to them, the fixed order does not: the shorter is kept): valid, 2p
+         stashes, never below the bound in time */
+        static const double costs[] = {0.5, 1, 2};
+        int fi, bi, wi;
+        bad = checked = 0;
+        for (p = 2; p <= 6; p++)
+            for (m = 2 * p - 1; m <= 3 * p; m += p - 1 > 0 ? p - 1 : 1)
+                for (fi = 0; fi < 3; fi++)
+                    for (bi = 0; bi < 3; bi++)
+                        for (wi = 0; wi < 3; wi++) {
+                            dpar_pipe_schedule_desc d = {0};
+                            dpar_pipe_schedule *S;
+                            double F = costs[fi], B = costs[bi], W = costs[wi];
+                            double bound = (p - 1) * F / (2.0 * m * (F + B + W) + (p - 1) * F);
+                            int s, stash_ok = 1;
+                            char why[128] = "";
+                            d.kind = DPAR_PIPE_ZBV, d.p = p, d.m = m;
+                            d.cost_forward = F, d.cost_input_grad = B, d.cost_weight_grad = W;
+                            if (dpar_pipe_schedule_create(&d, &S) != DPAR_OK) {
+                                bad++;
+                                continue;
+                            }
+                            for (s = 0; s < p; s++) stash_ok &= S->peak_stash[s] <= 2 * p;
+                            if (!v_ok(S, why, sizeof why) || !stash_ok || S->bubble < bound - 1e-12) {
+                                if (bad++ < 5)
+                                    printf("    ZBV p=%d m=%d F=%g B=%g W=%g: bubble %.4f (bound %.4f) %s\n", p, m, F,
+                                           B, W, S->bubble, bound, why);
+                            }
+                            checked++;
+                            dpar_pipe_schedule_destroy(S);
+                        }
+        CHECK_MSG(bad == 0, "%d of %d ZBV schedules on other costs wrong", bad, checked);
+        printf("    %d ZBV schedules on other op costs checked\n", checked);
+    }
     { /* v: 0 or 2 */
         dpar_pipe_schedule *S;
         CHECK(sched(4, 8, 3, DPAR_PIPE_ZBV, &S) == DPAR_EINVAL && strstr(dpar_last_error(), "2 chunks per stage"));
@@ -164,6 +193,52 @@ static void test_v_schedules(void)
         CHECK(sched(4, 8, 2, DPAR_PIPE_INTERLEAVED, &S) == DPAR_OK && dpar_pipe_virtual_stage(S, 3, 1) == 7 &&
               dpar_pipe_virtual_stage(S, 0, 1) == 4);
         dpar_pipe_schedule_destroy(S);
+    }
+}
+
+/* schedules made with an allocator that fails its n-th call, for every n until one succeeds: each failure is
+   DPAR_ENOMEM with *out NULL and nothing left allocated (ZBV makes two orders and keeps one: its copies too) */
+typedef struct {
+    int calls, fail_at, live;
+} oom_counter;
+static void *oom_alloc(void *user, size_t n)
+{
+    oom_counter *k = (oom_counter *)user;
+    if (k->calls++ == k->fail_at) return NULL;
+    k->live++;
+    return malloc(n);
+}
+static void oom_free(void *user, void *ptr)
+{
+    oom_counter *k = (oom_counter *)user;
+    if (ptr) k->live--;
+    free(ptr);
+}
+static void test_schedules_out_of_memory(void)
+{
+    static const dpar_pipe_kind kinds[] = {DPAR_PIPE_ZB_H1, DPAR_PIPE_ZBV, DPAR_PIPE_DUALPIPEV};
+    int ki;
+    for (ki = 0; ki < 3; ki++) {
+        oom_counter k;
+        dpar_pipe_schedule_desc d = {0};
+        dpar_pipe_schedule *S = NULL;
+        dpar_status st = DPAR_ENOMEM;
+        int failures = 0;
+        d.kind = kinds[ki], d.p = 3, d.m = 6;
+        d.allocator.alloc = oom_alloc, d.allocator.free = oom_free, d.allocator.user = &k;
+        for (k.fail_at = 0; st == DPAR_ENOMEM && k.fail_at < 10000; k.fail_at++) {
+            k.calls = k.live = 0;
+            st = dpar_pipe_schedule_create(&d, &S);
+            if (st == DPAR_ENOMEM) {
+                CHECK_MSG(S == NULL && k.live == 0, "kind %d, allocation %d failed: %d blocks left", (int)kinds[ki],
+                          k.fail_at, k.live);
+                failures++;
+            }
+        }
+        CHECK_MSG(st == DPAR_OK && S && S->bubble > 0, "kind %d: %s", (int)kinds[ki], dpar_last_error());
+        dpar_pipe_schedule_destroy(S);
+        CHECK(k.live == 0);
+        printf("    kind %d: each of its %d allocations failed once: ENOMEM, nothing left\n", (int)kinds[ki], failures);
     }
 }
 
@@ -894,6 +969,7 @@ int main(int argc, char **argv)
     DT_MAIN_BEGIN(argc, argv);
     RUN(test_schedules_match_closed_forms);
     RUN(test_v_schedules);
+    RUN(test_schedules_out_of_memory);
     RUN(test_checker_rejects_broken_schedules);
     RUN(test_pipelined_mlp_matches_sequential);
     RUN(test_failing_callback_stops_every_stage);
