@@ -828,11 +828,16 @@ typedef struct dpar_request dpar_request;
      clear(user, worker, p, bytes)       p's bytes = 0 (cudaMemsetAsync)
      update(user, worker, u)             one optimizer step on u->n elements of this rank's memory, the math that
                                          dpar_optim_update states, every operation rounded on its own
+   For their checkpoints (optional, both or neither; without them dpar_ckpt_save_zero / _fsdp and the loads return
+             DPAR_EUNSUPPORTED on such a comm), each returning once the bytes are where they go:
+     to_host(user, worker, host, dev, bytes)    host = dev, after the worker's queued work (cudaMemcpy D2H)
+     from_host(user, worker, dev, host, bytes)  dev = host, after the worker's queued work (cudaMemcpy H2D)
    Required: reduce, divide, copy, alloc and free, all or none (none: host memory, the default).
    Remarks:  such a group has none of the shared-memory speed-ups (direct buckets and dpar_steal return
              DPAR_EUNSUPPORTED on it), and only thread groups take one (MPI comms return DPAR_EUNSUPPORTED). dpar's
              layers that compute on the host (dpar_linear, the pipeline runner, shard plans, checkpoints) are for
-             host buffers; dpar_zero and dpar_fsdp compute through clear and update (their f32 flat forms).
+             host buffers; dpar_zero and dpar_fsdp compute through clear and update (their f32 flat forms) and
+             checkpoint through to_host and from_host.
    See:      docs/comm.md, 'Buffers in device memory'; docs/cuda.md. */
 typedef struct dpar_optim_update dpar_optim_update;
 typedef struct dpar_comm_memory {
@@ -849,6 +854,8 @@ typedef struct dpar_comm_memory {
     dpar_status (*wait)(void *user, int worker, int peer, uint64_t ticket);
     dpar_status (*clear)(void *user, int worker, void *p, size_t bytes); /* dpar_zero, dpar_fsdp: both or neither */
     dpar_status (*update)(void *user, int worker, const dpar_optim_update *u);
+    dpar_status (*to_host)(void *user, int worker, void *host, const void *dev, size_t bytes); /* both or neither */
+    dpar_status (*from_host)(void *user, int worker, void *dev, const void *host, size_t bytes);
 } dpar_comm_memory;
 /* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
    AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES (twice that on more
@@ -990,8 +997,9 @@ typedef struct dpar_comm_ops {
 } dpar_comm_ops;
 /* dpar_comm_from_ops: make this rank's comm over ops (copied).
    desc->memory: where the library's buffers are, when the host cannot read them (NCCL's: device memory): reduce,
-             divide, copy, alloc, free, clear and update, all or none, no record, wait or peer_access. The collectives
-             are the library's; only dpar_zero and dpar_fsdp use them, for their own buffers and steps.
+             divide, copy, alloc, free, clear and update, all or none, no record, wait or peer_access; to_host and
+             from_host with them for checkpoints (optional). The collectives are the library's; only dpar_zero and
+             dpar_fsdp use them, for their own buffers, steps and checkpoints.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL ops or out, no run, no exchange with the checker on, rank outside 0..size-1, a
              desc deterministic (the library decides the order), memory callbacks incomplete), DPAR_ENOMEM. On error
              *out is NULL and ops->destroy has not been called.
@@ -1359,8 +1367,9 @@ DPAR_API dpar_status dpar_linear_destroy(dpar_linear *layer);
              with its block of the state, all-gather the parameters.
    Device:   on a comm whose buffers are device memory (a dpar_cuda pool's worker: dpar_comm_memory with clear and
              update), params and grads are device memory, the state is allocated there too and every step runs on
-             the device (its stream, when the pool is stream-ordered); the flat form only, no checkpoints
-             (DPAR_EUNSUPPORTED). Bitwise the host's training.
+             the device (its stream, when the pool is stream-ordered); the flat form only (the tensor form:
+             DPAR_EUNSUPPORTED); checkpoints staged through host memory (dpar_comm_memory.to_host / from_host).
+             Bitwise the host's training.
    See:      docs/model_parallel.md, 'ZeRO-1 (DeepSpeed)'; docs/cuda.md, 'ZeRO and FSDP on device memory'. */
 typedef enum dpar_optim { DPAR_OPTIM_SGD = 0, DPAR_OPTIM_ADAM = 1 } dpar_optim;
 
@@ -1478,8 +1487,9 @@ DPAR_API dpar_status dpar_zero_destroy(dpar_zero *zero);
              rank holds its leaves' gradients and 2 M more unit-sized buffers.
    Device:   on a comm whose buffers are device memory (dpar_comm_memory with clear and update: a dpar_cuda pool's
              worker), the shards, the unit buffers and what gather and grads return are device memory, and
-             set_params / get_params take device memory; stages 2 and 3 in f32, flat units, no leaves, no loss scale,
-             no checkpoints (the rest returns DPAR_EUNSUPPORTED at create). Gradients are not checked for inf/NaN
+             set_params / get_params take device memory; stages 2 and 3 in f32, flat units, no leaves, no loss scale
+             (the rest returns DPAR_EUNSUPPORTED at create); checkpoints staged through host memory (to_host /
+             from_host). Gradients are not checked for inf/NaN
              there (f32 at scale 1 skips no step), so a step costs no host round trip. Bitwise the host's training.
    See:      docs/model_parallel.md, 'ZeRO-2 and ZeRO-3 (FSDP)'; docs/cuda.md, 'ZeRO and FSDP on device memory'. */
 typedef struct dpar_fsdp dpar_fsdp;
@@ -2133,9 +2143,13 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
    step and the loss scale). They load into a
    zero / fsdp of another rank count (the same units, kind and element counts): bitwise the same parameters and
    state, as if trained there. Load needs no unit held (dpar_fsdp_release every gathered one first).
-   params:   zero: the `count` parameters of dpar_zero_step, the same on every rank.
+   Device:   state in device memory (dpar_comm_memory) is staged through host memory: its to_host and from_host
+             callbacks copy this rank's shards (a load: and zero's whole params) to a host buffer of that size made
+             for the call; without them, DPAR_EUNSUPPORTED. The file is the same as host memory's: a checkpoint saved
+             on a GPU loads on host ranks and back.
+   params:   zero: the `count` parameters of dpar_zero_step, the same on every rank (device memory on such a comm).
    Returns:  as dpar_ckpt_save / _load; DPAR_EINVAL (NULL object or params, a prefix too long, a unit gathered or
-             its gradients not reduced).
+             its gradients not reduced); DPAR_EUNSUPPORTED (device memory without to_host / from_host).
    Thread safety: the rank's thread; collective over the object's comm. */
 DPAR_API dpar_status dpar_ckpt_save_zero(dpar_zero *zero, float *params, const char *path, const char *prefix,
                                          const dpar_ckpt_item *extra, int count);
@@ -6678,6 +6692,16 @@ static dpar__call dpar__call_make(dpar_coll coll, const void *send, void *recv, 
     return call;
 }
 
+/* a collective on host memory whatever the comm's dpar_comm_memory: a layer's own words on a comm whose buffers are
+   device memory (checkpoints' agreements, sizes and manifests) */
+static dpar_status dpar__host_coll(dpar_comm *comm, dpar_coll coll, const void *send, void *recv, size_t count,
+                                   dpar_dtype t, dpar_op op, int root, const char *api, const char *file, int line)
+{
+    dpar__call call = dpar__call_make(coll, send, recv, count, t, op, root, file, line);
+    call.host = 1;
+    return dpar__collective(comm, &call, api);
+}
+
 DPAR_API dpar_status dpar_barrier_at(dpar_comm *comm, const char *file, int line)
 {
     dpar__call call = dpar__call_make(DPAR_COLL_BARRIER, NULL, NULL, 0, DPAR_U8, DPAR_SUM, 0, file, line);
@@ -8041,9 +8065,13 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
             return dpar__err(DPAR_EINVAL,
                              "dpar_group_create: memory.clear and memory.update go together, %s is missing",
                              m->clear ? "update" : "clear");
-        if (!set && (m->enter || m->peer_access || m->record || m->clear))
-            return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter, memory.peer_access, memory.record or "
-                                          "memory.clear without the memory callbacks");
+        if (!m->to_host != !m->from_host)
+            return dpar__err(DPAR_EINVAL,
+                             "dpar_group_create: memory.to_host and memory.from_host go together, %s is missing",
+                             m->to_host ? "from_host" : "to_host");
+        if (!set && (m->enter || m->peer_access || m->record || m->clear || m->to_host))
+            return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter, memory.peer_access, memory.record, "
+                                          "memory.clear or memory.to_host without the memory callbacks");
     }
     if (desc->algo < DPAR_ALGO_AUTO || desc->algo > DPAR_ALGO_SLICE)
         return dpar__err(DPAR_EINVAL, "dpar_group_create: algo = %d (auto, ring, oneshot or slice)", desc->algo);
@@ -8309,6 +8337,50 @@ static void dpar__o_call(const dpar__ctx *x, const dpar__call *call, dpar_comm_c
     }
 }
 
+/* a collective on host words on a library's comm (its run takes the library's memory): each rank's piece to all
+   through the exchange, then this rank's result from the pieces: an alltoall (dpar_alltoallv_counts), an all-reduce
+   combined in rank order (the same bits on every rank), an all-gather of dpar_block_range's blocks, a broadcast */
+static dpar_status dpar__o_host(dpar__ctx *x, const dpar__call *call)
+{
+    dpar_comm *c = x->c;
+    dpar__ops *o = DPAR__O(c);
+    size_t es = dpar__dtype_sizes[call->dtype], N = (size_t)c->size, me = (size_t)c->rank, q, b, off, len;
+    const char *mine = (const char *)call->send;
+    char *scr = NULL, *out = (char *)call->recv;
+    switch (call->coll) {
+    case DPAR_COLL_ALLTOALL: b = N * call->count * es; break;
+    case DPAR_COLL_ALLGATHER: dpar_block_range(call->count, c->size, 0, &off, &len), b = len * es; break;
+    default: b = call->count * es; break; /* allreduce, broadcast: the whole buffer */
+    }
+    DPAR__TRY(dpar__scratch(c, (N + 1) * b, &scr));
+    if (call->coll == DPAR_COLL_ALLGATHER) { /* my block, padded to the largest (the first) */
+        dpar_block_range(call->count, c->size, c->rank, &off, &len);
+        if (len) memcpy(scr + N * b, call->send, len * es);
+        mine = scr + N * b;
+    }
+    if (call->coll == DPAR_COLL_BROADCAST && call->root != c->rank) mine = out; /* any bytes: only the root's count */
+    if (!mine) mine = out;
+    DPAR__TRY(o->ops.exchange(o->ops.user, mine, scr, b, x->deadline));
+    for (q = 0; q < N; q++) {
+        const char *piece = scr + q * b;
+        switch (call->coll) {
+        case DPAR_COLL_ALLTOALL: memcpy(out + q * (b / N), piece + me * (b / N), b / N); break;
+        case DPAR_COLL_ALLGATHER:
+            dpar_block_range(call->count, c->size, (int)q, &off, &len);
+            memcpy(out + off * es, piece, len * es);
+            break;
+        case DPAR_COLL_BROADCAST:
+            if ((int)q == call->root) memcpy(out, piece, b);
+            break;
+        default:
+            if (q == 0) memcpy(out, piece, b);
+            else dpar__reduce(out, out, piece, call->count, call->dtype, call->op, q + 1 == N ? c->size : 0);
+            break;
+        }
+    }
+    return DPAR_OK;
+}
+
 /* batches on a library's comm: a call inside a batch is recorded (its arguments were checked), and dpar_batch_end
    checks the batch with one exchange and runs it (ops.run_group, else call by call) */
 static dpar_status dpar__o_record(dpar__ctx *x, const dpar__call *call)
@@ -8419,15 +8491,9 @@ static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *don
                          c->name);
     if (c->batch) return dpar__o_record(x, call);
     if (c->check) DPAR__TRY(dpar__o_check(x, call));
-    if (call->host) { /* dpar_alltoallv_counts: host words, an alltoall through the exchange (an allgather) */
-        size_t b = call->count * dpar__dtype_sizes[call->dtype], N = (size_t)c->size, q;
-        char *scr = NULL;
-        st = dpar__scratch(c, N * N * b, &scr);
-        if (st == DPAR_OK) st = o->ops.exchange(o->ops.user, call->send, scr, N * b, x->deadline);
-        if (st == DPAR_OK) {
-            for (q = 0; q < N; q++) memcpy((char *)call->recv + q * b, scr + (q * N + (size_t)c->rank) * b, b);
-            return DPAR_OK;
-        }
+    if (call->host) { /* host words (dpar_alltoallv_counts, checkpoints' own): through the exchange (an allgather) */
+        st = dpar__o_host(x, call);
+        if (st == DPAR_OK) return DPAR_OK;
         snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
         return dpar__o_poison(c, st, msg);
     }
@@ -8490,6 +8556,9 @@ DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_com
                              "dpar_comm_from_ops: memory callbacks: reduce, divide, copy, alloc, free, clear and "
                              "update all or none (%d of 7 set), no record, wait or peer_access (the library's)",
                              set);
+        if (!m->to_host != !m->from_host || (!set && m->to_host))
+            return dpar__err(DPAR_EINVAL, "dpar_comm_from_ops: memory.to_host and memory.from_host go together, "
+                                          "and with the seven others");
     }
     if ((st = dpar__env_check("dpar_comm_from_ops")) != DPAR_OK) return st;
     c = (dpar_comm *)dpar__calloc(&d.allocator, 1, sizeof *c);
@@ -9453,6 +9522,26 @@ static dpar_status dpar__dev_update(dpar_comm *c, const dpar_optim_update *u)
     DPAR__TRY(dpar__dev_enter(c, m));
     return dpar__dev_result(c, m->update(m->user, c->worker, u));
 }
+/* checkpoints of state in device memory: a piece to its host copy, or back (after the device's earlier work) */
+static dpar_status dpar__dev_host(dpar_comm *c, int to_host, void *host, void *dev, size_t bytes)
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    if (!bytes) return DPAR_OK;
+    DPAR__TRY(dpar__dev_enter(c, m));
+    return dpar__dev_result(c, to_host ? m->to_host(m->user, c->worker, host, dev, bytes)
+                                       : m->from_host(m->user, c->worker, dev, host, bytes));
+}
+/* the device can take a checkpoint (DPAR_OK on host memory) */
+static dpar_status dpar__dev_ckpt_check(const dpar_comm *c, const char *api)
+{
+    const dpar_comm_memory *m = dpar__dev(c);
+    if (m && !m->to_host)
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "%s: the state is in device memory and the comm's dpar_comm_memory has no to_host and "
+                         "from_host callbacks to stage it through host memory",
+                         api);
+    return DPAR_OK;
+}
 
 struct dpar_zero {
     dpar_comm *comm;
@@ -10047,6 +10136,11 @@ static dpar_status dpar__fsdp_unit(const dpar_fsdp *f, int unit, const void *p, 
 static float *dpar__fsdp_master(dpar_fsdp *f, int u)
 {
     return f->p ? f->p + f->soff[u] : (float *)f->full + f->foff[u] + f->off[u];
+}
+/* this rank's block of the unit's parameters (k = 0), momentum or first moment (1), second moment (2) */
+static float *dpar__fsdp_piece(dpar_fsdp *f, int u, int k)
+{
+    return k == 0 ? dpar__fsdp_master(f, u) : (k == 1 ? f->m : f->v) + f->soff[u];
 }
 
 DPAR_API dpar_status dpar_fsdp_set_params(dpar_fsdp *f, int unit, const float *full)
@@ -12947,7 +13041,8 @@ static dpar_status dpar__ckpt_agree(dpar_comm *c, dpar_status mine, const char *
     char text[DPAR__ERROR_TEXT];
     if (!c) return mine;
     snprintf(text, sizeof text, "%s", dpar_last_error());
-    st = dpar_allreduce(c, &v, &v, 1, DPAR_I64, DPAR_MIN);
+    st =
+        dpar__host_coll(c, DPAR_COLL_ALLREDUCE, &v, &v, 1, DPAR_I64, DPAR_MIN, 0, "dpar_allreduce", __FILE__, __LINE__);
     if (st != DPAR_OK) return st;
     if (mine != DPAR_OK) return dpar__err(mine, "%s", text);
     if (v != DPAR_OK)
@@ -13098,7 +13193,9 @@ static dpar_status dpar__ckpt_plans(dpar_comm *comm, const dpar_ckpt_item *items
     for (i = 0; i < count; i++)
         if (items[i].elem) len += 4 + (int64_t)strlen(items[i].name) + 56;
     most = len;
-    if (comm) DPAR__TRY(dpar_allreduce(comm, &len, &most, 1, DPAR_I64, DPAR_MAX));
+    if (comm)
+        DPAR__TRY(dpar__host_coll(comm, DPAR_COLL_ALLREDUCE, &len, &most, 1, DPAR_I64, DPAR_MAX, 0, "dpar_allreduce",
+                                  __FILE__, __LINE__));
     slot = (size_t)most;
     *table = (unsigned char *)dpar__calloc(a, (size_t)nranks, slot);
     if (!*table) st = dpar__err(DPAR_ENOMEM, "dpar_ckpt_save: out of memory");
@@ -13121,7 +13218,9 @@ static dpar_status dpar__ckpt_plans(dpar_comm *comm, const dpar_ckpt_item *items
         p += 56;
         n++;
     }
-    if (comm) DPAR__TRY(dpar_allgather(comm, *table + (size_t)rank * slot, *table, slot * (size_t)nranks, DPAR_U8));
+    if (comm)
+        DPAR__TRY(dpar__host_coll(comm, DPAR_COLL_ALLGATHER, *table + (size_t)rank * slot, *table,
+                                  slot * (size_t)nranks, DPAR_U8, DPAR_SUM, 0, "dpar_allgather", __FILE__, __LINE__));
     /* count and parse every rank's records */
     for (r = 0, n = 0; r < nranks; r++) {
         unsigned char *s = *table + (size_t)r * slot, *end = s + dpar__get64(s);
@@ -13178,7 +13277,8 @@ DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpa
         g[0] = (int64_t)gen;
         g[1] = (int64_t)old;
         g[2] = (int64_t)old_n;
-        DPAR__TRY(dpar_broadcast(comm, g, g, 3, DPAR_I64, 0));
+        DPAR__TRY(dpar__host_coll(comm, DPAR_COLL_BROADCAST, g, g, 3, DPAR_I64, DPAR_SUM, 0, "dpar_broadcast", __FILE__,
+                                  __LINE__));
         gen = (uint64_t)g[0];
         old = (uint64_t)g[1];
         old_n = (uint32_t)g[2];
@@ -13252,7 +13352,9 @@ DPAR_API dpar_status dpar_ckpt_save(dpar_comm *comm, const char *path, const dpa
     }
     sizes[2 * rank] = (uint64_t)sh[0];
     sizes[2 * rank + 1] = (uint64_t)sh[1];
-    if (comm) st = dpar_allgather(comm, sizes + 2 * rank, sizes, 2 * (size_t)nranks, DPAR_I64);
+    if (comm)
+        st = dpar__host_coll(comm, DPAR_COLL_ALLGATHER, sizes + 2 * rank, sizes, 2 * (size_t)nranks, DPAR_I64, DPAR_SUM,
+                             0, "dpar_allgather", __FILE__, __LINE__);
     if (st == DPAR_OK && rank == 0) {
         /* magic, nranks, generation, per rank (size, crc), the tensors, crc of all before it. A tensor: name
            length, name, elem, rows, cols, its stored blocks: count, then per block (rank, row0, nrows, col0, ncols) */
@@ -13454,7 +13556,9 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
         info[0] = st;
         info[1] = (int64_t)mn;
     }
-    if (comm) DPAR__TRY(dpar_broadcast(comm, info, info, 2, DPAR_I64, 0));
+    if (comm)
+        DPAR__TRY(dpar__host_coll(comm, DPAR_COLL_BROADCAST, info, info, 2, DPAR_I64, DPAR_SUM, 0, "dpar_broadcast",
+                                  __FILE__, __LINE__));
     if (info[0] != DPAR_OK) {
         dpar__free(&a, man);
         dpar__free(&a, tens);
@@ -13467,7 +13571,9 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
     if (rank != 0) man = (unsigned char *)dpar__alloc(&a, mn + 1);
     st = man ? DPAR_OK : dpar__err(DPAR_ENOMEM, "out of memory");
     DPAR__TRY(dpar__ckpt_agree(comm, st, "checkpoint"));
-    if (comm) st = dpar_broadcast(comm, man, man, mn, DPAR_U8, 0);
+    if (comm)
+        st = dpar__host_coll(comm, DPAR_COLL_BROADCAST, man, man, mn, DPAR_U8, DPAR_SUM, 0, "dpar_broadcast", __FILE__,
+                             __LINE__);
     if (st == DPAR_OK && rank != 0) st = dpar__ckpt_parse(path, man, mn, &nsaved, &gen, &tens, &ntens, &a);
     which = (int *)dpar__calloc(&a, (size_t)count + 1, sizeof(int));
     done = (uint64_t *)dpar__calloc(&a, (size_t)count + 1, sizeof(uint64_t));
@@ -13619,30 +13725,55 @@ static dpar_status dpar__ckpt_zero(dpar_zero *z, float *params, const char *path
     int64_t step;
     dpar_allocator a;
     dpar_status st;
+    int dev;
+    size_t pn;        /* the parameters' floats in the checkpoint's view: my block (save) or all of them (load) */
+    float *p, *m, *v; /* what the items point at: the state itself, or (device memory) its host copy */
+    float *staged = NULL;
     if (!z) return dpar__err(DPAR_EINVAL, "%s: zero is NULL", api);
-    if (dpar__dev(z->comm)) return dpar__err(DPAR_EUNSUPPORTED, "%s: the state is in device memory", api);
+    DPAR__TRY(dpar__dev_ckpt_check(z->comm, api));
+    dev = dpar__dev(z->comm) != NULL;
     if (!prefix) prefix = "zero.";
     if ((z->count && !params) || strlen(prefix) > 56) {
         st = dpar__err(DPAR_EINVAL, "%s: params is NULL, or the prefix is longer than 56 characters", api);
         return dpar__bad_call(z->comm, st);
     }
     a = z->d.allocator;
+    pn = save ? z->len : z->count;
     items = (dpar_ckpt_item *)dpar__calloc(&a, (size_t)(count > 0 ? count : 0) + 4, sizeof *items);
-    if (!items) return dpar__bad_call(z->comm, dpar__err(DPAR_ENOMEM, "%s: out of memory", api));
+    if (dev) staged = (float *)dpar__alloc(&a, (pn + 2 * z->len) * sizeof(float) + 1);
+    if (!items || (dev && !staged)) {
+        dpar__free(&a, items);
+        return dpar__bad_call(z->comm, dpar__err(DPAR_ENOMEM, "%s: out of memory", api));
+    }
+    p = dev ? staged : save ? params + z->off : params;
+    m = dev ? staged + pn : z->m;
+    v = dev ? staged + pn + z->len : z->v;
+    st = DPAR_OK;
+    if (dev && save) { /* the device's state into its host copy */
+        st = dpar__dev_host(z->comm, 1, p, params + z->off, z->len * sizeof(float));
+        if (st == DPAR_OK) st = dpar__dev_host(z->comm, 1, m, z->m, z->len * sizeof(float));
+        if (st == DPAR_OK && z->v) st = dpar__dev_host(z->comm, 1, v, z->v, z->len * sizeof(float));
+    }
     snprintf(names[0], 64, "%sparams", prefix);
     snprintf(names[1], 64, "%sm", prefix);
     snprintf(names[2], 64, "%sv", prefix);
     snprintf(names[3], 64, "%sstep", prefix);
     step = (int64_t)z->step;
     /* save: each rank writes its block of the parameters (they are the same everywhere); load: the whole vector */
-    items[0] = save ? dpar_ckpt_flat(names[0], params + z->off, sizeof(float), z->count, z->off, z->len)
-                    : dpar_ckpt_flat(names[0], params, sizeof(float), z->count, 0, z->count);
-    items[1] = dpar_ckpt_flat(names[1], z->m, sizeof(float), z->count, z->off, z->len);
+    items[0] = save ? dpar_ckpt_flat(names[0], p, sizeof(float), z->count, z->off, z->len)
+                    : dpar_ckpt_flat(names[0], p, sizeof(float), z->count, 0, z->count);
+    items[1] = dpar_ckpt_flat(names[1], m, sizeof(float), z->count, z->off, z->len);
     items[2] = dpar_ckpt_replica(names[3], &step, sizeof step);
-    if (z->v) items[3] = dpar_ckpt_flat(names[2], z->v, sizeof(float), z->count, z->off, z->len);
-    st = dpar__ckpt_obj(z->comm, save, path, items, z->v ? 4 : 3, extra, count, api);
+    if (z->v) items[3] = dpar_ckpt_flat(names[2], v, sizeof(float), z->count, z->off, z->len);
+    if (st == DPAR_OK) st = dpar__ckpt_obj(z->comm, save, path, items, z->v ? 4 : 3, extra, count, api);
+    if (st == DPAR_OK && dev && !save) { /* loaded whole: the host copy into the device's state */
+        st = dpar__dev_host(z->comm, 0, p, params, z->count * sizeof(float));
+        if (st == DPAR_OK) st = dpar__dev_host(z->comm, 0, m, z->m, z->len * sizeof(float));
+        if (st == DPAR_OK && z->v) st = dpar__dev_host(z->comm, 0, v, z->v, z->len * sizeof(float));
+    }
     if (st == DPAR_OK && !save) z->step = (long)step;
     dpar__free(&a, items);
+    dpar__free(&a, staged);
     return st;
 }
 DPAR_API dpar_status dpar_ckpt_check(const char *path, int flags)
@@ -13716,11 +13847,13 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
     char *names;
     int64_t state[4]; /* step, steps since the scale last changed, steps skipped, the loss scale's bits */
     uint32_t bits;
-    int u, n = 0;
+    int u, n = 0, k, dev;
+    float *staged = NULL; /* device memory: the shards' host copy (master, m, v, each slen floats) */
     dpar_allocator a;
-    dpar_status st;
+    dpar_status st = DPAR_OK;
     if (!f) return dpar__err(DPAR_EINVAL, "%s: fsdp is NULL", api);
-    if (dpar__dev(f->comm)) return dpar__err(DPAR_EUNSUPPORTED, "%s: the shards are in device memory", api);
+    DPAR__TRY(dpar__dev_ckpt_check(f->comm, api));
+    dev = f->dev;
     if (!prefix) prefix = "fsdp.";
     if (strlen(prefix) > 40 || f->gunit >= 0 || (f->held[0] >= 0 && f->taken[0]) || (f->held[1] >= 0 && f->taken[1])) {
         st = dpar__err(DPAR_EINVAL,
@@ -13734,28 +13867,35 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
     a = f->d.allocator;
     items = (dpar_ckpt_item *)dpar__calloc(&a, 3 * (size_t)f->U + 1 + (size_t)(count > 0 ? count : 0), sizeof *items);
     names = (char *)dpar__calloc(&a, 3 * (size_t)f->U + 1, 64);
-    if (!items || !names) {
+    if (dev) staged = (float *)dpar__alloc(&a, 3 * f->slen * sizeof(float) + 1);
+    if (!items || !names || (dev && !staged)) {
         dpar__free(&a, items);
         dpar__free(&a, names);
+        dpar__free(&a, staged);
         return dpar__bad_call(f->comm, dpar__err(DPAR_ENOMEM, "%s: out of memory", api));
     }
+    for (u = 0; dev && save && u < f->U && st == DPAR_OK; u++) /* the device's shards into their host copy */
+        for (k = 0; k < (f->v ? 3 : 2) && st == DPAR_OK; k++)
+            st = dpar__dev_host(f->comm, 1, staged + k * f->slen + f->soff[u], dpar__fsdp_piece(f, u, k),
+                                f->len[u] * sizeof(float));
     memcpy(&bits, &f->scale, sizeof bits);
     state[0] = (int64_t)f->step, state[1] = (int64_t)f->good, state[2] = (int64_t)f->skipped, state[3] = bits;
     snprintf(names, 64, "%sstate", prefix);
     items[n++] = dpar_ckpt_replica(names, state, sizeof state);
     for (u = 0; u < f->U; u++) {
         char *nm = names + 64 * (size_t)n;
-        snprintf(nm, 64, "%su%d.param", prefix, u);
-        items[n++] = dpar_ckpt_flat(nm, dpar__fsdp_master(f, u), sizeof(float), f->count[u], f->off[u], f->len[u]);
-        nm += 64;
-        snprintf(nm, 64, "%su%d.m", prefix, u);
-        items[n++] = dpar_ckpt_flat(nm, f->m + f->soff[u], sizeof(float), f->count[u], f->off[u], f->len[u]);
-        if (!f->v) continue;
-        nm += 64;
-        snprintf(nm, 64, "%su%d.v", prefix, u);
-        items[n++] = dpar_ckpt_flat(nm, f->v + f->soff[u], sizeof(float), f->count[u], f->off[u], f->len[u]);
+        static const char *const what[3] = {"param", "m", "v"};
+        for (k = 0; k < (f->v ? 3 : 2); k++, nm += 64) {
+            float *at = dev ? staged + k * f->slen + f->soff[u] : dpar__fsdp_piece(f, u, k);
+            snprintf(nm, 64, "%su%d.%s", prefix, u, what[k]);
+            items[n++] = dpar_ckpt_flat(nm, at, sizeof(float), f->count[u], f->off[u], f->len[u]);
+        }
     }
-    st = dpar__ckpt_obj(f->comm, save, path, items, n, extra, count, api);
+    if (st == DPAR_OK) st = dpar__ckpt_obj(f->comm, save, path, items, n, extra, count, api);
+    for (u = 0; dev && !save && u < f->U && st == DPAR_OK; u++) /* loaded: the host copy into the device's shards */
+        for (k = 0; k < (f->v ? 3 : 2) && st == DPAR_OK; k++)
+            st = dpar__dev_host(f->comm, 0, staged + k * f->slen + f->soff[u], dpar__fsdp_piece(f, u, k),
+                                f->len[u] * sizeof(float));
     if (st == DPAR_OK && !save) {
         f->step = (long)state[0], f->good = (long)state[1], f->skipped = (long)state[2];
         bits = (uint32_t)state[3];
@@ -13766,6 +13906,7 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
     }
     dpar__free(&a, items);
     dpar__free(&a, names);
+    dpar__free(&a, staged);
     return st;
 }
 DPAR_API dpar_status dpar_ckpt_save_fsdp(dpar_fsdp *fsdp, const char *path, const char *prefix,

@@ -1979,6 +1979,14 @@ static dpar_status dpar_cuda__nm_copy(void *user, int worker, void *dst, const v
     return dpar_cuda__nm_done(k, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, k->stream), before,
                               "cudaMemcpyAsync (dpar_zero, dpar_fsdp)");
 }
+static dpar_status dpar_cuda__nm_to_host(void *user, int worker, void *host, const void *dev, size_t bytes)
+{
+    return dpar_cuda__nm_copy(user, worker, host, dev, bytes); /* cudaMemcpyDefault, waited for */
+}
+static dpar_status dpar_cuda__nm_from_host(void *user, int worker, void *dev, const void *host, size_t bytes)
+{
+    return dpar_cuda__nm_copy(user, worker, dev, host, bytes);
+}
 static dpar_status dpar_cuda__nm_clear(void *user, int worker, void *p, size_t bytes)
 {
     const dpar_cuda__nc *k = (const dpar_cuda__nc *)user;
@@ -2061,6 +2069,8 @@ static dpar_status dpar_cuda__nccl_wrap(ncclComm_t nc, cudaStream_t stream, int 
     d.memory.free = dpar_cuda__nm_free;
     d.memory.clear = dpar_cuda__nm_clear;
     d.memory.update = dpar_cuda__nm_update;
+    d.memory.to_host = dpar_cuda__nm_to_host;
+    d.memory.from_host = dpar_cuda__nm_from_host;
     if ((st = dpar_comm_from_ops(&ops, &d, out)) != DPAR_OK) {
         free(k);
         return st;
@@ -2500,6 +2510,26 @@ static dpar_status dpar_cuda__c_update(void *user, int worker, const dpar_optim_
                                                u->weight_decay, u->step, s);
     return dpar_cuda__c_done(p, w, st, "an optimizer step (dpar_zero, dpar_fsdp)");
 }
+/* checkpoints of dpar_zero / dpar_fsdp state: device memory to host memory and back, waited for (the host reads the
+   copy, or frees its source, next) */
+static dpar_status dpar_cuda__c_host_copy(void *user, int worker, void *dst, const void *src, size_t bytes,
+                                          const char *what)
+{
+    const dpar_cuda_pool *p = (const dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    cudaStream_t s = dpar_cuda__c_stream(p, w);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    return e == cudaSuccess ? DPAR_OK : dpar_cuda__worker_error(w, e, what);
+}
+static dpar_status dpar_cuda__c_to_host(void *user, int worker, void *host, const void *dev, size_t bytes)
+{
+    return dpar_cuda__c_host_copy(user, worker, host, dev, bytes, "cudaMemcpyAsync to host (a checkpoint)");
+}
+static dpar_status dpar_cuda__c_from_host(void *user, int worker, void *dev, const void *host, size_t bytes)
+{
+    return dpar_cuda__c_host_copy(user, worker, dev, host, bytes, "cudaMemcpyAsync from host (a checkpoint)");
+}
 static int dpar_cuda__c_peer_access(void *user, int worker, int peer)
 {
     dpar_cuda_pool *p = (dpar_cuda_pool *)user;
@@ -2679,6 +2709,8 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         cd.memory.free = dpar_cuda__c_free;
         cd.memory.clear = dpar_cuda__c_clear;
         cd.memory.update = dpar_cuda__c_update;
+        cd.memory.to_host = dpar_cuda__c_to_host;
+        cd.memory.from_host = dpar_cuda__c_from_host;
         if (p->stream_ordered) {
             cd.memory.record = dpar_cuda__c_record;
             cd.memory.wait = dpar_cuda__c_wait;

@@ -1138,7 +1138,8 @@ typedef struct {
     int size;
     const char *own[8]; /* worker q's buffers: [own[q], own[q] + own_bytes) */
     size_t own_bytes;
-    int peer_read; /* reduce read another worker's buffer though peer_access said no */
+    int peer_read;        /* reduce read another worker's buffer though peer_access said no */
+    int fail_host_worker; /* this worker's to_host fails (-1: none) */
 } fake_dev;
 static fake_dev fdev;
 
@@ -1296,6 +1297,25 @@ static dpar_status fake_update(void *user, int worker, const dpar_optim_update *
     free(h.params), free(h.m), free(h.v), free((void *)h.grads);
     return DPAR_OK;
 }
+/* checkpoints: device bytes to host memory (decoded) and back (encoded) */
+static dpar_status fake_to_host(void *user, int worker, void *host, const void *dev, size_t bytes)
+{
+    void *h;
+    (void)user;
+    fake_worker(worker);
+    if (worker == fdev.fail_host_worker) return dpar_set_error(DPAR_ESYSTEM, "fake device: to_host failed");
+    h = fake_read(dev, bytes);
+    memcpy(host, h, bytes);
+    free(h);
+    return DPAR_OK;
+}
+static dpar_status fake_from_host(void *user, int worker, void *dev, const void *host, size_t bytes)
+{
+    (void)user;
+    fake_worker(worker);
+    fake_write(dev, host, bytes);
+    return DPAR_OK;
+}
 static dpar_comm_desc fake_desc(int n, int peer_access)
 {
     dpar_comm_desc d;
@@ -1303,6 +1323,7 @@ static dpar_comm_desc fake_desc(int n, int peer_access)
     memset(&fdev, 0, sizeof fdev);
     fdev.peer_access = peer_access;
     fdev.fail_worker = -1;
+    fdev.fail_host_worker = -1;
     fdev.size = n;
     d.size = n;
     d.segment_bytes = 4096; /* several segments per chunk at the larger counts */
@@ -1315,6 +1336,8 @@ static dpar_comm_desc fake_desc(int n, int peer_access)
     d.memory.free = fake_free;
     d.memory.clear = fake_clear;
     d.memory.update = fake_update;
+    d.memory.to_host = fake_to_host;
+    d.memory.from_host = fake_from_host;
     return d;
 }
 
@@ -1703,6 +1726,21 @@ static void fas_sync(int worker)
     while (fas.s[worker].done < fas.s[worker].queued) pthread_cond_wait(&fas.cond, &fas.lock);
     pthread_mutex_unlock(&fas.lock);
 }
+/* checkpoints: after the stream's queued work, at once (as cudaMemcpy from or to pageable host memory) */
+static dpar_status fas_to_host(void *user, int worker, void *host, const void *dev, size_t bytes)
+{
+    dpar_status st = fas_error(worker);
+    if (st != DPAR_OK) return st;
+    fas_sync(worker);
+    return fake_to_host(user, worker, host, dev, bytes);
+}
+static dpar_status fas_from_host(void *user, int worker, void *dev, const void *host, size_t bytes)
+{
+    dpar_status st = fas_error(worker);
+    if (st != DPAR_OK) return st;
+    fas_sync(worker);
+    return fake_from_host(user, worker, dev, host, bytes);
+}
 /* freeing device memory waits for the stream first, as cudaFree does */
 static void fas_free(void *user, int worker, void *p)
 {
@@ -1742,6 +1780,8 @@ static dpar_comm_desc fas_desc(int n, int peer_access)
     d.memory.wait = fas_wait;
     d.memory.clear = fas_clear;
     d.memory.update = fas_update;
+    d.memory.to_host = fas_to_host;
+    d.memory.from_host = fas_from_host;
     return d;
 }
 static void fas_stop(void)
@@ -1923,6 +1963,8 @@ typedef struct {
     long runs, exchanges, groups; /* groups: run_group calls (their calls count as runs too) */
     uint64_t fail_at;             /* run of this collective number fails (0: none) */
     int destroyed;
+    int device; /* the inner comm's buffers are the fake device's: the exchange stages through its memory, as an
+                   NCCL library's does through the GPU's */
 } lib_rank;
 static dpar_status lib_run(void *user, const dpar_comm_call *k)
 {
@@ -1947,9 +1989,20 @@ static dpar_status lib_run(void *user, const dpar_comm_call *k)
 static dpar_status lib_exchange(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline_ns)
 {
     lib_rank *l = (lib_rank *)user;
+    size_t N = (size_t)dpar_comm_size(l->inner);
+    char *dmine, *dall, *decoded;
+    dpar_status st;
     (void)deadline_ns;
     l->exchanges++;
-    return dpar_allgather(l->inner, mine, all, bytes * (size_t)dpar_comm_size(l->inner), DPAR_U8);
+    if (!l->device) return dpar_allgather(l->inner, mine, all, bytes * N, DPAR_U8);
+    dmine = (char *)malloc(bytes + 1), dall = (char *)malloc(N * bytes + 1);
+    memcpy(dmine, mine, bytes);
+    fake_code(dmine, bytes);
+    st = dpar_allgather(l->inner, dmine, dall, bytes * N, DPAR_U8);
+    decoded = (char *)fake_read(dall, N * bytes);
+    if (st == DPAR_OK) memcpy(all, decoded, N * bytes);
+    free(dmine), free(dall), free(decoded);
+    return st;
 }
 static void lib_destroy(void *user) { ((lib_rank *)user)->destroyed = 1; }
 /* the library's comm over inner with desc d (name "lib"); run_group: the batch callback, or NULL */
@@ -2072,6 +2125,9 @@ static void test_ops_comm_errors(void)
     d.deterministic = 0;
     d.memory.reduce = fake_reduce; /* one of the seven memory callbacks */
     CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c && strstr(dpar_last_error(), "1 of 7"));
+    d.memory = fake_desc(2, 1).memory; /* the seven, with to_host but not from_host */
+    d.memory.enter = NULL, d.memory.peer_access = NULL, d.memory.from_host = NULL;
+    CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c && strstr(dpar_last_error(), "go together"));
     memset(&d.memory, 0, sizeof d.memory);
     CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_OK && c);
     CHECK(dpar_comm_destroy(c) == DPAR_OK);
@@ -2086,7 +2142,11 @@ typedef struct {
     int stage;  /* 1: dpar_zero; 2, 3: dpar_fsdp */
     dpar_optim kind;
     float *out[4][FC_U]; /* each rank's parameters after the steps, host memory */
+    /* a checkpoint after step DEVOPT_CK (ckpt_save non-NULL): saved there, the object made again over scribbled
+       parameters, and loaded from ckpt_load (another run's: the same state, if both are right) */
+    const char *ckpt_save, *ckpt_load;
 } devopt_job;
+enum { DEVOPT_CK = 3 };
 /* host bytes into device memory and back (the host's own memory: a copy) */
 static void devopt_in(const devopt_job *j, int r, void *dev, const void *host, size_t bytes)
 {
@@ -2120,11 +2180,13 @@ static void devopt_rank(world *w, dpar_comm *inner, int r)
     memset(&d, 0, sizeof d);
     d.memory.reduce = fake_reduce, d.memory.divide = fake_divide, d.memory.copy = fake_copy;
     d.memory.alloc = fake_alloc, d.memory.free = fake_free, d.memory.clear = fake_clear, d.memory.update = fake_update;
+    d.memory.to_host = fake_to_host, d.memory.from_host = fake_from_host;
     d.no_check = 1;
     if (!(c = lib_comm_with(&l, inner, d, NULL))) {
         note(w, "rank %d: from_ops with memory: %s", r, dpar_last_error());
         return;
     }
+    l.device = 1;
     devopt_train(w, c, r);
     if (l.runs < 3) note(w, "rank %d: the library ran %ld collectives", r, l.runs);
     dpar_comm_destroy(c);
@@ -2149,6 +2211,16 @@ static void devopt_train(world *w, dpar_comm *c, int r)
         d.comm = c, d.count = total, d.kind = j->kind, d.lr = 0.05f, d.momentum = 0.9f, d.weight_decay = 0.01f;
         expect_ok(w, dpar_zero_create(&d, &z), "zero_create", r);
         for (step = 0; z && step < FC_STEPS; step++) {
+            if (step == DEVOPT_CK && j->ckpt_save) {
+                expect_ok(w, dpar_ckpt_save_zero(z, dev, j->ckpt_save, NULL, NULL, 0), "save_zero", r);
+                expect_ok(w, dpar_zero_destroy(z), "zero_destroy", r);
+                z = NULL;
+                memset(host, 0, total * 4);
+                devopt_in(j, r, dev, host, total * 4);
+                expect_ok(w, dpar_zero_create(&d, &z), "zero_create", r);
+                if (!z) break;
+                expect_ok(w, dpar_ckpt_load_zero(z, dev, j->ckpt_load, NULL, NULL, 0), "load_zero", r);
+            }
             devopt_out(j, r, host, dev, total * 4);
             for (u = 0; u < FC_U; u++) {
                 s[u] = fc_forward(host + at[u], r, step, u);
@@ -2168,6 +2240,17 @@ static void devopt_train(world *w, dpar_comm *c, int r)
         expect_ok(w, dpar_fsdp_create(&d, &f), "fsdp_create", r);
         for (u = 0; f && u < FC_U; u++) expect_ok(w, dpar_fsdp_set_params(f, u, dev + at[u]), "set_params", r);
         for (step = 0; f && step < FC_STEPS; step++) {
+            if (step == DEVOPT_CK && j->ckpt_save) {
+                expect_ok(w, dpar_ckpt_save_fsdp(f, j->ckpt_save, NULL, NULL, 0), "save_fsdp", r);
+                expect_ok(w, dpar_fsdp_destroy(f), "fsdp_destroy", r);
+                f = NULL;
+                memset(host, 0, total * 4);
+                devopt_in(j, r, dev, host, total * 4);
+                expect_ok(w, dpar_fsdp_create(&d, &f), "fsdp_create", r);
+                if (!f) break;
+                for (u = 0; u < FC_U; u++) expect_ok(w, dpar_fsdp_set_params(f, u, dev + at[u]), "set_params", r);
+                expect_ok(w, dpar_ckpt_load_fsdp(f, j->ckpt_load, NULL, NULL, 0), "load_fsdp", r);
+            }
             for (u = 0; u < FC_U; u++) {
                 expect_ok(w, dpar_fsdp_gather(f, u, &pp), "gather", r);
                 devopt_out(j, r, host, pp, fc_counts[u] * 4);
@@ -2196,8 +2279,13 @@ static void devopt_train(world *w, dpar_comm *c, int r)
 static void test_zero_and_fsdp_on_device_memory(void)
 {
     static const int ns[] = {1, 3, 4};
-    devopt_job job[4];
+    devopt_job job[4], ck;
     int ni, stage, kind, dv, r, u;
+    char dir[] = "/tmp/dpar_devckpt_XXXXXX", paths[4][300], cmd[400];
+    CHECK(mkdtemp(dir) != NULL);
+    for (dv = 0; dv < 4; dv++) snprintf(paths[dv], sizeof paths[dv], "%s/dev%d", dir, dv);
+    for (r = 0; r < 4; r++)
+        for (u = 0; u < FC_U; u++) ck.out[r][u] = (float *)malloc(fc_counts[u] * 4);
     for (dv = 0; dv < 4; dv++)
         for (r = 0; r < 4; r++)
             for (u = 0; u < FC_U; u++) job[dv].out[r][u] = (float *)malloc(fc_counts[u] * 4);
@@ -2210,6 +2298,7 @@ static void test_zero_and_fsdp_on_device_memory(void)
                     if (dv == 0) memset(&d, 0, sizeof d);
                     else d = dv == 2 ? fas_desc(N, 1) : fake_desc(N, 1);
                     job[dv].device = dv, job[dv].stage = stage, job[dv].kind = (dpar_optim)kind;
+                    job[dv].ckpt_save = job[dv].ckpt_load = NULL;
                     CHECK_MSG(run_world_desc(N, &d, devopt_rank, &job[dv], NULL, 0) == 0, "N=%d stage %d %s device %d",
                               N, stage, kind ? "adam" : "sgd", dv);
                     if (dv == 2) fas_stop();
@@ -2221,13 +2310,38 @@ static void test_zero_and_fsdp_on_device_memory(void)
                                       "N=%d stage %d %s device %d rank %d unit %d: not the host's bits", N, stage,
                                       kind ? "adam" : "sgd", dv, r, u);
                 }
+                /* checkpointed mid-way: device d saves to its file and loads device d - 1's (the host's own), so
+                   host -> fake -> stream-ordered fake -> library comm; bitwise the training without a checkpoint */
+                for (dv = 0; N == 3 && dv < 4; dv++) {
+                    dpar_comm_desc d;
+                    if (dv == 0) memset(&d, 0, sizeof d);
+                    else d = dv == 2 ? fas_desc(N, 1) : fake_desc(N, 1);
+                    ck.device = dv, ck.stage = stage, ck.kind = (dpar_optim)kind;
+                    ck.ckpt_save = paths[dv], ck.ckpt_load = paths[dv ? dv - 1 : 0];
+                    CHECK_MSG(run_world_desc(N, &d, devopt_rank, &ck, NULL, 0) == 0,
+                              "checkpointed: N=%d stage %d %s device %d", N, stage, kind ? "adam" : "sgd", dv);
+                    if (dv == 2) fas_stop();
+                    if (dv) CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
+                    for (r = 0; r < N; r++)
+                        for (u = 0; u < FC_U; u++)
+                            CHECK_MSG(memcmp(ck.out[r][u], job[0].out[r][u], fc_counts[u] * 4) == 0,
+                                      "checkpointed: N=%d stage %d %s device %d rank %d unit %d: not the bits of "
+                                      "training without one",
+                                      N, stage, kind ? "adam" : "sgd", dv, r, u);
+                }
             }
     for (dv = 0; dv < 4; dv++)
         for (r = 0; r < 4; r++)
-            for (u = 0; u < FC_U; u++) free(job[dv].out[r][u]);
+            for (u = 0; u < FC_U; u++) free(job[dv].out[r][u]), free(dv ? NULL : ck.out[r][u]);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
 }
 
 /* on device memory, what the device path lacks is refused, naming it; callbacks missing: refused too */
+typedef struct {
+    int missing; /* 0: the create refusals; 1: no clear/update; 2: no to_host/from_host; 3: to_host fails */
+    char path[300];
+} devref_job;
 static void devopt_refusals_rank(world *w, dpar_comm *c, int r)
 {
     float x[8];
@@ -2237,12 +2351,13 @@ static void devopt_refusals_rank(world *w, dpar_comm *c, int r)
     dpar_fsdp_desc fd;
     dpar_zero *z = NULL;
     dpar_fsdp *f = NULL;
-    int missing = *(int *)w->user;
+    const devref_job *j = (const devref_job *)w->user;
+    int missing = j->missing;
     memset(&zd, 0, sizeof zd);
     zd.comm = c, zd.count = 8, zd.lr = 0.1f;
     memset(&fd, 0, sizeof fd);
     fd.comm = c, fd.num_units = 1, fd.unit_counts = &one, fd.lr = 0.1f;
-    if (missing) {
+    if (missing == 1) {
         if (dpar_zero_create(&zd, &z) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "no clear and update"))
             note(w, "rank %d: zero without update: %s", r, dpar_last_error());
         if (dpar_fsdp_create(&fd, &f) != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "no clear and update"))
@@ -2263,29 +2378,48 @@ static void devopt_refusals_rank(world *w, dpar_comm *c, int r)
         note(w, "rank %d: fsdp loss scale: %s", r, dpar_last_error());
     fd.loss_scale = 0;
     expect_ok(w, dpar_fsdp_create(&fd, &f), "fsdp_create", r);
-    if (f && dpar_ckpt_save_fsdp(f, "/nonexistent/x", NULL, NULL, 0) != DPAR_EUNSUPPORTED)
-        note(w, "rank %d: a checkpoint of device shards: %s", r, dpar_last_error());
-    dpar_fsdp_destroy(f);
     zd.params = zd.grads = NULL, zd.num_tensors = 0, zd.count = 8;
     expect_ok(w, dpar_zero_create(&zd, &z), "zero_create", r);
-    if (z && dpar_ckpt_save_zero(z, x, "/nonexistent/x", NULL, NULL, 0) != DPAR_EUNSUPPORTED)
-        note(w, "rank %d: a checkpoint of device state: %s", r, dpar_last_error());
+    if (missing == 2) { /* no to_host / from_host: no checkpoints */
+        if (f && (dpar_ckpt_save_fsdp(f, "/nonexistent/x", NULL, NULL, 0) != DPAR_EUNSUPPORTED ||
+                  !strstr(dpar_last_error(), "no to_host and from_host")))
+            note(w, "rank %d: a checkpoint of device shards: %s", r, dpar_last_error());
+        if (z && (dpar_ckpt_load_zero(z, x, "/nonexistent/x", NULL, NULL, 0) != DPAR_EUNSUPPORTED ||
+                  !strstr(dpar_last_error(), "no to_host and from_host")))
+            note(w, "rank %d: a checkpoint of device state: %s", r, dpar_last_error());
+    }
+    if (missing == 3 && z) { /* worker 1's copy to host fails: every rank returns an error, none hangs */
+        dpar_status st = dpar_ckpt_save_zero(z, x, j->path, NULL, NULL, 0);
+        if (st == DPAR_OK || (r == 1 && (st != DPAR_ESYSTEM || !strstr(dpar_last_error(), "to_host failed"))))
+            note(w, "rank %d: a failed copy to host gave %s: %s", r, dpar_status_string(st), dpar_last_error());
+    }
+    dpar_fsdp_destroy(f);
     dpar_zero_destroy(z);
 }
 static void test_zero_and_fsdp_on_device_refusals(void)
 {
-    int missing;
+    devref_job job;
     dpar_group *g = NULL;
     dpar_comm_desc d;
-    for (missing = 0; missing < 2; missing++) {
+    char dir[] = "/tmp/dpar_devckpt_XXXXXX", cmd[400];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(job.path, sizeof job.path, "%s/x", dir);
+    for (job.missing = 0; job.missing < 4; job.missing++) {
         d = fake_desc(2, 1);
-        if (missing) d.memory.clear = NULL, d.memory.update = NULL;
-        CHECK(run_world_desc(2, &d, devopt_refusals_rank, &missing, NULL, 0) == 0);
+        if (job.missing == 1) d.memory.clear = NULL, d.memory.update = NULL;
+        if (job.missing == 2) d.memory.to_host = NULL, d.memory.from_host = NULL;
+        if (job.missing == 3) fdev.fail_host_worker = 1;
+        CHECK_MSG(run_world_desc(2, &d, devopt_refusals_rank, &job, NULL, 0) == 0, "case %d", job.missing);
         CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
     }
     d = fake_desc(2, 1);
     d.memory.update = NULL; /* one of the pair */
     CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL && strstr(dpar_last_error(), "update is missing"));
+    d = fake_desc(2, 1);
+    d.memory.from_host = NULL;
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL && strstr(dpar_last_error(), "from_host is missing"));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
 }
 
 /* ---- batches (dpar_batch_begin/_end): on a library's comm the calls are recorded, checked with one exchange and

@@ -923,14 +923,18 @@ static void test_pool_comm_failure_reaches_every_worker(void)
 /* ---- NCCL: the same collectives through NCCL (DPAR_NCCL builds: gpu.sh's test_cuda_nccl) ---- */
 /* ---- dpar_zero and dpar_fsdp on the pool's device memory: the same training as on host thread ranks, the
    parameters after FC_STEPS steps bitwise equal (the optimizer kernels round every operation on its own). The
-   gradients come from the host (fsdp_case.h's model), computed from the gathered parameters read back. ---- */
+   gradients come from the host (fsdp_case.h's model), computed from the gathered parameters read back. Both save
+   a checkpoint after step GOPT_CK, make the object again over zeroed parameters and load it (the device: through
+   to_host and from_host). ---- */
 typedef struct {
     int stage; /* 1: dpar_zero; 2, 3: dpar_fsdp */
     dpar_optim kind;
     dpar_cuda_pool *ordered; /* a stream-ordered pool: the host reads after dpar_cuda_comm_sync */
     float *out[2][4][FC_U];  /* [0]: host ranks, [1]: the pool's workers */
     char first[4][600];
+    char ckpt[2][300]; /* the host ranks' checkpoint, the workers' */
 } gopt_job;
+enum { GOPT_CK = 3 };
 typedef struct {
     gopt_job *j;
     int device, rank;
@@ -983,6 +987,15 @@ static dpar_status gopt_train(const gopt_ctx *x, dpar_comm *c)
         d.comm = c, d.count = total, d.kind = j->kind, d.lr = 0.05f, d.momentum = 0.9f, d.weight_decay = 0.01f;
         GOPT_TRY(dpar_zero_create(&d, &z));
         for (step = 0; step < FC_STEPS; step++) {
+            if (step == GOPT_CK) {
+                GOPT_TRY(dpar_ckpt_save_zero(z, dev, j->ckpt[x->device], NULL, NULL, 0));
+                dpar_zero_destroy(z);
+                z = NULL;
+                memset(host, 0, total * 4);
+                gopt_in(x, dev, host, total * 4);
+                GOPT_TRY(dpar_zero_create(&d, &z));
+                GOPT_TRY(dpar_ckpt_load_zero(z, dev, j->ckpt[x->device], NULL, NULL, 0));
+            }
             gopt_out(x, host, dev, total * 4);
             for (u = 0; u < FC_U; u++) {
                 s[u] = fc_forward(host + at[u], r, step, u);
@@ -999,6 +1012,16 @@ static dpar_status gopt_train(const gopt_ctx *x, dpar_comm *c)
         GOPT_TRY(dpar_fsdp_create(&d, &f));
         for (u = 0; u < FC_U; u++) GOPT_TRY(dpar_fsdp_set_params(f, u, dev + at[u]));
         for (step = 0; step < FC_STEPS; step++) {
+            if (step == GOPT_CK) {
+                GOPT_TRY(dpar_ckpt_save_fsdp(f, j->ckpt[x->device], NULL, NULL, 0));
+                dpar_fsdp_destroy(f);
+                f = NULL;
+                memset(host, 0, total * 4);
+                gopt_in(x, dev, host, total * 4);
+                GOPT_TRY(dpar_fsdp_create(&d, &f));
+                for (u = 0; u < FC_U; u++) GOPT_TRY(dpar_fsdp_set_params(f, u, dev + at[u]));
+                GOPT_TRY(dpar_ckpt_load_fsdp(f, j->ckpt[x->device], NULL, NULL, 0));
+            }
             for (u = 0; u < FC_U; u++) {
                 GOPT_TRY(dpar_fsdp_gather(f, u, &pp));
                 gopt_out(x, host, pp, fc_counts[u] * 4);
@@ -1045,11 +1068,14 @@ static void gopt_case(dpar_cuda_pool_desc *d, int stage, int kind, const char *w
     dpar_cuda_pool *p = NULL;
     gopt_job *j = (gopt_job *)calloc(1, sizeof *j);
     int r, u, k, n;
+    char dir[] = "/tmp/dpar_gpuckpt_XXXXXX", cmd[400];
     CHECK_MSG(dpar_cuda_pool_create(d, &p) == DPAR_OK, "%s", dpar_last_error());
-    if (!p) {
+    if (!p || !mkdtemp(dir)) {
+        dpar_cuda_pool_destroy(p);
         free(j);
         return;
     }
+    for (k = 0; k < 2; k++) snprintf(j->ckpt[k], sizeof j->ckpt[k], "%s/%s", dir, k ? "workers" : "host");
     n = dpar_cuda_pool_size(p);
     for (k = 0; k < 2; k++)
         for (r = 0; r < 4; r++)
@@ -1071,6 +1097,8 @@ static void gopt_case(dpar_cuda_pool_desc *d, int stage, int kind, const char *w
         for (r = 0; r < 4; r++)
             for (u = 0; u < FC_U; u++) free(j->out[k][r][u]);
     free(j);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
 }
 static void test_pool_zero_and_fsdp_bitwise_host(void)
 {
