@@ -1079,7 +1079,9 @@ DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *r
              whose bytes overflow size_t, recv blocks that overlap, send and recv that overlap, sendcounts ==
              recvcounts for _counts); DPAR_EMISMATCH; the comm's errors (see dpar_comm).
    Remarks:  every dtype; thread ranks copy straight from the sender's buffer; MPI comms with native use
-             MPI_Alltoallv (dtypes MPI has, counts and displacements that fit an int; else the pairwise rounds).
+             MPI_Alltoallv (dtypes MPI has, counts and displacements that fit an int; else the pairwise rounds);
+             processes of one node meet in their shared block (the counts checked there), where parts larger
+             than its staging buffers go in one MPI_Ialltoallv of bytes.
    Thread safety: the comm's thread; collective.
    See:      docs/comm.md, 'Alltoallv'. */
 DPAR_API dpar_status dpar_alltoallv_at(dpar_comm *comm, const void *send, const size_t *sendcounts,
@@ -4927,7 +4929,10 @@ struct dpar__call;
      wake(c, peer)                ring peer's doorbell; call after the store the peer waits for
      timeout(x, peer, what)       a wait for peer gave up at x's deadline: poison the comm with a
                                   DPAR_ETIMEDOUT message naming the ranks that are behind, return it
-   native_first                   1: the front end asks native first, even on one rank (>>ops) */
+   native_first                   1: the front end asks native first, even on one rank (>>ops)
+   alltoallv_parts(x, send, recv, v, es, &done)  (optional) move an alltoallv's parts, its counts met and checked
+                                  on every rank already (the node's block), with the transport's own all-to-all;
+                                  done = 0: not taken, the pairwise rounds move them */
 typedef struct dpar__transport {
     const char *name;
     dpar_status (*post)(dpar__ctx *x, int peer, const void *buf, size_t bytes);
@@ -4956,6 +4961,7 @@ typedef struct dpar__transport {
     int native_first; /* 1: native takes every collective, also on one rank (a library that runs whole calls) */
     int polls;        /* 1: wait_bell returns at once (no doorbell to sleep on: the MPI transport's block), so a
                          waiter looks at the clock and the peers' fingerprints only every 16th time round */
+    dpar_status (*alltoallv_parts)(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es, int *done);
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -6063,12 +6069,12 @@ static dpar_status dpar__sm_v_story(dpar__ctx *x, int i, uint64_t sends, int j, 
    in rank order, into its staging buffer, and the ranks meet. Every rank then reads every header, so every rank finds
    the same first pair whose counts disagree and returns the same story (no closing round), and copies, from each
    sender's buffer, the bytes of its own block that the round brought. A part of up to two buffers takes a second
-   round (a second meeting); when some part is larger (every rank sees it in the headers), the blocks go in the
-   pairwise rounds instead, without their closing round (the counts are checked): there MPI's messages, which copy
-   once, beat two copies through the block (bench_mpi). A rank whose part will not go through the block writes only
-   its header. The buffers alternate by phase, so a round's writes never meet the reads of the round before it (a
-   rank that writes has passed a meeting every reader of the round before last came to after reading).
-   *done 0: the pairwise rounds. */
+   round (a second meeting); when some part is larger (every rank sees it in the headers), the transport's
+   alltoallv_parts moves the blocks (MPI_Ialltoallv; else the pairwise rounds, without their closing round: the
+   counts are checked): there MPI's messages, which copy once, beat two copies through the block (bench_mpi). A
+   rank whose part will not go through the block writes only its header. The buffers alternate by phase, so a
+   round's writes never meet the reads of the round before it (a rank that writes has passed a meeting every reader
+   of the round before last came to after reading). *done 0: the caller moves the blocks. */
 static dpar_status dpar__sm_alltoallv(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es, int *done)
 {
     dpar_comm *c = x->c;
@@ -6523,6 +6529,8 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
             int done = 0, sm = c->sm && c->sm->processes && c->sm->n == N && c->sm_state == 1 &&
                                2 * (size_t)N * sizeof(uint64_t) <= c->sm->stage;
             if (sm) st = dpar__sm_alltoallv(&x, send, recv, call->v, es, &done);
+            if (st == DPAR_OK && !done && sm && c->tp->alltoallv_parts) /* the counts met in the block */
+                st = c->tp->alltoallv_parts(&x, send, recv, call->v, es, &done);
             if (st == DPAR_OK && !done) st = dpar__alltoallv_pairwise(&x, send, recv, call->v, es, sm ? 2 : 0);
             break;
         }
@@ -8011,7 +8019,7 @@ static const dpar__transport dpar__threads_memory_transport = {
     dpar__tm_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__tm_destroy,
     dpar__tm_recv_into, NULL, NULL,
     1, NULL, NULL, NULL, NULL, NULL, /* no shared memory: the host cannot read the buffers */
-    0, 0,
+    0, 0, NULL,
 };
 static const dpar__transport dpar__threads_transport = {
     "threads",
@@ -8020,7 +8028,7 @@ static const dpar__transport dpar__threads_transport = {
     dpar__t_enter, dpar__t_poisoned, dpar__t_poison, dpar__t_quiesce, dpar__t_split, dpar__t_destroy,
     NULL, NULL, NULL, /* recv_into, native, prefetch: zero-copy needs none */
     1, dpar__t_expose, dpar__t_doorbell, dpar__t_wait_bell, dpar__t_wake, dpar__t_timeout, /* shared memory */
-    0, 0,
+    0, 0, NULL,
 };
 /* clang-format on */
 
@@ -8522,7 +8530,7 @@ static const dpar__transport dpar__ops_transport = {
     dpar__o_enter, dpar__o_poisoned, dpar__o_poison, NULL, dpar__o_split, dpar__o_destroy,
     NULL, dpar__o_native, NULL,
     0, NULL, NULL, NULL, NULL, NULL,
-    1, 0, /* native_first: the library runs every collective */
+    1, 0, NULL, /* native_first: the library runs every collective */
 };
 /* clang-format on */
 
@@ -14618,6 +14626,8 @@ static void dpar__m_destroy(dpar_comm *c)
 }
 
 static dpar_status dpar__m_native(dpar__ctx *x, const struct dpar__call *call, int *done); /* >>hybrid */
+static dpar_status dpar__m_alltoallv_parts(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es,
+                                           int *done); /* >>hybrid */
 
 /* Leaving on an error: let the sends in flight finish (briefly) so the caller may free buffers. */
 static void dpar__m_quiesce(dpar_comm *c)
@@ -14735,6 +14745,7 @@ static const dpar__transport dpar__mpi_transport = {
     0, NULL, /* not threads of one process: no expose, so no direct buckets and no stealing */
     dpar__m_doorbell, dpar__m_wait_bell, dpar__m_wake, dpar__m_timeout, /* waits on the node's block (one-shot) */
     0, 1, /* polls: wait_bell returns at once */
+    dpar__m_alltoallv_parts, /* parts too large for the node's block: MPI_Ialltoallv */
 };
 /* clang-format on */
 
@@ -14932,6 +14943,38 @@ static dpar_status dpar__m_alltoallv(dpar__ctx *x, const struct dpar__call *call
     st = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
     if (st != DPAR_OK) return st; /* MPI's collective cannot be cancelled or freed: it keeps iv */
     dpar__free(&c->allocator, iv);
+    *done = 1;
+    return DPAR_OK;
+}
+
+/* an alltoallv's parts too large for the node's block, their counts checked there already: one MPI_Ialltoallv of
+   bytes when every byte count and displacement fits MPI's int. MPI's shared-memory transport lets whichever
+   process runs make progress, where the pairwise rounds wait for each peer in turn (4 processes on 2 cores:
+   docs/benchmarks.md, 'Alltoallv') */
+static dpar_status dpar__m_alltoallv_parts(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es,
+                                           int *done)
+{
+    dpar_comm *c = x->c;
+    MPI_Request r = MPI_REQUEST_NULL;
+    size_t N = (size_t)c->size, q;
+    int *iv, rc;
+    dpar_status st;
+    *done = 0;
+    for (q = 0; q < 4 * N; q++)
+        if (v[q] > (size_t)INT_MAX / es) return DPAR_OK; /* the same on every rank: the pairwise rounds */
+    iv = (int *)dpar__alloc(&c->allocator, 4 * N * sizeof(int));
+    if (!iv) return dpar__tp_fail(c, dpar__err(DPAR_ENOMEM, "%s: out of memory", c->name), dpar_last_error());
+    for (q = 0; q < 4 * N; q++) iv[q] = (int)(v[q] * es);
+    rc = MPI_Ialltoallv(send, iv, iv + N, MPI_BYTE, recv, iv + 2 * N, iv + 3 * N, MPI_BYTE, DPAR__M(c)->comm, &r);
+    if (rc != MPI_SUCCESS) {
+        dpar__free(&c->allocator, iv);
+        return dpar__m_poison(c, dpar__m_error(c, rc, "alltoallv", -1), dpar_last_error());
+    }
+    st = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
+    if (st != DPAR_OK) return st; /* MPI's collective cannot be cancelled or freed: it keeps iv */
+    dpar__free(&c->allocator, iv);
+    for (q = 0; q < N; q++)
+        if (q != (size_t)c->rank) x->sent += v[q] * es, x->received += v[2 * N + q] * es;
     *done = 1;
     return DPAR_OK;
 }

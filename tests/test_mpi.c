@@ -1320,8 +1320,9 @@ static void test_alltoallv_over_mpi(void)
 }
 
 /* alltoallv parts of every size through the node's staging buffers (64 KiB a process, 256 KiB for two): one round,
-   two rounds, and parts beyond two buffers (the pairwise rounds); every element where the serial reference puts it,
-   zero counts and uneven ones among them */
+   two rounds, and parts beyond two buffers (MPI_Ialltoallv after the counts met in the block); every element where
+   the serial reference puts it, zero counts and uneven ones among them, the bytes sent counted; a count one pair
+   disagrees on at the largest size fails every process naming both sides */
 static void test_alltoallv_large_over_mpi(void)
 {
     size_t units[3], sc[16], rc[16], q, k, at;
@@ -1355,6 +1356,29 @@ static void test_alltoallv_large_over_mpi(void)
                     q = (size_t)nprocs;
                     break;
                 }
+        {
+            dpar_comm_stats cs;
+            size_t mine = (sent - sc[me]) * sizeof(float);
+            dpar_comm_stats_get(c, &cs);
+            CHECK_MSG(cs.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent == mine, "rank %d unit %zu: %llu bytes sent, want %zu",
+                      me, u, (unsigned long long)cs.by_coll[DPAR_COLL_ALLTOALLV].bytes_sent, mine);
+        }
+        if (ui == 2) { /* rank 0 sends one element more to the last rank than that rank expects */
+            char sends[160], expects[160];
+            size_t expected = (size_t)((2 * (nprocs - 1)) % 3) * u; /* rank N-1's count from rank 0 */
+            dpar_status st;
+            int line = __LINE__ + 3;
+            if (me == 0) sc[nprocs - 1] += 1;
+            x[sent] = 0; /* the element more (x has room for it) */
+            st = dpar_alltoallv(c, x, sc, NULL, y, rc, NULL, DPAR_F32);
+            snprintf(sends, sizeof sends, "rank 0 sends %zu elements to rank %d in alltoallv #2 at tests/test_mpi.c:%d",
+                     expected + 1, nprocs - 1, line);
+            snprintf(expects, sizeof expects,
+                     "but rank %d expects %zu from rank 0 (alltoallv #2 at tests/test_mpi.c:%d)", nprocs - 1, expected,
+                     line);
+            CHECK_MSG(st == DPAR_EMISMATCH && strstr(dpar_last_error(), sends) && strstr(dpar_last_error(), expects),
+                      "rank %d: %s: %s", me, dpar_status_string(st), dpar_last_error());
+        }
         free(x);
         free(y);
         dpar_comm_destroy(c);
