@@ -343,7 +343,9 @@ DPAR_API dpar_status dpar_cuda_pool_worker(const dpar_cuda_pool *pool, int rank,
    (NULL: the worker's own stream, the default). A call comes after the work already queued there and before the
    work queued after it; work on other streams is ordered by the caller's events (cudaEventRecord and
    cudaStreamWaitEvent), as with ncclAllReduce's stream: a comm stream beside the compute stream lets gradients
-   travel while backward goes on.
+   travel while backward goes on. The setting lasts until the end of the run (dpar_cuda_pool_run): the run's end
+   waits for this stream as for the worker's own (a fault on it is the run's error) and goes back to the worker's
+   stream, so a stream destroyed after the run is never used again.
    Returns:  DPAR_OK; DPAR_EINVAL (NULL pool, rank outside 0..size-1); DPAR_ESTATE (the pool is not stream-ordered).
    Thread safety: worker `rank`'s thread (or one thread acting for it), between its comm calls. */
 DPAR_API dpar_status dpar_cuda_comm_set_stream(dpar_cuda_pool *pool, int rank, void *stream);
@@ -1860,7 +1862,8 @@ static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
     return dpar_cuda__nc_wait(k, c->deadline_ns, what);
 }
 /* a batch (dpar_batch_end): every call's operations in one NCCL group, the averages' divisions after it, one wait;
-   call by call when two of them would share the scratch */
+   call by call when two of them would share the scratch, or when an in-place alltoall follows another call (its
+   copy to the scratch is queued at once, before the group's earlier operations that it must follow) */
 static dpar_status dpar_cuda__nc_run_group_on(void *user, const dpar_comm_call *calls, int n)
 {
     dpar_cuda__nc *k = (dpar_cuda__nc *)user;
@@ -1868,7 +1871,11 @@ static dpar_status dpar_cuda__nc_run_group_on(void *user, const dpar_comm_call *
     dpar_status st = DPAR_OK;
     char what[96];
     int i, scratch = 0;
-    for (i = 0; i < n; i++) scratch += dpar_cuda__nc_uses_scratch(&calls[i]);
+    for (i = 0; i < n; i++) {
+        scratch += dpar_cuda__nc_uses_scratch(&calls[i]);
+        if (i > 0 && calls[i].coll == DPAR_COLL_ALLTOALL && calls[i].send == calls[i].recv && calls[i].count)
+            scratch = 2; /* its copy would run before the calls queued ahead of it in the group */
+    }
     if (n == 1 || scratch > 1) {
         for (i = 0; i < n && st == DPAR_OK; i++) st = dpar_cuda__nc_run_on(user, &calls[i]);
         return st;
@@ -2395,13 +2402,19 @@ static dpar_status dpar_cuda__c_record(void *user, int worker, uint64_t *ticket)
 {
     dpar_cuda_pool *p = (dpar_cuda_pool *)user;
     const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
-    uint64_t seq;
+    uint64_t seq, old;
     size_t k;
     cudaError_t e = cudaSuccess;
     pthread_mutex_lock(&p->ev_lock[worker]);
     seq = ++p->ev_seq[worker];
     k = (size_t)worker * DPAR_CUDA__EVENTS + (size_t)(seq % DPAR_CUDA__EVENTS);
-    if (p->ev_ticket[k]) e = cudaEventSynchronize(p->ev[k]); /* its old point has run: a late wait has none left */
+    old = p->ev_ticket[k];
+    pthread_mutex_unlock(&p->ev_lock[worker]);
+    /* its old point has run before the event moves on: a late wait has none left. Waited for outside the lock, so
+       the peers' waits on this worker's other events go on meanwhile (only this worker's thread records its events,
+       and the event still holds its old point for a peer that waits on it now) */
+    if (old) e = cudaEventSynchronize(p->ev[k]);
+    pthread_mutex_lock(&p->ev_lock[worker]);
     if (e == cudaSuccess) e = cudaEventRecord(p->ev[k], dpar_cuda__c_stream(p, w));
     if (e == cudaSuccess) p->ev_ticket[k] = seq;
     pthread_mutex_unlock(&p->ev_lock[worker]);
@@ -2734,6 +2747,10 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         dpar_cuda__pool_free(p);
         return dpar_set_error(st, "dpar_cuda_pool_create: %s", msg);
     }
+    { /* the deadline the comm really uses (comm.timeout_ms 0: DPAR_TIMEOUT_MS or the default) */
+        dpar_comm_desc used;
+        if (p->w[0].ring && dpar_comm_query(p->w[0].ring, &used) == DPAR_OK) p->timeout_ms = used.timeout_ms;
+    }
 #ifdef DPAR_NCCL
     if (d.nccl && (st = dpar_cuda__pool_nccl(p, &d.comm)) != DPAR_OK) {
         char msg[512];
@@ -2833,6 +2850,11 @@ static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
     if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
     st = r->fn(r->user, w);
     e = cudaStreamSynchronize((cudaStream_t)w->stream);
+    if (r->pool->order && r->pool->order[t]) { /* the comm stream the run named: waited for, then forgotten */
+        cudaError_t oe = cudaStreamSynchronize((cudaStream_t)r->pool->order[t]);
+        if (e == cudaSuccess) e = oe;
+        r->pool->order[t] = NULL;
+    }
     if (dpar_trace_enabled()) { /* the worker's part of the run, its stream's work included */
         char args[96];
         snprintf(args, sizeof args, "\"worker\":%d,\"device\":%d,\"status\":%d", w->rank, w->device, (int)st);

@@ -115,8 +115,11 @@ static dpar_status ar_alloc(void *user, const dpar_cuda_worker *w)
     if (w->rank == 0 && dpar_comm_query(w->comm, &used) == DPAR_OK) j->segment = used.segment_bytes;
     if (cudaMalloc((void **)&j->buf[w->rank], j->max_bytes) != cudaSuccess)
         return dpar_set_error(DPAR_ENOMEM, "cudaMalloc");
-    return cudaMemset(j->buf[w->rank], 0, j->max_bytes) == cudaSuccess ? DPAR_OK
-                                                                       : dpar_set_error(DPAR_ESYSTEM, "memset");
+    /* on the worker's stream, finished: the legacy stream's memset would race the comm's streams */
+    return cudaMemsetAsync(j->buf[w->rank], 0, j->max_bytes, (cudaStream_t)w->stream) == cudaSuccess &&
+                   cudaStreamSynchronize((cudaStream_t)w->stream) == cudaSuccess
+               ? DPAR_OK
+               : dpar_set_error(DPAR_ESYSTEM, "memset");
 }
 static size_t ar_bytes;
 static dpar_status ar_time(void *user, const dpar_cuda_worker *w)

@@ -369,6 +369,7 @@ static dpar_status worker_main(void *user, const dpar_cuda_worker *w)
         if (w->rank == 0) memcpy(j->step_ms, ms, sizeof ms);
     }
     CU(cudaStreamSynchronize(k->cs));
+    TRY(use_mode(k, COMM_AFTER)); /* the comm back on the worker's stream before k->cs goes */
     TRY(dpar_fsdp_destroy(k->fsdp));
     dpar_sampler_destroy(&sampler);
     for (l = 0; l <= L; l++) cudaFree(k->act[l]), cudaFree(k->delta[l]);

@@ -91,7 +91,7 @@ if [ "$mode" = --quick ]; then
     if grep -q 'skipped: no usable CUDA device' "$G/out"; then skip "GPU runs" "$(grep -m1 -o 'no usable CUDA device.*' "$G/out")"; summary; exit; fi
     if [ $rc -eq 0 ]; then ok "test_cuda on the device"; else bad "test_cuda on the device (exit $rc)"; fi
     grep -E '^(ok |FAIL|skip)' "$G/out" || true
-    [ -x "$G/test_cuda_nccl" ] && quick 45 "test_cuda_nccl (DPAR_NCCL) on the device" "$G/test_cuda_nccl"
+    [ -x "$G/test_cuda_nccl" ] && quick 45 "test_cuda_nccl (DPAR_NCCL): the NCCL tests on the device" "$G/test_cuda_nccl" nccl
     quick 120 "bench_cuda: kernels; allreduce of 2, 4, 8 workers, 4 KiB-256 MiB, blocking and ordered" \
         "$G/bench_cuda" 256 --min-kib 4 --workers 2,4,8 --modes blocking,ordered
     [ -x "$G/bench_cuda_nccl" ] && quick 30 "bench_cuda_nccl: NCCL's latency (1 rank per GPU)" \

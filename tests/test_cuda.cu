@@ -831,7 +831,7 @@ static dpar_status ordered_body(void *user, const dpar_cuda_worker *w)
     dpar_status st;
     if (!h || cudaMalloc(&dx, n * 4) != cudaSuccess) return dpar_set_error(DPAR_ENOMEM, "cudaMalloc");
     for (i = 0; i < n; i++) h[i] = cin(w->rank, i);
-    cudaMemcpy(dx, h, n * 4, cudaMemcpyHostToDevice);
+    cudaMemcpyAsync(dx, h, n * 4, cudaMemcpyHostToDevice, (cudaStream_t)w->stream); /* ahead of the comm's work */
     spin_ns<<<1, 1, 0, (cudaStream_t)w->stream>>>(100000000ull);
     t0 = dt_now();
     st = dpar_allreduce(w->comm, dx, dx, n, DPAR_F32, DPAR_SUM);
@@ -881,6 +881,40 @@ static void test_pool_comm_stream_ordered_does_not_wait(void)
     free(j);
 }
 
+/* dpar_cuda_comm_sync's deadline is the comm's: comm.timeout_ms 0 reads DPAR_TIMEOUT_MS as the comm does */
+typedef struct env_deadline_job {
+    dpar_cuda_pool *pool;
+    dpar_status st;
+    char text[600];
+} env_deadline_job;
+static dpar_status env_deadline_body(void *user, const dpar_cuda_worker *w)
+{
+    env_deadline_job *j = (env_deadline_job *)user;
+    spin_ns<<<1, 1, 0, (cudaStream_t)w->stream>>>(1000000000ull); /* 1 s on the comm's stream */
+    j->st = dpar_cuda_comm_sync(j->pool, w->rank);
+    snprintf(j->text, sizeof j->text, "%s", j->st == DPAR_OK ? "returned DPAR_OK" : dpar_last_error());
+    return DPAR_OK;
+}
+static void test_pool_comm_sync_deadline_from_the_environment(void)
+{
+    dpar_cuda_pool_desc d;
+    env_deadline_job j;
+    int dev0 = 0;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    memset(&j, 0, sizeof j);
+    d.devices = &dev0, d.num_devices = 1, d.workers_per_device = 1;
+    d.stream_ordered = 1; /* comm.timeout_ms 0: the environment's */
+    setenv("DPAR_TIMEOUT_MS", "150", 1);
+    CHECK_MSG(dpar_cuda_pool_create(&d, &j.pool) == DPAR_OK, "%s", dpar_last_error());
+    unsetenv("DPAR_TIMEOUT_MS");
+    if (j.pool) {
+        dpar_cuda_pool_run(j.pool, env_deadline_body, &j); /* the comm is poisoned by the deadline: its error */
+        CHECK_MSG(j.st == DPAR_ETIMEDOUT && strstr(j.text, "after 150 ms"), "status %d: %s", (int)j.st, j.text);
+        dpar_cuda_pool_destroy(j.pool);
+    }
+}
+
 /* a worker that fails: the others' collectives return its error at once, not after the timeout */
 static dpar_status fail_body(void *user, const dpar_cuda_worker *w)
 {
@@ -890,7 +924,7 @@ static dpar_status fail_body(void *user, const dpar_cuda_worker *w)
     int i;
     if (w->rank == j->fail_rank) return dpar_set_error(DPAR_EUSER, "worker %d ran out of patience", w->rank);
     cudaMalloc(&dx, 1024 * 4);
-    cudaMemset(dx, 0, 1024 * 4);
+    cudaMemsetAsync(dx, 0, 1024 * 4, (cudaStream_t)w->stream); /* the legacy stream would race the comm's */
     for (i = 0; i < 3; i++)
         if ((j->st[w->rank] = dpar_allreduce(w->comm, dx, dx, 1024, DPAR_F32, DPAR_SUM)) != DPAR_OK) break;
     snprintf(j->first[w->rank], sizeof j->first[w->rank], "%s", dpar_last_error());
@@ -1146,9 +1180,11 @@ static dpar_status nccl_batch_body(void *user, const dpar_cuda_worker *w)
     dpar_status st;
     cudaMalloc(&df, n * 4), cudaMalloc(&di, n * 4), cudaMalloc(&dr, n * 4);
     for (i = 0; i < n; i++) hf[i] = (float)(w->rank + 1) * (float)(i % 5), hi[i] = (int32_t)(w->rank * 7 + (int)i);
-    cudaMemcpy(df, hf, n * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy(di, hi, n * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy(dr, hf, n * 4, cudaMemcpyHostToDevice);
+    /* on the worker's stream: a copy on the legacy stream would race the NCCL stream's work */
+    cudaMemcpyAsync(df, hf, n * 4, cudaMemcpyHostToDevice, (cudaStream_t)w->stream);
+    cudaMemcpyAsync(di, hi, n * 4, cudaMemcpyHostToDevice, (cudaStream_t)w->stream);
+    cudaMemcpyAsync(dr, hf, n * 4, cudaMemcpyHostToDevice, (cudaStream_t)w->stream);
+    cudaStreamSynchronize((cudaStream_t)w->stream);
     dpar_block_range(n, N, w->rank, &off, &len);
     st = dpar_batch_begin(w->comm);
     if (st == DPAR_OK) st = dpar_allreduce(w->comm, df, df, n, DPAR_F32, DPAR_SUM);
@@ -1461,6 +1497,7 @@ int main(int argc, char **argv)
     RUN(test_pool_comm_failure_reaches_every_worker);
     RUN(test_pool_comm_stream_ordered);
     RUN(test_pool_comm_stream_ordered_does_not_wait);
+    RUN(test_pool_comm_sync_deadline_from_the_environment);
     RUN(test_pool_zero_and_fsdp_bitwise_host);
     RUN(test_nccl_without_a_device);
 #ifdef DPAR_NCCL
