@@ -2147,8 +2147,10 @@ DPAR_API dpar_status dpar_ckpt_load(dpar_comm *comm, const char *path, const dpa
    state, as if trained there. Load needs no unit held (dpar_fsdp_release every gathered one first).
    Device:   state in device memory (dpar_comm_memory) is staged through host memory: its to_host and from_host
              callbacks copy this rank's shards (a load: and zero's whole params) to a host buffer of that size made
-             for the call; without them, DPAR_EUNSUPPORTED. The file is the same as host memory's: a checkpoint saved
-             on a GPU loads on host ranks and back.
+             for the call; without them, DPAR_EUNSUPPORTED. A copy that fails on one rank (or its buffer) makes every
+             rank return an error, the failing rank the callback's (an agreement, also on a library's comm; the comm
+             is not poisoned). The file is the same as host memory's: a checkpoint saved on a GPU loads on host ranks
+             and back.
    params:   zero: the `count` parameters of dpar_zero_step, the same on every rank (device memory on such a comm).
    Returns:  as dpar_ckpt_save / _load; DPAR_EINVAL (NULL object or params, a prefix too long, a unit gathered or
              its gradients not reduced); DPAR_EUNSUPPORTED (device memory without to_host / from_host).
@@ -4973,6 +4975,7 @@ struct dpar__ctx {
     uint64_t deadline; /* absolute ns, 0: none */
     uint64_t sent, received;
     int vpack; /* alltoallv on 2 ranks: fp.count carries both directions of the pair (dpar__alltoallv_pairwise) */
+    int vfits; /* alltoallv through the node's block: every rank's counts and displacements, in bytes, fit an int */
 };
 
 /* an asynchronous request, from the comm's free list */
@@ -5025,6 +5028,8 @@ struct dpar_comm {
     uint64_t seq;             /* collectives issued by this rank */
     void *scratch;            /* grown on demand, kept: no allocation per call once warm */
     size_t scratch_bytes;
+    void *hscratch; /* the same for calls on host words (x->host) where scratch is the device's (memory.alloc) */
+    size_t hscratch_bytes;
     size_t *vbuf; /* a blocking alltoallv's counts and displacements, resolved (4 N, host memory, kept) */
     size_t vbuf_cap;
     dpar_comm_stats stats; /* counters, updated with relaxed atomics */
@@ -5073,6 +5078,23 @@ static dpar_status dpar__scratch(dpar_comm *c, size_t bytes, char **out)
         c->scratch_bytes = bytes;
     }
     *out = (char *)c->scratch;
+    return DPAR_OK;
+}
+/* the scratch of call x: host memory for a call on host words (x->host: split's, checkpoints' own) on a comm whose
+   buffers are device memory, else the comm's scratch */
+static dpar_status dpar__x_scratch(dpar__ctx *x, size_t bytes, char **out)
+{
+    dpar_comm *c = x->c;
+    if (!x->host || !c->desc.memory.alloc) return dpar__scratch(c, bytes, out);
+    if (bytes > c->hscratch_bytes) {
+        void *p = dpar__alloc(&c->allocator, bytes);
+        if (!p)
+            return dpar__err(DPAR_ENOMEM, "%s rank %d: cannot allocate %zu bytes of scratch", c->name, c->rank, bytes);
+        dpar__free(&c->allocator, c->hscratch);
+        c->hscratch = p;
+        c->hscratch_bytes = bytes;
+    }
+    *out = (char *)c->hscratch;
     return DPAR_OK;
 }
 
@@ -5392,7 +5414,7 @@ static dpar_status dpar__ring_reduce_scatter(dpar__ctx *x, const char *send, cha
     dpar_block_range(count, N, 0, NULL, &longest);
     if (!whole && N > 2) {
         char *scr = NULL;
-        DPAR__TRY(dpar__scratch(c, 2 * longest * es, &scr));
+        DPAR__TRY(dpar__x_scratch(x, 2 * longest * es, &scr));
         part[0] = scr;
         part[1] = scr + longest * es;
     }
@@ -5541,7 +5563,7 @@ static dpar_status dpar__reduce_chain(dpar__ctx *x, const char *send, char *recv
     char *scr = NULL;
     if (seg < 1) seg = 1;
     if (seg > count) seg = count; /* the scratch: no more slots' worth than the message */
-    if (pos > 0 && pos < N - 1) DPAR__TRY(dpar__scratch(c, DPAR__QDEPTH * seg * es, &scr));
+    if (pos > 0 && pos < N - 1) DPAR__TRY(dpar__x_scratch(x, DPAR__QDEPTH * seg * es, &scr));
     for (o = 0; o < count; o += seg, slot++) { /* count >= 1 here */
         size_t l = count - o < seg ? count - o : seg;
         const void *p;
@@ -5567,7 +5589,7 @@ static dpar_status dpar__alltoall_pairwise(dpar__ctx *x, const char *send, char 
     size_t block = count * es;
     if (send == recv && block) { /* in place: the blocks I send are overwritten as others arrive */
         char *scr = NULL;
-        DPAR__TRY(dpar__scratch(c, (size_t)N * block, &scr));
+        DPAR__TRY(dpar__x_scratch(x, (size_t)N * block, &scr));
         DPAR__TRY(dpar__tp_copy(x, scr, send, (size_t)N * block));
         send = scr;
     }
@@ -6079,7 +6101,8 @@ static dpar_status dpar__sm_alltoallv(dpar__ctx *x, const char *send, char *recv
 {
     dpar_comm *c = x->c;
     dpar__sm *sh = c->sm;
-    size_t N = (size_t)c->size, me = (size_t)c->rank, q, k, head = 2 * N * sizeof(uint64_t), total = 0, rounds = 1;
+    size_t N = (size_t)c->size, me = (size_t)c->rank, q, k, head = (2 * N + 1) * sizeof(uint64_t), total = 0,
+           rounds = 1;
     size_t most = 2 * sh->stage - head; /* the largest part that goes through the block */
     const size_t *sc = v, *sd = v + N, *rc = v + 2 * N, *rd = v + 3 * N;
     size_t *at; /* per sender q: where my block starts in its part */
@@ -6095,9 +6118,12 @@ static dpar_status dpar__sm_alltoallv(dpar__ctx *x, const char *send, char *recv
         char *mine = dpar__sm_stage(sh, c->rank, phase);
         size_t lo = k ? sh->stage - head : 0, first = k ? 0 : head; /* this round: my part's bytes from lo, at first */
         size_t room = sh->stage - first, b;
-        if (k == 0) {
+        if (k == 0) { /* my counts, and whether my counts and displacements in bytes all fit an int (MPI's) */
             uint64_t *h = (uint64_t *)(void *)mine;
             for (q = 0; q < N; q++) h[q] = sc[q], h[N + q] = rc[q];
+            h[2 * N] = 1;
+            for (q = 0; q < 4 * N; q++)
+                if (v[q] > (size_t)INT_MAX / es) h[2 * N] = 0;
         }
         for (q = 0, b = 0; total <= most && q < N && b < lo + room; b += sc[q] * es, q++) {
             size_t from = b > lo ? b : lo, to = b + sc[q] * es < lo + room ? b + sc[q] * es : lo + room;
@@ -6111,6 +6137,8 @@ static dpar_status dpar__sm_alltoallv(dpar__ctx *x, const char *send, char *recv
                 const uint64_t *hj = (const uint64_t *)(const void *)dpar__sm_stage(sh, (int)j, phase);
                 if (hi[j] != hj[N + i]) return dpar__sm_v_story(x, (int)i, hi[j], (int)j, hj[N + i]);
             }
+            for (q = 0, x->vfits = 1; q < N; q++) /* the same on every rank: every rank reads every header */
+                if (!((const uint64_t *)(const void *)dpar__sm_stage(sh, (int)q, phase))[2 * N]) x->vfits = 0;
             for (q = 0; q < N; q++) { /* where my block starts in q's part; the rounds the longest part needs */
                 const uint64_t *hq = (const uint64_t *)(const void *)dpar__sm_stage(sh, (int)q, phase);
                 size_t j, len = 0;
@@ -6118,7 +6146,7 @@ static dpar_status dpar__sm_alltoallv(dpar__ctx *x, const char *send, char *recv
                     if (j < me) at[q] += (size_t)hq[j] * es;
                     len += (size_t)hq[j] * es;
                 }
-                if (len > most) return DPAR_OK; /* the pairwise rounds */
+                if (len > most) return DPAR_OK; /* the caller moves the blocks */
                 if (head + len > sh->stage) rounds = 2;
             }
         }
@@ -6203,7 +6231,7 @@ static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, c
     const char *small[64], **in = small; /* host pointers: the scratch may be device memory (dpar_comm_memory) */
     char *scr = NULL;
     dpar_status st = DPAR_OK;
-    DPAR__TRY(dpar__scratch(c, (size_t)N * slot, &scr));
+    DPAR__TRY(dpar__x_scratch(x, (size_t)N * slot, &scr));
     if (N > 64 && !(in = (const char **)dpar__alloc(&c->allocator, (size_t)N * sizeof(char *))))
         return dpar__err(DPAR_ENOMEM, "%s rank %d: out of memory", c->name, r);
     in[r] = send;
@@ -6499,7 +6527,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
                 char *all = NULL;
                 size_t off, len;
                 dpar_block_range(call->count, N, c->rank, &off, &len);
-                if ((st = dpar__scratch(c, call->count * es, &all)) != DPAR_OK)
+                if ((st = dpar__x_scratch(&x, call->count * es, &all)) != DPAR_OK)
                     st = dpar__tp_fail(c, st, dpar_last_error()); /* the others must not wait for me */
                 if (st == DPAR_OK) st = dpar__allreduce_tree(&x, send, all, call->count, call->dtype, call->op);
                 if (st == DPAR_OK && len) st = dpar__tp_copy(&x, recv, all + off * es, len * es);
@@ -6527,7 +6555,7 @@ static dpar_status dpar__execute(dpar_comm *c, const dpar__call *call)
         case DPAR_COLL_ALLTOALL: st = dpar__alltoall_pairwise(&x, send, recv, call->count, es); break;
         case DPAR_COLL_ALLTOALLV: { /* processes of one node: through their shared block (small parts) */
             int done = 0, sm = c->sm && c->sm->processes && c->sm->n == N && c->sm_state == 1 &&
-                               2 * (size_t)N * sizeof(uint64_t) <= c->sm->stage;
+                               (2 * (size_t)N + 1) * sizeof(uint64_t) <= c->sm->stage;
             if (sm) st = dpar__sm_alltoallv(&x, send, recv, call->v, es, &done);
             if (st == DPAR_OK && !done && sm && c->tp->alltoallv_parts) /* the counts met in the block */
                 st = c->tp->alltoallv_parts(&x, send, recv, call->v, es, &done);
@@ -7044,6 +7072,7 @@ static void dpar__comm_free(dpar_comm *c)
     }
     dpar__free(&a, c->vbuf);
     dpar__data_free(c, c->scratch);
+    dpar__free(&a, c->hscratch);
     dpar__fault_detach(c->fault);
     pthread_mutex_destroy(&c->qlock);
     dpar__free(&a, c);
@@ -8499,7 +8528,13 @@ static dpar_status dpar__o_native(dpar__ctx *x, const dpar__call *call, int *don
                          c->name);
     if (c->batch) return dpar__o_record(x, call);
     if (c->check) DPAR__TRY(dpar__o_check(x, call));
-    if (call->host) { /* host words (dpar_alltoallv_counts, checkpoints' own): through the exchange (an allgather) */
+    if (call->host && !o->ops.exchange && c->ops_memory.reduce) /* the same on every rank: nobody waits */
+        return dpar__err(DPAR_EUNSUPPORTED,
+                         "%s: %s at %s:%d on host words (a checkpoint's own, dpar_alltoallv_counts) needs ops.exchange "
+                         "on a comm whose buffers are the device's (desc.memory)",
+                         c->name, dpar_coll_name(call->coll), call->file, call->line);
+    if (call->host && o->ops.exchange) { /* host words (dpar_alltoallv_counts, checkpoints' own): through the
+                                            exchange (an allgather); without one, host buffers go to run as any */
         st = dpar__o_host(x, call);
         if (st == DPAR_OK) return DPAR_OK;
         snprintf(msg, sizeof msg, "%.400s", dpar__tls_error);
@@ -9530,14 +9565,18 @@ static dpar_status dpar__dev_update(dpar_comm *c, const dpar_optim_update *u)
     DPAR__TRY(dpar__dev_enter(c, m));
     return dpar__dev_result(c, m->update(m->user, c->worker, u));
 }
-/* checkpoints of state in device memory: a piece to its host copy, or back (after the device's earlier work) */
+/* checkpoints of state in device memory: a piece to its host copy, or back (after the device's earlier work). A
+   failure does not poison the comm: the caller's agreement (dpar__ckpt_agree) tells every rank, also on a library's
+   comm, whose poison is the rank's own and would leave the others waiting */
 static dpar_status dpar__dev_host(dpar_comm *c, int to_host, void *host, void *dev, size_t bytes)
 {
     const dpar_comm_memory *m = dpar__dev(c);
+    dpar_status st;
     if (!bytes) return DPAR_OK;
-    DPAR__TRY(dpar__dev_enter(c, m));
-    return dpar__dev_result(c, to_host ? m->to_host(m->user, c->worker, host, dev, bytes)
-                                       : m->from_host(m->user, c->worker, dev, host, bytes));
+    st = m->enter ? m->enter(m->user, c->worker) : DPAR_OK;
+    if (st != DPAR_OK) return st;
+    return to_host ? m->to_host(m->user, c->worker, host, dev, bytes)
+                   : m->from_host(m->user, c->worker, dev, host, bytes);
 }
 /* the device can take a checkpoint (DPAR_OK on host memory) */
 static dpar_status dpar__dev_ckpt_check(const dpar_comm *c, const char *api)
@@ -13751,7 +13790,9 @@ static dpar_status dpar__ckpt_zero(dpar_zero *z, float *params, const char *path
     if (dev) staged = (float *)dpar__alloc(&a, (pn + 2 * z->len) * sizeof(float) + 1);
     if (!items || (dev && !staged)) {
         dpar__free(&a, items);
-        return dpar__bad_call(z->comm, dpar__err(DPAR_ENOMEM, "%s: out of memory", api));
+        dpar__free(&a, staged);
+        st = dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
+        return dev ? dpar__ckpt_agree(z->comm, st, api) : dpar__bad_call(z->comm, st); /* the host copy's */
     }
     p = dev ? staged : save ? params + z->off : params;
     m = dev ? staged + pn : z->m;
@@ -13762,6 +13803,7 @@ static dpar_status dpar__ckpt_zero(dpar_zero *z, float *params, const char *path
         if (st == DPAR_OK) st = dpar__dev_host(z->comm, 1, m, z->m, z->len * sizeof(float));
         if (st == DPAR_OK && z->v) st = dpar__dev_host(z->comm, 1, v, z->v, z->len * sizeof(float));
     }
+    if (dev && save) st = dpar__ckpt_agree(z->comm, st, api); /* staged on every rank, or every rank says why not */
     snprintf(names[0], 64, "%sparams", prefix);
     snprintf(names[1], 64, "%sm", prefix);
     snprintf(names[2], 64, "%sv", prefix);
@@ -13778,6 +13820,7 @@ static dpar_status dpar__ckpt_zero(dpar_zero *z, float *params, const char *path
         st = dpar__dev_host(z->comm, 0, p, params, z->count * sizeof(float));
         if (st == DPAR_OK) st = dpar__dev_host(z->comm, 0, m, z->m, z->len * sizeof(float));
         if (st == DPAR_OK && z->v) st = dpar__dev_host(z->comm, 0, v, z->v, z->len * sizeof(float));
+        st = dpar__ckpt_agree(z->comm, st, api);
     }
     if (st == DPAR_OK && !save) z->step = (long)step;
     dpar__free(&a, items);
@@ -13855,7 +13898,7 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
     char *names;
     int64_t state[4]; /* step, steps since the scale last changed, steps skipped, the loss scale's bits */
     uint32_t bits;
-    int u, n = 0, k, dev;
+    int u, n = 0, k, dev, read;
     float *staged = NULL; /* device memory: the shards' host copy (master, m, v, each slen floats) */
     dpar_allocator a;
     dpar_status st = DPAR_OK;
@@ -13880,12 +13923,14 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
         dpar__free(&a, items);
         dpar__free(&a, names);
         dpar__free(&a, staged);
-        return dpar__bad_call(f->comm, dpar__err(DPAR_ENOMEM, "%s: out of memory", api));
+        st = dpar__err(DPAR_ENOMEM, "%s: out of memory", api);
+        return dev ? dpar__ckpt_agree(f->comm, st, api) : dpar__bad_call(f->comm, st); /* the host copy's */
     }
     for (u = 0; dev && save && u < f->U && st == DPAR_OK; u++) /* the device's shards into their host copy */
         for (k = 0; k < (f->v ? 3 : 2) && st == DPAR_OK; k++)
             st = dpar__dev_host(f->comm, 1, staged + k * f->slen + f->soff[u], dpar__fsdp_piece(f, u, k),
                                 f->len[u] * sizeof(float));
+    if (dev && save) st = dpar__ckpt_agree(f->comm, st, api); /* staged on every rank, or every rank says why not */
     memcpy(&bits, &f->scale, sizeof bits);
     state[0] = (int64_t)f->step, state[1] = (int64_t)f->good, state[2] = (int64_t)f->skipped, state[3] = bits;
     snprintf(names, 64, "%sstate", prefix);
@@ -13900,10 +13945,13 @@ static dpar_status dpar__ckpt_fsdp(dpar_fsdp *f, const char *path, const char *p
         }
     }
     if (st == DPAR_OK) st = dpar__ckpt_obj(f->comm, save, path, items, n, extra, count, api);
+    read = st == DPAR_OK; /* the same on every rank (a failed load fails everywhere) */
     for (u = 0; dev && !save && u < f->U && st == DPAR_OK; u++) /* loaded: the host copy into the device's shards */
         for (k = 0; k < (f->v ? 3 : 2) && st == DPAR_OK; k++)
             st = dpar__dev_host(f->comm, 0, staged + k * f->slen + f->soff[u], dpar__fsdp_piece(f, u, k),
                                 f->len[u] * sizeof(float));
+    if (dev && !save && read) /* restored on every rank before stage 2's publish, or every rank says why not */
+        st = dpar__ckpt_agree(f->comm, st, api);
     if (st == DPAR_OK && !save) {
         f->step = (long)state[0], f->good = (long)state[1], f->skipped = (long)state[2];
         bits = (uint32_t)state[3];
@@ -14960,8 +15008,7 @@ static dpar_status dpar__m_alltoallv_parts(dpar__ctx *x, const char *send, char 
     int *iv, rc;
     dpar_status st;
     *done = 0;
-    for (q = 0; q < 4 * N; q++)
-        if (v[q] > (size_t)INT_MAX / es) return DPAR_OK; /* the same on every rank: the pairwise rounds */
+    if (!x->vfits) return DPAR_OK; /* some rank's bytes do not fit an int (every rank read it in the headers) */
     iv = (int *)dpar__alloc(&c->allocator, 4 * N * sizeof(int));
     if (!iv) return dpar__tp_fail(c, dpar__err(DPAR_ENOMEM, "%s: out of memory", c->name), dpar_last_error());
     for (q = 0; q < 4 * N; q++) iv[q] = (int)(v[q] * es);

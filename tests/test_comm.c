@@ -9,6 +9,7 @@ static void test_step_hook(void);
 #include "dpar.h"
 
 #include <math.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "dpar_test.h"
@@ -1140,9 +1141,34 @@ typedef struct {
     size_t own_bytes;
     int peer_read;        /* reduce read another worker's buffer though peer_access said no */
     int fail_host_worker; /* this worker's to_host fails (-1: none) */
+    int fail_from_worker; /* this worker's from_host fails (-1: none) */
 } fake_dev;
 static fake_dev fdev;
 
+/* dpar's own allocations on the fake device (scratch, staging, ZeRO and FSDP state) are address ranges the host
+   cannot touch (PROT_NONE), their bytes in a second allocation that only the callbacks reach (fake_at): a host
+   memcpy or loop over device memory crashes instead of passing unseen. The tests' own buffers are host memory that
+   they encode (fake_code), used as they are. */
+typedef struct {
+    char *dev, *back;
+    size_t bytes;
+} fake_range;
+static fake_range fake_ranges[512];
+static int fake_nranges;
+static pthread_mutex_t fake_ranges_lock = PTHREAD_MUTEX_INITIALIZER;
+static const void *fake_at(const void *p) /* where a device address's bytes are */
+{
+    const char *c = (const char *)p, *at = c;
+    int i;
+    pthread_mutex_lock(&fake_ranges_lock);
+    for (i = 0; i < fake_nranges; i++)
+        if (c >= fake_ranges[i].dev && c < fake_ranges[i].dev + fake_ranges[i].bytes) {
+            at = fake_ranges[i].back + (c - fake_ranges[i].dev);
+            break;
+        }
+    pthread_mutex_unlock(&fake_ranges_lock);
+    return at;
+}
 static unsigned char fake_key(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
@@ -1162,14 +1188,14 @@ static void fake_worker(int worker)
 static void *fake_read(const void *p, size_t bytes)
 {
     unsigned char *h = (unsigned char *)malloc(bytes ? bytes : 1);
-    const unsigned char *d = (const unsigned char *)p;
+    const unsigned char *d = (const unsigned char *)fake_at(p);
     size_t i;
     for (i = 0; i < bytes; i++) h[i] = d[i] ^ fake_key(d + i);
     return h;
 }
 static void fake_write(void *p, const void *h, size_t bytes)
 {
-    unsigned char *d = (unsigned char *)p;
+    unsigned char *d = (unsigned char *)(uintptr_t)fake_at(p);
     size_t i;
     for (i = 0; i < bytes; i++) d[i] = ((const unsigned char *)h)[i] ^ fake_key(d + i);
 }
@@ -1261,14 +1287,41 @@ static void *fake_alloc(void *user, int worker, size_t bytes)
     __atomic_add_fetch(&fdev.allocs, 1, __ATOMIC_RELAXED);
     while (bytes > seen &&
            !__atomic_compare_exchange_n(&fdev.biggest, &seen, bytes, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
-    return malloc(bytes);
+    {
+        fake_range r;
+        void *dev = mmap(NULL, bytes ? bytes : 1, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        r.dev = dev == MAP_FAILED ? NULL : (char *)dev;
+        r.back = (char *)malloc(bytes ? bytes : 1);
+        r.bytes = bytes ? bytes : 1;
+        pthread_mutex_lock(&fake_ranges_lock);
+        if (!r.dev || !r.back || fake_nranges == (int)(sizeof fake_ranges / sizeof fake_ranges[0])) {
+            pthread_mutex_unlock(&fake_ranges_lock);
+            if (r.dev) munmap(r.dev, r.bytes);
+            free(r.back);
+            return NULL;
+        }
+        fake_ranges[fake_nranges++] = r;
+        pthread_mutex_unlock(&fake_ranges_lock);
+        return r.dev;
+    }
 }
 static void fake_free(void *user, int worker, void *p)
 {
     (void)user;
     fake_worker(worker);
     __atomic_add_fetch(&fdev.frees, 1, __ATOMIC_RELAXED);
-    free(p);
+    if (p) {
+        int i;
+        pthread_mutex_lock(&fake_ranges_lock);
+        for (i = 0; i < fake_nranges; i++)
+            if (fake_ranges[i].dev == (char *)p) {
+                munmap(fake_ranges[i].dev, fake_ranges[i].bytes);
+                free(fake_ranges[i].back);
+                fake_ranges[i] = fake_ranges[--fake_nranges];
+                break;
+            }
+        pthread_mutex_unlock(&fake_ranges_lock);
+    }
 }
 /* dpar_zero's and dpar_fsdp's callbacks: zeros, and the optimizer's step on decoded copies (the host's math) */
 static dpar_status fake_clear(void *user, int worker, void *p, size_t bytes)
@@ -1313,6 +1366,7 @@ static dpar_status fake_from_host(void *user, int worker, void *dev, const void 
 {
     (void)user;
     fake_worker(worker);
+    if (worker == fdev.fail_from_worker) return dpar_set_error(DPAR_ESYSTEM, "fake device: from_host failed");
     fake_write(dev, host, bytes);
     return DPAR_OK;
 }
@@ -1324,6 +1378,7 @@ static dpar_comm_desc fake_desc(int n, int peer_access)
     fdev.peer_access = peer_access;
     fdev.fail_worker = -1;
     fdev.fail_host_worker = -1;
+    fdev.fail_from_worker = -1;
     fdev.size = n;
     d.size = n;
     d.segment_bytes = 4096; /* several segments per chunk at the larger counts */
@@ -2147,12 +2202,12 @@ typedef struct {
     const char *ckpt_save, *ckpt_load;
 } devopt_job;
 enum { DEVOPT_CK = 3 };
-/* host bytes into device memory and back (the host's own memory: a copy) */
+/* host bytes into device memory and back (host memory: a copy) */
 static void devopt_in(const devopt_job *j, int r, void *dev, const void *host, size_t bytes)
 {
-    if (j->device == 2) fas_sync(r); /* what the stream queued on the buffer (a clear) has run */
-    memcpy(dev, host, bytes);
-    if (j->device) fake_code(dev, bytes);
+    if (j->device == 2) fas_sync(r);             /* what the stream queued on the buffer (a clear) has run */
+    if (j->device) fake_write(dev, host, bytes); /* encoded where the device keeps the bytes */
+    else memcpy(dev, host, bytes);
 }
 static void devopt_out(const devopt_job *j, int r, void *host, const void *dev, size_t bytes)
 {
@@ -2418,6 +2473,171 @@ static void test_zero_and_fsdp_on_device_refusals(void)
     d = fake_desc(2, 1);
     d.memory.from_host = NULL;
     CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL && strstr(dpar_last_error(), "from_host is missing"));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
+/* a checkpoint whose staging fails on one rank (to_host in a save, from_host in a load): every rank returns an
+   error at once, on a threads comm and on a library's comm (whose poison is the rank's own), the failing rank with
+   its callback's text; the checkpoint's agreement tells the others */
+typedef struct {
+    int lib;     /* 1: a library's comm (dpar_comm_from_ops) over the threads comm, the fake device's callbacks */
+    int failing; /* 0: save both checkpoints (nothing fails); 1: saves with to_host failing; 2: loads with from_host */
+    char zpath[300], fpath[300];
+    dpar_status st[3][2]; /* per rank: zero's status, fsdp's */
+    char text[3][2][600];
+    double seconds[3];
+} devfail_job;
+static void devfail_rank(world *w, dpar_comm *inner, int r)
+{
+    devfail_job *j = (devfail_job *)w->user;
+    float params[8];
+    size_t one = 8;
+    int i;
+    lib_rank l;
+    dpar_comm *c = inner;
+    dpar_zero_desc zd;
+    dpar_fsdp_desc fd;
+    dpar_zero *z = NULL;
+    dpar_fsdp *f = NULL;
+    double t0;
+    if (j->lib) {
+        dpar_comm_desc d;
+        memset(&d, 0, sizeof d);
+        d.memory.reduce = fake_reduce, d.memory.divide = fake_divide, d.memory.copy = fake_copy;
+        d.memory.alloc = fake_alloc, d.memory.free = fake_free;
+        d.memory.clear = fake_clear, d.memory.update = fake_update;
+        d.memory.to_host = fake_to_host, d.memory.from_host = fake_from_host;
+        d.no_check = 1;
+        d.timeout_ms = 20000;
+        if (!(c = lib_comm_with(&l, inner, d, NULL))) {
+            note(w, "rank %d: from_ops with memory: %s", r, dpar_last_error());
+            return;
+        }
+        l.device = 1;
+    }
+    for (i = 0; i < 8; i++) params[i] = (float)(i + r);
+    fake_code(params, sizeof params); /* the test's "device" buffer */
+    memset(&zd, 0, sizeof zd);
+    zd.comm = c, zd.count = 8, zd.lr = 0.1f;
+    memset(&fd, 0, sizeof fd);
+    fd.comm = c, fd.num_units = 1, fd.unit_counts = &one, fd.lr = 0.1f, fd.stage = 2;
+    expect_ok(w, dpar_zero_create(&zd, &z), "zero_create", r);
+    expect_ok(w, dpar_fsdp_create(&fd, &f), "fsdp_create", r);
+    t0 = dt_now();
+    if (z && f && j->failing < 2) {
+        j->st[r][0] = dpar_ckpt_save_zero(z, params, j->zpath, NULL, NULL, 0);
+        snprintf(j->text[r][0], sizeof j->text[r][0], "%s", dpar_last_error());
+        j->st[r][1] = dpar_ckpt_save_fsdp(f, j->fpath, NULL, NULL, 0);
+        snprintf(j->text[r][1], sizeof j->text[r][1], "%s", dpar_last_error());
+    } else if (z && f) {
+        j->st[r][0] = dpar_ckpt_load_zero(z, params, j->zpath, NULL, NULL, 0);
+        snprintf(j->text[r][0], sizeof j->text[r][0], "%s", dpar_last_error());
+        j->st[r][1] = dpar_ckpt_load_fsdp(f, j->fpath, NULL, NULL, 0); /* stage 2: its publish follows */
+        snprintf(j->text[r][1], sizeof j->text[r][1], "%s", dpar_last_error());
+    }
+    j->seconds[r] = dt_now() - t0;
+    dpar_fsdp_destroy(f);
+    dpar_zero_destroy(z);
+    if (c != inner) dpar_comm_destroy(c);
+}
+static void test_device_checkpoint_failure_reaches_every_rank(void)
+{
+    devfail_job job;
+    char dir[] = "/tmp/dpar_devfail_XXXXXX", cmd[400];
+    int r, k;
+    CHECK(mkdtemp(dir) != NULL);
+    for (job.lib = 0; job.lib < 2; job.lib++)
+        for (job.failing = 0; job.failing < 3; job.failing++) {
+            dpar_comm_desc d = fake_desc(3, 1);
+            const char *want = job.failing == 1 ? "to_host failed" : "from_host failed";
+            memset(job.st, 0, sizeof job.st);
+            snprintf(job.zpath, sizeof job.zpath, "%s/zero%d", dir, job.lib);
+            snprintf(job.fpath, sizeof job.fpath, "%s/fsdp%d", dir, job.lib);
+            d.timeout_ms = 20000;
+            if (job.failing == 1) fdev.fail_host_worker = 1;
+            if (job.failing == 2) fdev.fail_from_worker = 1;
+            CHECK_MSG(run_world_desc(3, &d, devfail_rank, &job, NULL, 0) == 0, "lib %d failing %d", job.lib,
+                      job.failing);
+            for (r = 0; r < 3; r++)
+                for (k = 0; k < 2; k++) {
+                    if (job.failing == 0) {
+                        CHECK_MSG(job.st[r][k] == DPAR_OK, "lib %d rank %d %s: %s", job.lib, r, k ? "fsdp" : "zero",
+                                  job.text[r][k]);
+                        continue;
+                    }
+                    CHECK_MSG(job.st[r][k] == DPAR_ESYSTEM && (r != 1 || strstr(job.text[r][k], want)) &&
+                                  (r == 1 || strstr(job.text[r][k], "another rank failed")),
+                              "lib %d failing %d rank %d %s: %s: %s", job.lib, job.failing, r, k ? "fsdp" : "zero",
+                              dpar_status_string(job.st[r][k]), job.text[r][k]);
+                }
+            for (r = 0; r < 3; r++)
+                CHECK_MSG(job.seconds[r] < 5.0, "lib %d failing %d rank %d: %.1f s (a rank waited for its deadline)",
+                          job.lib, job.failing, r, job.seconds[r]);
+            CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
+        }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
+/* a library's comm made without an exchange (no_check): dpar's host words (dpar_alltoallv_counts, a checkpoint's
+   own agreement and manifest) run through ops.run when its buffers are host memory, and are refused on every rank
+   (DPAR_EUNSUPPORTED) when they are the device's */
+static void noexch_rank(world *w, dpar_comm *inner, int r)
+{
+    const char *path = (const char *)w->user;
+    int device;
+    for (device = 0; device < 2; device++) {
+        dpar_comm_ops ops;
+        dpar_comm_desc d;
+        dpar_comm *c = NULL;
+        lib_rank l;
+        size_t send[3], recv[3], q;
+        int64_t step = 7 + r, back = 0;
+        dpar_ckpt_item item = dpar_ckpt_replica("step", &step, sizeof step);
+        dpar_status st;
+        memset(&l, 0, sizeof l);
+        memset(&ops, 0, sizeof ops);
+        l.inner = inner;
+        ops.user = &l, ops.rank = r, ops.size = dpar_comm_size(inner), ops.run = lib_run; /* no exchange */
+        memset(&d, 0, sizeof d);
+        d.no_check = 1;
+        if (device) {
+            d.memory.reduce = fake_reduce, d.memory.divide = fake_divide, d.memory.copy = fake_copy;
+            d.memory.alloc = fake_alloc, d.memory.free = fake_free;
+            d.memory.clear = fake_clear, d.memory.update = fake_update;
+        }
+        if (dpar_comm_from_ops(&ops, &d, &c) != DPAR_OK) {
+            note(w, "rank %d device %d: from_ops: %s", r, device, dpar_last_error());
+            return;
+        }
+        for (q = 0; q < 3; q++) send[q] = (size_t)(10 * r) + q, recv[q] = 0;
+        st = dpar_alltoallv_counts(c, send, recv);
+        if (device && (st != DPAR_EUNSUPPORTED || !strstr(dpar_last_error(), "needs ops.exchange")))
+            note(w, "rank %d: counts on device memory without an exchange: %s", r, dpar_last_error());
+        for (q = 0; !device && q < 3; q++)
+            if (st != DPAR_OK || recv[q] != 10 * q + (size_t)r)
+                note(w, "rank %d: counts without an exchange: %s, recv[%zu] = %zu", r, dpar_status_string(st), q,
+                     recv[q]);
+        if (!device) { /* rank 0's step is the replica's: every rank loads 7 */
+            st = dpar_ckpt_save(c, path, &item, 1);
+            item.data = &back;
+            if (st == DPAR_OK) st = dpar_ckpt_load(c, path, &item, 1);
+            if (st != DPAR_OK || back != 7)
+                note(w, "rank %d: a checkpoint without an exchange: %s, step %lld", r, dpar_last_error(),
+                     (long long)back);
+        }
+        dpar_comm_destroy(c);
+    }
+}
+static void test_ops_comm_without_exchange_host_words(void)
+{
+    char dir[] = "/tmp/dpar_noexch_XXXXXX", path[300], cmd[400];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/ck", dir);
+    fake_desc(3, 1); /* the fake device's counters for its callbacks */
+    CHECK(run_world(3, noexch_rank, path) == 0);
+    CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
 }
@@ -3108,6 +3328,8 @@ int main(int argc, char **argv)
     RUN(test_memory_async_failure_reaches_every_rank);
     RUN(test_zero_and_fsdp_on_device_memory);
     RUN(test_zero_and_fsdp_on_device_refusals);
+    RUN(test_device_checkpoint_failure_reaches_every_rank);
+    RUN(test_ops_comm_without_exchange_host_words);
     RUN(test_ops_comm_runs_the_matrix);
     RUN(test_ops_comm_errors);
     RUN(test_batches);
