@@ -14758,13 +14758,15 @@ static void dpar__m_wake(dpar_comm *c, int peer)
 }
 /* one look's pause in a wait on the block (the caller's loop looks at the phase between two): spin,
    then yield, then nap. The clock is read, and MPI served (poison news, "where are you?"), every 64th look
-   while spinning and at every look after. */
+   while spinning, every 8th while yielding and at every nap: MPI's probe runs its progress engine, which
+   at every yield cost 4 processes on 2 cores half their small alltoallv's speed (docs/benchmarks.md). */
 static dpar_status dpar__m_wait_bell(dpar_comm *c, uint32_t seen, uint64_t deadline)
 {
     dpar__mpi *m = DPAR__M(c);
     (void)seen;
     (void)deadline;
-    if (m->bell_stage || (++m->bell_looks & 63u) == 0) {
+    ++m->bell_looks;
+    if (m->bell_stage == 2 || (m->bell_stage == 1 && (m->bell_looks & 7u) == 0) || (m->bell_looks & 63u) == 0) {
         uint64_t now = dpar_time_ns();
         if (!m->bell_since) m->bell_since = now;
         m->bell_stage = now - m->bell_since < c->spin.spin_ns && !m->oversub ? 0
