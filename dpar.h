@@ -1079,7 +1079,8 @@ DPAR_API dpar_status dpar_alltoall_at(dpar_comm *comm, const void *send, void *r
              whose bytes overflow size_t, recv blocks that overlap, send and recv that overlap, sendcounts ==
              recvcounts for _counts); DPAR_EMISMATCH; the comm's errors (see dpar_comm).
    Remarks:  every dtype; thread ranks copy straight from the sender's buffer; MPI comms with native use
-             MPI_Alltoallv (dtypes MPI has, counts and displacements that fit an int; else the pairwise rounds);
+             MPI_Alltoallv (dtypes MPI has, every rank's counts and displacements fit an int; else the pairwise
+             rounds);
              processes of one node meet in their shared block (the counts checked there), where parts larger
              than its staging buffers go in one MPI_Ialltoallv of bytes.
    Thread safety: the comm's thread; collective.
@@ -14970,22 +14971,18 @@ static MPI_Op dpar__m_op(dpar_op op)
     }
 }
 
-/* MPI_Alltoallv, when every count and displacement fits MPI's int (else the pairwise rounds run it); the checker's
-   fingerprints meet first in empty pairwise messages, each carrying its pair's count */
-static dpar_status dpar__m_alltoallv(dpar__ctx *x, const struct dpar__call *call, MPI_Datatype ty, int *done)
+/* MPI_Ialltoallv of v's counts and displacements times scale (each fits an int), elements of ty, waited for */
+static dpar_status dpar__m_ialltoallv(dpar__ctx *x, const void *send, void *recv, const size_t *v, size_t scale,
+                                      MPI_Datatype ty)
 {
     dpar_comm *c = x->c;
     MPI_Request r = MPI_REQUEST_NULL;
     size_t N = (size_t)c->size, q;
-    int *iv, rc;
+    int *iv = (int *)dpar__alloc(&c->allocator, 4 * N * sizeof(int)), rc;
     dpar_status st;
-    for (q = 0; q < 4 * N; q++)
-        if (call->v[q] > (size_t)INT_MAX) return DPAR_OK;
-    if (c->check) DPAR__TRY(dpar__alltoallv_pairwise(x, NULL, NULL, call->v, 0, 1));
-    iv = (int *)dpar__alloc(&c->allocator, 4 * N * sizeof(int));
     if (!iv) return dpar__tp_fail(c, dpar__err(DPAR_ENOMEM, "%s: out of memory", c->name), dpar_last_error());
-    for (q = 0; q < 4 * N; q++) iv[q] = (int)call->v[q];
-    rc = MPI_Ialltoallv(call->send, iv, iv + N, ty, call->recv, iv + 2 * N, iv + 3 * N, ty, DPAR__M(c)->comm, &r);
+    for (q = 0; q < 4 * N; q++) iv[q] = (int)(v[q] * scale);
+    rc = MPI_Ialltoallv(send, iv, iv + N, ty, recv, iv + 2 * N, iv + 3 * N, ty, DPAR__M(c)->comm, &r);
     if (rc != MPI_SUCCESS) {
         dpar__free(&c->allocator, iv);
         return dpar__m_poison(c, dpar__m_error(c, rc, "alltoallv", -1), dpar_last_error());
@@ -14993,6 +14990,26 @@ static dpar_status dpar__m_alltoallv(dpar__ctx *x, const struct dpar__call *call
     st = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
     if (st != DPAR_OK) return st; /* MPI's collective cannot be cancelled or freed: it keeps iv */
     dpar__free(&c->allocator, iv);
+    return DPAR_OK;
+}
+
+/* MPI_Alltoallv, when every rank's counts and displacements fit MPI's int (one MPI_Iallreduce of a word says so on
+   every rank; else the pairwise rounds run it everywhere); the checker's fingerprints meet first in empty pairwise
+   messages, each carrying its pair's count */
+static dpar_status dpar__m_alltoallv(dpar__ctx *x, const struct dpar__call *call, MPI_Datatype ty, int *done)
+{
+    dpar_comm *c = x->c;
+    size_t N = (size_t)c->size, q;
+    int fits = 1, all = 0, rc;
+    MPI_Request r = MPI_REQUEST_NULL;
+    for (q = 0; q < 4 * N; q++)
+        if (call->v[q] > (size_t)INT_MAX) fits = 0;
+    rc = MPI_Iallreduce(&fits, &all, 1, MPI_INT, MPI_MIN, DPAR__M(c)->comm, &r);
+    if (rc != MPI_SUCCESS) return dpar__m_poison(c, dpar__m_error(c, rc, "alltoallv", -1), dpar_last_error());
+    DPAR__TRY(dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective"));
+    if (!all) return DPAR_OK;
+    if (c->check) DPAR__TRY(dpar__alltoallv_pairwise(x, NULL, NULL, call->v, 0, 1));
+    DPAR__TRY(dpar__m_ialltoallv(x, call->send, call->recv, call->v, 1, ty));
     *done = 1;
     return DPAR_OK;
 }
@@ -15005,23 +15022,10 @@ static dpar_status dpar__m_alltoallv_parts(dpar__ctx *x, const char *send, char 
                                            int *done)
 {
     dpar_comm *c = x->c;
-    MPI_Request r = MPI_REQUEST_NULL;
     size_t N = (size_t)c->size, q;
-    int *iv, rc;
-    dpar_status st;
     *done = 0;
     if (!x->vfits) return DPAR_OK; /* some rank's bytes do not fit an int (every rank read it in the headers) */
-    iv = (int *)dpar__alloc(&c->allocator, 4 * N * sizeof(int));
-    if (!iv) return dpar__tp_fail(c, dpar__err(DPAR_ENOMEM, "%s: out of memory", c->name), dpar_last_error());
-    for (q = 0; q < 4 * N; q++) iv[q] = (int)(v[q] * es);
-    rc = MPI_Ialltoallv(send, iv, iv + N, MPI_BYTE, recv, iv + 2 * N, iv + 3 * N, MPI_BYTE, DPAR__M(c)->comm, &r);
-    if (rc != MPI_SUCCESS) {
-        dpar__free(&c->allocator, iv);
-        return dpar__m_poison(c, dpar__m_error(c, rc, "alltoallv", -1), dpar_last_error());
-    }
-    st = dpar__m_wait(x, &r, MPI_STATUS_IGNORE, -1, "join the collective");
-    if (st != DPAR_OK) return st; /* MPI's collective cannot be cancelled or freed: it keeps iv */
-    dpar__free(&c->allocator, iv);
+    DPAR__TRY(dpar__m_ialltoallv(x, send, recv, v, es, MPI_BYTE));
     for (q = 0; q < N; q++)
         if (q != (size_t)c->rank) x->sent += v[q] * es, x->received += v[2 * N + q] * es;
     *done = 1;

@@ -1388,43 +1388,49 @@ static void test_alltoallv_large_over_mpi(void)
 
 /* alltoallv parts too large for the node's block where one rank's receive displacement (in bytes) does not fit an
    int: every rank must move them the same way (the pairwise rounds, not MPI_Ialltoallv), which they learn from the
-   block's headers; the data lands where the serial reference puts it */
+   block's headers, or with native (MPI_Alltoallv) from an agreement; the data lands where the serial reference
+   puts it */
 static void test_alltoallv_displacement_beyond_int_over_mpi(void)
 {
-    const size_t part = 600 * 1024, far = (size_t)INT_MAX + 4096; /* rank 1 receives from 2 GiB on */
-    size_t sc[16], rc[16], rd[16], q, k, span;
-    unsigned char *x, *y;
-    dpar_comm_desc d;
-    dpar_comm *c;
-    dpar_status st;
-    memset(&d, 0, sizeof d);
-    d.timeout_ms = 20000;
-    if (nprocs > 16 || sizeof(size_t) < 8 || !(c = world_comm(&d))) {
-        CHECK(nprocs > 16 || sizeof(size_t) < 8);
-        return;
-    }
-    for (q = 0; q < (size_t)nprocs; q++) sc[q] = rc[q] = part, rd[q] = (me == 1 ? far : 0) + q * part;
-    span = rd[nprocs - 1] + part;
-    x = (unsigned char *)malloc(part * (size_t)nprocs);
-    y = (unsigned char *)mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    CHECK(x && y != (unsigned char *)MAP_FAILED);
-    if (!x || y == (unsigned char *)MAP_FAILED) {
+    int native;
+    for (native = 0; native < 2; native++) {
+        const size_t part = 600 * 1024, far = (size_t)INT_MAX + 4096; /* rank 1 receives from 2 GiB on */
+        size_t sc[16], rc[16], rd[16], q, k, span;
+        unsigned char *x, *y;
+        dpar_comm_desc d;
+        dpar_comm *c;
+        dpar_status st;
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = 20000;
+        d.native = native;
+        if (nprocs > 16 || sizeof(size_t) < 8 || !(c = world_comm(&d))) {
+            CHECK(nprocs > 16 || sizeof(size_t) < 8);
+            return;
+        }
+        for (q = 0; q < (size_t)nprocs; q++) sc[q] = rc[q] = part, rd[q] = (me == 1 ? far : 0) + q * part;
+        span = rd[nprocs - 1] + part;
+        x = (unsigned char *)malloc(part * (size_t)nprocs);
+        y = (unsigned char *)mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                                  0);
+        CHECK(x && y != (unsigned char *)MAP_FAILED);
+        if (!x || y == (unsigned char *)MAP_FAILED) {
+            dpar_comm_destroy(c);
+            return;
+        }
+        for (q = 0; q < (size_t)nprocs; q++)
+            for (k = 0; k < part; k++) x[q * part + k] = (unsigned char)(me * 31 + (int)q * 7 + (int)(k % 251));
+        st = dpar_alltoallv(c, x, sc, NULL, y, rc, rd, DPAR_U8);
+        CHECK_MSG(st == DPAR_OK, "native %d rank %d: %s: %s", native, me, dpar_status_string(st), dpar_last_error());
+        for (q = 0; st == DPAR_OK && q < (size_t)nprocs; q++)
+            for (k = 0; k < part; k++)
+                if (y[rd[q] + k] != (unsigned char)((int)q * 31 + me * 7 + (int)(k % 251))) {
+                    CHECK_MSG(0, "native %d rank %d: byte %zu from rank %zu is %d", native, me, k, q, y[rd[q] + k]);
+                    break;
+                }
+        munmap(y, span);
+        free(x);
         dpar_comm_destroy(c);
-        return;
     }
-    for (q = 0; q < (size_t)nprocs; q++)
-        for (k = 0; k < part; k++) x[q * part + k] = (unsigned char)(me * 31 + (int)q * 7 + (int)(k % 251));
-    st = dpar_alltoallv(c, x, sc, NULL, y, rc, rd, DPAR_U8);
-    CHECK_MSG(st == DPAR_OK, "rank %d: %s: %s", me, dpar_status_string(st), dpar_last_error());
-    for (q = 0; st == DPAR_OK && q < (size_t)nprocs; q++)
-        for (k = 0; k < part; k++)
-            if (y[rd[q] + k] != (unsigned char)((int)q * 31 + me * 7 + (int)(k % 251))) {
-                CHECK_MSG(0, "rank %d: byte %zu from rank %zu is %d", me, k, q, y[rd[q] + k]);
-                break;
-            }
-    munmap(y, span);
-    free(x);
-    dpar_comm_destroy(c);
 }
 
 static void test_hybrid_collectives(void)
