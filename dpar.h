@@ -832,6 +832,13 @@ typedef struct dpar_request dpar_request;
              DPAR_EUNSUPPORTED on such a comm), each returning once the bytes are where they go:
      to_host(user, worker, host, dev, bytes)    host = dev, after the worker's queued work (cudaMemcpy D2H)
      from_host(user, worker, dev, host, bytes)  dev = host, after the worker's queued work (cudaMemcpy H2D)
+   For the one-shot allreduce (optional; without it dpar combines with reduce: N(N-1) calls, a launch each):
+     combine(user, worker, out, in, ranks, lo, n, count, dtype, op)   out[i] for i < n = element lo + i of a
+                                         count-element allreduce over ranks inputs (in[q]: rank q's, from element
+                                         lo; host array, read before the call returns), combined in the ring's order
+                                         (dpar_algo's "Results": acc = in[c+1], then acc = in[c+j] op acc for
+                                         j = 2..ranks, each step as reduce's; AVG divides by ranks at the last step).
+                                         out is none of the inputs; ranks <= DPAR_COMBINE_MAX_RANKS (more: reduce)
    Required: reduce, divide, copy, alloc and free, all or none (none: host memory, the default).
    Remarks:  such a group has none of the shared-memory speed-ups (direct buckets and dpar_steal return
              DPAR_EUNSUPPORTED on it), and only thread groups take one (MPI comms return DPAR_EUNSUPPORTED). dpar's
@@ -856,7 +863,11 @@ typedef struct dpar_comm_memory {
     dpar_status (*update)(void *user, int worker, const dpar_optim_update *u);
     dpar_status (*to_host)(void *user, int worker, void *host, const void *dev, size_t bytes); /* both or neither */
     dpar_status (*from_host)(void *user, int worker, void *dev, const void *host, size_t bytes);
+    dpar_status (*combine)(void *user, int worker, void *out, const void *const *in, int ranks, size_t lo, size_t n,
+                           size_t count, dpar_dtype dtype, dpar_op op); /* optional: one-shot's combine */
 } dpar_comm_memory;
+/* the most inputs dpar_comm_memory.combine is given (a kernel's parameters hold their pointers) */
+#define DPAR_COMBINE_MAX_RANKS 64
 /* dpar_algo: the allreduce algorithms (dpar_comm_desc.algo, DPAR_ALGO=ring|oneshot|slice, the counters and trace).
    AUTO     by size and rank count: thread ranks one-shot up to DPAR_ONESHOT_MAX_BYTES (twice that on more
             than 2 ranks), reduce-by-slice
@@ -4965,6 +4976,12 @@ typedef struct dpar__transport {
     int polls;        /* 1: wait_bell returns at once (no doorbell to sleep on: the MPI transport's block), so a
                          waiter looks at the clock and the peers' fingerprints only every 16th time round */
     dpar_status (*alltoallv_parts)(dpar__ctx *x, const char *send, char *recv, const size_t *v, size_t es, int *done);
+    /* a peer's whole offer: held where it is (*held = 1, *data: the peer's buffer, released later) when this rank's
+       arithmetic can read it there, else copied into dst and released (*data = dst); NULL: recv_into */
+    dpar_status (*hold)(dpar__ctx *x, int peer, void *dst, size_t bytes, const void **data, int *held);
+    /* one-shot's combine in one call (dpar__sm_combine's contract); NULL: dpar__tp_reduce, block by block */
+    dpar_status (*combine)(dpar__ctx *x, char *out, const char *const *in, size_t lo, size_t n, size_t count,
+                           dpar_dtype t, dpar_op op);
 } dpar__transport;
 
 /* One call in progress: who, what, until when, what it moved. */
@@ -6171,6 +6188,8 @@ static dpar_status dpar__sm_combine(dpar__ctx *x, char *out, const char *const *
 {
     int N = x->c->size, c, j;
     size_t es = dpar__dtype_sizes[t];
+    if (x->c->tp->combine && !x->host && x->c->desc.memory.combine && N <= DPAR_COMBINE_MAX_RANKS)
+        return x->c->tp->combine(x, out, in, lo, n, count, t, op); /* one launch, not N(N-1) */
     for (c = 0; c < N; c++) {
         size_t co, cl, a, b, o;
         dpar_block_range(count, N, c, &co, &cl);
@@ -6218,7 +6237,10 @@ static dpar_status dpar__allreduce_oneshot(dpar__ctx *x, const char *send, char 
 /* One-shot over messages, for transports that do not share memory (MPI): every rank offers its input
    to every other rank, receives theirs straight into scratch and combines all N in the ring's order
    (the same bits as the ring). One step instead of 2(N-1), N-1 messages each way per rank; the
-   fingerprints meet in every receive. */
+   fingerprints meet in every receive. Device memory (the transport's hold): a peer's input that this rank's
+   kernels reach is read where it is and released after the combine (no copy), and the combine is one call
+   (memory.combine) where the memory has it: on a GPU, N(N-1) + N - 1 launches, each followed by a
+   synchronisation in a host-blocking pool, become one (two in place). */
 static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, char *recv, size_t count, dpar_dtype t,
                                                dpar_op op)
 {
@@ -6232,6 +6254,7 @@ static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, c
     const char *small[64], **in = small; /* host pointers: the scratch may be device memory (dpar_comm_memory) */
     char *scr = NULL;
     dpar_status st = DPAR_OK;
+    int hold = c->tp->hold && piece == bytes;
     DPAR__TRY(dpar__x_scratch(x, (size_t)N * slot, &scr));
     if (N > 64 && !(in = (const char **)dpar__alloc(&c->allocator, (size_t)N * sizeof(char *))))
         return dpar__err(DPAR_ENOMEM, "%s rank %d: out of memory", c->name, r);
@@ -6244,10 +6267,25 @@ static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, c
     for (o = 0; o < bytes && st == DPAR_OK; o += piece) {
         size_t l = bytes - o < piece ? bytes - o : piece;
         for (k = 1; k < N && st == DPAR_OK; k++) st = dpar__post(x, (r + k) % N, in[r] + o, l);
-        for (k = 1; k < N && st == DPAR_OK; k++)
-            st = dpar__recv_into(x, (r + N - k) % N, (char *)in[(r + N - k) % N] + o, l);
+        for (k = 1; k < N && st == DPAR_OK; k++) {
+            int q = (r + N - k) % N, held = 0;
+            const void *p = NULL;
+            if (!hold) {
+                st = dpar__recv_into(x, q, (char *)in[q] + o, l);
+                continue;
+            }
+            DPAR_TEST_STEP_HOOK();
+            x->received += l;
+            st = c->tp->hold(x, q, (char *)in[q], l, &p, &held);
+            if (st == DPAR_OK && held) in[q] = (const char *)p; /* a peer's buffer: released below */
+        }
     }
     if (st == DPAR_OK) st = dpar__sm_combine(x, recv, in, 0, count, count, t, op);
+    for (k = 1; k < N && hold; k++) { /* the held offers: their reads are done (queued) */
+        int q = (r + N - k) % N;
+        dpar_status rel = in[q] != scr + (size_t)q * slot ? dpar__release(x, q) : DPAR_OK;
+        if (st == DPAR_OK) st = rel;
+    }
     for (k = 1; k < N && st == DPAR_OK; k++) st = dpar__drain(x, (r + k) % N, 0);
     if (in != small) dpar__free(&c->allocator, (void *)in);
     return st;
@@ -8031,6 +8069,34 @@ static dpar_status dpar__tm_recv_into(dpar__ctx *x, int peer, void *dst, size_t 
     return st != DPAR_OK ? st : rel;
 }
 
+/* a peer's offer, held where it is when this rank's reduce can read it there (released by the caller), else copied
+   into dst and released at once (the peer's worker is known once its offer has come) */
+static dpar_status dpar__tm_hold(dpar__ctx *x, int peer, void *dst, size_t bytes, const void **data, int *held)
+{
+    dpar_comm *c = x->c;
+    const dpar_comm_memory *m = DPAR__MEM(c);
+    const void *p;
+    dpar_status st, rel;
+    *held = 0;
+    DPAR__TRY(dpar__tm_fetch_ordered(x, peer, bytes, &p));
+    if (x->host || !m->peer_access || m->peer_access(m->user, c->worker, DPAR__TG(c)->slots[peer].worker)) {
+        *data = p;
+        *held = 1;
+        return DPAR_OK;
+    }
+    st = p != dst ? dpar__tp_copy(x, dst, p, bytes) : DPAR_OK;
+    rel = dpar__tm_release(x, peer);
+    *data = dst;
+    return st != DPAR_OK ? st : rel;
+}
+static dpar_status dpar__tm_combine(dpar__ctx *x, char *out, const char *const *in, size_t lo, size_t n, size_t count,
+                                    dpar_dtype t, dpar_op op)
+{
+    const dpar_comm_memory *m = DPAR__MEM(x->c);
+    return dpar__tm_failed(
+        x->c, m->combine(m->user, x->c->worker, out, (const void *const *)in, x->c->size, lo, n, count, t, op));
+}
+
 static void dpar__tm_destroy(dpar_comm *c)
 {
     dpar__slot *me = &DPAR__TG(c)->slots[c->rank];
@@ -8050,6 +8116,7 @@ static const dpar__transport dpar__threads_memory_transport = {
     dpar__tm_recv_into, NULL, NULL,
     1, NULL, NULL, NULL, NULL, NULL, /* no shared memory: the host cannot read the buffers */
     0, 0, NULL,
+    dpar__tm_hold, dpar__tm_combine, /* one-shot: peers' buffers read where they are, one combine */
 };
 static const dpar__transport dpar__threads_transport = {
     "threads",
@@ -8059,6 +8126,7 @@ static const dpar__transport dpar__threads_transport = {
     NULL, NULL, NULL, /* recv_into, native, prefetch: zero-copy needs none */
     1, dpar__t_expose, dpar__t_doorbell, dpar__t_wait_bell, dpar__t_wake, dpar__t_timeout, /* shared memory */
     0, 0, NULL,
+    NULL, NULL, /* one-shot through the memory the ranks share */
 };
 /* clang-format on */
 
@@ -8107,9 +8175,10 @@ DPAR_API dpar_status dpar_group_create(const dpar_comm_desc *desc, dpar_group **
             return dpar__err(DPAR_EINVAL,
                              "dpar_group_create: memory.to_host and memory.from_host go together, %s is missing",
                              m->to_host ? "from_host" : "to_host");
-        if (!set && (m->enter || m->peer_access || m->record || m->clear || m->to_host))
+        if (!set && (m->enter || m->peer_access || m->record || m->clear || m->to_host || m->combine))
             return dpar__err(DPAR_EINVAL, "dpar_group_create: memory.enter, memory.peer_access, memory.record, "
-                                          "memory.clear or memory.to_host without the memory callbacks");
+                                          "memory.clear, memory.to_host or memory.combine without the memory "
+                                          "callbacks");
     }
     if (desc->algo < DPAR_ALGO_AUTO || desc->algo > DPAR_ALGO_SLICE)
         return dpar__err(DPAR_EINVAL, "dpar_group_create: algo = %d (auto, ring, oneshot or slice)", desc->algo);
@@ -8567,6 +8636,7 @@ static const dpar__transport dpar__ops_transport = {
     NULL, dpar__o_native, NULL,
     0, NULL, NULL, NULL, NULL, NULL,
     1, 0, NULL, /* native_first: the library runs every collective */
+    NULL, NULL,
 };
 /* clang-format on */
 
@@ -8595,10 +8665,11 @@ DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_com
     {
         const dpar_comm_memory *m = &d.memory; /* for dpar_zero and dpar_fsdp only: the library moves the bytes */
         int set = !!m->reduce + !!m->divide + !!m->copy + !!m->alloc + !!m->free + !!m->clear + !!m->update;
-        if (set != 0 && (set != 7 || m->record || m->wait || m->peer_access))
+        if (set != 0 && (set != 7 || m->record || m->wait || m->peer_access || m->combine))
             return dpar__err(DPAR_EINVAL,
                              "dpar_comm_from_ops: memory callbacks: reduce, divide, copy, alloc, free, clear and "
-                             "update all or none (%d of 7 set), no record, wait or peer_access (the library's)",
+                             "update all or none (%d of 7 set), no record, wait, peer_access or combine (the "
+                             "library's)",
                              set);
         if (!m->to_host != !m->from_host || (!set && m->to_host))
             return dpar__err(DPAR_EINVAL, "dpar_comm_from_ops: memory.to_host and memory.from_host go together, "
@@ -14797,6 +14868,7 @@ static const dpar__transport dpar__mpi_transport = {
     dpar__m_doorbell, dpar__m_wait_bell, dpar__m_wake, dpar__m_timeout, /* waits on the node's block (one-shot) */
     0, 1, /* polls: wait_bell returns at once */
     dpar__m_alltoallv_parts, /* parts too large for the node's block: MPI_Ialltoallv */
+    NULL, NULL, /* a fetched message is a received copy: one at a time */
 };
 /* clang-format on */
 

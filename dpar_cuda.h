@@ -896,6 +896,42 @@ template <class T> struct dpar_cuda__divide_native_f {
     int div;
     __host__ __device__ T operator()(T x) const { return dpar_cuda__divide_native_elem(x, div); }
 };
+/* the one-shot allreduce's combine (dpar_comm_memory.combine): element lo + i of a count-element allreduce over
+   `ranks` inputs in the ring's order (dpar_algo's "Results": acc = in[c+1], then acc = in[c+j] op acc for
+   j = 2..ranks, c the element's block of dpar_block_range), each step the reduce kernel's function, so the bits
+   are the ring's; `last` is the final step's (AVG divides there). One thread per element, no vectors: one launch
+   where the reduce callbacks took ranks (ranks - 1) */
+template <class F, class T> struct dpar_cuda__combine_k {
+    enum { W = 1 };
+    T *out;
+    const T *in[DPAR_COMBINE_MAX_RANKS];
+    size_t n, head, nvec, lo, base, rem; /* base, rem: count / ranks, count % ranks (the first rem blocks are longer) */
+    int ranks;
+    F step, last;
+    __host__ __device__ void one(size_t i) const
+    {
+        size_t e = lo + i, big = rem * (base + 1);
+        int c = (int)(e < big ? e / (base + 1) : rem + (e - big) / base), j;
+        T acc = in[(c + 1) % ranks][i];
+        for (j = 2; j <= ranks; j++) acc = (j == ranks ? last : step)(in[(c + j) % ranks][i], acc);
+        out[i] = acc;
+    }
+    __host__ __device__ void vec(size_t) const {}
+};
+template <class F, class T>
+static dpar_cuda__combine_k<F, T> dpar_cuda__make_combine(void *out, const void *const *in, int ranks, size_t lo,
+                                                          size_t n, size_t count, int op)
+{
+    dpar_cuda__combine_k<F, T> k;
+    int q;
+    k.out = (T *)out;
+    for (q = 0; q < DPAR_COMBINE_MAX_RANKS; q++) k.in[q] = q < ranks ? (const T *)in[q] : (const T *)0;
+    k.n = n, k.head = 0, k.nvec = 0, k.lo = lo, k.base = count / (size_t)ranks, k.rem = count % (size_t)ranks;
+    k.ranks = ranks;
+    k.step.op = op, k.step.div = 0;
+    k.last.op = op, k.last.div = op == DPAR_AVG ? ranks : 0;
+    return k;
+}
 template <class DO, class DI> struct dpar_cuda__cast_f {
     __host__ __device__ typename DO::T operator()(typename DI::T x) const { return DO::store(DI::load(x)); }
 };
@@ -1143,6 +1179,47 @@ extern "C" DPAR_API dpar_status dpar_cuda_reduce(void *out, const void *a, const
         return dpar_cuda__reduce_n<dpar_cuda__reduce_int_f<int64_t, uint64_t>, int64_t>(out, a, b, n, op, div, stream);
     default:
         return dpar_cuda__reduce_n<dpar_cuda__reduce_int_f<uint8_t, uint32_t>, uint8_t>(out, a, b, n, op, div, stream);
+    }
+}
+
+template <class F, class T>
+static dpar_status dpar_cuda__combine_n(void *out, const void *const *in, int ranks, size_t lo, size_t n, size_t count,
+                                        int op, void *stream)
+{
+    return dpar_cuda__launch(dpar_cuda__make_combine<F, T>(out, in, ranks, lo, n, count, op), stream,
+                             "dpar_cuda__combine");
+}
+/* the one-shot's combine, one launch (dpar_comm_memory.combine; checked by dpar.h's caller: 2 <= ranks <= 64, a
+   dtype and op of dpar's, lo + n <= count) */
+static dpar_status dpar_cuda__combine(void *out, const void *const *in, int ranks, size_t lo, size_t n, size_t count,
+                                      dpar_dtype dtype, dpar_op op, void *stream)
+{
+    int o = (int)op;
+    if (ranks < 2 || ranks > DPAR_COMBINE_MAX_RANKS || lo + n > count || (unsigned)dtype >= DPAR_DTYPE_COUNT ||
+        (unsigned)op >= DPAR_OP_COUNT)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda__combine: %d ranks, elements %zu + %zu of %zu, dtype %d, op %d",
+                              ranks, lo, n, count, (int)dtype, o);
+    switch (dtype) {
+    case DPAR_F32:
+        return dpar_cuda__combine_n<dpar_cuda__reduce_f<dpar_cuda__f32>, float>(out, in, ranks, lo, n, count, o,
+                                                                                stream);
+    case DPAR_BF16:
+        return dpar_cuda__combine_n<dpar_cuda__reduce_f<dpar_cuda__bf16>, uint16_t>(out, in, ranks, lo, n, count, o,
+                                                                                    stream);
+    case DPAR_F16:
+        return dpar_cuda__combine_n<dpar_cuda__reduce_f<dpar_cuda__f16>, uint16_t>(out, in, ranks, lo, n, count, o,
+                                                                                   stream);
+    case DPAR_F64:
+        return dpar_cuda__combine_n<dpar_cuda__reduce_f64_f, double>(out, in, ranks, lo, n, count, o, stream);
+    case DPAR_I32:
+        return dpar_cuda__combine_n<dpar_cuda__reduce_int_f<int32_t, uint32_t>, int32_t>(out, in, ranks, lo, n, count,
+                                                                                         o, stream);
+    case DPAR_I64:
+        return dpar_cuda__combine_n<dpar_cuda__reduce_int_f<int64_t, uint64_t>, int64_t>(out, in, ranks, lo, n, count,
+                                                                                         o, stream);
+    default:
+        return dpar_cuda__combine_n<dpar_cuda__reduce_int_f<uint8_t, uint32_t>, uint8_t>(out, in, ranks, lo, n, count,
+                                                                                         o, stream);
     }
 }
 
@@ -2450,6 +2527,14 @@ static dpar_status dpar_cuda__c_reduce(void *user, int worker, void *out, const 
     return dpar_cuda__c_done(p, w, dpar_cuda_reduce(out, a, b, n, t, op, div, dpar_cuda__c_stream(p, w)),
                              "dpar_cuda_reduce");
 }
+static dpar_status dpar_cuda__c_combine(void *user, int worker, void *out, const void *const *in, int ranks, size_t lo,
+                                        size_t n, size_t count, dpar_dtype t, dpar_op op)
+{
+    const dpar_cuda_pool *p = (const dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    return dpar_cuda__c_done(p, w, dpar_cuda__combine(out, in, ranks, lo, n, count, t, op, dpar_cuda__c_stream(p, w)),
+                             "dpar_cuda__combine");
+}
 static dpar_status dpar_cuda__c_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t,
                                        int div)
 {
@@ -2724,6 +2809,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_pool_create(const dpar_cuda_pool_desc 
         cd.memory.update = dpar_cuda__c_update;
         cd.memory.to_host = dpar_cuda__c_to_host;
         cd.memory.from_host = dpar_cuda__c_from_host;
+        cd.memory.combine = dpar_cuda__c_combine;
         if (p->stream_ordered) {
             cd.memory.record = dpar_cuda__c_record;
             cd.memory.wait = dpar_cuda__c_wait;

@@ -1133,9 +1133,9 @@ typedef struct {
     int peer_access; /* what peer_access answers */
     int fail_worker; /* this worker's reduce number fail_at fails (-1: none) */
     long fail_at;
-    long reduces, copies, enters, staged, allocs, frees; /* atomics */
-    size_t biggest;                                      /* the largest allocation (atomic) */
-    int bad_worker;                                      /* a callback saw a worker outside 0..size-1 */
+    long reduces, copies, enters, staged, allocs, frees, combines; /* atomics */
+    size_t biggest;                                                /* the largest allocation (atomic) */
+    int bad_worker;                                                /* a callback saw a worker outside 0..size-1 */
     int size;
     const char *own[8]; /* worker q's buffers: [own[q], own[q] + own_bytes) */
     size_t own_bytes;
@@ -1205,6 +1205,31 @@ static double fake_avg(double v, dpar_dtype t, int div)
     if (t == DPAR_F64) return v / div;
     return (double)((float)v / (float)div);
 }
+/* one step of a reduce on decoded values: x op y, then / div for AVG */
+static double fake_op(double x, double y, dpar_dtype t, dpar_op op, int div)
+{
+    double z;
+    switch (op) {
+    case DPAR_SUM:
+    case DPAR_AVG: z = x + y; break;
+    case DPAR_MIN: z = y < x ? y : x; break;
+    case DPAR_MAX: z = y > x ? y : x; break;
+    default: z = x * y; break;
+    }
+    if (t == DPAR_U8) z = (double)((long long)z & 255);
+    if (op == DPAR_AVG && div > 1) z = fake_avg(z, t, div);
+    return z;
+}
+/* without peer access a worker may read only its own and its staged bytes: p (bytes long) must be in no peer's */
+static void fake_check_read(int worker, const void *p, size_t bytes)
+{
+    int q;
+    for (q = 0; q < 8 && !fdev.peer_access && bytes; q++) {
+        const char *o = fdev.own[q];
+        if (q != worker && o && (const char *)p >= o && (const char *)p < o + fdev.own_bytes)
+            __atomic_store_n(&fdev.peer_read, 1, __ATOMIC_RELAXED);
+    }
+}
 static dpar_status fake_reduce(void *user, int worker, void *out, const void *a, const void *b, size_t n, dpar_dtype t,
                                dpar_op op, int div)
 {
@@ -1215,32 +1240,43 @@ static dpar_status fake_reduce(void *user, int worker, void *out, const void *a,
     fake_worker(worker);
     if (worker == fdev.fail_worker && k >= fdev.fail_at)
         return dpar_set_error(DPAR_ESYSTEM, "fake device fault on worker %d", worker);
-    for (i = 0; i < 8 && !fdev.peer_access && n; i++) { /* without peer access, only own and staged bytes */
-        const char *o = fdev.own[i];
-        int q = (int)i;
-        if (q != worker && o &&
-            (((const char *)a >= o && (const char *)a < o + fdev.own_bytes) ||
-             ((const char *)b >= o && (const char *)b < o + fdev.own_bytes)))
-            __atomic_store_n(&fdev.peer_read, 1, __ATOMIC_RELAXED);
-    }
+    fake_check_read(worker, a, n * es);
+    fake_check_read(worker, b, n * es);
     ha = fake_read(a, n * es);
     hb = fake_read(b, n * es);
-    for (i = 0; i < n; i++) {
-        double x = get(ha, t, i), y = get(hb, t, i), z;
-        switch (op) {
-        case DPAR_SUM:
-        case DPAR_AVG: z = x + y; break;
-        case DPAR_MIN: z = y < x ? y : x; break;
-        case DPAR_MAX: z = y > x ? y : x; break;
-        default: z = x * y; break;
-        }
-        if (t == DPAR_U8) z = (double)((long long)z & 255);
-        if (op == DPAR_AVG && div > 1) z = fake_avg(z, t, div);
-        put(ha, t, i, z);
-    }
+    for (i = 0; i < n; i++) put(ha, t, i, fake_op(get(ha, t, i), get(hb, t, i), t, op, div));
     fake_write(out, ha, n * es);
     free(ha);
     free(hb);
+    return DPAR_OK;
+}
+/* the one-shot's combine, element by element in the ring's order (dpar_algo's "Results"), from decoded copies */
+static dpar_status fake_combine(void *user, int worker, void *out, const void *const *in, int ranks, size_t lo,
+                                size_t n, size_t count, dpar_dtype t, dpar_op op)
+{
+    size_t es = dpar_dtype_size(t), i, base = count / (size_t)ranks, rem = count % (size_t)ranks;
+    void *h[8], *acc = malloc(n * es + 1);
+    int q;
+    (void)user;
+    fake_worker(worker);
+    __atomic_add_fetch(&fdev.combines, 1, __ATOMIC_RELAXED);
+    if (ranks != fdev.size || ranks > 8 || lo + n > count) __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED);
+    for (q = 0; q < ranks && q < 8; q++) {
+        if ((const char *)in[q] < (const char *)out + n * es && (const char *)out < (const char *)in[q] + n * es)
+            __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED); /* out overlaps an input */
+        fake_check_read(worker, in[q], n * es);
+        h[q] = fake_read(in[q], n * es);
+    }
+    for (i = 0; i < n && ranks <= 8; i++) {
+        size_t e = lo + i; /* its block c: the first rem blocks hold base + 1 elements */
+        int c = (int)(e < rem * (base + 1) ? e / (base + 1) : rem + (e - rem * (base + 1)) / base), j;
+        double z = get(h[(c + 1) % ranks], t, i);
+        for (j = 2; j <= ranks; j++) z = fake_op(get(h[(c + j) % ranks], t, i), z, t, op, j == ranks ? ranks : 0);
+        put(acc, t, i, z);
+    }
+    fake_write(out, acc, n * es);
+    for (q = 0; q < ranks && q < 8; q++) free(h[q]);
+    free(acc);
     return DPAR_OK;
 }
 static dpar_status fake_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t, int div)
@@ -1410,6 +1446,7 @@ static void test_memory_callbacks_matrix(void)
             int N = ns[ni], fails = 0;
             size_t counts[4];
             dpar_comm_desc d = fake_desc(N, pa);
+            if (pa) d.memory.combine = fake_combine; /* staged offers here, direct reads with reduces: the async one */
             for (q = 0; q < N; q++) fdev.own[q] = bufs[2 * q]; /* send and recv of worker q: one block */
             fdev.own_bytes = 2 * 5000 * 8;
             counts[0] = 0;
@@ -1442,6 +1479,8 @@ static void test_memory_callbacks_matrix(void)
             CHECK(fdev.enters > 0);
             CHECK(N == 1 || fdev.reduces > 0);
             CHECK(N == 1 || fdev.copies > 0);
+            CHECK_MSG(N == 1 || (pa ? fdev.combines > 0 : fdev.combines == 0), "N=%d peer_access=%d combines=%ld", N,
+                      pa, fdev.combines);
             CHECK_MSG(N == 1 || (pa ? fdev.staged == 0 : fdev.staged > 0), "N=%d peer_access=%d staged=%ld", N, pa,
                       fdev.staged);
             CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
@@ -1512,11 +1551,13 @@ static void mem_oneshot_rank(world *w, dpar_comm *c, int r)
     fake_code(x, n * sizeof(float));
     expect_ok(w, dpar_allreduce(c, x, x, n, DPAR_F32, DPAR_SUM), "allreduce", r);
     fake_code(x, n * sizeof(float));
-    for (i = 0; i < n; i++)
-        if (x[i] != (float)(3 + 2 * (i % 7))) {
-            note(w, "rank %d element %d: %g, want %g", r, i, x[i], (double)(3 + 2 * (i % 7)));
+    for (i = 0; i < n; i++) {
+        double want = 3.0 * w->n * (w->n - 1) / 2 + (double)w->n * (i % 7); /* the sum of r * 3 + i % 7 over r */
+        if (x[i] != (float)want) {
+            note(w, "rank %d element %d: %g, want %g", r, i, x[i], want);
             break;
         }
+    }
     free(x);
 }
 /* a small reduce on 3 ranks: the middle rank's scratch holds the message, not 4 segments (64 MiB ones on a GPU) */
@@ -1537,16 +1578,33 @@ static void test_memory_callbacks_small_scratch(void)
     CHECK(run_world_desc(3, &d, mem_small_reduce_rank, NULL, NULL, 0) == 0);
     CHECK_MSG(fdev.biggest < 4096, "an allocation of %zu bytes for a reduce of 16", fdev.biggest);
 }
+/* N ranks, peers readable or not, with memory.combine or without: per rank, the copies and reduces (launches on a
+   GPU, each with a synchronisation in a host-blocking pool) are counted against what the one-shot needs */
 static void test_memory_callbacks_oneshot_in_one_piece(void)
 {
-    dpar_comm_desc d = fake_desc(2, 1);
-    d.algo = DPAR_ALGO_ONESHOT;
-    CHECK(run_world_desc(2, &d, mem_oneshot_rank, NULL, NULL, 0) == 0);
-    /* per rank: the in-place input into scratch, the peer's message into scratch; the combine: one reduce
-       per block of the ring's order (2 blocks) */
-    CHECK_MSG(fdev.copies <= 4 && fdev.reduces <= 4, "%ld copies, %ld reduces (want at most 4 and 4)", fdev.copies,
-              fdev.reduces);
-    CHECK(!fdev.bad_worker);
+    static const int ns[] = {2, 4, 8};
+    int ni, pa, with;
+    for (ni = 0; ni < 3; ni++)
+        for (pa = 0; pa < 2; pa++)
+            for (with = 0; with < 2; with++) {
+                int N = ns[ni];
+                long want_copies, want_reduces, want_combines;
+                dpar_comm_desc d = fake_desc(N, pa);
+                d.algo = DPAR_ALGO_ONESHOT;
+                if (with) d.memory.combine = fake_combine;
+                CHECK_MSG(run_world_desc(N, &d, mem_oneshot_rank, NULL, NULL, 0) == 0, "N=%d peer_access=%d combine=%d",
+                          N, pa, with);
+                /* per rank: the in-place input into scratch; without peer access each peer's message into scratch
+                   too. The combine: one call, or a reduce per step of the ring's order (N blocks, N - 1 steps) */
+                want_copies = (long)N * (pa ? 1 : N);
+                want_reduces = with ? 0 : (long)N * N * (N - 1);
+                want_combines = with ? N : 0;
+                CHECK_MSG(fdev.copies == want_copies && fdev.reduces == want_reduces && fdev.combines == want_combines,
+                          "N=%d peer_access=%d combine=%d: %ld copies, %ld reduces, %ld combines (want %ld, %ld, %ld)",
+                          N, pa, with, fdev.copies, fdev.reduces, fdev.combines, want_copies, want_reduces,
+                          want_combines);
+                CHECK(!fdev.bad_worker && !fdev.peer_read);
+            }
 }
 
 /* split comms keep each thread's worker; shared-memory speed-ups are refused; bad memory descs are refused */
@@ -1618,13 +1676,14 @@ static void test_memory_callbacks_split_and_refusals(void)
    return; record returns a ticket (the stream's op count so far, + 1); wait queues an op that blocks the stream
    until the peer's stream has run up to the ticket. An op that fails (fdev.fail_worker) fails on the stream; the
    worker's next callback returns the error, as CUDA reports a kernel's fault at a later call. */
-enum { FAS_REDUCE, FAS_DIVIDE, FAS_COPY, FAS_WAIT, FAS_CLEAR, FAS_UPDATE };
+enum { FAS_REDUCE, FAS_DIVIDE, FAS_COPY, FAS_WAIT, FAS_CLEAR, FAS_UPDATE, FAS_COMBINE };
 typedef struct {
     int kind, div, peer;
     dpar_optim_update u; /* FAS_UPDATE's */
     void *out;
     const void *a, *b;
-    size_t n;
+    const void *in[8]; /* FAS_COMBINE's inputs (div holds their count) */
+    size_t n, lo, count;
     dpar_dtype t;
     dpar_op op;
     uint64_t ticket;
@@ -1675,6 +1734,8 @@ static void *fas_main(void *arg)
         else if (op.kind == FAS_DIVIDE) st = fake_divide(NULL, worker, op.out, op.a, op.n, op.t, op.div);
         else if (op.kind == FAS_CLEAR) st = fake_clear(NULL, worker, op.out, op.n);
         else if (op.kind == FAS_UPDATE) st = fake_update(NULL, worker, &op.u);
+        else if (op.kind == FAS_COMBINE)
+            st = fake_combine(NULL, worker, op.out, op.in, op.div, op.lo, op.n, op.count, op.t, op.op);
         else st = fake_copy(NULL, worker, op.out, op.a, op.n);
         pthread_mutex_lock(&fas.lock);
         if (st != DPAR_OK && s->error == DPAR_OK) {
@@ -1717,6 +1778,19 @@ static dpar_status fas_reduce(void *user, int worker, void *out, const void *a, 
     (void)user;
     memset(&o, 0, sizeof o);
     o.kind = FAS_REDUCE, o.out = out, o.a = a, o.b = b, o.n = n, o.t = t, o.op = op, o.div = div;
+    return fas_queue(worker, &o);
+}
+/* the inputs' pointers are copied into the queued op (as a kernel launch copies its parameters) */
+static dpar_status fas_combine(void *user, int worker, void *out, const void *const *in, int ranks, size_t lo, size_t n,
+                               size_t count, dpar_dtype t, dpar_op op)
+{
+    fas_op o;
+    int q;
+    (void)user;
+    memset(&o, 0, sizeof o);
+    o.kind = FAS_COMBINE, o.out = out, o.div = ranks, o.lo = lo, o.n = n, o.count = count, o.t = t, o.op = op;
+    for (q = 0; q < ranks && q < 8; q++) o.in[q] = in[q];
+    if (ranks > 8) __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED);
     return fas_queue(worker, &o);
 }
 static dpar_status fas_divide(void *user, int worker, void *out, const void *in, size_t n, dpar_dtype t, int div)
@@ -1868,6 +1942,7 @@ static void test_memory_async_matrix(void)
                 size_t counts[3];
                 dpar_comm_desc d = fas_desc(N, pa);
                 d.algo = algos[ai];
+                if (!pa) d.memory.combine = fas_combine;           /* the other matrix has it with direct reads */
                 for (q = 0; q < N; q++) fdev.own[q] = bufs[2 * q]; /* send and recv of worker q: one block */
                 fdev.own_bytes = 2 * 5000 * 8;
                 counts[0] = 1;
@@ -1899,6 +1974,8 @@ static void test_memory_async_matrix(void)
                 CHECK(!fdev.bad_worker);
                 CHECK(!fdev.peer_read);
                 CHECK(fas.records > 0 && fas.waits > 0 && fas.queued_ops > 0);
+                CHECK_MSG(algos[ai] == DPAR_ALGO_RING || (pa ? fdev.combines == 0 : fdev.combines > 0),
+                          "N=%d peer_access=%d algo=%s: combines=%ld", N, pa, dpar_algo_name(algos[ai]), fdev.combines);
                 CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
             }
     free(block);

@@ -483,6 +483,108 @@ static void test_integer_average_any_group_size(void)
     }
 }
 
+/* ---- the one-shot's combine: bitwise dpar.h's ring ----
+   N thread ranks run dpar_allreduce with the ring (host memory, dpar.h's own loops) on random inputs (floats with
+   NaN, infinities and -0 among them, so an operand swapped in min or max shows); the combine kernel, over the
+   simulated grids, reads the ranks' inputs and must give the ring's bits, for the whole message and for a window
+   of it (lo > 0: its blocks start mid-way) */
+typedef struct ring_rank {
+    dpar_group *group;
+    int rank;
+    void *data;
+    size_t count;
+    dpar_dtype t;
+    dpar_op op;
+    dpar_status st;
+} ring_rank;
+static void *ring_rank_main(void *arg)
+{
+    ring_rank *a = (ring_rank *)arg;
+    dpar_comm *c = NULL;
+    a->st = dpar_group_join(a->group, a->rank, &c);
+    if (a->st == DPAR_OK) a->st = dpar_allreduce(c, a->data, a->data, a->count, a->t, a->op);
+    dpar_comm_destroy(c);
+    return NULL;
+}
+template <class F, class T> static void combine_case(dpar_dtype t, int kind, int N, size_t count, int op)
+{
+    size_t es = sizeof(T), i, windows[2][2];
+    void *inputs[8], *ring[8];
+    ring_rank ranks[8];
+    pthread_t threads[8];
+    dpar_comm_desc d;
+    dpar_group *g = NULL;
+    int q, wi;
+    memset(&d, 0, sizeof d);
+    d.size = N;
+    d.algo = DPAR_ALGO_RING;
+    CHECK(dpar_group_create(&d, &g) == DPAR_OK);
+    if (!g) return;
+    for (q = 0; q < N; q++) {
+        inputs[q] = malloc(count * es + 1);
+        ring[q] = malloc(count * es + 1);
+        for (i = 0; i < count; i++) {
+            T x;
+            if (t == DPAR_F32 || t == DPAR_BF16 || t == DPAR_F16) {
+                float f = dt_rand() % 16 == 0 ? special((int)(dt_rand() % 64)) : frand();
+                uint16_t h = t == DPAR_BF16 ? dpar_f32_to_bf16(f) : dpar_f32_to_f16(f);
+                if (t == DPAR_F32) memcpy(&x, &f, sizeof x);
+                else memcpy(&x, &h, sizeof x);
+            } else if (t == DPAR_F64) {
+                double u = dt_rand() % 16 == 0 ? (double)special((int)(dt_rand() % 64)) : (double)frand() / 3.0;
+                memcpy(&x, &u, sizeof x);
+            } else {
+                uint64_t r = rand64();
+                memcpy(&x, &r, sizeof x);
+            }
+            ((T *)inputs[q])[i] = x;
+        }
+        memcpy(ring[q], inputs[q], count * es);
+        ranks[q].group = g, ranks[q].rank = q, ranks[q].data = ring[q], ranks[q].count = count;
+        ranks[q].t = t, ranks[q].op = (dpar_op)op, ranks[q].st = DPAR_EINVAL;
+    }
+    for (q = 0; q < N; q++) pthread_create(&threads[q], NULL, ring_rank_main, &ranks[q]);
+    for (q = 0; q < N; q++) pthread_join(threads[q], NULL);
+    for (q = 0; q < N; q++) CHECK_MSG(ranks[q].st == DPAR_OK, "the ring on rank %d: %s", q, dpar_last_error());
+    windows[0][0] = 0, windows[0][1] = count;                                 /* the whole message */
+    windows[1][0] = count / 3, windows[1][1] = count - count / 3 - count / 5; /* a window: lo, n */
+    for (wi = 0; wi < 2; wi++) {
+        size_t lo = windows[wi][0], n = windows[wi][1];
+        const void *in[8];
+        buf out = buf_make(n, kind, 0), *outs[1] = {&out};
+        const void *exps[1] = {(const char *)ring[0] + lo * es};
+        char what[96];
+        for (q = 0; q < N; q++) in[q] = (const char *)inputs[q] + lo * es;
+        snprintf(what, sizeof what, "combine %s %s N=%d count=%zu lo=%zu", dpar_dtype_name(t),
+                 dpar_op_name((dpar_op)op), N, count, lo);
+        auto k = dpar_cuda__make_combine<F, T>(out.p, in, N, lo, n, count, op);
+        RUN_GRIDS(k, memset(out.p, 0xEE, n * es), outs, 1, exps, what);
+        buf_free(&out);
+    }
+    for (q = 0; q < N; q++) free(inputs[q]), free(ring[q]);
+    dpar_group_destroy(g);
+}
+static void test_combine_kernel_gives_the_rings_bits(void)
+{
+    static const int ns[] = {2, 3, 4, 5, 8};
+    int ni, op, ci;
+    for (ni = 0; ni < 5; ni++) {
+        int N = ns[ni];
+        size_t counts[4] = {1, (size_t)N + 1, 1000, 1023};
+        for (ci = 0; ci < 4; ci++)
+            for (op = 0; op < DPAR_OP_COUNT; op++) {
+                size_t n = counts[ci];
+                combine_case<dpar_cuda__reduce_f<dpar_cuda__f32>, float>(DPAR_F32, F32, N, n, op);
+                combine_case<dpar_cuda__reduce_f<dpar_cuda__bf16>, uint16_t>(DPAR_BF16, BF16, N, n, op);
+                combine_case<dpar_cuda__reduce_f<dpar_cuda__f16>, uint16_t>(DPAR_F16, F16, N, n, op);
+                combine_case<dpar_cuda__reduce_f64_f, double>(DPAR_F64, F64, N, n, op);
+                combine_case<dpar_cuda__reduce_int_f<int32_t, uint32_t>, int32_t>(DPAR_I32, I32, N, n, op);
+                combine_case<dpar_cuda__reduce_int_f<int64_t, uint64_t>, int64_t>(DPAR_I64, I64, N, n, op);
+                combine_case<dpar_cuda__reduce_int_f<uint8_t, uint32_t>, uint8_t>(DPAR_U8, U8, N, n, op);
+            }
+    }
+}
+
 static void test_divide_kernel(void)
 {
     static const int divs[] = {2, 3, 7, 64};
@@ -785,6 +887,7 @@ int main(int argc, char **argv)
     RUN(test_divide_kernel);
     RUN(test_reduce_and_divide_other_dtypes);
     RUN(test_integer_average_any_group_size);
+    RUN(test_combine_kernel_gives_the_rings_bits);
     RUN(test_elementwise_kernels);
     RUN(test_bias_add_kernel);
     RUN(test_bias_backward_kernel);
