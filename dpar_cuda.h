@@ -345,9 +345,11 @@ DPAR_API dpar_status dpar_cuda_pool_worker(const dpar_cuda_pool *pool, int rank,
    cudaStreamWaitEvent), as with ncclAllReduce's stream: a comm stream beside the compute stream lets gradients
    travel while backward goes on. The setting lasts until the end of the run (dpar_cuda_pool_run): the run's end
    waits for this stream as for the worker's own (a fault on it is the run's error) and goes back to the worker's
-   stream, so a stream destroyed after the run is never used again.
-   Returns:  DPAR_OK; DPAR_EINVAL (NULL pool, rank outside 0..size-1); DPAR_ESTATE (the pool is not stream-ordered).
-   Thread safety: worker `rank`'s thread (or one thread acting for it), between its comm calls. */
+   stream, so a stream destroyed after the run is never used again. The stream must be on the worker's device.
+   Returns:  DPAR_OK; DPAR_EINVAL (NULL pool, rank outside 0..size-1, cudaStreamLegacy or cudaStreamPerThread, a
+             stream of another device: checked with CUDA 12.8 or later); DPAR_ESTATE (the pool is not stream-ordered).
+   Thread safety: worker `rank`'s thread (or one thread acting for it), between its comm calls, none of its
+             requests (dpar_iallreduce, buckets) in flight: their work may still be queued on the old stream. */
 DPAR_API dpar_status dpar_cuda_comm_set_stream(dpar_cuda_pool *pool, int rank, void *stream);
 
 /* dpar_cuda_comm_sync: wait until worker `rank`'s comm stream has run what is queued on it, within the comm's
@@ -483,7 +485,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_device_count(int *count)
     if (!count) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_device_count: count is NULL");
     *count = 0;
     e = cudaGetDeviceCount(count);
-    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorDevicesUnavailable) {
         *count = 0;
         dpar_set_error(DPAR_OK, "dpar_cuda_device_count: no usable device: %s: %s", cudaGetErrorName(e),
                        cudaGetErrorString(e));
@@ -1616,6 +1618,7 @@ typedef struct dpar_cuda__nc {
     int device, rank, size;
     void *scratch; /* device memory: the checker's exchange, the barrier's word, an in-place alltoall's copy */
     size_t scratch_bytes;
+    cudaEvent_t done; /* recorded after a call's work: its wait polls this, not the whole stream (NULL: the stream) */
 } dpar_cuda__nc;
 
 static dpar_status dpar_cuda__nccl_check(ncclResult_t r, const dpar_cuda__nc *k, const char *call)
@@ -1679,10 +1682,16 @@ static dpar_status dpar_cuda__nc_scratch(dpar_cuda__nc *k, size_t bytes)
 
 /* a failed or timed-out comm: no more calls; an owned NCCL comm is aborted (its work in flight ends), one of the
    caller's is left to the caller, who must abort it (ncclCommAbort frees it) */
+static void dpar_cuda__nc_fate_set(dpar_cuda__nc_fate *f, dpar_status why, int rank, const char *msg);
 static void dpar_cuda__nc_abort(dpar_cuda__nc *k)
 {
     if (k->own_comm && !k->aborted) ncclCommAbort(k->nc);
     k->aborted = 1;
+    /* the pool's other comms abort too (at their next look): one of theirs may be in a call with this one, and
+       ncclCommDestroy would wait for it */
+    if (k->fate)
+        dpar_cuda__nc_fate_set(k->fate, DPAR_EABORTED, k->rank,
+                               "its NCCL comm was aborted after an error or a timeout");
 }
 
 /* the pool's failure, or DPAR_OK (also without a pool); the failed worker in *rank, its text in msg (may be NULL) */
@@ -1728,7 +1737,7 @@ static dpar_status dpar_cuda__nc_wait_loop(dpar_cuda__nc *k, uint64_t deadline, 
 {
     uint64_t t0 = dpar_time_ns();
     for (;;) {
-        cudaError_t e = cudaStreamQuery(k->stream);
+        cudaError_t e = k->done ? cudaEventQuery(k->done) : cudaStreamQuery(k->stream);
         ncclResult_t ar = ncclSuccess;
         if (e == cudaSuccess) return DPAR_OK;
         if (e != cudaErrorNotReady)
@@ -1768,7 +1777,19 @@ static dpar_status dpar_cuda__nc_wait_loop(dpar_cuda__nc *k, uint64_t deadline, 
 static dpar_status dpar_cuda__nc_wait(dpar_cuda__nc *k, uint64_t deadline, const char *what)
 {
     int slack = -1; /* the caller's timer slack, once this wait has lowered it */
-    dpar_status st = dpar_cuda__nc_wait_loop(k, deadline, what, &slack);
+    dpar_status st;
+    /* an event after this call's work: later work that other threads queue on the stream (the legacy stream of a
+       dpar_cuda_comm_from_nccl comm, a worker's other tasks) is not waited for */
+    if (!k->done && cudaEventCreateWithFlags(&k->done, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        k->done = NULL;
+    }
+    if (k->done && cudaEventRecord(k->done, k->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaEventDestroy(k->done);
+        k->done = NULL;
+    }
+    st = dpar_cuda__nc_wait_loop(k, deadline, what, &slack);
 #ifdef __linux__
     if (slack > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
 #endif
@@ -1795,10 +1816,19 @@ static dpar_status dpar_cuda__nc_exchange_on(void *user, const void *mine, void 
     DPAR_CUDA__TRY(dpar_cuda__nc_scratch(k, (size_t)(k->size + 1) * bytes));
     in = (char *)k->scratch + (size_t)k->size * bytes;
     out = (char *)k->scratch;
-    if ((e = cudaMemcpyAsync(in, mine, bytes, cudaMemcpyHostToDevice, k->stream)) != cudaSuccess)
-        return dpar_cuda__check(e, "the NCCL comm's contract check", "cudaMemcpyAsync");
-    DPAR_CUDA__TRY(dpar_cuda__nccl_check(ncclAllGather(in, out, bytes, ncclUint8, k->nc, k->stream), k,
-                                         "ncclAllGather (the contract check)"));
+    if ((e = cudaMemcpyAsync(in, mine, bytes, cudaMemcpyHostToDevice, k->stream)) != cudaSuccess) {
+        dpar_status st = dpar_cuda__check(e, "the NCCL comm's contract check", "cudaMemcpyAsync");
+        dpar_cuda__nc_abort(k); /* the peers' allgathers wait for this rank's */
+        return st;
+    }
+    {
+        dpar_status st = dpar_cuda__nccl_check(ncclAllGather(in, out, bytes, ncclUint8, k->nc, k->stream), k,
+                                               "ncclAllGather (the contract check)");
+        if (st != DPAR_OK) {
+            dpar_cuda__nc_abort(k);
+            return st;
+        }
+    }
     DPAR_CUDA__TRY(dpar_cuda__nc_wait(k, deadline, "the contract check's allgather"));
     return dpar_cuda__check(cudaMemcpy(all, out, (size_t)k->size * bytes, cudaMemcpyDeviceToHost),
                             "the NCCL comm's contract check", "cudaMemcpy");
@@ -1827,7 +1857,7 @@ static int dpar_cuda__nc_uses_scratch(const dpar_comm_call *c)
 }
 /* enqueue one call's NCCL operations on the comm's stream (inside the caller's group, if any); the division of an
    average is the caller's (dpar_cuda__nc_divide_after: a kernel launched inside a group would run before it) */
-static dpar_status dpar_cuda__nc_enqueue(dpar_cuda__nc *k, const dpar_comm_call *c)
+static dpar_status dpar_cuda__nc_enqueue(dpar_cuda__nc *k, const dpar_comm_call *c, int *queued)
 {
     ncclDataType_t nt = ncclUint8;
     ncclRedOp_t op = dpar_cuda__nccl_op(c->op);
@@ -1842,6 +1872,7 @@ static dpar_status dpar_cuda__nc_enqueue(dpar_cuda__nc *k, const dpar_comm_call 
         return dpar_set_error(DPAR_EUNSUPPORTED, "NCCL comm: dtype %s is not in this NCCL", dpar_dtype_name(c->dtype));
     if (c->coll != DPAR_COLL_BARRIER && c->count == 0) return DPAR_OK;
     cudaSetDevice(k->device);
+    *queued = 1; /* from here, a failure leaves this rank's part of the collective undone or half queued */
     switch (c->coll) {
     case DPAR_COLL_BARRIER:
         DPAR_CUDA__TRY(dpar_cuda__nc_scratch(k, 16));
@@ -1928,13 +1959,23 @@ static dpar_status dpar_cuda__nc_enqueue(dpar_cuda__nc *k, const dpar_comm_call 
     }
     return r != ncclSuccess ? dpar_cuda__nccl_check(r, k, what) : DPAR_OK;
 }
+/* a call that failed after its rank's part was (partly) queued: the comm is aborted, so that its queued operations
+   end (they would wait for peers that are not coming) and the peers' calls fail instead of waiting */
+static dpar_status dpar_cuda__nc_failed(dpar_cuda__nc *k, dpar_status st, int queued)
+{
+    if (st != DPAR_OK && queued) dpar_cuda__nc_abort(k);
+    return st;
+}
 static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
 {
     dpar_cuda__nc *k = (dpar_cuda__nc *)user;
     char what[64];
+    int queued = 0;
+    dpar_status st;
     snprintf(what, sizeof what, "%s #%llu", dpar_coll_name(c->coll), (unsigned long long)c->seq);
-    DPAR_CUDA__TRY(dpar_cuda__nc_enqueue(k, c));
-    DPAR_CUDA__TRY(dpar_cuda__nc_divide_after(k, c));
+    st = dpar_cuda__nc_enqueue(k, c, &queued);
+    if (st == DPAR_OK) st = dpar_cuda__nc_divide_after(k, c);
+    DPAR_CUDA__TRY(dpar_cuda__nc_failed(k, st, queued));
     if (c->coll != DPAR_COLL_BARRIER && c->count == 0) return DPAR_OK;
     return dpar_cuda__nc_wait(k, c->deadline_ns, what);
 }
@@ -1947,7 +1988,7 @@ static dpar_status dpar_cuda__nc_run_group_on(void *user, const dpar_comm_call *
     ncclResult_t r;
     dpar_status st = DPAR_OK;
     char what[96];
-    int i, scratch = 0;
+    int i, scratch = 0, queued = 0;
     for (i = 0; i < n; i++) {
         scratch += dpar_cuda__nc_uses_scratch(&calls[i]);
         if (i > 0 && calls[i].coll == DPAR_COLL_ALLTOALL && calls[i].send == calls[i].recv && calls[i].count)
@@ -1960,14 +2001,13 @@ static dpar_status dpar_cuda__nc_run_group_on(void *user, const dpar_comm_call *
     DPAR_CUDA__TRY(dpar_cuda__nc_dead(k));
     cudaSetDevice(k->device);
     ncclGroupStart();
-    for (i = 0; i < n && st == DPAR_OK; i++) st = dpar_cuda__nc_enqueue(k, &calls[i]);
-    r = ncclGroupEnd();
-    if (st != DPAR_OK) return st;
+    for (i = 0; i < n && st == DPAR_OK; i++) st = dpar_cuda__nc_enqueue(k, &calls[i], &queued);
+    r = ncclGroupEnd(); /* launches what the group holds, also after a failure */
     snprintf(what, sizeof what, "a batch of %d calls (%s #%llu ...)", n, dpar_coll_name(calls[0].coll),
              (unsigned long long)calls[0].seq);
-    if (r != ncclSuccess) return dpar_cuda__nccl_check(r, k, what);
+    if (st == DPAR_OK && r != ncclSuccess) st = dpar_cuda__nccl_check(r, k, what), queued = 1;
     for (i = 0; i < n && st == DPAR_OK; i++) st = dpar_cuda__nc_divide_after(k, &calls[i]);
-    if (st != DPAR_OK) return st;
+    DPAR_CUDA__TRY(dpar_cuda__nc_failed(k, st, queued));
     return dpar_cuda__nc_wait(k, calls[n - 1].deadline_ns, what);
 }
 
@@ -2014,6 +2054,7 @@ static void dpar_cuda__nc_destroy(void *user)
     }
     if (k->own_stream) cudaStreamDestroy(k->stream);
     if (k->scratch) cudaFree(k->scratch);
+    if (k->done) cudaEventDestroy(k->done);
     if (before >= 0) cudaSetDevice(before);
     free(k);
 }
@@ -2362,12 +2403,16 @@ static dpar_status dpar_cuda__worker_stop_on(void *user, int t, int n)
     dpar_status st = DPAR_OK;
     cudaError_t e;
     (void)n;
-    if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
-    dpar_comm_destroy(w->nccl); /* and its NCCL comm */
-    dpar_comm_destroy(w->ring); /* its scratch goes back through the pool's free callback */
-    w->comm = w->ring = w->nccl = NULL;
-    if (w->stream && (e = cudaStreamSynchronize((cudaStream_t)w->stream)) != cudaSuccess)
+    /* a failure is reported, and everything is freed all the same */
+    if ((e = cudaSetDevice(w->device)) != cudaSuccess) st = dpar_cuda__worker_error(w, e, "cudaSetDevice");
+    dpar_comm_destroy(w->nccl); /* and its NCCL comm (aborted if the pool failed: nothing of it waits any more) */
+    w->nccl = NULL;
+    /* the streams finish before the ring's memory goes (its scratch, through the pool's free callback) */
+    if (w->stream && (e = cudaStreamSynchronize((cudaStream_t)w->stream)) != cudaSuccess && st == DPAR_OK)
         st = dpar_cuda__worker_error(w, e, "cudaStreamSynchronize");
+    if (w->comm_stream && cudaStreamSynchronize((cudaStream_t)w->comm_stream) != cudaSuccess) (void)cudaGetLastError();
+    dpar_comm_destroy(w->ring);
+    w->comm = w->ring = NULL;
     if (w->comm_stream) cudaStreamDestroy((cudaStream_t)w->comm_stream);
     w->comm_stream = NULL;
     if (p->ev) {
@@ -2562,7 +2607,7 @@ static dpar_status dpar_cuda__c_copy(void *user, int worker, void *dst, const vo
         size_t o;
         pthread_mutex_lock(&p->blocks[worker]);
         if (!p->bounce[worker] &&
-            (e = cudaHostAlloc(&p->bounce[worker], DPAR_CUDA__BOUNCE, cudaHostAllocDefault)) != cudaSuccess) {
+            (e = cudaHostAlloc(&p->bounce[worker], DPAR_CUDA__BOUNCE, cudaHostAllocPortable)) != cudaSuccess) {
             (void)cudaGetLastError();
             p->bounce[worker] = NULL;
         }
@@ -2646,7 +2691,12 @@ static void *dpar_cuda__c_alloc(void *user, int worker, size_t bytes)
 }
 static void dpar_cuda__c_free(void *user, int worker, void *ptr)
 {
-    dpar_cuda__c_worker(user, worker);
+    const dpar_cuda_pool *p = (const dpar_cuda_pool *)user;
+    const dpar_cuda_worker *w = dpar_cuda__c_worker(user, worker);
+    /* stream-ordered: work queued on the comm stream may still use it (and the peers' reads of it are behind that
+       stream); cudaFree's own synchronisation is not promised by CUDA */
+    if (ptr && p->stream_ordered && cudaStreamSynchronize(dpar_cuda__c_stream(p, w)) != cudaSuccess)
+        (void)cudaGetLastError(); /* the fault is reported by the call or the run that met it */
     cudaFree(ptr);
 }
 
@@ -2673,6 +2723,8 @@ static dpar_status dpar_cuda__pool_nccl(dpar_cuda_pool *p, const dpar_comm_desc 
     }
     for (i = 0; ncs && i < p->n; i++)      /* those not wrapped (after a failure) */
         if (ncs[i]) ncclCommAbort(ncs[i]); /* abort never waits for the other ranks */
+    if (st != DPAR_OK && p->fate)          /* the wrapped ones are aborted too when the pool is freed, not destroyed */
+        dpar_cuda__nc_fate_set(p->fate, st, -1, "the pool's NCCL comms could not all be made");
     dpar_cuda__free(&p->allocator, ncs);
     dpar_cuda__free(&p->allocator, devs);
     return st;
@@ -2882,6 +2934,26 @@ extern "C" DPAR_API dpar_status dpar_cuda_comm_set_stream(dpar_cuda_pool *pool, 
     if (!pool->stream_ordered)
         return dpar_set_error(DPAR_ESTATE, "dpar_cuda_comm_set_stream: the pool is not stream-ordered (its calls wait "
                                            "for the device: dpar_cuda_pool_desc.stream_ordered)");
+    if ((cudaStream_t)stream == cudaStreamLegacy || (cudaStream_t)stream == cudaStreamPerThread)
+        return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_set_stream: cudaStreamLegacy and cudaStreamPerThread are "
+                                           "not one stream of the worker's (the per-thread one differs on a "
+                                           "progress thread): name a stream made with cudaStreamCreate");
+#if CUDART_VERSION >= 12080
+    if (stream) {
+        int dev = -1;
+        cudaError_t e = cudaStreamGetDevice((cudaStream_t)stream, &dev);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_set_stream: cudaStreamGetDevice: %s",
+                                  cudaGetErrorName(e));
+        }
+        if (dev != pool->w[rank].device)
+            return dpar_set_error(DPAR_EINVAL,
+                                  "dpar_cuda_comm_set_stream: the stream is on device %d, worker %d on device %d "
+                                  "(its events are recorded on the worker's)",
+                                  dev, rank, pool->w[rank].device);
+    }
+#endif
     pool->order[rank] = stream;
     return DPAR_OK;
 }
@@ -2925,6 +2997,23 @@ typedef struct dpar_cuda__run {
 } dpar_cuda__run;
 
 /* one worker's part of a run: its device current, fn, then its stream: a fault shows here */
+/* a worker's run failed with st (its text in dpar_last_error): the others must not wait for it in a collective */
+static void dpar_cuda__run_failed(dpar_cuda__run *r, const dpar_cuda_worker *w, dpar_status st)
+{
+    char msg[512];
+    if (!w->comm) return;
+    snprintf(msg, sizeof msg, "%s", dpar_last_error());
+    dpar_comm_fail(w->ring, st, msg); /* the ring's ranks return at once */
+#ifdef DPAR_NCCL
+    if (w->nccl) { /* an NCCL comm's poison is this worker's own: the pool's fate reaches the others */
+        dpar_comm_fail(w->nccl, st, msg);
+        dpar_cuda__nc_fate_set(r->pool->fate, st, w->rank, msg);
+    }
+#else
+    (void)r;
+#endif
+    dpar_set_error(st, "%s", msg); /* this worker's own error stays its text */
+}
 static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
 {
     dpar_cuda__run *r = (dpar_cuda__run *)user;
@@ -2935,6 +3024,7 @@ static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
     uint64_t t0 = dpar_time_ns();
     if ((e = cudaSetDevice(w->device)) != cudaSuccess) return dpar_cuda__worker_error(w, e, "cudaSetDevice");
     st = r->fn(r->user, w);
+    if (st != DPAR_OK) dpar_cuda__run_failed(r, w, st); /* before the waits below: the peers stop now */
     e = cudaStreamSynchronize((cudaStream_t)w->stream);
     if (r->pool->order && r->pool->order[t]) { /* the comm stream the run named: waited for, then forgotten */
         cudaError_t oe = cudaStreamSynchronize((cudaStream_t)r->pool->order[t]);
@@ -2950,19 +3040,9 @@ static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
         cudaError_t last = cudaGetLastError(); /* read either way: a stale error must not reach a later launch */
         if (e == cudaSuccess) e = last;
     }
-    if (st == DPAR_OK && e != cudaSuccess)
+    if (st == DPAR_OK && e != cudaSuccess) {
         st = dpar_cuda__worker_error(w, e, "a CUDA call or kernel of the run (seen at the end of it)");
-    if (st != DPAR_OK && w->comm) { /* the others must not wait for this worker in a collective */
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", dpar_last_error());
-        dpar_comm_fail(w->ring, st, msg); /* the ring's ranks return at once */
-#ifdef DPAR_NCCL
-        if (w->nccl) { /* an NCCL comm's poison is this worker's own: the pool's fate reaches the others */
-            dpar_comm_fail(w->nccl, st, msg);
-            dpar_cuda__nc_fate_set(r->pool->fate, st, w->rank, msg);
-        }
-#endif
-        dpar_set_error(st, "%s", msg); /* this worker's own error stays its text */
+        dpar_cuda__run_failed(r, w, st);
     }
     return st;
 }
