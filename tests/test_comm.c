@@ -565,7 +565,10 @@ static void mismatch_rank(world *w, dpar_comm *c, int r)
     if (st != DPAR_OK && m->kind != 8 && dpar_barrier(c) != st) note(w, "rank %d: not poisoned after an error", r);
 }
 
-static void test_mismatches_are_caught_on_every_rank(void)
+static dpar_comm_desc fas_desc(int n, int peer_access);
+static void fas_stop(void);
+/* every mismatch kind on 3 ranks, host memory or (async) the fake asynchronous device's stream-ordered memory */
+static void mismatch_kinds(int async)
 {
     static const struct {
         dpar_status st;
@@ -591,10 +594,12 @@ static void test_mismatches_are_caught_on_every_rank(void)
         dpar_comm_desc d;
         memset(&m, 0, sizeof m);
         memset(&d, 0, sizeof d);
+        if (async) d = fas_desc(3, 1);
         m.kind = kind;
         d.timeout_ms = kind == 8 ? 300 : 5000;
         d.name = kind == 0 || kind == 8 ? "grid" : NULL; /* a named comm says its name; the default does not */
         run_world_desc(3, &d, mismatch_rank, &m, NULL, 0);
+        if (async) fas_stop();
         for (r = 0; r < 3; r++) {
             if (kind == 8 && r == 2) continue;
             if (kind == 9 && r == 0) continue;
@@ -607,10 +612,11 @@ static void test_mismatches_are_caught_on_every_rank(void)
                 CHECK_MSG(strstr(m.msg[r], " on grid"), "kind %d rank %d: '%s'", kind, r, m.msg[r]);
             else CHECK_MSG(!strstr(m.msg[r], " on comm"), "kind %d rank %d: '%s'", kind, r, m.msg[r]);
         }
-        if (kind == 0) printf("    e.g. %s\n", m.msg[0]);
-        if (kind == 8) printf("    e.g. %s\n", m.msg[0]);
+        if (kind == 0 && !async) printf("    e.g. %s\n", m.msg[0]);
+        if (kind == 8 && !async) printf("    e.g. %s\n", m.msg[0]);
     }
 }
+static void test_mismatches_are_caught_on_every_rank(void) { mismatch_kinds(0); }
 
 /* the timeout message's other stories: a rank whose last call was an earlier collective, a rank that never
    joined, a rank that has left */
@@ -2088,6 +2094,101 @@ static void test_memory_async_failure_reaches_every_rank(void)
     CHECK_MSG(strstr(mem_fail.msg[0], "rank 1") != NULL, "'%s' does not name rank 1", mem_fail.msg[0]);
 }
 
+/* the rest of part 1's calls over the asynchronous device: two requests in flight at once (their progress thread
+   queues on the worker's stream), gradient buckets, send/recv around the ring, and a split comm's allreduce; the
+   results as closed formulas, read once the owner's stream has run */
+enum { AM_A = 9000, AM_B = 100, AM_G = 20000, AM_S = 1000, AM_X = 6000 }; /* floats per rank of each part */
+#define AM_FLOATS (AM_A + AM_B + AM_G + 2 * AM_S + AM_X)
+static void async_more_rank(world *w, dpar_comm *c, int r)
+{
+    float *a = (float *)w->user + (size_t)r * AM_FLOATS, *b = a + AM_A, *g = b + AM_B, *s = g + AM_G, *v = s + AM_S;
+    float *x = v + AM_S;
+    int N = w->n, i, q;
+    dpar_request *ra = NULL, *rb = NULL;
+    dpar_buckets *bk = NULL;
+    dpar_buckets_desc bd;
+    dpar_comm *sub = NULL;
+    for (i = 0; i < AM_A; i++) a[i] = (float)(r + 1) * (float)(i % 11);
+    for (i = 0; i < AM_B; i++) b[i] = (float)(r * 100 + i);
+    for (i = 0; i < AM_G; i++) g[i] = (float)((r + i) % 7);
+    for (i = 0; i < AM_S; i++) s[i] = (float)(r * 1000 + i);
+    for (i = 0; i < AM_X; i++) x[i] = (float)(r + i);
+    fas_code(a, (size_t)AM_FLOATS * sizeof(float)); /* every part into the device's form */
+    /* the ring (36 KB) and the one-shot (400 B), both in flight */
+    expect_ok(w, dpar_iallreduce(c, a, a, AM_A, DPAR_F32, DPAR_SUM, &ra), "iallreduce (ring)", r);
+    expect_ok(w, dpar_iallreduce(c, b, b, AM_B, DPAR_F32, DPAR_SUM, &rb), "iallreduce (one-shot)", r);
+    expect_ok(w, ra ? dpar_request_wait(ra) : DPAR_EINVAL, "request_wait (ring)", r);
+    expect_ok(w, rb ? dpar_request_wait(rb) : DPAR_EINVAL, "request_wait (one-shot)", r);
+    /* buckets of 16 KiB, marked ready from the end as backward would */
+    memset(&bd, 0, sizeof bd);
+    bd.comm = c, bd.grads = g, bd.count = AM_G, bd.bucket_bytes = 16384, bd.op = DPAR_SUM;
+    expect_ok(w, dpar_buckets_create(&bd, &bk), "buckets_create", r);
+    for (q = 3; q >= 0 && bk; q--) expect_ok(w, dpar_buckets_ready(bk, (size_t)q * 5000, 5000), "buckets_ready", r);
+    if (bk) expect_ok(w, dpar_buckets_wait(bk), "buckets_wait", r);
+    dpar_buckets_destroy(bk);
+    /* send to the next rank, receive from the previous one */
+    expect_ok(w, dpar_sendrecv(c, s, AM_S, (r + 1) % N, v, AM_S, (r + N - 1) % N, DPAR_F32, 7), "sendrecv", r);
+    /* a split by parity: the sub comm keeps each thread's worker */
+    expect_ok(w, dpar_comm_split(c, r % 2, r, &sub), "split", r);
+    if (sub) expect_ok(w, dpar_allreduce(sub, x, x, AM_X, DPAR_F32, DPAR_SUM), "sub allreduce", r);
+    dpar_comm_destroy(sub);
+    fas_code(a, (size_t)AM_FLOATS * sizeof(float)); /* waits for this rank's stream */
+    for (i = 0; i < AM_A; i++)
+        if (a[i] != (float)(N * (N + 1) / 2) * (float)(i % 11)) {
+            note(w, "rank %d iallreduce (ring) element %d: %g", r, i, a[i]);
+            break;
+        }
+    for (i = 0; i < AM_B; i++)
+        if (b[i] != (float)(100 * N * (N - 1) / 2 + N * i)) {
+            note(w, "rank %d iallreduce (one-shot) element %d: %g", r, i, b[i]);
+            break;
+        }
+    for (i = 0; i < AM_G; i++) {
+        float want = 0;
+        for (q = 0; q < N; q++) want += (float)((q + i) % 7);
+        if (g[i] != want) {
+            note(w, "rank %d bucket element %d: %g, want %g", r, i, g[i], want);
+            break;
+        }
+    }
+    for (i = 0; i < AM_S; i++)
+        if (v[i] != (float)(((r + N - 1) % N) * 1000 + i)) {
+            note(w, "rank %d recv element %d: %g", r, i, v[i]);
+            break;
+        }
+    for (i = 0; i < AM_X; i++) {
+        float want = 0;
+        for (q = r % 2; q < N; q += 2) want += (float)(q + i);
+        if (x[i] != want) {
+            note(w, "rank %d sub allreduce element %d: %g, want %g", r, i, x[i], want);
+            break;
+        }
+    }
+}
+static void test_memory_async_requests_buckets_p2p_split(void)
+{
+    int pa, N;
+    for (pa = 1; pa >= 0; pa--)
+        for (N = 3; N <= 4; N++) {
+            float *block = (float *)calloc((size_t)N * AM_FLOATS, sizeof(float));
+            dpar_comm_desc d = fas_desc(N, pa);
+            int q;
+            d.memory.combine = pa ? fas_combine : NULL;
+            for (q = 0; q < N; q++) fdev.own[q] = (const char *)(block + (size_t)q * AM_FLOATS);
+            fdev.own_bytes = (size_t)AM_FLOATS * sizeof(float);
+            CHECK_MSG(run_world_desc(N, &d, async_more_rank, block, NULL, 0) == 0, "N=%d peer_access=%d", N, pa);
+            fas_stop();
+            CHECK(!fdev.bad_worker && !fdev.peer_read);
+            CHECK(fas.records > 0 && fas.waits > 0);
+            CHECK_MSG(fdev.allocs == fdev.frees, "%ld allocations, %ld frees", fdev.allocs, fdev.frees);
+            free(block);
+        }
+}
+
+/* the contract checker, the timeout naming the missing rank, abort and a bad argument, on stream-ordered memory:
+   the same errors, texts and times as on host memory */
+static void test_memory_async_mismatches_and_timeouts(void) { mismatch_kinds(1); }
+
 /* ---- dpar_comm_from_ops: a comm whose collectives another library runs; the "library" here is an inner
    threads comm, so the whole matrix can check it against the serial references ---- */
 typedef struct {
@@ -3403,6 +3504,8 @@ int main(int argc, char **argv)
     RUN(test_memory_async_matrix);
     RUN(test_memory_async_host_does_not_wait);
     RUN(test_memory_async_failure_reaches_every_rank);
+    RUN(test_memory_async_requests_buckets_p2p_split);
+    RUN(test_memory_async_mismatches_and_timeouts);
     RUN(test_zero_and_fsdp_on_device_memory);
     RUN(test_zero_and_fsdp_on_device_refusals);
     RUN(test_device_checkpoint_failure_reaches_every_rank);
