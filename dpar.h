@@ -8665,7 +8665,7 @@ DPAR_API dpar_status dpar_comm_from_ops(const dpar_comm_ops *ops, const dpar_com
     {
         const dpar_comm_memory *m = &d.memory; /* for dpar_zero and dpar_fsdp only: the library moves the bytes */
         int set = !!m->reduce + !!m->divide + !!m->copy + !!m->alloc + !!m->free + !!m->clear + !!m->update;
-        if (set != 0 && (set != 7 || m->record || m->wait || m->peer_access || m->combine))
+        if ((set != 0 && (set != 7 || m->record || m->wait || m->peer_access)) || m->combine)
             return dpar__err(DPAR_EINVAL,
                              "dpar_comm_from_ops: memory callbacks: reduce, divide, copy, alloc, free, clear and "
                              "update all or none (%d of 7 set), no record, wait, peer_access or combine (the "

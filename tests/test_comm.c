@@ -1659,6 +1659,10 @@ static void test_memory_callbacks_split_and_refusals(void)
     memset(&d.memory, 0, sizeof d.memory);
     d.memory.peer_access = fake_peer_access;
     CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    memset(&d.memory, 0, sizeof d.memory);
+    d.memory.combine = fake_combine; /* a combine without the memory it combines */
+    CHECK(dpar_group_create(&d, &g) == DPAR_EINVAL && g == NULL);
+    CHECK(strstr(dpar_last_error(), "memory.combine without the memory callbacks") != NULL);
     CHECK(dpar_comm_fail(NULL, DPAR_ESYSTEM, "x") == DPAR_EINVAL);
     { /* why = DPAR_OK is refused, and the comm stays usable */
         dpar_comm_desc one;
@@ -2361,6 +2365,9 @@ static void test_ops_comm_errors(void)
     d.memory = fake_desc(2, 1).memory; /* the seven, with to_host but not from_host */
     d.memory.enter = NULL, d.memory.peer_access = NULL, d.memory.from_host = NULL;
     CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c && strstr(dpar_last_error(), "go together"));
+    memset(&d.memory, 0, sizeof d.memory);
+    d.memory.combine = fake_combine; /* dpar's one-shot never runs there: the library runs the collectives */
+    CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_EINVAL && !c && strstr(dpar_last_error(), "combine"));
     memset(&d.memory, 0, sizeof d.memory);
     CHECK(dpar_comm_from_ops(&ops, &d, &c) == DPAR_OK && c);
     CHECK(dpar_comm_destroy(c) == DPAR_OK);
