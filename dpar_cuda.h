@@ -359,7 +359,8 @@ DPAR_API dpar_status dpar_cuda_comm_set_stream(dpar_cuda_pool *pool, int rank, v
    In a pool that is not stream-ordered, the comm's own stream.
    Returns:  DPAR_OK; DPAR_ESYSTEM (a CUDA error, named with the worker, its device and CUDA's error name),
              DPAR_ETIMEDOUT, DPAR_EINVAL (NULL pool, rank outside 0..size-1).
-   Thread safety: worker `rank`'s thread (or one thread acting for it). */
+   Thread safety: worker `rank`'s thread (or one thread acting for it); the calling thread's current device is the
+             same after the call as before. */
 DPAR_API dpar_status dpar_cuda_comm_sync(dpar_cuda_pool *pool, int rank);
 
 /* dpar_cuda_pool_run: run fn on every worker at once (SPMD), each on its thread with its device current,
@@ -2534,8 +2535,22 @@ static dpar_status dpar_cuda__c_record(void *user, int worker, uint64_t *ticket)
     pthread_mutex_unlock(&p->ev_lock[worker]);
     /* its old point has run before the event moves on: a late wait has none left. Waited for outside the lock, so
        the peers' waits on this worker's other events go on meanwhile (only this worker's thread records its events,
-       and the event still holds its old point for a peer that waits on it now) */
-    if (old) e = cudaEventSynchronize(p->ev[k]);
+       and the event still holds its old point for a peer that waits on it now); polled with the comm's deadline,
+       no core spun (the host is 64 tickets ahead of this stream: its latency is not the call's) */
+    if (old) {
+        uint64_t deadline = p->timeout_ms < 0 ? 0 : dpar_time_ns() + (uint64_t)p->timeout_ms * 1000000u;
+        while ((e = cudaEventQuery(p->ev[k])) == cudaErrorNotReady) {
+            struct timespec nap = {0, 20000};
+            if (deadline && dpar_time_ns() >= deadline) {
+                *ticket = 0;
+                return dpar_set_error(DPAR_ETIMEDOUT,
+                                      "worker %d (device %d): its comm stream has not reached ticket %llu after %d "
+                                      "ms: a peer's stream it waits for is stuck",
+                                      worker, w->device, (unsigned long long)old, p->timeout_ms);
+            }
+            nanosleep(&nap, NULL);
+        }
+    }
     pthread_mutex_lock(&p->ev_lock[worker]);
     if (e == cudaSuccess) e = cudaEventRecord(p->ev[k], dpar_cuda__c_stream(p, w));
     if (e == cudaSuccess) p->ev_ticket[k] = seq;
@@ -2958,7 +2973,7 @@ extern "C" DPAR_API dpar_status dpar_cuda_comm_set_stream(dpar_cuda_pool *pool, 
     return DPAR_OK;
 }
 
-extern "C" DPAR_API dpar_status dpar_cuda_comm_sync(dpar_cuda_pool *pool, int rank)
+static dpar_status dpar_cuda__comm_sync_on(dpar_cuda_pool *pool, int rank)
 {
     const dpar_cuda_worker *w;
     cudaStream_t s;
@@ -2989,6 +3004,16 @@ extern "C" DPAR_API dpar_status dpar_cuda_comm_sync(dpar_cuda_pool *pool, int ra
     dpar_comm_fail(w->ring, DPAR_ESYSTEM, msg);
     return dpar_set_error(DPAR_ESYSTEM, "dpar_cuda_comm_sync: %s", msg);
 }
+/* the calling thread's current device is the same after as before (it may be no worker's thread) */
+extern "C" DPAR_API dpar_status dpar_cuda_comm_sync(dpar_cuda_pool *pool, int rank)
+{
+    int before = -1;
+    dpar_status st;
+    cudaGetDevice(&before);
+    st = dpar_cuda__comm_sync_on(pool, rank);
+    if (before >= 0) cudaSetDevice(before);
+    return st;
+}
 
 typedef struct dpar_cuda__run {
     dpar_cuda_pool *pool;
@@ -2996,7 +3021,6 @@ typedef struct dpar_cuda__run {
     void *user;
 } dpar_cuda__run;
 
-/* one worker's part of a run: its device current, fn, then its stream: a fault shows here */
 /* a worker's run failed with st (its text in dpar_last_error): the others must not wait for it in a collective */
 static void dpar_cuda__run_failed(dpar_cuda__run *r, const dpar_cuda_worker *w, dpar_status st)
 {
@@ -3014,6 +3038,7 @@ static void dpar_cuda__run_failed(dpar_cuda__run *r, const dpar_cuda_worker *w, 
 #endif
     dpar_set_error(st, "%s", msg); /* this worker's own error stays its text */
 }
+/* one worker's part of a run: its device current, fn, then its stream: a fault shows here */
 static dpar_status dpar_cuda__worker_run_on(void *user, int t, int n)
 {
     dpar_cuda__run *r = (dpar_cuda__run *)user;
