@@ -7804,7 +7804,8 @@ static dpar_status dpar__t_drain(dpar__ctx *x, int peer, int max)
 }
 
 /* Leaving on an error: wait until no peer is still reading a message of this rank (it is copying
-   or reducing one segment, microseconds), so the caller may free its buffers. Peers that have not
+   or reducing one segment, microseconds; a one-shot on device memory holds its peers' offers until its
+   combine has run, one callback), so the caller may free its buffers. Peers that have not
    started reading see the poison and never will. */
 static void dpar__t_quiesce(dpar_comm *c)
 {

@@ -1684,15 +1684,15 @@ static dpar_status dpar_cuda__nc_scratch(dpar_cuda__nc *k, size_t bytes)
 /* a failed or timed-out comm: no more calls; an owned NCCL comm is aborted (its work in flight ends), one of the
    caller's is left to the caller, who must abort it (ncclCommAbort frees it) */
 static void dpar_cuda__nc_fate_set(dpar_cuda__nc_fate *f, dpar_status why, int rank, const char *msg);
-static void dpar_cuda__nc_abort(dpar_cuda__nc *k)
+/* why: the failure, its text already set (dpar_set_error); returned */
+static dpar_status dpar_cuda__nc_abort(dpar_cuda__nc *k, dpar_status why)
 {
     if (k->own_comm && !k->aborted) ncclCommAbort(k->nc);
     k->aborted = 1;
-    /* the pool's other comms abort too (at their next look): one of theirs may be in a call with this one, and
-       ncclCommDestroy would wait for it */
-    if (k->fate)
-        dpar_cuda__nc_fate_set(k->fate, DPAR_EABORTED, k->rank,
-                               "its NCCL comm was aborted after an error or a timeout");
+    /* the pool's other comms abort too (at their next look), returning this failure and its text: one of theirs may
+       be in a call with this one, and ncclCommDestroy would wait for it */
+    if (k->fate) dpar_cuda__nc_fate_set(k->fate, why, k->rank, dpar_last_error());
+    return why;
 }
 
 /* the pool's failure, or DPAR_OK (also without a pool); the failed worker in *rank, its text in msg (may be NULL) */
@@ -1714,7 +1714,7 @@ static dpar_status dpar_cuda__nc_fated(dpar_cuda__nc *k)
     int rank = -1;
     dpar_status st = dpar_cuda__nc_fate_get(k->fate, &rank, msg, sizeof msg);
     if (st == DPAR_OK) return DPAR_OK;
-    dpar_cuda__nc_abort(k);
+    dpar_cuda__nc_abort(k, st); /* the pool's fate is set already: it stays the first failure's */
     return dpar_set_error(st, "NCCL rank %d (device %d): aborted, as worker %d of the pool failed: %s", k->rank,
                           k->device, rank, msg);
 }
@@ -1741,24 +1741,23 @@ static dpar_status dpar_cuda__nc_wait_loop(dpar_cuda__nc *k, uint64_t deadline, 
         cudaError_t e = k->done ? cudaEventQuery(k->done) : cudaStreamQuery(k->stream);
         ncclResult_t ar = ncclSuccess;
         if (e == cudaSuccess) return DPAR_OK;
-        if (e != cudaErrorNotReady)
-            return dpar_set_error(DPAR_ESYSTEM, "%s (NCCL rank %d, device %d): %s (%d): %s", what, k->rank, k->device,
-                                  cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
-        if (ncclCommGetAsyncError(k->nc, &ar) == ncclSuccess && ar != ncclSuccess && ar != ncclInProgress) {
-            dpar_status st = dpar_cuda__nccl_check(ar, k, what);
-            dpar_cuda__nc_abort(k); /* the comm cannot go on; the stream's work ends with it */
-            return st;
-        }
+        if (e != cudaErrorNotReady) /* the queued NCCL work may still wait for the peers: the comm ends */
+            return dpar_cuda__nc_abort(k, dpar_set_error(DPAR_ESYSTEM, "%s (NCCL rank %d, device %d): %s (%d): %s",
+                                                         what, k->rank, k->device, cudaGetErrorName(e), (int)e,
+                                                         cudaGetErrorString(e)));
+        if (ncclCommGetAsyncError(k->nc, &ar) == ncclSuccess && ar != ncclSuccess && ar != ncclInProgress)
+            /* the comm cannot go on; the stream's work ends with it */
+            return dpar_cuda__nc_abort(k, dpar_cuda__nccl_check(ar, k, what));
         DPAR_CUDA__TRY(dpar_cuda__nc_fated(k)); /* another worker of the pool failed */
         if (deadline && dpar_time_ns() >= deadline) {
-            dpar_cuda__nc_abort(k);
-            return dpar_set_error(DPAR_ETIMEDOUT,
+            return dpar_cuda__nc_abort(
+                k, dpar_set_error(DPAR_ETIMEDOUT,
                                   "NCCL rank %d of %d (device %d) timed out after %llu ms in %s; NCCL does not say "
                                   "which rank is missing; %s",
                                   k->rank, k->size, k->device, (unsigned long long)((dpar_time_ns() - t0) / 1000000u),
                                   what,
                                   k->own_comm ? "the NCCL comm is aborted"
-                                              : "abort your NCCL comm (ncclCommAbort), then destroy this dpar_comm");
+                                              : "abort your NCCL comm (ncclCommAbort), then destroy this dpar_comm"));
         }
         if (dpar_time_ns() - t0 < DPAR_CUDA__NC_SPIN_NS) {
             sched_yield();
@@ -1814,21 +1813,18 @@ static dpar_status dpar_cuda__nc_exchange_on(void *user, const void *mine, void 
     cudaError_t e;
     DPAR_CUDA__TRY(dpar_cuda__nc_dead(k));
     cudaSetDevice(k->device);
-    DPAR_CUDA__TRY(dpar_cuda__nc_scratch(k, (size_t)(k->size + 1) * bytes));
+    { /* the peers' allgathers wait for this rank's: a failure from here on ends the comm */
+        dpar_status st = dpar_cuda__nc_scratch(k, (size_t)(k->size + 1) * bytes);
+        if (st != DPAR_OK) return dpar_cuda__nc_abort(k, st);
+    }
     in = (char *)k->scratch + (size_t)k->size * bytes;
     out = (char *)k->scratch;
-    if ((e = cudaMemcpyAsync(in, mine, bytes, cudaMemcpyHostToDevice, k->stream)) != cudaSuccess) {
-        dpar_status st = dpar_cuda__check(e, "the NCCL comm's contract check", "cudaMemcpyAsync");
-        dpar_cuda__nc_abort(k); /* the peers' allgathers wait for this rank's */
-        return st;
-    }
+    if ((e = cudaMemcpyAsync(in, mine, bytes, cudaMemcpyHostToDevice, k->stream)) != cudaSuccess)
+        return dpar_cuda__nc_abort(k, dpar_cuda__check(e, "the NCCL comm's contract check", "cudaMemcpyAsync"));
     {
         dpar_status st = dpar_cuda__nccl_check(ncclAllGather(in, out, bytes, ncclUint8, k->nc, k->stream), k,
                                                "ncclAllGather (the contract check)");
-        if (st != DPAR_OK) {
-            dpar_cuda__nc_abort(k);
-            return st;
-        }
+        if (st != DPAR_OK) return dpar_cuda__nc_abort(k, st);
     }
     DPAR_CUDA__TRY(dpar_cuda__nc_wait(k, deadline, "the contract check's allgather"));
     return dpar_cuda__check(cudaMemcpy(all, out, (size_t)k->size * bytes, cudaMemcpyDeviceToHost),
@@ -1964,8 +1960,7 @@ static dpar_status dpar_cuda__nc_enqueue(dpar_cuda__nc *k, const dpar_comm_call 
    end (they would wait for peers that are not coming) and the peers' calls fail instead of waiting */
 static dpar_status dpar_cuda__nc_failed(dpar_cuda__nc *k, dpar_status st, int queued)
 {
-    if (st != DPAR_OK && queued) dpar_cuda__nc_abort(k);
-    return st;
+    return st != DPAR_OK && queued ? dpar_cuda__nc_abort(k, st) : st;
 }
 static dpar_status dpar_cuda__nc_run_on(void *user, const dpar_comm_call *c)
 {

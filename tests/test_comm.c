@@ -1136,7 +1136,7 @@ static void test_integer_average_any_group_size(void)
    or combined on the host itself (instead of through the callbacks) come out wrong. The callbacks decode,
    compute as the reference does (small integers: exact in any order), and encode at the destination. */
 typedef struct {
-    int peer_access; /* what peer_access answers */
+    int peer_access; /* what peer_access answers: 0, 1, or 2: 1 where worker + peer is even (some peers each) */
     int fail_worker; /* this worker's reduce number fail_at fails (-1: none) */
     long fail_at;
     long reduces, copies, enters, staged, allocs, frees, combines; /* atomics */
@@ -1145,9 +1145,10 @@ typedef struct {
     int size;
     const char *own[8]; /* worker q's buffers: [own[q], own[q] + own_bytes) */
     size_t own_bytes;
-    int peer_read;        /* reduce read another worker's buffer though peer_access said no */
-    int fail_host_worker; /* this worker's to_host fails (-1: none) */
-    int fail_from_worker; /* this worker's from_host fails (-1: none) */
+    int peer_read;           /* reduce read another worker's buffer though peer_access said no */
+    int fail_host_worker;    /* this worker's to_host fails (-1: none) */
+    int fail_from_worker;    /* this worker's from_host fails (-1: none) */
+    int fail_combine_worker; /* this worker's combines fail (-1: none) */
 } fake_dev;
 static fake_dev fdev;
 
@@ -1226,13 +1227,18 @@ static double fake_op(double x, double y, dpar_dtype t, dpar_op op, int div)
     if (op == DPAR_AVG && div > 1) z = fake_avg(z, t, div);
     return z;
 }
-/* without peer access a worker may read only its own and its staged bytes: p (bytes long) must be in no peer's */
+static int fake_can_read(int worker, int peer)
+{
+    return worker == peer || fdev.peer_access == 1 || (fdev.peer_access == 2 && (worker + peer) % 2 == 0);
+}
+/* a worker may read its own and its staged bytes, and those of the peers it can read: p (bytes long) must be in no
+   other peer's */
 static void fake_check_read(int worker, const void *p, size_t bytes)
 {
     int q;
-    for (q = 0; q < 8 && !fdev.peer_access && bytes; q++) {
+    for (q = 0; q < 8 && bytes; q++) {
         const char *o = fdev.own[q];
-        if (q != worker && o && (const char *)p >= o && (const char *)p < o + fdev.own_bytes)
+        if (!fake_can_read(worker, q) && o && (const char *)p >= o && (const char *)p < o + fdev.own_bytes)
             __atomic_store_n(&fdev.peer_read, 1, __ATOMIC_RELAXED);
     }
 }
@@ -1266,7 +1272,13 @@ static dpar_status fake_combine(void *user, int worker, void *out, const void *c
     (void)user;
     fake_worker(worker);
     __atomic_add_fetch(&fdev.combines, 1, __ATOMIC_RELAXED);
-    if (ranks != fdev.size || ranks > 8 || lo + n > count) __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED);
+    if (worker == fdev.fail_combine_worker) {
+        free(acc);
+        return dpar_set_error(DPAR_ESYSTEM, "fake device: combine failed on worker %d", worker);
+    }
+    /* ranks: the comm's (a split comm's fewer) */
+    if (ranks < 2 || ranks > fdev.size || ranks > 8 || lo + n > count)
+        __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED);
     for (q = 0; q < ranks && q < 8; q++) {
         if ((const char *)in[q] < (const char *)out + n * es && (const char *)out < (const char *)in[q] + n * es)
             __atomic_store_n(&fdev.bad_worker, 1, __ATOMIC_RELAXED); /* out overlaps an input */
@@ -1318,8 +1330,8 @@ static int fake_peer_access(void *user, int worker, int peer)
     (void)user;
     fake_worker(worker);
     fake_worker(peer);
-    if (!fdev.peer_access && worker != peer) __atomic_add_fetch(&fdev.staged, 1, __ATOMIC_RELAXED);
-    return fdev.peer_access || worker == peer;
+    if (!fake_can_read(worker, peer)) __atomic_add_fetch(&fdev.staged, 1, __ATOMIC_RELAXED);
+    return fake_can_read(worker, peer);
 }
 static void *fake_alloc(void *user, int worker, size_t bytes)
 {
@@ -1421,6 +1433,7 @@ static dpar_comm_desc fake_desc(int n, int peer_access)
     fdev.fail_worker = -1;
     fdev.fail_host_worker = -1;
     fdev.fail_from_worker = -1;
+    fdev.fail_combine_worker = -1;
     fdev.size = n;
     d.size = n;
     d.segment_bytes = 4096; /* several segments per chunk at the larger counts */
@@ -1452,7 +1465,7 @@ static void test_memory_callbacks_matrix(void)
             int N = ns[ni], fails = 0;
             size_t counts[4];
             dpar_comm_desc d = fake_desc(N, pa);
-            if (pa) d.memory.combine = fake_combine; /* staged offers here, direct reads with reduces: the async one */
+            if (pa) d.memory.combine = fake_combine; /* direct reads with combine here; the async matrix: staged */
             for (q = 0; q < N; q++) fdev.own[q] = bufs[2 * q]; /* send and recv of worker q: one block */
             fdev.own_bytes = 2 * 5000 * 8;
             counts[0] = 0;
@@ -1548,10 +1561,11 @@ static void test_memory_callback_failure_reaches_every_rank(void)
 
 /* one-shot on device memory moves the message in one piece: a copy callback per peer, not one per 2 KiB (each
    callback is a launch and a wait on a GPU: 512 of them made a 1 MiB allreduce take 7.2 ms on an H200) */
+enum { MEM_ONESHOT_N = 16384 }; /* 64 KiB: 32 pieces of the MPI transport's size */
 static void mem_oneshot_rank(world *w, dpar_comm *c, int r)
 {
-    enum { n = 16384 }; /* 64 KiB: 32 pieces of the MPI transport's size */
-    float *x = (float *)malloc(n * sizeof(float));
+    enum { n = MEM_ONESHOT_N };
+    float *x = (float *)w->user + (size_t)r * n; /* fdev.own[r]: the fake checks who reads it */
     int i;
     for (i = 0; i < n; i++) x[i] = (float)(r * 3 + i % 7);
     fake_code(x, n * sizeof(float));
@@ -1564,7 +1578,6 @@ static void mem_oneshot_rank(world *w, dpar_comm *c, int r)
             break;
         }
     }
-    free(x);
 }
 /* a small reduce on 3 ranks: the middle rank's scratch holds the message, not 4 segments (64 MiB ones on a GPU) */
 static void mem_small_reduce_rank(world *w, dpar_comm *c, int r)
@@ -1589,20 +1602,24 @@ static void test_memory_callbacks_small_scratch(void)
 static void test_memory_callbacks_oneshot_in_one_piece(void)
 {
     static const int ns[] = {2, 4, 8};
-    int ni, pa, with;
+    float *block = (float *)malloc(8 * MEM_ONESHOT_N * sizeof(float));
+    int ni, pa, with, q;
     for (ni = 0; ni < 3; ni++)
-        for (pa = 0; pa < 2; pa++)
+        for (pa = 0; pa < 3; pa++) /* peers readable: none, all, those of the same parity */
             for (with = 0; with < 2; with++) {
                 int N = ns[ni];
-                long want_copies, want_reduces, want_combines;
+                long want_copies, want_reduces, want_combines, unreadable = 0;
                 dpar_comm_desc d = fake_desc(N, pa);
                 d.algo = DPAR_ALGO_ONESHOT;
                 if (with) d.memory.combine = fake_combine;
-                CHECK_MSG(run_world_desc(N, &d, mem_oneshot_rank, NULL, NULL, 0) == 0, "N=%d peer_access=%d combine=%d",
-                          N, pa, with);
-                /* per rank: the in-place input into scratch; without peer access each peer's message into scratch
-                   too. The combine: one call, or a reduce per step of the ring's order (N blocks, N - 1 steps) */
-                want_copies = (long)N * (pa ? 1 : N);
+                for (q = 0; q < N; q++) fdev.own[q] = (const char *)(block + (size_t)q * MEM_ONESHOT_N);
+                fdev.own_bytes = MEM_ONESHOT_N * sizeof(float);
+                for (q = 0; q < N * N; q++) unreadable += !fake_can_read(q / N, q % N);
+                CHECK_MSG(run_world_desc(N, &d, mem_oneshot_rank, block, NULL, 0) == 0,
+                          "N=%d peer_access=%d combine=%d", N, pa, with);
+                /* per rank: the in-place input into scratch, and each peer's message that it cannot read where it
+                   is. The combine: one call, or a reduce per step of the ring's order (N blocks, N - 1 steps) */
+                want_copies = (long)N + unreadable;
                 want_reduces = with ? 0 : (long)N * N * (N - 1);
                 want_combines = with ? N : 0;
                 CHECK_MSG(fdev.copies == want_copies && fdev.reduces == want_reduces && fdev.combines == want_combines,
@@ -1611,6 +1628,50 @@ static void test_memory_callbacks_oneshot_in_one_piece(void)
                           want_combines);
                 CHECK(!fdev.bad_worker && !fdev.peer_read);
             }
+    free(block);
+}
+
+/* a failing combine (a kernel's launch or fault) on worker 1: every rank returns its error with its text, at once,
+   on the blocking fake and the stream-ordered one (there the fault surfaces at worker 1's next callback) */
+static void fas_sync(int worker);
+static dpar_status fas_combine(void *user, int worker, void *out, const void *const *in, int ranks, size_t lo, size_t n,
+                               size_t count, dpar_dtype t, dpar_op op);
+static int mem_combine_async;
+static void mem_combine_fail_rank(world *w, dpar_comm *c, int r)
+{
+    float *x = (float *)w->user + (size_t)r * 1000;
+    double t0 = dt_now();
+    int i;
+    for (i = 0; i < 20 && mem_fail.st[r] == DPAR_OK; i++) {
+        mem_fail.st[r] = dpar_allreduce(c, x, x, 1000, DPAR_F32, DPAR_SUM); /* 4 KB: the one-shot */
+        if (mem_combine_async) fas_sync(r);
+    }
+    snprintf(mem_fail.msg[r], sizeof mem_fail.msg[r], "%s", dpar_last_error());
+    mem_fail.seconds[r] = dt_now() - t0;
+}
+static void test_memory_combine_failure_reaches_every_rank(void)
+{
+    int async, r;
+    for (async = 0; async < 2; async++) {
+        float *x = (float *)calloc(4 * 1000, sizeof(float));
+        dpar_comm_desc d = async ? fas_desc(4, 1) : fake_desc(4, 1);
+        memset(&mem_fail, 0, sizeof mem_fail);
+        mem_combine_async = async;
+        d.memory.combine = async ? fas_combine : fake_combine;
+        d.timeout_ms = 10000;
+        fdev.fail_combine_worker = 1;
+        fake_code(x, 4 * 1000 * sizeof(float));
+        run_world_desc(4, &d, mem_combine_fail_rank, x, NULL, 0);
+        if (async) fas_stop();
+        free(x);
+        for (r = 0; r < 4; r++) {
+            CHECK_MSG(mem_fail.st[r] == DPAR_ESYSTEM && mem_fail.seconds[r] < 5.0, "async %d rank %d: %s after %.2f s",
+                      async, r, dpar_status_string(mem_fail.st[r]), mem_fail.seconds[r]);
+            CHECK_MSG(strstr(mem_fail.msg[r], "fake device: combine failed on worker 1") != NULL,
+                      "async %d rank %d: '%s'", async, r, mem_fail.msg[r]);
+        }
+        CHECK(fdev.allocs == fdev.frees && !fdev.bad_worker);
+    }
 }
 
 /* split comms keep each thread's worker; shared-memory speed-ups are refused; bad memory descs are refused */
@@ -1952,7 +2013,7 @@ static void test_memory_async_matrix(void)
                 size_t counts[3];
                 dpar_comm_desc d = fas_desc(N, pa);
                 d.algo = algos[ai];
-                if (!pa) d.memory.combine = fas_combine;           /* the other matrix has it with direct reads */
+                if (!pa) d.memory.combine = fas_combine; /* staged reads with combine here; the other matrix: direct */
                 for (q = 0; q < N; q++) fdev.own[q] = bufs[2 * q]; /* send and recv of worker q: one block */
                 fdev.own_bytes = 2 * 5000 * 8;
                 counts[0] = 1;
@@ -2101,7 +2162,7 @@ static void test_memory_async_failure_reaches_every_rank(void)
 /* the rest of part 1's calls over the asynchronous device: two requests in flight at once (their progress thread
    queues on the worker's stream), gradient buckets, send/recv around the ring, and a split comm's allreduce; the
    results as closed formulas, read once the owner's stream has run */
-enum { AM_A = 9000, AM_B = 100, AM_G = 20000, AM_S = 1000, AM_X = 6000 }; /* floats per rank of each part */
+enum { AM_A = 9000, AM_B = 100, AM_G = 20000, AM_S = 1000, AM_X = 4000 }; /* floats per rank of each part */
 #define AM_FLOATS (AM_A + AM_B + AM_G + 2 * AM_S + AM_X)
 static void async_more_rank(world *w, dpar_comm *c, int r)
 {
@@ -2132,7 +2193,7 @@ static void async_more_rank(world *w, dpar_comm *c, int r)
     dpar_buckets_destroy(bk);
     /* send to the next rank, receive from the previous one */
     expect_ok(w, dpar_sendrecv(c, s, AM_S, (r + 1) % N, v, AM_S, (r + N - 1) % N, DPAR_F32, 7), "sendrecv", r);
-    /* a split by parity: the sub comm keeps each thread's worker */
+    /* a split by parity: the sub comm keeps each thread's worker (16 KB: its one-shot, with combine) */
     expect_ok(w, dpar_comm_split(c, r % 2, r, &sub), "split", r);
     if (sub) expect_ok(w, dpar_allreduce(sub, x, x, AM_X, DPAR_F32, DPAR_SUM), "sub allreduce", r);
     dpar_comm_destroy(sub);
@@ -2172,7 +2233,7 @@ static void async_more_rank(world *w, dpar_comm *c, int r)
 static void test_memory_async_requests_buckets_p2p_split(void)
 {
     int pa, N;
-    for (pa = 1; pa >= 0; pa--)
+    for (pa = 2; pa >= 0; pa--) /* peers readable: those of the same parity, all, none */
         for (N = 3; N <= 4; N++) {
             float *block = (float *)calloc((size_t)N * AM_FLOATS, sizeof(float));
             dpar_comm_desc d = fas_desc(N, pa);
@@ -3507,6 +3568,7 @@ int main(int argc, char **argv)
     RUN(test_memory_callback_failure_reaches_every_rank);
     RUN(test_memory_callbacks_split_and_refusals);
     RUN(test_memory_callbacks_oneshot_in_one_piece);
+    RUN(test_memory_combine_failure_reaches_every_rank);
     RUN(test_memory_callbacks_small_scratch);
     RUN(test_memory_async_matrix);
     RUN(test_memory_async_host_does_not_wait);
