@@ -5355,6 +5355,14 @@ static dpar_status dpar__recv_into(dpar__ctx *x, int peer, void *dst, size_t byt
     return dpar__release(x, peer);
 }
 
+/* a peer's whole offer through the transport's hold: held where it is (*held = 1), or copied into dst and released */
+static dpar_status dpar__hold(dpar__ctx *x, int peer, void *dst, size_t bytes, const void **data, int *held)
+{
+    DPAR_TEST_STEP_HOOK();
+    x->received += bytes;
+    return x->c->tp->hold(x, peer, dst, bytes, data, held);
+}
+
 /* >>ring: the collective algorithms, written once over the transport interface ------------------ */
 /* The algorithms, for every transport. Rank r of N; chunks are the blocks of dpar_block_range.
    Ring reduce-scatter, step s = 0..N-2: send chunk r-s-1, receive chunk r-s-2 and reduce it into
@@ -6274,9 +6282,7 @@ static dpar_status dpar__allreduce_oneshot_msg(dpar__ctx *x, const char *send, c
                 st = dpar__recv_into(x, q, (char *)in[q] + o, l);
                 continue;
             }
-            DPAR_TEST_STEP_HOOK();
-            x->received += l;
-            st = c->tp->hold(x, q, (char *)in[q], l, &p, &held);
+            st = dpar__hold(x, q, (char *)in[q], l, &p, &held);
             if (st == DPAR_OK && held) in[q] = (const char *)p; /* a peer's buffer: released below */
         }
     }

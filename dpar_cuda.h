@@ -480,6 +480,16 @@ static dpar_status dpar_cuda__check(cudaError_t e, const char *what, const char 
                           cudaGetErrorString(e));
 }
 
+/* the calling thread's current device, put back when this goes out of scope (calls that may run on any thread) */
+struct dpar_cuda__device_kept {
+    int before;
+    dpar_cuda__device_kept() : before(-1) { cudaGetDevice(&before); }
+    ~dpar_cuda__device_kept()
+    {
+        if (before >= 0) cudaSetDevice(before);
+    }
+};
+
 extern "C" DPAR_API dpar_status dpar_cuda_device_count(int *count)
 {
     cudaError_t e;
@@ -2010,30 +2020,18 @@ static dpar_status dpar_cuda__nc_run_group_on(void *user, const dpar_comm_call *
 /* the calling thread's current device is the same after a call as before */
 static dpar_status dpar_cuda__nc_exchange(void *user, const void *mine, void *all, size_t bytes, uint64_t deadline)
 {
-    int before = -1;
-    dpar_status st;
-    cudaGetDevice(&before);
-    st = dpar_cuda__nc_exchange_on(user, mine, all, bytes, deadline);
-    if (before >= 0) cudaSetDevice(before);
-    return st;
+    dpar_cuda__device_kept kept;
+    return dpar_cuda__nc_exchange_on(user, mine, all, bytes, deadline);
 }
 static dpar_status dpar_cuda__nc_run(void *user, const dpar_comm_call *c)
 {
-    int before = -1;
-    dpar_status st;
-    cudaGetDevice(&before);
-    st = dpar_cuda__nc_run_on(user, c);
-    if (before >= 0) cudaSetDevice(before);
-    return st;
+    dpar_cuda__device_kept kept;
+    return dpar_cuda__nc_run_on(user, c);
 }
 static dpar_status dpar_cuda__nc_run_group(void *user, const dpar_comm_call *calls, int n)
 {
-    int before = -1;
-    dpar_status st;
-    cudaGetDevice(&before);
-    st = dpar_cuda__nc_run_group_on(user, calls, n);
-    if (before >= 0) cudaSetDevice(before);
-    return st;
+    dpar_cuda__device_kept kept;
+    return dpar_cuda__nc_run_group_on(user, calls, n);
 }
 
 static void dpar_cuda__nc_destroy(void *user)
@@ -2333,6 +2331,24 @@ struct dpar_cuda_pool {
 #define DPAR_CUDA_SEGMENT_BYTES ((size_t)64 << 20)
 #endif
 
+/* a host wait's deadline within the pool's comm timeout (0: none) */
+static uint64_t dpar_cuda__deadline(const dpar_cuda_pool *p)
+{
+    return p->timeout_ms < 0 ? 0 : dpar_time_ns() + (uint64_t)p->timeout_ms * 1000000u;
+}
+/* wait for an event (ev NULL: a stream) without spinning a core, 20 us naps, until it has run or failed, or the
+   deadline has passed (then cudaErrorNotReady) */
+static cudaError_t dpar_cuda__poll(cudaEvent_t ev, cudaStream_t s, uint64_t deadline)
+{
+    cudaError_t e;
+    while ((e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s)) == cudaErrorNotReady) {
+        struct timespec nap = {0, 20000};
+        if (deadline && dpar_time_ns() >= deadline) break;
+        nanosleep(&nap, NULL);
+    }
+    return e;
+}
+
 /* a CUDA error of worker w: "what (worker r, device d): cudaErrorX (code): text" */
 static dpar_status dpar_cuda__worker_error(const dpar_cuda_worker *w, cudaError_t e, const char *what)
 {
@@ -2532,19 +2548,12 @@ static dpar_status dpar_cuda__c_record(void *user, int worker, uint64_t *ticket)
        the peers' waits on this worker's other events go on meanwhile (only this worker's thread records its events,
        and the event still holds its old point for a peer that waits on it now); polled with the comm's deadline,
        no core spun (the host is 64 tickets ahead of this stream: its latency is not the call's) */
-    if (old) {
-        uint64_t deadline = p->timeout_ms < 0 ? 0 : dpar_time_ns() + (uint64_t)p->timeout_ms * 1000000u;
-        while ((e = cudaEventQuery(p->ev[k])) == cudaErrorNotReady) {
-            struct timespec nap = {0, 20000};
-            if (deadline && dpar_time_ns() >= deadline) {
-                *ticket = 0;
-                return dpar_set_error(DPAR_ETIMEDOUT,
-                                      "worker %d (device %d): its comm stream has not reached ticket %llu after %d "
-                                      "ms: a peer's stream it waits for is stuck",
-                                      worker, w->device, (unsigned long long)old, p->timeout_ms);
-            }
-            nanosleep(&nap, NULL);
-        }
+    if (old && (e = dpar_cuda__poll(p->ev[k], NULL, dpar_cuda__deadline(p))) == cudaErrorNotReady) {
+        *ticket = 0;
+        return dpar_set_error(DPAR_ETIMEDOUT,
+                              "worker %d (device %d): its comm stream has not reached ticket %llu after %d ms: a "
+                              "peer's stream it waits for is stuck",
+                              worker, w->device, (unsigned long long)old, p->timeout_ms);
     }
     pthread_mutex_lock(&p->ev_lock[worker]);
     if (e == cudaSuccess) e = cudaEventRecord(p->ev[k], dpar_cuda__c_stream(p, w));
@@ -2973,25 +2982,20 @@ static dpar_status dpar_cuda__comm_sync_on(dpar_cuda_pool *pool, int rank)
     const dpar_cuda_worker *w;
     cudaStream_t s;
     cudaError_t e;
-    uint64_t deadline;
     char msg[512];
     if (!pool) return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_sync: pool is NULL");
     if (rank < 0 || rank >= pool->n)
         return dpar_set_error(DPAR_EINVAL, "dpar_cuda_comm_sync: rank %d is not in 0..%d", rank, pool->n - 1);
     w = dpar_cuda__c_worker(pool, rank);
     s = dpar_cuda__c_stream(pool, w);
-    deadline = pool->timeout_ms < 0 ? 0 : dpar_time_ns() + (uint64_t)pool->timeout_ms * 1000000u;
-    while ((e = cudaStreamQuery(s)) == cudaErrorNotReady) { /* noticed within ~20 us; no core spun */
-        struct timespec nap = {0, 20000};
-        if (deadline && dpar_time_ns() >= deadline) {
-            snprintf(msg, sizeof msg,
-                     "worker %d (device %d): its comm stream still runs after %d ms: a peer's stream it waits for is "
-                     "stuck, or the peer never made its call",
-                     rank, w->device, pool->timeout_ms);
-            dpar_comm_fail(w->ring, DPAR_ETIMEDOUT, msg);
-            return dpar_set_error(DPAR_ETIMEDOUT, "dpar_cuda_comm_sync: %s", msg);
-        }
-        nanosleep(&nap, NULL);
+    e = dpar_cuda__poll(NULL, s, dpar_cuda__deadline(pool)); /* noticed within ~20 us; no core spun */
+    if (e == cudaErrorNotReady) {
+        snprintf(msg, sizeof msg,
+                 "worker %d (device %d): its comm stream still runs after %d ms: a peer's stream it waits for is "
+                 "stuck, or the peer never made its call",
+                 rank, w->device, pool->timeout_ms);
+        dpar_comm_fail(w->ring, DPAR_ETIMEDOUT, msg);
+        return dpar_set_error(DPAR_ETIMEDOUT, "dpar_cuda_comm_sync: %s", msg);
     }
     if (e == cudaSuccess) return DPAR_OK;
     dpar_cuda__worker_error(w, e, "a queued comm kernel or copy");
@@ -3002,12 +3006,8 @@ static dpar_status dpar_cuda__comm_sync_on(dpar_cuda_pool *pool, int rank)
 /* the calling thread's current device is the same after as before (it may be no worker's thread) */
 extern "C" DPAR_API dpar_status dpar_cuda_comm_sync(dpar_cuda_pool *pool, int rank)
 {
-    int before = -1;
-    dpar_status st;
-    cudaGetDevice(&before);
-    st = dpar_cuda__comm_sync_on(pool, rank);
-    if (before >= 0) cudaSetDevice(before);
-    return st;
+    dpar_cuda__device_kept kept;
+    return dpar_cuda__comm_sync_on(pool, rank);
 }
 
 typedef struct dpar_cuda__run {
